@@ -1,0 +1,424 @@
+//! The text classifier: reads what PyTorch, Triton, CuPy, JAX, TensorFlow, cuBLAS/cuDNN, NCCL, compute-sanitizer
+//! and the raw CUDA APIs print, and names the first fault.
+//!
+//! Rules: the earliest recognised fault line wins (a later error is usually fallout of the first), except that
+//! a compute-sanitizer finding beats what the program itself saw, because under the sanitizer the program only
+//! sees `unspecified launch failure`. Lines that quote source code in a Python traceback are never read as
+//! errors, so a traceback that merely mentions CUDA does not count.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+use super::sanitizer;
+use super::signature::{Exit, FaultClass, Signature};
+
+/// CUDA error names with their codes and classes, for both the driver and the runtime spelling.
+const CODE_NAMES: &[(&str, &str, u32, FaultClass)] = &[
+    ("CUDA_ERROR_ILLEGAL_ADDRESS", "cudaErrorIllegalAddress", 700, FaultClass::IllegalAddress),
+    ("CUDA_ERROR_ASSERT", "cudaErrorAssert", 710, FaultClass::DeviceAssert),
+    ("CUDA_ERROR_HARDWARE_STACK_ERROR", "cudaErrorHardwareStackError", 714, FaultClass::HardwareStackError),
+    ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "cudaErrorIllegalInstruction", 715, FaultClass::IllegalInstruction),
+    ("CUDA_ERROR_MISALIGNED_ADDRESS", "cudaErrorMisalignedAddress", 716, FaultClass::MisalignedAddress),
+    ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "cudaErrorInvalidAddressSpace", 717, FaultClass::InvalidAddressSpace),
+    ("CUDA_ERROR_LAUNCH_FAILED", "cudaErrorLaunchFailure", 719, FaultClass::LaunchFailure),
+    ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation", 2, FaultClass::OutOfMemory),
+    ("CUDA_ERROR_NO_DEVICE", "cudaErrorNoDevice", 100, FaultClass::Infra),
+    ("CUDA_ERROR_NOT_INITIALIZED", "cudaErrorInitializationError", 3, FaultClass::Infra),
+    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "cudaErrorSystemDriverMismatch", 803, FaultClass::Infra),
+    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "cudaErrorCompatNotSupportedOnDevice", 804, FaultClass::Infra),
+    ("CUDA_ERROR_DEVICE_UNAVAILABLE", "cudaErrorDevicesUnavailable", 46, FaultClass::Infra),
+    ("CUDA_ERROR_ECC_UNCORRECTABLE", "cudaErrorECCUncorrectable", 214, FaultClass::Infra),
+    ("CUDA_ERROR_INSUFFICIENT_DRIVER", "cudaErrorInsufficientDriver", 35, FaultClass::Infra),
+    ("CUDA_ERROR_DEVICE_NOT_LICENSED", "cudaErrorDeviceNotLicensed", 102, FaultClass::Infra),
+];
+
+/// One text rule: a pattern and the class it names.
+struct Rule {
+    class: FaultClass,
+    regex: Regex,
+}
+
+fn rule(class: FaultClass, pattern: &str) -> Rule {
+    Rule { class, regex: Regex::new(pattern).expect("built-in pattern compiles") }
+}
+
+/// Rules in priority order: within one line the first rule that matches wins.
+static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
+    use FaultClass::*;
+    vec![
+        rule(DeviceAssert, r"(?i)device-side assert(ion)? triggered|\bcudaErrorAssert\b|\bCUDA_ERROR_ASSERT\b"),
+        rule(IllegalAddress, r"(?i)illegal memory access was encountered|\bCUDA_ERROR_ILLEGAL_ADDRESS\b|\bcudaErrorIllegalAddress\b|Warp Illegal Address"),
+        rule(MisalignedAddress, r"(?i)\bmisaligned address\b|\bCUDA_ERROR_MISALIGNED_ADDRESS\b|\bcudaErrorMisalignedAddress\b|Warp Misaligned Address"),
+        rule(InvalidAddressSpace, r"(?i)operation not supported on global/shared address space|\bCUDA_ERROR_INVALID_ADDRESS_SPACE\b|\bcudaErrorInvalidAddressSpace\b"),
+        rule(IllegalInstruction, r"(?i)an illegal instruction was encountered|\bCUDA_ERROR_ILLEGAL_INSTRUCTION\b|\bcudaErrorIllegalInstruction\b"),
+        rule(HardwareStackError, r"(?i)hardware stack error|\bCUDA_ERROR_HARDWARE_STACK_ERROR\b|\bcudaErrorHardwareStackError\b"),
+        rule(LaunchFailure, r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED"),
+        rule(Nccl, r"NCCL error|\bnccl(UnhandledCudaError|SystemError|InternalError|InvalidUsage|InvalidArgument|RemoteError)\b|Watchdog caught collective operation timeout|DistBackendError|NCCL WARN"),
+        rule(OutOfMemory, r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"),
+        rule(DeviceMismatch, r"Expected all tensors to be on the same device|Expected .{1,80} to be on the same device|is on cpu, different from other tensors on cuda|(?i)device mismatch|must be on the same device"),
+        rule(Nan, r"(?i)returned nan values|Tensor had (NaN|Inf) values|CheckNumerics|check_numerics|NaN or Inf found|anomaly detected.*nan"),
+        rule(Infra, r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW|\bcuInit\b.*(fail|error)|all CUDA-capable devices are busy or unavailable|uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|Found no NVIDIA driver|NVIDIA driver on your system is too old|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found|nvidia-smi has failed|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b"),
+    ]
+});
+
+static CUDA_FAILURE_CODE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"Cuda failure (\d+)|\(error (\d+)\)|CUDA error (\d+)").expect("pattern"));
+static CODE_NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\b(CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+)\b").expect("pattern"));
+static GENERIC_CUDA_ERROR: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"CUDA error: (.+)|\b(CUDA_ERROR_[A-Z_]+)\b|\bcudaError[A-Z]\w+").expect("pattern"));
+static ASSERT_LINE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?P<file>[^\s:]+):(?P<line>\d+): (?P<func>.*?):? ?block: \[[\d, ]+\], thread: \[[\d, ]+\] Assertion `(?P<expr>.*)` failed")
+        .expect("pattern")
+});
+static PY_FRAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$"#).expect("pattern"));
+static PY_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))(: (?P<msg>.*))?$").expect("pattern")
+});
+static RANK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
+static MARKER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^@@cudabisect node=(?P<node>\S+) op=(?P<op>\S+) kernel=(?P<kernel>\S+) (?P<phase>begin|end)")
+        .expect("pattern")
+});
+static RUST_PANIC: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^thread '.*' panicked at (?P<site>\S+?):?$").expect("pattern"));
+
+/// Classifies one run from how it ended and what it printed.
+pub fn classify(exit: Exit, output: &str) -> Signature {
+    let lines: Vec<&str> = output.lines().collect();
+    let context = Context::read(&lines);
+    if let Some(mut finding) = sanitizer::first_finding(&lines) {
+        context.fill(&mut finding, &lines);
+        return finding;
+    }
+    let finding = first_text_finding(&lines);
+    let mut signature = match (finding, exit) {
+        (Some(f), Exit::Code(0)) if f.class != FaultClass::Infra => {
+            // The program says it succeeded; what it printed was handled.
+            Signature::new(FaultClass::None, format!("exited 0 (it printed, and survived: {})", f.summary))
+        }
+        (Some(f), _) => f,
+        (None, Exit::Timeout) => Signature::new(FaultClass::Hang, "ran past its timeout and was killed"),
+        (None, Exit::Signal(sig)) => {
+            let mut s = Signature::new(FaultClass::Signal, format!("killed by {}", signal_name(sig)));
+            s.detail = Some(signal_name(sig));
+            s
+        }
+        (None, Exit::Code(0)) => Signature::new(FaultClass::None, "exited 0"),
+        (None, Exit::Code(code)) => other(code, &context),
+        (None, Exit::Unknown) => match &context.exception {
+            Some(e) => Signature::new(FaultClass::Other, e.clone()),
+            None => Signature::new(FaultClass::None, "no failure found in the log"),
+        },
+    };
+    if signature.class != FaultClass::None {
+        context.fill(&mut signature, &lines);
+    }
+    signature
+}
+
+fn other(code: i32, context: &Context) -> Signature {
+    let what = context.panic.clone().or_else(|| context.exception.clone()).or_else(|| context.last_line.clone());
+    let summary = match what {
+        Some(w) => format!("exited {code}: {w}"),
+        None => format!("exited {code}"),
+    };
+    Signature::new(FaultClass::Other, summary)
+}
+
+/// Facts read from the whole log that refine any finding: traceback frames, harness markers, framework.
+#[derive(Default)]
+struct Context {
+    user_frame: Option<String>,
+    exception: Option<String>,
+    panic: Option<String>,
+    last_line: Option<String>,
+    open_node: Option<(String, String)>,
+}
+
+impl Context {
+    fn read(lines: &[&str]) -> Self {
+        let mut ctx = Context::default();
+        let mut in_first_traceback = false;
+        let mut traceback_done = false;
+        for line in lines {
+            let trimmed = line.trim_end();
+            if trimmed.starts_with("Traceback (most recent call last)") {
+                in_first_traceback = !traceback_done;
+            } else if let Some(c) = PY_FRAME.captures(trimmed) {
+                if in_first_traceback && is_user_path(&c["path"]) {
+                    ctx.user_frame = Some(format!("{}:{}", &c["path"], &c["line"]));
+                }
+            } else if let Some(c) = PY_EXCEPTION.captures(trimmed) {
+                if in_first_traceback {
+                    in_first_traceback = false;
+                    traceback_done = true;
+                }
+                if ctx.exception.is_none() && !c["name"].ends_with("Warning") {
+                    ctx.exception = Some(clip(trimmed));
+                }
+            } else if let Some(c) = MARKER.captures(trimmed) {
+                ctx.open_node = match &c["phase"] {
+                    "begin" => Some((c["node"].to_string(), c["kernel"].to_string())),
+                    _ => None,
+                };
+            } else if let Some(c) = RUST_PANIC.captures(trimmed) {
+                ctx.panic.get_or_insert_with(|| format!("panicked at {}", &c["site"]));
+            }
+            if !trimmed.trim().is_empty() && !trimmed.starts_with("exit=") {
+                ctx.last_line = Some(clip(trimmed.trim()));
+            }
+        }
+        ctx
+    }
+
+    fn fill(&self, s: &mut Signature, lines: &[&str]) {
+        if let Some((node, kernel)) = &self.open_node {
+            s.kernel.get_or_insert_with(|| kernel.clone());
+            s.site.get_or_insert_with(|| format!("node {node}"));
+        }
+        if let Some(frame) = &self.user_frame {
+            s.site.get_or_insert_with(|| frame.clone());
+        }
+        if s.framework.is_none() {
+            s.framework = detect_framework(lines.iter().copied());
+        }
+    }
+}
+
+/// A frame is the user's when it is not inside an installed package, the standard library or Cython code.
+fn is_user_path(path: &str) -> bool {
+    !(path.contains("site-packages/")
+        || path.contains("dist-packages/")
+        || path.contains("/lib/python3")
+        || path.starts_with('<')
+        || path.ends_with(".pyx"))
+}
+
+fn first_text_finding(lines: &[&str]) -> Option<Signature> {
+    let mut after_frame = false;
+    for line in lines {
+        let quoted_source = after_frame;
+        after_frame = PY_FRAME.is_match(line);
+        if quoted_source || line.starts_with("exit=") {
+            continue;
+        }
+        if let Some(c) = ASSERT_LINE.captures(line) {
+            let mut s = Signature::new(FaultClass::DeviceAssert, clip(line.trim()));
+            s.site = Some(format!("{}:{}", &c["file"], &c["line"]));
+            s.kernel = Some(short_kernel_name(&c["func"]));
+            s.detail = Some(format!("Assertion `{}` failed", &c["expr"]));
+            s.framework = detect_framework(std::iter::once(*line));
+            return Some(s);
+        }
+        if let Some(s) = classify_line(line) {
+            return Some(s);
+        }
+    }
+    None
+}
+
+fn classify_line(line: &str) -> Option<Signature> {
+    let class = RULES.iter().find(|r| r.regex.is_match(line)).map(|r| r.class).or_else(|| {
+        // "Cuda failure 700 '…'" and "(error 716)" name the code only.
+        let code = CUDA_FAILURE_CODE.captures(line)?.iter().skip(1).flatten().next()?.as_str().parse().ok()?;
+        FaultClass::ALL.into_iter().find(|c| c.cuda_code() == Some(code))
+    });
+    let mut s = match class {
+        Some(class) => Signature::new(class, clip(line.trim())),
+        None => {
+            GENERIC_CUDA_ERROR.captures(line)?;
+            Signature::new(FaultClass::Other, clip(line.trim()))
+        }
+    };
+    if let Some(name) = CODE_NAME.captures(line).map(|c| c[1].to_string()) {
+        if let Some(&(_, _, code, _)) = CODE_NAMES.iter().find(|(d, r, ..)| *d == name || *r == name) {
+            s.code = Some(code);
+        }
+        s.code_name = Some(name);
+    }
+    if s.class == FaultClass::Nccl {
+        s.detail = RANK.captures(line).map(|c| format!("rank {}", &c[1]));
+    }
+    s.framework = detect_framework(std::iter::once(line));
+    Some(s)
+}
+
+/// Names the framework from its fingerprints, most specific first.
+fn detect_framework<'a>(lines: impl Iterator<Item = &'a str> + Clone) -> Option<String> {
+    static FINGERPRINTS: LazyLock<Vec<(&str, Regex)>> = LazyLock::new(|| {
+        [
+            ("cudabisect-harness", r"^@@cudabisect "),
+            ("triton", r"Triton Error|site-packages/triton/"),
+            ("nccl", r"NCCL error|\bnccl[A-Z]\w+Error\b|NCCL WARN|ProcessGroupNCCL"),
+            ("pytorch", r"\btorch\.\w*(Error|Exception)\b|site-packages/torch/|/pytorch/|\bc10::|TORCH_USE_CUDA_DSA"),
+            ("jax", r"jax\.errors|JaxRuntimeError|XlaRuntimeError|jaxlib"),
+            ("tensorflow", r"tensorflow/|stream_executor"),
+            ("cupy", r"cupy_backends|\bcupy\."),
+            ("cublas", r"CUBLAS_STATUS_"),
+            ("cudnn", r"CUDNN_STATUS_|cuDNN error"),
+            ("cudarc", r"DriverError\("),
+            ("cuda-runtime", r"\bcudaError[A-Z]\w+"),
+            ("cuda-driver", r"\bCUDA_ERROR_[A-Z_]+"),
+        ]
+        .into_iter()
+        .map(|(name, p)| (name, Regex::new(p).expect("pattern")))
+        .collect()
+    });
+    FINGERPRINTS
+        .iter()
+        .find(|(_, re)| lines.clone().any(|l| re.is_match(l)))
+        .map(|(name, _)| name.to_string())
+}
+
+/// Shortens a demangled kernel name: drops the return type, template arguments and parameters.
+pub(crate) fn short_kernel_name(name: &str) -> String {
+    let mut s = name.trim().trim_start_matches("void ").to_string();
+    if s.ends_with(')') {
+        if let Some(open) = matching_open(&s, '(', ')') {
+            s.truncate(open);
+        }
+    }
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for ch in s.chars() {
+        match ch {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => out.push(ch),
+            _ => {}
+        }
+    }
+    let out = out.trim();
+    out.rsplit(' ').next().unwrap_or(out).to_string()
+}
+
+fn matching_open(s: &str, open: char, close: char) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, ch) in s.char_indices().rev() {
+        if ch == close {
+            depth += 1;
+        } else if ch == open {
+            depth -= 1;
+            if depth == 0 {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+fn clip(line: &str) -> String {
+    const MAX: usize = 240;
+    if line.chars().count() <= MAX {
+        line.to_string()
+    } else {
+        let cut: String = line.chars().take(MAX).collect();
+        format!("{cut}…")
+    }
+}
+
+/// The conventional name of a signal number (SIGSEGV), or `signal N`.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_shortened() {
+        assert_eq!(short_kernel_name("void k(float *, unsigned long long, int)"), "k");
+        assert_eq!(
+            short_kernel_name("void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<unsigned char>>(int, T2, T3)"),
+            "at::native::vectorized_elementwise_kernel"
+        );
+        assert_eq!(short_kernel_name("indexSelectSmallIndex"), "indexSelectSmallIndex");
+        assert_eq!(short_kernel_name("write_oob(float *, int)"), "write_oob");
+    }
+
+    #[test]
+    fn a_traceback_that_quotes_cuda_source_is_not_a_fault() {
+        let log = "Traceback (most recent call last):\n  File \"/u/t.py\", line 3, in <module>\n    raise ValueError(\"illegal memory access was encountered? no\")\nValueError: bad shape\n";
+        let s = classify(Exit::Code(1), log);
+        assert_eq!(s.class, FaultClass::Other);
+        assert_eq!(s.site.as_deref(), Some("/u/t.py:3"));
+    }
+
+    #[test]
+    fn a_mention_of_cuda_in_paths_or_warnings_is_not_a_fault() {
+        let log = "  File \"/x/site-packages/torch/cuda/__init__.py\", line 1, in f\nUserWarning: CUDA initialization is slow\nValueError: nope\n";
+        assert_eq!(classify(Exit::Code(1), log).class, FaultClass::Other);
+    }
+
+    #[test]
+    fn the_first_of_two_faults_wins() {
+        let log = "RuntimeError: CUDA error: misaligned address\nlater: CUDA error: an illegal memory access was encountered\n";
+        let s = classify(Exit::Code(1), log);
+        assert_eq!((s.class, s.code), (FaultClass::MisalignedAddress, Some(716)));
+    }
+
+    #[test]
+    fn exit_status_decides_when_the_text_says_nothing() {
+        assert_eq!(classify(Exit::Code(0), "all good\n").class, FaultClass::None);
+        assert_eq!(classify(Exit::Timeout, "waiting\n").class, FaultClass::Hang);
+        let s = classify(Exit::Signal(11), "");
+        assert_eq!((s.class, s.detail.as_deref()), (FaultClass::Signal, Some("SIGSEGV")));
+        assert_eq!(classify(Exit::Code(3), "").class, FaultClass::Other);
+    }
+
+    #[test]
+    fn a_fault_beats_the_signal_that_followed_it() {
+        let log = "CUDA error: an illegal memory access was encountered\nterminate called after throwing an instance of 'c10::Error'\n";
+        assert_eq!(classify(Exit::Signal(6), log).class, FaultClass::IllegalAddress);
+    }
+
+    #[test]
+    fn each_rule_names_its_class() {
+        let cases = [
+            ("CUDA_ERROR_ILLEGAL_INSTRUCTION: an illegal instruction was encountered", FaultClass::IllegalInstruction),
+            ("cudaErrorHardwareStackError: hardware stack error", FaultClass::HardwareStackError),
+            ("RuntimeError: CUDA error: unspecified launch failure", FaultClass::LaunchFailure),
+            ("RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle)`", FaultClass::LaunchFailure),
+            ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate", FaultClass::OutOfMemory),
+            ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)", FaultClass::Nccl),
+            ("RuntimeError: CUDA error: no CUDA-capable device is detected", FaultClass::Infra),
+            ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", FaultClass::Infra),
+            ("tensorflow.python.framework.errors_impl.InvalidArgumentError: CheckNumerics: Tensor had NaN values", FaultClass::Nan),
+            ("NCCL WARN Cuda failure 700 'an illegal memory access was encountered'", FaultClass::IllegalAddress),
+            ("Program hit cudaErrorInvalidValue (error 1) due to \"invalid argument\"", FaultClass::Other),
+        ];
+        for (line, class) in cases {
+            assert_eq!(classify(Exit::Code(1), line).class, class, "{line}");
+        }
+        let s = classify(Exit::Code(1), "[Rank 3] Watchdog caught collective operation timeout");
+        assert_eq!(s.detail.as_deref(), Some("rank 3"));
+    }
+
+    #[test]
+    fn harness_markers_name_the_open_node() {
+        let log = "@@cudabisect node=emb op=gather kernel=gather_rows begin\n@@cudabisect node=emb op=gather kernel=gather_rows end\n@@cudabisect node=mm op=matmul kernel=matmul begin\nDriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")\n";
+        let s = classify(Exit::Code(1), log);
+        assert_eq!(s.kernel.as_deref(), Some("matmul"));
+        assert_eq!(s.site.as_deref(), Some("node mm"));
+    }
+}

@@ -1,0 +1,324 @@
+//! `bisect.toml`: how to build a probe and how to run the GPU repro, parsed strictly (unknown keys and wrong
+//! types are errors with file, line and column) into checked settings.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use crate::classify::{MatchPolicy, MatchPolicyError};
+
+/// A command: an argv array run directly, or a string run by `sh -c`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommandLine {
+    /// Program and arguments, no shell involved.
+    Argv(Vec<String>),
+    /// A shell line for `sh -c`.
+    Shell(String),
+}
+
+impl CommandLine {
+    /// The program and its arguments as they will be executed.
+    pub fn argv(&self) -> (String, Vec<String>) {
+        match self {
+            Self::Argv(v) => (v[0].clone(), v[1..].to_vec()),
+            Self::Shell(s) => ("sh".into(), vec!["-c".into(), s.clone()]),
+        }
+    }
+
+    /// A readable form for messages and reports.
+    pub fn display(&self) -> String {
+        match self {
+            Self::Argv(v) => v.join(" "),
+            Self::Shell(s) => s.clone(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CommandLine {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct CommandVisitor;
+        impl<'de> Visitor<'de> for CommandVisitor {
+            type Value = CommandLine;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a command: an array of strings (argv) or a string (run by `sh -c`)")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<CommandLine, E> {
+                if v.trim().is_empty() {
+                    return Err(E::custom("the command is empty"));
+                }
+                Ok(CommandLine::Shell(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<CommandLine, A::Error> {
+                let mut argv = Vec::new();
+                while let Some(arg) = seq.next_element::<String>()? {
+                    argv.push(arg);
+                }
+                if argv.first().is_none_or(|p| p.is_empty()) {
+                    return Err(de::Error::custom("the command array is empty"));
+                }
+                Ok(CommandLine::Argv(argv))
+            }
+        }
+        d.deserialize_any(CommandVisitor)
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| de::Error::custom(format!("invalid duration `{text}`: {e}")))
+}
+
+fn default_build_timeout() -> Duration {
+    Duration::from_secs(20 * 60)
+}
+fn default_repro_timeout() -> Duration {
+    Duration::from_secs(10 * 60)
+}
+fn default_triage_timeout() -> Duration {
+    Duration::from_secs(60 * 60)
+}
+fn default_grace() -> Duration {
+    Duration::from_secs(5)
+}
+fn yes() -> bool {
+    true
+}
+fn default_infra_retries() -> u32 {
+    1
+}
+
+/// `[build]`: how to build a probe commit. Optional: without it nothing is built.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct BuildSection {
+    /// The build command, run in the probe worktree.
+    pub command: CommandLine,
+    /// Time allowed for one build.
+    #[serde(default = "default_build_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Remove untracked and ignored files before each build (cold but clean builds).
+    #[serde(default)]
+    pub clean: bool,
+}
+
+/// `[repro]`: how to run the GPU repro.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReproSection {
+    /// The repro command, run in the probe worktree.
+    pub command: CommandLine,
+    /// Time allowed for one run; past it the run is a hang.
+    #[serde(default = "default_repro_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Set `CUDA_LAUNCH_BLOCKING=1` (the default). Turning it off is recorded in the report.
+    #[serde(default = "yes")]
+    pub launch_blocking: bool,
+    /// Time between SIGTERM and SIGKILL when a run is stopped.
+    #[serde(default = "default_grace", deserialize_with = "duration")]
+    pub grace_period: Duration,
+    /// How often to rerun a probe whose failure is an infrastructure problem before skipping it.
+    #[serde(default = "default_infra_retries")]
+    pub infra_retries: u32,
+}
+
+/// `[search]`: how probe outcomes steer the search.
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SearchSection {
+    /// Same-bug policy: `class+kernel` (default), `class`, or `regex:<pattern>`.
+    #[serde(rename = "match")]
+    pub match_policy: Option<String>,
+}
+
+/// `[triage]`: the compute-sanitizer rerun on the first bad commit.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TriageSection {
+    /// Run triage at the end of `start`.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The command to sanitize; defaults to the repro command.
+    pub command: Option<CommandLine>,
+    /// Time allowed for one sanitizer run (they are 10–100× slower than plain runs).
+    #[serde(default = "default_triage_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The compute-sanitizer executable.
+    pub sanitizer: Option<String>,
+}
+
+impl Default for TriageSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            command: None,
+            timeout: default_triage_timeout(),
+            env: BTreeMap::new(),
+            sanitizer: None,
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    build: Option<BuildSection>,
+    repro: ReproSection,
+    #[serde(default)]
+    search: SearchSection,
+    #[serde(default)]
+    triage: TriageSection,
+}
+
+/// Checked settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The file's text, copied into the run's records.
+    pub text: String,
+    /// Build settings, when there is a build step.
+    pub build: Option<BuildSection>,
+    /// Repro settings.
+    pub repro: ReproSection,
+    /// Same-bug policy.
+    pub match_policy: MatchPolicy,
+    /// Triage settings.
+    pub triage: TriageSection,
+}
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is missing or unreadable.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The path tried.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys or wrong types.
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The match policy is invalid.
+    #[error("{path}: [search] match: {source}")]
+    Match {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: MatchPolicyError,
+    },
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(path, &text)
+    }
+
+    /// Checks config text; `path` names it in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map(|s| line_column(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().to_string() }
+        })?;
+        let match_policy = MatchPolicy::parse(raw.search.match_policy.as_deref().unwrap_or("class+kernel"))
+            .map_err(|source| ConfigError::Match { path: path.to_path_buf(), source })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            text: text.to_string(),
+            build: raw.build,
+            repro: raw.repro,
+            match_policy,
+            triage: raw.triage,
+        })
+    }
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("bisect.toml"), text)
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse("[repro]\ncommand = \"python step.py\"\n").unwrap();
+        assert!(c.build.is_none());
+        assert_eq!(c.repro.command, CommandLine::Shell("python step.py".into()));
+        assert_eq!(c.repro.timeout, Duration::from_secs(600));
+        assert!(c.repro.launch_blocking);
+        assert_eq!(c.match_policy.describe(), "class+kernel");
+    }
+
+    #[test]
+    fn full_config_is_read() {
+        let c = parse(
+            "[build]\ncommand = [\"make\", \"-j8\"]\ntimeout = \"20m\"\nenv = { CC = \"gcc\" }\nclean = true\n\
+             [repro]\ncommand = [\"./run\"]\ntimeout = \"90s\"\nlaunch-blocking = false\n\
+             [search]\nmatch = \"class\"\n[triage]\nenabled = false\n",
+        )
+        .unwrap();
+        let b = c.build.unwrap();
+        assert_eq!(b.command, CommandLine::Argv(vec!["make".into(), "-j8".into()]));
+        assert_eq!((b.timeout, b.clean, b.env["CC"].as_str()), (Duration::from_secs(1200), true, "gcc"));
+        assert_eq!(c.repro.timeout, Duration::from_secs(90));
+        assert!(!c.repro.launch_blocking && !c.triage.enabled);
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_name_line_and_column() {
+        let e = parse("[repro]\ncommand = \"x\"\ncomand = \"y\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("bisect.toml:3:1: unknown field `comand`"), "{e}");
+        let e = parse("[repro]\ncommand = 5\n").unwrap_err().to_string();
+        assert!(e.starts_with("bisect.toml:2:11:"), "{e}");
+        let e = parse("[repro]\ncommand = \"x\"\ntimeout = \"soon\"\n").unwrap_err().to_string();
+        assert!(e.contains("bisect.toml:3:11") && e.contains("invalid duration"), "{e}");
+        let e = parse("[build]\ncommand = []\n[repro]\ncommand = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        assert!(parse("[build]\ncommand = \"make\"\n").unwrap_err().to_string().contains("repro"));
+        assert!(parse("[repro]\ncommand = \"x\"\n[search]\nmatch = \"nope\"\n").is_err());
+    }
+
+    #[test]
+    fn the_example_config_parses() {
+        let text = include_str!("../bisect.toml.example");
+        parse(text).expect("bisect.toml.example is valid");
+    }
+}
