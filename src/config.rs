@@ -69,7 +69,8 @@ impl<'de> Deserialize<'de> for CommandLine {
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| de::Error::custom(format!("invalid duration `{text}`: {e}")))
+    humantime::parse_duration(&text)
+        .map_err(|e| de::Error::custom(format!("invalid duration `{text}`: {e}")))
 }
 
 fn default_build_timeout() -> Duration {
@@ -238,19 +239,33 @@ pub enum ConfigError {
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(path, &text)
     }
 
     /// Checks config text; `path` names it in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map(|s| line_column(text, s.start)).unwrap_or((1, 1));
-            ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().to_string() }
+            let (line, column) = e
+                .span()
+                .map(|s| line_column(text, s.start))
+                .unwrap_or((1, 1));
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: e.message().trim().to_string(),
+            }
         })?;
-        let match_policy = MatchPolicy::parse(raw.search.match_policy.as_deref().unwrap_or("class+kernel"))
-            .map_err(|source| ConfigError::Match { path: path.to_path_buf(), source })?;
+        let match_policy =
+            MatchPolicy::parse(raw.search.match_policy.as_deref().unwrap_or("class+kernel"))
+                .map_err(|source| ConfigError::Match {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
         Ok(Self {
             path: path.to_path_buf(),
             text: text.to_string(),
@@ -296,23 +311,44 @@ mod tests {
         )
         .unwrap();
         let b = c.build.unwrap();
-        assert_eq!(b.command, CommandLine::Argv(vec!["make".into(), "-j8".into()]));
-        assert_eq!((b.timeout, b.clean, b.env["CC"].as_str()), (Duration::from_secs(1200), true, "gcc"));
+        assert_eq!(
+            b.command,
+            CommandLine::Argv(vec!["make".into(), "-j8".into()])
+        );
+        assert_eq!(
+            (b.timeout, b.clean, b.env["CC"].as_str()),
+            (Duration::from_secs(1200), true, "gcc")
+        );
         assert_eq!(c.repro.timeout, Duration::from_secs(90));
         assert!(!c.repro.launch_blocking && !c.triage.enabled);
     }
 
     #[test]
     fn unknown_keys_and_wrong_types_name_line_and_column() {
-        let e = parse("[repro]\ncommand = \"x\"\ncomand = \"y\"\n").unwrap_err().to_string();
-        assert!(e.starts_with("bisect.toml:3:1: unknown field `comand`"), "{e}");
+        let e = parse("[repro]\ncommand = \"x\"\ncomand = \"y\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("bisect.toml:3:1: unknown field `comand`"),
+            "{e}"
+        );
         let e = parse("[repro]\ncommand = 5\n").unwrap_err().to_string();
         assert!(e.starts_with("bisect.toml:2:11:"), "{e}");
-        let e = parse("[repro]\ncommand = \"x\"\ntimeout = \"soon\"\n").unwrap_err().to_string();
-        assert!(e.contains("bisect.toml:3:11") && e.contains("invalid duration"), "{e}");
-        let e = parse("[build]\ncommand = []\n[repro]\ncommand = \"x\"\n").unwrap_err().to_string();
+        let e = parse("[repro]\ncommand = \"x\"\ntimeout = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("bisect.toml:3:11") && e.contains("invalid duration"),
+            "{e}"
+        );
+        let e = parse("[build]\ncommand = []\n[repro]\ncommand = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("empty"), "{e}");
-        assert!(parse("[build]\ncommand = \"make\"\n").unwrap_err().to_string().contains("repro"));
+        assert!(parse("[build]\ncommand = \"make\"\n")
+            .unwrap_err()
+            .to_string()
+            .contains("repro"));
         assert!(parse("[repro]\ncommand = \"x\"\n[search]\nmatch = \"nope\"\n").is_err());
     }
 

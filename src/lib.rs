@@ -3,5 +3,17 @@
 
 pub mod bisect;
 pub mod classify;
+pub mod cli;
 pub mod config;
+pub mod demo;
+pub mod events;
+pub mod exit_codes;
+pub mod fixture_repo;
+pub mod git;
+pub mod probe;
 pub mod process;
+pub mod report;
+pub mod reporter;
+pub mod start;
+pub mod triage;
+mod triage_cmd;

@@ -1,1 +1,5 @@
-fn main() {}
+//! The `cudabisect` binary: parse arguments, run, exit with the documented code.
+
+fn main() {
+    std::process::exit(cudabisect::cli::main());
+}

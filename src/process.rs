@@ -101,7 +101,9 @@ impl BoundedCapture {
         let dropped = self.total - self.head.len() as u64 - self.tail.len() as u64;
         let mut text = String::from_utf8_lossy(&self.head).into_owned();
         if dropped > 0 {
-            text.push_str(&format!("\n[cudabisect: {dropped} bytes of output omitted]\n"));
+            text.push_str(&format!(
+                "\n[cudabisect: {dropped} bytes of output omitted]\n"
+            ));
         }
         let tail: Vec<u8> = self.tail.into_iter().collect();
         text.push_str(&String::from_utf8_lossy(&tail));
@@ -113,8 +115,16 @@ impl BoundedCapture {
 pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
     let started = Instant::now();
     let program = spec.command.display();
-    let (prog, args) = spec.command.argv();
-    let mut expr = duct::cmd(prog, args).dir(&spec.cwd).stdin_null().stderr_to_stdout().unchecked();
+    let (mut prog, args) = spec.command.argv();
+    // A relative path like `./run.sh` means the worktree's file, not one next to wherever cudabisect runs.
+    if prog.contains('/') && !prog.starts_with('/') {
+        prog = spec.cwd.join(&prog).display().to_string();
+    }
+    let mut expr = duct::cmd(prog, args)
+        .dir(&spec.cwd)
+        .stdin_null()
+        .stderr_to_stdout()
+        .unchecked();
     for (k, v) in &spec.env {
         expr = expr.env(k, v);
     }
@@ -124,7 +134,10 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         c.process_group(0);
         Ok(())
     });
-    let handle = Arc::new(expr.reader().map_err(|source| ProcessError::Spawn { program: program.clone(), source })?);
+    let handle = Arc::new(expr.reader().map_err(|source| ProcessError::Spawn {
+        program: program.clone(),
+        source,
+    })?);
     let pgid = handle.pids().first().map(|&p| p as i32);
 
     let (done_tx, done_rx) = mpsc::channel();
@@ -161,7 +174,9 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     };
     // The leader is gone; anything it left behind in its group goes too, and releases the output pipe.
     signal_group(pgid, libc::SIGKILL);
-    let capture = done_rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    let capture = done_rx
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap_or_default();
     let exit = if timed_out {
         Exit::Timeout
     } else if let Some(sig) = status.signal() {
@@ -170,7 +185,13 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         Exit::Code(status.code().unwrap_or(-1))
     };
     let total_bytes = capture.total;
-    Ok(RunOutput { exit, duration: started.elapsed(), output: capture.render(), total_bytes, interrupted })
+    Ok(RunOutput {
+        exit,
+        duration: started.elapsed(),
+        output: capture.render(),
+        total_bytes,
+        interrupted,
+    })
 }
 
 fn signal_group(pgid: Option<i32>, signal: i32) {
@@ -210,9 +231,14 @@ mod tests {
 
     #[test]
     fn exit_codes_signals_and_env_come_through() {
-        let out = sh("echo out; echo err >&2; echo $CUDABISECT_TEST_VAR; exit 3", 10_000);
+        let out = sh(
+            "echo out; echo err >&2; echo $CUDABISECT_TEST_VAR; exit 3",
+            10_000,
+        );
         assert_eq!(out.exit, Exit::Code(3));
-        assert!(out.output.contains("out") && out.output.contains("err") && out.output.contains("42"));
+        assert!(
+            out.output.contains("out") && out.output.contains("err") && out.output.contains("42")
+        );
         assert_eq!(sh("kill -SEGV $$", 10_000).exit, Exit::Signal(11));
     }
 
@@ -224,15 +250,24 @@ mod tests {
         assert_eq!(out.exit, Exit::Timeout);
         assert!(out.duration < Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(1500));
-        assert!(!marker.exists(), "the background child survived the timeout");
+        assert!(
+            !marker.exists(),
+            "the background child survived the timeout"
+        );
     }
 
     #[test]
     fn huge_output_is_kept_bounded() {
-        let out = sh("head -c 8000000 /dev/zero | tr '\\0' x; echo; echo LAST", 30_000);
+        let out = sh(
+            "head -c 8000000 /dev/zero | tr '\\0' x; echo; echo LAST",
+            30_000,
+        );
         assert_eq!(out.total_bytes, 8_000_006);
         assert!(out.output.len() < HEAD_BYTES + TAIL_BYTES + 200);
-        assert!(out.output.contains("bytes of output omitted") && out.output.trim_end().ends_with("LAST"));
+        assert!(
+            out.output.contains("bytes of output omitted")
+                && out.output.trim_end().ends_with("LAST")
+        );
     }
 
     #[test]
@@ -244,6 +279,9 @@ mod tests {
             timeout: Duration::from_secs(5),
             grace: Duration::from_secs(1),
         };
-        assert!(matches!(run(&spec, &AtomicBool::new(false)), Err(ProcessError::Spawn { .. })));
+        assert!(matches!(
+            run(&spec, &AtomicBool::new(false)),
+            Err(ProcessError::Spawn { .. })
+        ));
     }
 }

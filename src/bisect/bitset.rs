@@ -10,7 +10,10 @@ pub struct BitSet {
 impl BitSet {
     /// Returns an empty set that can hold the integers `0..len`.
     pub fn new(len: usize) -> Self {
-        Self { words: vec![0; len.div_ceil(64)], len }
+        Self {
+            words: vec![0; len.div_ceil(64)],
+            len,
+        }
     }
 
     /// Returns the set holding every integer in `0..len`.

@@ -58,7 +58,10 @@ impl Bisector {
     /// # Panics
     /// When `parents` is empty: a range always holds at least its bad endpoint.
     pub fn new(parents: &[Vec<usize>]) -> Self {
-        assert!(!parents.is_empty(), "a search range holds at least the bad commit");
+        assert!(
+            !parents.is_empty(),
+            "a search range holds at least the bad commit"
+        );
         let n = parents.len();
         let mut ancestors: Vec<BitSet> = Vec::with_capacity(n);
         for (i, ps) in parents.iter().enumerate() {
@@ -88,7 +91,9 @@ impl Bisector {
 
     /// Rough number of probes left, as `git bisect` estimates it.
     pub fn estimated_steps(&self) -> usize {
-        let open = self.remaining().saturating_sub(self.skipped.count_common(&self.candidates));
+        let open = self
+            .remaining()
+            .saturating_sub(self.skipped.count_common(&self.candidates));
         usize::BITS as usize - open.max(1).leading_zeros() as usize - 1
     }
 
@@ -182,7 +187,9 @@ mod tests {
     use super::*;
 
     fn linear(n: usize) -> Vec<Vec<usize>> {
-        (0..n).map(|i| if i == 0 { vec![] } else { vec![i - 1] }).collect()
+        (0..n)
+            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+            .collect()
     }
 
     /// Drives the search with an oracle, returning the result and the commits probed in order.
@@ -207,7 +214,13 @@ mod tests {
     #[test]
     fn linear_search_asks_the_midpoints() {
         // Range of 8: commits 0..=7, 7 is bad; the culprit is 5.
-        let (result, asked) = drive(&linear(8), |c| if c >= 5 { Verdict::Bad } else { Verdict::Good });
+        let (result, asked) = drive(&linear(8), |c| {
+            if c >= 5 {
+                Verdict::Bad
+            } else {
+                Verdict::Good
+            }
+        });
         assert_eq!(result, SearchResult::Found(5));
         assert_eq!(asked, vec![3, 5, 4]);
     }
@@ -233,9 +246,13 @@ mod tests {
     #[test]
     fn a_skip_steps_away_from_the_best_commit() {
         let mut search = Bisector::new(&linear(100));
-        let NextStep::Evaluate(first) = search.next_step() else { panic!() };
+        let NextStep::Evaluate(first) = search.next_step() else {
+            panic!()
+        };
         search.mark(first, Verdict::Skip);
-        let NextStep::Evaluate(second) = search.next_step() else { panic!() };
+        let NextStep::Evaluate(second) = search.next_step() else {
+            panic!()
+        };
         assert_ne!(first, second);
     }
 
@@ -243,10 +260,22 @@ mod tests {
     fn merge_history_finds_the_culprit_on_a_side_branch() {
         // 0 - 1 - 2 ------- 5(merge) - 6
         //      \- 3 - 4 -/
-        let parents = vec![vec![], vec![0], vec![1], vec![1], vec![3], vec![2, 4], vec![5]];
+        let parents = vec![
+            vec![],
+            vec![0],
+            vec![1],
+            vec![1],
+            vec![3],
+            vec![2, 4],
+            vec![5],
+        ];
         let bad_set = [3, 4, 5, 6];
         let (result, _) = drive(&parents, |c| {
-            if bad_set.contains(&c) { Verdict::Bad } else { Verdict::Good }
+            if bad_set.contains(&c) {
+                Verdict::Bad
+            } else {
+                Verdict::Good
+            }
         });
         assert_eq!(result, SearchResult::Found(3));
     }

@@ -59,6 +59,8 @@ impl MatchPolicy {
             Self::Class => probe.class == target.class,
             Self::ClassAndKernel => {
                 probe.class == target.class
+                    // Two crashes are one bug only when the same signal killed them.
+                    && (probe.class != FaultClass::Signal || probe.detail == target.detail)
                     && match (&target.kernel, &probe.kernel) {
                         (Some(a), Some(b)) => a == b,
                         _ => true,
@@ -82,11 +84,23 @@ mod tests {
     fn default_policy_needs_the_same_kernel_when_both_know_it() {
         let p = MatchPolicy::ClassAndKernel;
         let target = sig(FaultClass::IllegalAddress, Some("gather"));
-        assert!(p.matches(&target, &sig(FaultClass::IllegalAddress, Some("gather")), ""));
+        assert!(p.matches(
+            &target,
+            &sig(FaultClass::IllegalAddress, Some("gather")),
+            ""
+        ));
         assert!(p.matches(&target, &sig(FaultClass::IllegalAddress, None), ""));
-        assert!(!p.matches(&target, &sig(FaultClass::IllegalAddress, Some("matmul")), ""));
+        assert!(!p.matches(
+            &target,
+            &sig(FaultClass::IllegalAddress, Some("matmul")),
+            ""
+        ));
         assert!(!p.matches(&target, &sig(FaultClass::OutOfMemory, Some("gather")), ""));
-        assert!(MatchPolicy::Class.matches(&target, &sig(FaultClass::IllegalAddress, Some("matmul")), ""));
+        assert!(MatchPolicy::Class.matches(
+            &target,
+            &sig(FaultClass::IllegalAddress, Some("matmul")),
+            ""
+        ));
     }
 
     #[test]

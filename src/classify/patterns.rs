@@ -15,22 +15,102 @@ use super::signature::{Exit, FaultClass, Signature};
 
 /// CUDA error names with their codes and classes, for both the driver and the runtime spelling.
 const CODE_NAMES: &[(&str, &str, u32, FaultClass)] = &[
-    ("CUDA_ERROR_ILLEGAL_ADDRESS", "cudaErrorIllegalAddress", 700, FaultClass::IllegalAddress),
-    ("CUDA_ERROR_ASSERT", "cudaErrorAssert", 710, FaultClass::DeviceAssert),
-    ("CUDA_ERROR_HARDWARE_STACK_ERROR", "cudaErrorHardwareStackError", 714, FaultClass::HardwareStackError),
-    ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "cudaErrorIllegalInstruction", 715, FaultClass::IllegalInstruction),
-    ("CUDA_ERROR_MISALIGNED_ADDRESS", "cudaErrorMisalignedAddress", 716, FaultClass::MisalignedAddress),
-    ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "cudaErrorInvalidAddressSpace", 717, FaultClass::InvalidAddressSpace),
-    ("CUDA_ERROR_LAUNCH_FAILED", "cudaErrorLaunchFailure", 719, FaultClass::LaunchFailure),
-    ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation", 2, FaultClass::OutOfMemory),
-    ("CUDA_ERROR_NO_DEVICE", "cudaErrorNoDevice", 100, FaultClass::Infra),
-    ("CUDA_ERROR_NOT_INITIALIZED", "cudaErrorInitializationError", 3, FaultClass::Infra),
-    ("CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "cudaErrorSystemDriverMismatch", 803, FaultClass::Infra),
-    ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "cudaErrorCompatNotSupportedOnDevice", 804, FaultClass::Infra),
-    ("CUDA_ERROR_DEVICE_UNAVAILABLE", "cudaErrorDevicesUnavailable", 46, FaultClass::Infra),
-    ("CUDA_ERROR_ECC_UNCORRECTABLE", "cudaErrorECCUncorrectable", 214, FaultClass::Infra),
-    ("CUDA_ERROR_INSUFFICIENT_DRIVER", "cudaErrorInsufficientDriver", 35, FaultClass::Infra),
-    ("CUDA_ERROR_DEVICE_NOT_LICENSED", "cudaErrorDeviceNotLicensed", 102, FaultClass::Infra),
+    (
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "cudaErrorIllegalAddress",
+        700,
+        FaultClass::IllegalAddress,
+    ),
+    (
+        "CUDA_ERROR_ASSERT",
+        "cudaErrorAssert",
+        710,
+        FaultClass::DeviceAssert,
+    ),
+    (
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "cudaErrorHardwareStackError",
+        714,
+        FaultClass::HardwareStackError,
+    ),
+    (
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "cudaErrorIllegalInstruction",
+        715,
+        FaultClass::IllegalInstruction,
+    ),
+    (
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "cudaErrorMisalignedAddress",
+        716,
+        FaultClass::MisalignedAddress,
+    ),
+    (
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "cudaErrorInvalidAddressSpace",
+        717,
+        FaultClass::InvalidAddressSpace,
+    ),
+    (
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "cudaErrorLaunchFailure",
+        719,
+        FaultClass::LaunchFailure,
+    ),
+    (
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "cudaErrorMemoryAllocation",
+        2,
+        FaultClass::OutOfMemory,
+    ),
+    (
+        "CUDA_ERROR_NO_DEVICE",
+        "cudaErrorNoDevice",
+        100,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_NOT_INITIALIZED",
+        "cudaErrorInitializationError",
+        3,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        "cudaErrorSystemDriverMismatch",
+        803,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+        "cudaErrorCompatNotSupportedOnDevice",
+        804,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_DEVICE_UNAVAILABLE",
+        "cudaErrorDevicesUnavailable",
+        46,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "cudaErrorECCUncorrectable",
+        214,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_INSUFFICIENT_DRIVER",
+        "cudaErrorInsufficientDriver",
+        35,
+        FaultClass::Infra,
+    ),
+    (
+        "CUDA_ERROR_DEVICE_NOT_LICENSED",
+        "cudaErrorDeviceNotLicensed",
+        102,
+        FaultClass::Infra,
+    ),
 ];
 
 /// One text rule: a pattern and the class it names.
@@ -40,44 +120,91 @@ struct Rule {
 }
 
 fn rule(class: FaultClass, pattern: &str) -> Rule {
-    Rule { class, regex: Regex::new(pattern).expect("built-in pattern compiles") }
+    Rule {
+        class,
+        regex: Regex::new(pattern).expect("built-in pattern compiles"),
+    }
 }
 
 /// Rules in priority order: within one line the first rule that matches wins.
 static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
     use FaultClass::*;
     vec![
-        rule(DeviceAssert, r"(?i)device-side assert(ion)? triggered|\bcudaErrorAssert\b|\bCUDA_ERROR_ASSERT\b"),
-        rule(IllegalAddress, r"(?i)illegal memory access was encountered|\bCUDA_ERROR_ILLEGAL_ADDRESS\b|\bcudaErrorIllegalAddress\b|Warp Illegal Address"),
-        rule(MisalignedAddress, r"(?i)\bmisaligned address\b|\bCUDA_ERROR_MISALIGNED_ADDRESS\b|\bcudaErrorMisalignedAddress\b|Warp Misaligned Address"),
-        rule(InvalidAddressSpace, r"(?i)operation not supported on global/shared address space|\bCUDA_ERROR_INVALID_ADDRESS_SPACE\b|\bcudaErrorInvalidAddressSpace\b"),
-        rule(IllegalInstruction, r"(?i)an illegal instruction was encountered|\bCUDA_ERROR_ILLEGAL_INSTRUCTION\b|\bcudaErrorIllegalInstruction\b"),
-        rule(HardwareStackError, r"(?i)hardware stack error|\bCUDA_ERROR_HARDWARE_STACK_ERROR\b|\bcudaErrorHardwareStackError\b"),
-        rule(LaunchFailure, r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED"),
-        rule(Nccl, r"NCCL error|\bnccl(UnhandledCudaError|SystemError|InternalError|InvalidUsage|InvalidArgument|RemoteError)\b|Watchdog caught collective operation timeout|DistBackendError|NCCL WARN"),
-        rule(OutOfMemory, r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"),
-        rule(DeviceMismatch, r"Expected all tensors to be on the same device|Expected .{1,80} to be on the same device|is on cpu, different from other tensors on cuda|(?i)device mismatch|must be on the same device"),
-        rule(Nan, r"(?i)returned nan values|Tensor had (NaN|Inf) values|CheckNumerics|check_numerics|NaN or Inf found|anomaly detected.*nan"),
-        rule(Infra, r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW|\bcuInit\b.*(fail|error)|all CUDA-capable devices are busy or unavailable|uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|Found no NVIDIA driver|NVIDIA driver on your system is too old|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found|nvidia-smi has failed|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b"),
+        rule(
+            DeviceAssert,
+            r"(?i)device-side assert(ion)? triggered|\bcudaErrorAssert\b|\bCUDA_ERROR_ASSERT\b",
+        ),
+        rule(
+            IllegalAddress,
+            r"(?i)illegal memory access was encountered|\bCUDA_ERROR_ILLEGAL_ADDRESS\b|\bcudaErrorIllegalAddress\b|Warp Illegal Address",
+        ),
+        rule(
+            MisalignedAddress,
+            r"(?i)\bmisaligned address\b|\bCUDA_ERROR_MISALIGNED_ADDRESS\b|\bcudaErrorMisalignedAddress\b|Warp Misaligned Address",
+        ),
+        rule(
+            InvalidAddressSpace,
+            r"(?i)operation not supported on global/shared address space|\bCUDA_ERROR_INVALID_ADDRESS_SPACE\b|\bcudaErrorInvalidAddressSpace\b",
+        ),
+        rule(
+            IllegalInstruction,
+            r"(?i)an illegal instruction was encountered|\bCUDA_ERROR_ILLEGAL_INSTRUCTION\b|\bcudaErrorIllegalInstruction\b",
+        ),
+        rule(
+            HardwareStackError,
+            r"(?i)hardware stack error|\bCUDA_ERROR_HARDWARE_STACK_ERROR\b|\bcudaErrorHardwareStackError\b",
+        ),
+        rule(
+            LaunchFailure,
+            r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED",
+        ),
+        rule(
+            Nccl,
+            r"NCCL error|\bnccl(UnhandledCudaError|SystemError|InternalError|InvalidUsage|InvalidArgument|RemoteError)\b|Watchdog caught collective operation timeout|DistBackendError|NCCL WARN",
+        ),
+        rule(
+            OutOfMemory,
+            r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
+        ),
+        rule(
+            DeviceMismatch,
+            r"Expected all tensors to be on the same device|Expected .{1,80} to be on the same device|is on cpu, different from other tensors on cuda|(?i)device mismatch|must be on the same device",
+        ),
+        rule(
+            Nan,
+            r"(?i)returned nan values|Tensor had (NaN|Inf) values|CheckNumerics|check_numerics|NaN or Inf found|anomaly detected.*nan",
+        ),
+        rule(
+            Infra,
+            r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW|\bcuInit\b.*(fail|error)|all CUDA-capable devices are busy or unavailable|uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|Found no NVIDIA driver|NVIDIA driver on your system is too old|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found|nvidia-smi has failed|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
+        ),
     ]
 });
 
-static CUDA_FAILURE_CODE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"Cuda failure (\d+)|\(error (\d+)\)|CUDA error (\d+)").expect("pattern"));
+static CUDA_FAILURE_CODE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"Cuda failure (\d+)|\(error (\d+)\)|CUDA error (\d+)").expect("pattern")
+});
 static CODE_NAME: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\b(CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+)\b").expect("pattern"));
-static GENERIC_CUDA_ERROR: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"CUDA error: (.+)|\b(CUDA_ERROR_[A-Z_]+)\b|\bcudaError[A-Z]\w+").expect("pattern"));
+static GENERIC_CUDA_ERROR: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"CUDA error: (.+)|\b(CUDA_ERROR_[A-Z_]+)\b|\bcudaError[A-Z]\w+").expect("pattern")
+});
 static ASSERT_LINE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(?P<file>[^\s:]+):(?P<line>\d+): (?P<func>.*?):? ?block: \[[\d, ]+\], thread: \[[\d, ]+\] Assertion `(?P<expr>.*)` failed")
         .expect("pattern")
 });
-static PY_FRAME: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r#"^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$"#).expect("pattern"));
-static PY_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))(: (?P<msg>.*))?$").expect("pattern")
+static PY_FRAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$"#)
+        .expect("pattern")
 });
-static RANK: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
+static PY_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))(: (?P<msg>.*))?$",
+    )
+    .expect("pattern")
+});
+static RANK: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
 static MARKER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^@@cudabisect node=(?P<node>\S+) op=(?P<op>\S+) kernel=(?P<kernel>\S+) (?P<phase>begin|end)")
         .expect("pattern")
@@ -97,12 +224,20 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
     let mut signature = match (finding, exit) {
         (Some(f), Exit::Code(0)) if f.class != FaultClass::Infra => {
             // The program says it succeeded; what it printed was handled.
-            Signature::new(FaultClass::None, format!("exited 0 (it printed, and survived: {})", f.summary))
+            Signature::new(
+                FaultClass::None,
+                format!("exited 0 (it printed, and survived: {})", f.summary),
+            )
         }
         (Some(f), _) => f,
-        (None, Exit::Timeout) => Signature::new(FaultClass::Hang, "ran past its timeout and was killed"),
+        (None, Exit::Timeout) => {
+            Signature::new(FaultClass::Hang, "ran past its timeout and was killed")
+        }
         (None, Exit::Signal(sig)) => {
-            let mut s = Signature::new(FaultClass::Signal, format!("killed by {}", signal_name(sig)));
+            let mut s = Signature::new(
+                FaultClass::Signal,
+                format!("killed by {}", signal_name(sig)),
+            );
             s.detail = Some(signal_name(sig));
             s
         }
@@ -120,7 +255,11 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
 }
 
 fn other(code: i32, context: &Context) -> Signature {
-    let what = context.panic.clone().or_else(|| context.exception.clone()).or_else(|| context.last_line.clone());
+    let what = context
+        .panic
+        .clone()
+        .or_else(|| context.exception.clone())
+        .or_else(|| context.last_line.clone());
     let summary = match what {
         Some(w) => format!("exited {code}: {w}"),
         None => format!("exited {code}"),
@@ -165,7 +304,8 @@ impl Context {
                     _ => None,
                 };
             } else if let Some(c) = RUST_PANIC.captures(trimmed) {
-                ctx.panic.get_or_insert_with(|| format!("panicked at {}", &c["site"]));
+                ctx.panic
+                    .get_or_insert_with(|| format!("panicked at {}", &c["site"]));
             }
             if !trimmed.trim().is_empty() && !trimmed.starts_with("exit=") {
                 ctx.last_line = Some(clip(trimmed.trim()));
@@ -221,11 +361,25 @@ fn first_text_finding(lines: &[&str]) -> Option<Signature> {
 }
 
 fn classify_line(line: &str) -> Option<Signature> {
-    let class = RULES.iter().find(|r| r.regex.is_match(line)).map(|r| r.class).or_else(|| {
-        // "Cuda failure 700 '…'" and "(error 716)" name the code only.
-        let code = CUDA_FAILURE_CODE.captures(line)?.iter().skip(1).flatten().next()?.as_str().parse().ok()?;
-        FaultClass::ALL.into_iter().find(|c| c.cuda_code() == Some(code))
-    });
+    let class = RULES
+        .iter()
+        .find(|r| r.regex.is_match(line))
+        .map(|r| r.class)
+        .or_else(|| {
+            // "Cuda failure 700 '…'" and "(error 716)" name the code only.
+            let code = CUDA_FAILURE_CODE
+                .captures(line)?
+                .iter()
+                .skip(1)
+                .flatten()
+                .next()?
+                .as_str()
+                .parse()
+                .ok()?;
+            FaultClass::ALL
+                .into_iter()
+                .find(|c| c.cuda_code() == Some(code))
+        });
     let mut s = match class {
         Some(class) => Signature::new(class, clip(line.trim())),
         None => {
@@ -234,7 +388,10 @@ fn classify_line(line: &str) -> Option<Signature> {
         }
     };
     if let Some(name) = CODE_NAME.captures(line).map(|c| c[1].to_string()) {
-        if let Some(&(_, _, code, _)) = CODE_NAMES.iter().find(|(d, r, ..)| *d == name || *r == name) {
+        if let Some(&(_, _, code, _)) = CODE_NAMES
+            .iter()
+            .find(|(d, r, ..)| *d == name || *r == name)
+        {
             s.code = Some(code);
         }
         s.code_name = Some(name);
@@ -347,12 +504,18 @@ mod tests {
 
     #[test]
     fn kernel_names_are_shortened() {
-        assert_eq!(short_kernel_name("void k(float *, unsigned long long, int)"), "k");
+        assert_eq!(
+            short_kernel_name("void k(float *, unsigned long long, int)"),
+            "k"
+        );
         assert_eq!(
             short_kernel_name("void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<unsigned char>>(int, T2, T3)"),
             "at::native::vectorized_elementwise_kernel"
         );
-        assert_eq!(short_kernel_name("indexSelectSmallIndex"), "indexSelectSmallIndex");
+        assert_eq!(
+            short_kernel_name("indexSelectSmallIndex"),
+            "indexSelectSmallIndex"
+        );
         assert_eq!(short_kernel_name("write_oob(float *, int)"), "write_oob");
     }
 
@@ -374,22 +537,34 @@ mod tests {
     fn the_first_of_two_faults_wins() {
         let log = "RuntimeError: CUDA error: misaligned address\nlater: CUDA error: an illegal memory access was encountered\n";
         let s = classify(Exit::Code(1), log);
-        assert_eq!((s.class, s.code), (FaultClass::MisalignedAddress, Some(716)));
+        assert_eq!(
+            (s.class, s.code),
+            (FaultClass::MisalignedAddress, Some(716))
+        );
     }
 
     #[test]
     fn exit_status_decides_when_the_text_says_nothing() {
-        assert_eq!(classify(Exit::Code(0), "all good\n").class, FaultClass::None);
+        assert_eq!(
+            classify(Exit::Code(0), "all good\n").class,
+            FaultClass::None
+        );
         assert_eq!(classify(Exit::Timeout, "waiting\n").class, FaultClass::Hang);
         let s = classify(Exit::Signal(11), "");
-        assert_eq!((s.class, s.detail.as_deref()), (FaultClass::Signal, Some("SIGSEGV")));
+        assert_eq!(
+            (s.class, s.detail.as_deref()),
+            (FaultClass::Signal, Some("SIGSEGV"))
+        );
         assert_eq!(classify(Exit::Code(3), "").class, FaultClass::Other);
     }
 
     #[test]
     fn a_fault_beats_the_signal_that_followed_it() {
         let log = "CUDA error: an illegal memory access was encountered\nterminate called after throwing an instance of 'c10::Error'\n";
-        assert_eq!(classify(Exit::Signal(6), log).class, FaultClass::IllegalAddress);
+        assert_eq!(
+            classify(Exit::Signal(6), log).class,
+            FaultClass::IllegalAddress
+        );
     }
 
     #[test]
@@ -410,7 +585,10 @@ mod tests {
         for (line, class) in cases {
             assert_eq!(classify(Exit::Code(1), line).class, class, "{line}");
         }
-        let s = classify(Exit::Code(1), "[Rank 3] Watchdog caught collective operation timeout");
+        let s = classify(
+            Exit::Code(1),
+            "[Rank 3] Watchdog caught collective operation timeout",
+        );
         assert_eq!(s.detail.as_deref(), Some("rank 3"));
     }
 

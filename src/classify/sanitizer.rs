@@ -76,10 +76,14 @@ static AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^=+\s+at (?:0x[0-9a-f]+ in )?(?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?").expect("pattern")
 });
 static RACE_AT: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"access at (?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?").expect("pattern")
+    Regex::new(
+        r"access at (?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?",
+    )
+    .expect("pattern")
 });
 static THREAD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^=+\s+by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)").expect("pattern")
+    Regex::new(r"^=+\s+by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)")
+        .expect("pattern")
 });
 static ACCESS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^=+\s+(?:Access to|Address) (?P<addr>0x[0-9a-f]+)(?: is (?P<what>out of bounds|misaligned))?").expect("pattern")
@@ -127,7 +131,10 @@ pub fn parse_text(lines: &[&str]) -> Vec<Finding> {
 
 fn header_finding(c: &regex::Captures, line: &str) -> Finding {
     let text = line.trim_start_matches('=').trim().to_string();
-    let mut f = Finding { text: text.clone(), ..Finding::default() };
+    let mut f = Finding {
+        text: text.clone(),
+        ..Finding::default()
+    };
     if c.name("dir").is_some() {
         f.kind = Some(FindingKind::Invalid);
         f.direction = Some(c["dir"].to_string());
@@ -158,8 +165,19 @@ fn set_location(f: &mut Finding, c: &regex::Captures) {
 fn apply_relation(f: &mut Finding, c: &regex::Captures) {
     let size = &c["size"];
     f.relation = Some(if let Some(dist) = c.name("dist") {
-        f.kind = f.kind.map(|k| if k == FindingKind::Invalid { FindingKind::OutOfBounds } else { k });
-        format!("{} bytes {} an allocation of size {} bytes", dist.as_str(), &c["side"], size)
+        f.kind = f.kind.map(|k| {
+            if k == FindingKind::Invalid {
+                FindingKind::OutOfBounds
+            } else {
+                k
+            }
+        });
+        format!(
+            "{} bytes {} an allocation of size {} bytes",
+            dist.as_str(),
+            &c["side"],
+            size
+        )
     } else if c.name("freed").is_some() {
         f.kind = Some(FindingKind::UseAfterFree);
         format!("inside a freed allocation of size {size} bytes")
@@ -172,12 +190,17 @@ fn apply_relation(f: &mut Finding, c: &regex::Captures) {
 pub fn error_summary(lines: &[&str]) -> Option<u64> {
     static SUMMARY: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r"^=+ ERROR SUMMARY: (\d+) errors?$").expect("pattern"));
-    lines.iter().find_map(|l| SUMMARY.captures(l).and_then(|c| c[1].parse().ok()))
+    lines
+        .iter()
+        .find_map(|l| SUMMARY.captures(l).and_then(|c| c[1].parse().ok()))
 }
 
 /// The signature of the first sanitizer finding in a text log, if any.
 pub fn first_finding(lines: &[&str]) -> Option<Signature> {
-    parse_text(lines).into_iter().next().map(|f| signature_of(&f))
+    parse_text(lines)
+        .into_iter()
+        .next()
+        .map(|f| signature_of(&f))
 }
 
 /// Turns a finding into a signature.
@@ -238,12 +261,18 @@ fn child<'a>(node: roxmltree::Node<'a, 'a>, path: &[&str]) -> Option<roxmltree::
 }
 
 fn child_text(node: roxmltree::Node, path: &[&str]) -> Option<String> {
-    child(node, path).and_then(|n| n.text()).map(|t| t.trim().to_string())
+    child(node, path)
+        .and_then(|n| n.text())
+        .map(|t| t.trim().to_string())
 }
 
 fn xyz(node: roxmltree::Node, name: &str) -> Option<[u32; 3]> {
     let n = child(node, &["who", name])?;
-    let v = |axis: &str| child_text(n, &[axis]).and_then(|t| t.parse().ok()).unwrap_or(0);
+    let v = |axis: &str| {
+        child_text(n, &[axis])
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
+    };
     Some([v("x"), v("y"), v("z")])
 }
 
@@ -266,7 +295,10 @@ fn xml_finding(record: roxmltree::Node) -> Finding {
     } else {
         FindingKind::Invalid
     };
-    let source = match (child_text(record, &["where", "path"]), child_text(record, &["where", "line"])) {
+    let source = match (
+        child_text(record, &["where", "path"]),
+        child_text(record, &["where", "line"]),
+    ) {
         (Some(p), Some(l)) => Some(format!("{}:{l}", p.rsplit('/').next().unwrap_or(&p))),
         _ => None,
     };
@@ -287,12 +319,18 @@ fn xml_finding(record: roxmltree::Node) -> Finding {
 
 /// Copies the allocation relation, which only the text report prints, onto XML findings with the same address.
 pub fn attach_relations(xml: &mut [Finding], text: &[Finding]) {
-    let by_address: BTreeMap<&str, &Finding> =
-        text.iter().filter_map(|f| Some((f.address.as_deref()?, f))).collect();
+    let by_address: BTreeMap<&str, &Finding> = text
+        .iter()
+        .filter_map(|f| Some((f.address.as_deref()?, f)))
+        .collect();
     for f in xml.iter_mut() {
-        let Some(t) = f.address.as_deref().and_then(|a| by_address.get(a)) else { continue };
+        let Some(t) = f.address.as_deref().and_then(|a| by_address.get(a)) else {
+            continue;
+        };
         f.relation = t.relation.clone();
-        if t.kind == Some(FindingKind::UseAfterFree) || (f.kind == Some(FindingKind::Invalid) && t.kind.is_some()) {
+        if t.kind == Some(FindingKind::UseAfterFree)
+            || (f.kind == Some(FindingKind::Invalid) && t.kind.is_some())
+        {
             f.kind = t.kind;
         }
     }
@@ -315,7 +353,10 @@ impl FoldedFinding {
     /// One line: kind, kernel, access, relation, source, count and ranges.
     pub fn line(&self) -> String {
         let f = &self.first;
-        let kind = f.kind.map(|k| format!("{k:?}")).unwrap_or_else(|| "Invalid".into());
+        let kind = f
+            .kind
+            .map(|k| format!("{k:?}"))
+            .unwrap_or_else(|| "Invalid".into());
         let mut out = format!(
             "{} in {}{}: {}",
             kind,
@@ -338,7 +379,13 @@ impl FoldedFinding {
 }
 
 fn range3(r: [[u32; 2]; 3]) -> String {
-    let axis = |[lo, hi]: [u32; 2]| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") };
+    let axis = |[lo, hi]: [u32; 2]| {
+        if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}-{hi}")
+        }
+    };
     format!("({},{},{})", axis(r[0]), axis(r[1]), axis(r[2]))
 }
 
@@ -354,18 +401,27 @@ fn widen(range: &mut Option<[[u32; 2]; 3]>, v: Option<[u32; 3]>) {
 /// Folds findings by (kernel, pc, kind), keeping first-seen order.
 pub fn fold(findings: &[Finding]) -> Vec<FoldedFinding> {
     let mut order: Vec<(Option<String>, Option<String>, Option<FindingKind>)> = Vec::new();
-    let mut groups: BTreeMap<(Option<String>, Option<String>, Option<FindingKind>), FoldedFinding> = BTreeMap::new();
+    let mut groups: BTreeMap<(Option<String>, Option<String>, Option<FindingKind>), FoldedFinding> =
+        BTreeMap::new();
     for f in findings {
         let key = (f.kernel.clone(), f.pc.clone(), f.kind);
         let group = groups.entry(key.clone()).or_insert_with(|| {
             order.push(key);
-            FoldedFinding { first: f.clone(), count: 0, threads: None, blocks: None }
+            FoldedFinding {
+                first: f.clone(),
+                count: 0,
+                threads: None,
+                blocks: None,
+            }
         });
         group.count += 1;
         widen(&mut group.threads, f.thread);
         widen(&mut group.blocks, f.block);
     }
-    order.into_iter().filter_map(|k| groups.remove(&k)).collect()
+    order
+        .into_iter()
+        .filter_map(|k| groups.remove(&k))
+        .collect()
 }
 
 #[cfg(test)]
@@ -381,7 +437,10 @@ mod tests {
         assert_eq!(f.kernel.as_deref(), Some("write_oob"));
         assert_eq!(f.source.as_deref(), Some("oob.cu:4"));
         assert_eq!(f.thread, Some([232, 0, 0]));
-        assert_eq!(describe(f), "write of 4 bytes, 1 bytes after an allocation of size 4,000 bytes");
+        assert_eq!(
+            describe(f),
+            "write of 4 bytes, 1 bytes after an allocation of size 4,000 bytes"
+        );
     }
 
     #[test]
@@ -397,7 +456,13 @@ mod tests {
         let folded = fold(&[mk(5), mk(1), mk(9)]);
         assert_eq!(folded.len(), 1);
         assert_eq!(folded[0].count, 3);
-        assert!(folded[0].line().contains("threads (1-9,0,0), blocks (2,0,0)"), "{}", folded[0].line());
+        assert!(
+            folded[0]
+                .line()
+                .contains("threads (1-9,0,0), blocks (2,0,0)"),
+            "{}",
+            folded[0].line()
+        );
     }
 
     #[test]

@@ -1,0 +1,242 @@
+//! The command line: clap definitions, dispatch to the library, and the mapping of errors to exit codes.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::classify::{classify, Exit, FaultClass};
+use crate::config::{CommandLine, Config};
+use crate::events::Reporter;
+use crate::exit_codes;
+use crate::report::RunResult;
+use crate::reporter::{HumanReporter, JsonReporter};
+use crate::start::{start, StartOptions};
+
+/// Finds the first commit that makes a GPU program fault, and says what the fault is.
+#[derive(Parser, Debug)]
+#[command(name = "cudabisect", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum MessageFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Bisect GOOD..BAD: build and run the repro at probe commits, and report the first bad commit.
+    Start {
+        /// The range, as GOOD..BAD.
+        range: String,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write the JSON report here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Another known-good revision (repeatable).
+        #[arg(long = "good")]
+        goods: Vec<String>,
+        /// Keep the probe worktree registered after the run.
+        #[arg(long)]
+        keep_worktree: bool,
+        /// Remove untracked and ignored files in the worktree before each build.
+        #[arg(long)]
+        clean: bool,
+        /// Do not run compute-sanitizer at the first bad commit.
+        #[arg(long)]
+        no_triage: bool,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
+    /// Classify a saved log (a file, or - for standard input).
+    Classify {
+        /// The log.
+        log: String,
+        /// The process's exit status; when absent, a final `exit=N` line in the log is used.
+        #[arg(long)]
+        exit_code: Option<i32>,
+        /// Print {"class","code","kernel","site","framework","summary"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rerun the repro under compute-sanitizer and say which kernel did what to which allocation.
+    Triage {
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Check out and build this revision in the probe worktree first.
+        #[arg(long)]
+        at: Option<String>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The command to sanitize (default: the configured repro).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// Show the whole pipeline on a generated sample repository.
+    Demo {
+        /// Keep the sample repository here instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Parses the arguments, runs the command, and returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    // Ctrl-C or SIGTERM: stop the running process group and clean up, rather than dying with orphans.
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    match cli.command {
+        Command::Start {
+            range,
+            dir,
+            config,
+            report,
+            goods,
+            keep_worktree,
+            clean,
+            no_triage,
+            message_format,
+        } => {
+            let opts = StartOptions {
+                dir,
+                range,
+                goods,
+                config,
+                report,
+                keep_worktree,
+                clean,
+                no_triage,
+            };
+            let mut reporter: Box<dyn Reporter> = match message_format {
+                MessageFormat::Human => Box::new(HumanReporter::new()),
+                MessageFormat::Json => Box::new(JsonReporter),
+            };
+            cmd_start(&opts, reporter.as_mut(), &cancel)
+        }
+        Command::Classify {
+            log,
+            exit_code,
+            json,
+        } => cmd_classify(&log, exit_code, json),
+        Command::Triage {
+            config,
+            dir,
+            at,
+            json,
+            command,
+        } => crate::triage_cmd::run(&dir, config, at.as_deref(), command, json, &cancel),
+        Command::Demo { dir } => crate::demo::run(dir, &cancel),
+    }
+}
+
+/// Runs `start` and maps its outcome to an exit code.
+pub fn cmd_start(opts: &StartOptions, reporter: &mut dyn Reporter, cancel: &AtomicBool) -> i32 {
+    match start(opts, reporter, cancel) {
+        Ok(report) if cancel.load(Ordering::SeqCst) && report.result == RunResult::Inconclusive => {
+            exit_codes::INTERRUPTED
+        }
+        Ok(report) => match report.result {
+            RunResult::Found => exit_codes::FOUND,
+            RunResult::EndpointsInvalid => exit_codes::ENDPOINTS_INVALID,
+            RunResult::Ambiguous | RunResult::Inconclusive => exit_codes::INCONCLUSIVE,
+        },
+        Err(e) => {
+            eprintln!("error: {e}");
+            if e.is_usage() {
+                exit_codes::USAGE
+            } else {
+                exit_codes::INTERNAL
+            }
+        }
+    }
+}
+
+fn cmd_classify(log: &str, exit_code: Option<i32>, json: bool) -> i32 {
+    let bytes = if log == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+    } else {
+        std::fs::read(log)
+    };
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: cannot read {log}: {e}");
+            return exit_codes::USAGE;
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let (exit, body) = split_exit_trailer(&text, exit_code);
+    let signature = classify(exit, body);
+    if json {
+        println!("{}", signature.to_classify_json());
+    } else {
+        println!("{}", signature.short());
+        println!("{}", signature.summary);
+        for (k, v) in [
+            ("framework", &signature.framework),
+            ("detail", &signature.detail),
+        ] {
+            if let Some(v) = v {
+                println!("{k}: {v}");
+            }
+        }
+    }
+    if signature.class == FaultClass::None {
+        exit_codes::FOUND
+    } else {
+        exit_codes::CLASSIFIED_FAILURE
+    }
+}
+
+/// Uses `--exit-code` when given, else a final `exit=N` line (as capture scripts append), else unknown.
+fn split_exit_trailer(text: &str, given: Option<i32>) -> (Exit, &str) {
+    if let Some(code) = given {
+        return (Exit::Code(code), text);
+    }
+    let trimmed = text.trim_end();
+    if let Some((body, last)) = trimmed.rsplit_once('\n') {
+        if let Some(code) = last
+            .strip_prefix("exit=")
+            .and_then(|c| c.trim().parse().ok())
+        {
+            return (Exit::Code(code), body);
+        }
+    }
+    (Exit::Unknown, text)
+}
+
+/// Loads a config for commands that take `--config`, defaulting to the repository's bisect.toml.
+pub fn load_config(
+    dir: &std::path::Path,
+    config: Option<PathBuf>,
+) -> Result<(crate::git::Repo, Config), String> {
+    let repo = crate::git::Repo::open(dir).map_err(|e| e.to_string())?;
+    let path = config.unwrap_or_else(|| repo.workdir().join("bisect.toml"));
+    let config = Config::load(&path).map_err(|e| e.to_string())?;
+    Ok((repo, config))
+}
+
+/// Turns `-- cmd args…` into a command, when given.
+pub fn command_from_args(args: Vec<String>) -> Option<CommandLine> {
+    (!args.is_empty()).then_some(CommandLine::Argv(args))
+}

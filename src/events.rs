@@ -1,0 +1,84 @@
+//! The event stream: logic emits events, reporters render them (progress bar, plain lines, JSON Lines).
+
+use serde::Serialize;
+
+use crate::report::{ProbeRecord, ProbeRole, Report};
+
+/// The phase a probe is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Checking out the commit.
+    Checkout,
+    /// Building.
+    Build,
+    /// Running the repro.
+    Repro,
+    /// Running compute-sanitizer.
+    Triage,
+}
+
+/// Something that happened during a run.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The range was read and the run is starting.
+    RunStarted {
+        /// Commits that may be the first bad one.
+        candidates: usize,
+        /// Where logs go.
+        run_dir: String,
+        /// Whether launches are synchronous.
+        launch_blocking: bool,
+    },
+    /// A probe entered a phase.
+    PhaseStarted {
+        /// Probe number, from 1.
+        step: usize,
+        /// Full sha.
+        commit: String,
+        /// Why the probe runs.
+        role: ProbeRole,
+        /// Which phase.
+        phase: Phase,
+        /// Candidates left.
+        remaining: usize,
+        /// Probes git would estimate are left.
+        estimated_steps: usize,
+    },
+    /// A probe finished.
+    ProbeFinished {
+        /// Probe number, from 1.
+        step: usize,
+        /// The record.
+        record: Box<ProbeRecord>,
+    },
+    /// Something worth telling that does not stop the run.
+    Warning {
+        /// The text.
+        message: String,
+    },
+    /// Triage finished.
+    TriageFinished {
+        /// Its one-line summary.
+        summary: String,
+    },
+    /// The run is over.
+    Finished {
+        /// The report.
+        report: Box<Report>,
+    },
+}
+
+/// Receives events; implementations render them.
+pub trait Reporter {
+    /// Handles one event.
+    fn event(&mut self, event: &Event);
+}
+
+/// Drops every event (library callers that only want the result).
+pub struct NullReporter;
+
+impl Reporter for NullReporter {
+    fn event(&mut self, _: &Event) {}
+}

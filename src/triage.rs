@@ -1,0 +1,298 @@
+//! compute-sanitizer triage: rerun a repro under memcheck (escalating to racecheck, initcheck and synccheck
+//! when memcheck sees nothing but the fault persists), with the PyTorch caching allocator off and synchronous
+//! launches, and fold what it reports into a few lines a maintainer can act on.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use git2::Oid;
+use serde::Serialize;
+
+use crate::classify::sanitizer::{self, FoldedFinding};
+use crate::classify::{classify, Exit, FaultClass, Signature};
+use crate::config::{CommandLine, Config};
+use crate::events::{Event, Reporter};
+use crate::git::ProbeWorktree;
+use crate::probe::command_spec;
+use crate::process;
+
+/// The sanitizer tools, in escalation order.
+pub const TOOLS: [&str; 4] = ["memcheck", "racecheck", "initcheck", "synccheck"];
+
+/// Exit status the sanitizer is told to use when it reports errors.
+const SANITIZER_ERROR_EXIT: i32 = 86;
+
+/// What triage concluded.
+#[derive(Clone, Debug, Serialize)]
+pub struct TriageResult {
+    /// `found` (a finding), `clean` (no tool found anything), `unavailable` (no compute-sanitizer), `error`.
+    pub status: String,
+    /// One line for humans.
+    pub summary: String,
+    /// The tool whose findings are reported.
+    pub tool: Option<String>,
+    /// Tools run, in order.
+    pub tools_run: Vec<String>,
+    /// The signature from the first finding.
+    pub signature: Option<Signature>,
+    /// Findings folded by (kernel, pc, kind).
+    pub findings: Vec<FoldedLine>,
+    /// Errors counted by the sanitizer's summary line.
+    pub error_count: Option<u64>,
+    /// Logs and XML reports written.
+    pub files: Vec<String>,
+    /// The command sanitized.
+    pub command: String,
+}
+
+/// A folded finding as the report shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct FoldedLine {
+    /// The one-line description.
+    pub line: String,
+    /// The folded records.
+    #[serde(flatten)]
+    pub folded: FoldedFinding,
+}
+
+/// Where to find compute-sanitizer, or None.
+pub fn find_sanitizer(configured: Option<&str>) -> Option<PathBuf> {
+    if let Some(path) = configured {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("compute-sanitizer"));
+    let usual = [
+        "/usr/local/cuda/bin/compute-sanitizer",
+        "/opt/cuda/bin/compute-sanitizer",
+    ]
+    .map(PathBuf::from);
+    on_path.chain(usual).find(|p| p.is_file())
+}
+
+/// How to install compute-sanitizer, for the "missing" message.
+pub const INSTALL_HINT: &str = "compute-sanitizer was not found: it ships with the CUDA toolkit (<cuda>/bin/compute-sanitizer; \
+     `apt install cuda-sanitizer-<version>` on NVIDIA's apt repository); put it on PATH or set [triage] sanitizer";
+
+/// Runs triage at `oid` in the probe worktree (already built by the probe that found it) and returns its
+/// JSON for the report.
+pub fn at_commit(
+    config: &Config,
+    worktree: &ProbeWorktree,
+    oid: Oid,
+    out_dir: &Path,
+    cancel: &AtomicBool,
+    reporter: &mut dyn Reporter,
+) -> serde_json::Value {
+    if let Err(e) = worktree.checkout(oid, false) {
+        return serde_json::json!({"status": "error", "summary": format!("checkout failed: {e}")});
+    }
+    let command = config
+        .triage
+        .command
+        .clone()
+        .unwrap_or_else(|| config.repro.command.clone());
+    let result = run(
+        config,
+        worktree.path(),
+        &command,
+        &oid.to_string(),
+        out_dir,
+        cancel,
+    );
+    reporter.event(&Event::TriageFinished {
+        summary: result.summary.clone(),
+    });
+    serde_json::to_value(&result).unwrap_or(serde_json::Value::Null)
+}
+
+/// Runs the escalation in `cwd` and writes logs into `out_dir`.
+pub fn run(
+    config: &Config,
+    cwd: &Path,
+    command: &CommandLine,
+    commit: &str,
+    out_dir: &Path,
+    cancel: &AtomicBool,
+) -> TriageResult {
+    let mut result = TriageResult {
+        status: "clean".into(),
+        summary: String::new(),
+        tool: None,
+        tools_run: Vec::new(),
+        signature: None,
+        findings: Vec::new(),
+        error_count: None,
+        files: Vec::new(),
+        command: command.display(),
+    };
+    let Some(sanitizer) = find_sanitizer(config.triage.sanitizer.as_deref()) else {
+        result.status = "unavailable".into();
+        result.summary = INSTALL_HINT.into();
+        return result;
+    };
+    for tool in TOOLS {
+        let xml = out_dir.join(format!("sanitizer-{tool}.xml"));
+        let log = out_dir.join(format!("sanitizer-{tool}.log"));
+        let _ = std::fs::remove_file(&xml);
+        let wrapped = wrap(&sanitizer, tool, &xml, command);
+        let mut env = config.triage.env.clone();
+        env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
+        let spec = command_spec(
+            config,
+            cwd,
+            &wrapped,
+            config.triage.timeout,
+            &env,
+            commit,
+            "triage",
+            1,
+            true,
+        );
+        let run = match process::run(&spec, cancel) {
+            Ok(run) => run,
+            Err(e) => {
+                result.status = "error".into();
+                result.summary = format!("cannot run compute-sanitizer: {e}");
+                return result;
+            }
+        };
+        let _ = std::fs::write(&log, &run.output);
+        result.files.push(log.display().to_string());
+        result.tools_run.push(tool.to_string());
+        let xml_text = std::fs::read_to_string(&xml).ok();
+        if xml_text.is_some() {
+            result.files.push(xml.display().to_string());
+        }
+        let interpreted = interpret(tool, run.exit, &run.output, xml_text.as_deref());
+        let still_faults = interpreted.program.class != FaultClass::None;
+        if !interpreted.findings.is_empty() {
+            result.status = "found".into();
+            result.tool = Some(tool.to_string());
+            result.signature = interpreted.signature;
+            result.error_count = interpreted.error_count;
+            result.summary = format!("{tool}: {}", interpreted.findings[0].line());
+            result.findings = interpreted
+                .findings
+                .into_iter()
+                .map(|f| FoldedLine {
+                    line: f.line(),
+                    folded: f,
+                })
+                .collect();
+            return result;
+        }
+        if !still_faults || run.interrupted {
+            result.summary = format!("{tool} found nothing and the program ran clean under it");
+            return result;
+        }
+        result.summary = format!(
+            "no sanitizer tool found the fault ({})",
+            interpreted.program.short()
+        );
+        if matches!(interpreted.program.class, FaultClass::Infra) {
+            result.status = "error".into();
+            result.summary = format!(
+                "compute-sanitizer could not run the program: {}",
+                interpreted.program.summary
+            );
+            return result;
+        }
+    }
+    result
+}
+
+fn wrap(sanitizer: &Path, tool: &str, xml: &Path, command: &CommandLine) -> CommandLine {
+    let (program, args) = command.argv();
+    let mut argv = vec![
+        sanitizer.display().to_string(),
+        "--tool".into(),
+        tool.into(),
+        "--xml".into(),
+        "--save".into(),
+        xml.display().to_string(),
+        "--print-limit".into(),
+        "1000".into(),
+        "--error-exitcode".into(),
+        SANITIZER_ERROR_EXIT.to_string(),
+    ];
+    argv.push(program);
+    argv.extend(args);
+    CommandLine::Argv(argv)
+}
+
+/// What one sanitizer run says.
+pub struct Interpretation {
+    /// Findings folded by (kernel, pc, kind).
+    pub findings: Vec<FoldedFinding>,
+    /// The signature of the first finding.
+    pub signature: Option<Signature>,
+    /// What the program itself showed (ignoring sanitizer records).
+    pub program: Signature,
+    /// Errors counted by the summary line.
+    pub error_count: Option<u64>,
+}
+
+/// Reads one sanitizer run: XML when present (enriched by the text's allocation relations), text otherwise.
+/// Broken XML falls back to the text.
+pub fn interpret(tool: &str, exit: Exit, output: &str, xml: Option<&str>) -> Interpretation {
+    let lines: Vec<&str> = output.lines().collect();
+    let text_findings = sanitizer::parse_text(&lines);
+    let mut findings = match xml.map(sanitizer::parse_xml) {
+        Some(Ok(mut f)) if !f.is_empty() => {
+            sanitizer::attach_relations(&mut f, &text_findings);
+            f
+        }
+        _ => text_findings,
+    };
+    if tool == "initcheck" {
+        // initcheck reports uninitialised reads; anything else it prints is memcheck's business.
+        findings.retain(|f| f.kind == Some(sanitizer::FindingKind::Uninitialized));
+    }
+    let signature = findings.first().map(sanitizer::signature_of);
+    let program_text: String = lines
+        .iter()
+        .filter(|l| !l.starts_with("========="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let program_exit = match exit {
+        Exit::Code(SANITIZER_ERROR_EXIT) => Exit::Code(1),
+        other => other,
+    };
+    Interpretation {
+        findings: sanitizer::fold(&findings),
+        signature,
+        program: classify(program_exit, &program_text),
+        error_count: sanitizer::error_summary(&lines),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_program_side_is_read_without_sanitizer_lines() {
+        let out = "========= Invalid __global__ write of size 4 bytes\n=========     at k+0x10\n========= \nRuntimeError: CUDA error: unspecified launch failure\n";
+        let i = interpret("memcheck", Exit::Code(SANITIZER_ERROR_EXIT), out, None);
+        assert_eq!(i.program.class, FaultClass::LaunchFailure);
+        assert_eq!(i.signature.unwrap().class, FaultClass::IllegalAddress);
+        assert_eq!(i.findings[0].count, 1);
+    }
+
+    #[test]
+    fn the_wrapped_command_keeps_the_argv() {
+        let w = wrap(
+            Path::new("/cs"),
+            "memcheck",
+            Path::new("/o/m.xml"),
+            &CommandLine::Shell("python x.py".into()),
+        );
+        let (p, args) = w.argv();
+        assert_eq!(p, "/cs");
+        assert_eq!(&args[args.len() - 3..], ["sh", "-c", "python x.py"]);
+        assert!(args.contains(&"--xml".to_string()) && args.contains(&"memcheck".to_string()));
+    }
+}
