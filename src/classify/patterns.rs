@@ -340,7 +340,7 @@ fn is_user_path(path: &str) -> bool {
 fn first_text_finding(lines: &[&str]) -> Option<Signature> {
     let mut after_frame = false;
     for line in lines {
-        let quoted_source = after_frame;
+        let quoted_source = after_frame && line.starts_with(char::is_whitespace);
         after_frame = PY_FRAME.is_match(line);
         if quoted_source || line.starts_with("exit=") {
             continue;

@@ -398,11 +398,13 @@ fn widen(range: &mut Option<[[u32; 2]; 3]>, v: Option<[u32; 3]>) {
     }
 }
 
+/// What makes two records the same report: kernel, pc and kind.
+type FoldKey = (Option<String>, Option<String>, Option<FindingKind>);
+
 /// Folds findings by (kernel, pc, kind), keeping first-seen order.
 pub fn fold(findings: &[Finding]) -> Vec<FoldedFinding> {
-    let mut order: Vec<(Option<String>, Option<String>, Option<FindingKind>)> = Vec::new();
-    let mut groups: BTreeMap<(Option<String>, Option<String>, Option<FindingKind>), FoldedFinding> =
-        BTreeMap::new();
+    let mut order: Vec<FoldKey> = Vec::new();
+    let mut groups: BTreeMap<FoldKey, FoldedFinding> = BTreeMap::new();
     for f in findings {
         let key = (f.kernel.clone(), f.pc.clone(), f.kind);
         let group = groups.entry(key.clone()).or_insert_with(|| {

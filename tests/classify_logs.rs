@@ -1,0 +1,231 @@
+//! The classifier against every real log recorded on the H200 (fixtures/logs), table-driven, and the
+//! sanitizer XML parser against the recorded memcheck report.
+
+use cudabisect::classify::sanitizer::{self, FindingKind};
+use cudabisect::classify::{classify, Exit, FaultClass};
+
+fn log(name: &str) -> (Exit, String) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/logs")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    let (body, last) = text.trim_end().rsplit_once('\n').unwrap();
+    let code = last.strip_prefix("exit=").unwrap().parse().unwrap();
+    (Exit::Code(code), body.to_string())
+}
+
+struct Case {
+    file: &'static str,
+    class: FaultClass,
+    code: Option<u32>,
+    kernel: Option<&'static str>,
+    site: Option<&'static str>,
+    framework: Option<&'static str>,
+}
+
+#[test]
+fn every_recorded_log_is_classified_with_its_details() {
+    use FaultClass as F;
+    let cases = [
+        Case {
+            file: "native_oob_async.log",
+            class: F::IllegalAddress,
+            code: Some(700),
+            kernel: None,
+            site: None,
+            framework: Some("cudarc"),
+        },
+        Case {
+            file: "native_oob_sync.log",
+            class: F::IllegalAddress,
+            code: Some(700),
+            kernel: None,
+            site: None,
+            framework: Some("cudarc"),
+        },
+        Case {
+            file: "triton_oob_sync.log",
+            class: F::InvalidAddressSpace,
+            code: Some(717),
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:14"),
+            framework: Some("triton"),
+        },
+        Case {
+            file: "torch_embedding_assert.log",
+            class: F::DeviceAssert,
+            code: Some(710),
+            kernel: Some("indexSelectSmallIndex"),
+            site: Some("/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1515"),
+            framework: Some("pytorch"),
+        },
+        Case {
+            file: "torch_device_mismatch.log",
+            class: F::DeviceMismatch,
+            code: None,
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:23"),
+            framework: None,
+        },
+        Case {
+            file: "torch_oom.log",
+            class: F::OutOfMemory,
+            code: None,
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:26"),
+            framework: Some("pytorch"),
+        },
+        Case {
+            file: "cupy_misaligned.log",
+            class: F::MisalignedAddress,
+            code: Some(716),
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:35"),
+            framework: Some("cupy"),
+        },
+        Case {
+            file: "torch_uaf_cached.log",
+            class: F::IllegalAddress,
+            code: Some(700),
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:60"),
+            framework: Some("pytorch"),
+        },
+        Case {
+            file: "torch_nan_anomaly.log",
+            class: F::Nan,
+            code: None,
+            kernel: None,
+            site: Some("/home/user/repro/cases.py:66"),
+            framework: Some("pytorch"),
+        },
+        Case {
+            file: "sanitizer_memcheck_oob.log",
+            class: F::IllegalAddress,
+            code: Some(700),
+            kernel: Some("oob"),
+            site: Some("/home/user/repro/torch_oob.py:9"),
+            framework: Some("cupy"),
+        },
+        Case {
+            file: "sanitizer_memcheck_misaligned.log",
+            class: F::MisalignedAddress,
+            code: Some(716),
+            kernel: Some("mis"),
+            site: Some("/home/user/repro/cases.py:35"),
+            framework: Some("cupy"),
+        },
+        Case {
+            file: "sanitizer_racecheck.log",
+            class: F::Race,
+            code: None,
+            kernel: Some("race"),
+            site: None,
+            framework: None,
+        },
+        Case {
+            file: "sanitizer_initcheck.log",
+            class: F::UninitializedRead,
+            code: None,
+            kernel: Some("u"),
+            site: None,
+            framework: Some("cupy"),
+        },
+    ];
+    for case in cases {
+        let (exit, body) = log(case.file);
+        let s = classify(exit, &body);
+        let got = (
+            s.class,
+            s.code,
+            s.kernel.as_deref(),
+            s.site.as_deref(),
+            s.framework.as_deref(),
+        );
+        let want = (
+            case.class,
+            case.code,
+            case.kernel,
+            case.site,
+            case.framework,
+        );
+        assert_eq!(got, want, "{}: {s:#?}", case.file);
+        assert!(!s.summary.is_empty());
+    }
+}
+
+#[test]
+fn device_assert_keeps_the_assertion_text() {
+    let (exit, body) = log("torch_embedding_assert.log");
+    let s = classify(exit, &body);
+    assert_eq!(
+        s.detail.as_deref(),
+        Some("Assertion `srcIndex < srcSelectDimSize` failed")
+    );
+}
+
+#[test]
+fn sanitizer_text_reports_the_allocation_relation() {
+    let (exit, body) = log("sanitizer_memcheck_oob.log");
+    let s = classify(exit, &body);
+    assert_eq!(
+        s.detail.as_deref(),
+        Some("write of 4 bytes, 17,953 bytes after an allocation of size 4,096 bytes")
+    );
+    let lines: Vec<&str> = body.lines().collect();
+    let folded = sanitizer::fold(&sanitizer::parse_text(&lines));
+    assert_eq!(folded.len(), 1);
+    assert_eq!(folded[0].count, 5);
+    assert_eq!(sanitizer::error_summary(&lines), Some(1027));
+}
+
+#[test]
+fn recorded_memcheck_xml_parses_and_folds() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs/memcheck_oob.xml");
+    let xml = std::fs::read_to_string(path).unwrap();
+    let findings = sanitizer::parse_xml(&xml).unwrap();
+    assert_eq!(findings.len(), 2);
+    let f = &findings[0];
+    assert_eq!(f.kind, Some(FindingKind::OutOfBounds));
+    assert_eq!(
+        (f.kernel.as_deref(), f.pc.as_deref()),
+        (Some("oob"), Some("0xe0"))
+    );
+    assert_eq!((f.direction.as_deref(), f.size), (Some("write"), Some(4)));
+    assert_eq!((f.thread, f.block), (Some([0, 0, 0]), Some([2, 0, 0])));
+    let folded = sanitizer::fold(&findings);
+    assert_eq!(folded.len(), 1);
+    assert_eq!(folded[0].count, 2);
+    assert!(
+        folded[0]
+            .line()
+            .contains("threads (0-1,0,0), blocks (2,0,0)"),
+        "{}",
+        folded[0].line()
+    );
+    // A truncated report is an error, never a panic.
+    assert!(sanitizer::parse_xml(&xml[..xml.len() / 2]).is_err());
+}
+
+#[test]
+fn classify_cli_prints_the_json_keys() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs/torch_oom.log");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["classify", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["class"], "out_of_memory");
+    for key in ["class", "code", "kernel", "site", "framework", "summary"] {
+        assert!(v.get(key).is_some(), "{key}");
+    }
+    assert!(v["kernel"].is_null());
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["classify", "/nonexistent/log"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -1,0 +1,574 @@
+//! End-to-end tests: real git repositories built with git2, the real binary, and a scripted fake repro that
+//! prints recorded GPU failure logs (fault, clean, crash by signal, hang, build break, infra then fault).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+use git2::Oid;
+use serde_json::Value;
+
+const REPRO: &str = r#"#!/bin/sh
+mode=$(cat mode.txt)
+show() { grep -v '^exit=' "$FIXTURES/$1"; }
+case "$mode" in
+  clean) echo "step ok"; exit 0 ;;
+  fault) show native_oob_sync.log; exit 42 ;;
+  torchfault) show torch_uaf_cached.log; exit 1 ;;
+  oom) show torch_oom.log; exit 1 ;;
+  mismatch) show torch_device_mismatch.log; exit 1 ;;
+  segv) echo "about to crash"; kill -SEGV $$ ;;
+  abort) kill -ABRT $$ ;;
+  hang) sleep 60 & sleep 60; wait ;;
+  infra-then-fault)
+    if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
+    show native_oob_sync.log; exit 42 ;;
+  env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
+esac
+echo "unknown mode $mode"; exit 99
+"#;
+
+const BUILD: &str = "#!/bin/sh\nif grep -q broken build.txt; then echo 'error: expected ;' >&2; exit 2; fi\necho built\n";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs")
+}
+
+fn config(extra: &str) -> String {
+    format!(
+        "[build]\ncommand = [\"./build.sh\"]\ntimeout = \"30s\"\n\n[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"2s\"\ngrace-period = \"200ms\"\nenv = {{ FIXTURES = \"{}\" }}\n\n[triage]\nenabled = false\n{extra}",
+        fixtures().display()
+    )
+}
+
+fn files(mode: &str, builds: bool, i: usize) -> Files {
+    let mut f = Files::new();
+    put(&mut f, "repro.sh", REPRO, true);
+    put(&mut f, "build.sh", BUILD, true);
+    put(&mut f, "mode.txt", mode, false);
+    put(
+        &mut f,
+        "build.txt",
+        if builds { "ok" } else { "broken" },
+        false,
+    );
+    put(&mut f, "src.txt", format!("revision {i}\n"), false);
+    put(&mut f, "bisect.toml", config(""), false);
+    f
+}
+
+/// A repository under a temp dir with one commit per mode; returns the builder dir and commit ids.
+struct TestRepo {
+    _tmp: tempfile::TempDir,
+    path: PathBuf,
+    commits: Vec<Oid>,
+}
+
+fn linear(modes: &[(&str, bool)]) -> TestRepo {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let mut commits = Vec::new();
+    for (i, (mode, builds)) in modes.iter().enumerate() {
+        let parents: Vec<Oid> = commits.last().copied().into_iter().collect();
+        commits.push(
+            b.commit(&parents, &files(mode, *builds, i), &format!("commit {i}"))
+                .unwrap(),
+        );
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    TestRepo {
+        _tmp: tmp,
+        path,
+        commits,
+    }
+}
+
+fn modes(n: usize, f: impl Fn(usize) -> (&'static str, bool)) -> Vec<(&'static str, bool)> {
+    (0..n).map(f).collect()
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    report: Option<Value>,
+}
+
+fn cudabisect(dir: &Path, args: &[&str]) -> Run {
+    let report = dir.parent().unwrap().join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .arg("start")
+        .args(args)
+        .arg("-C")
+        .arg(dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let report = std::fs::read_to_string(&report)
+        .ok()
+        .map(|t| serde_json::from_str(&t).unwrap());
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+        report,
+    }
+}
+
+fn first_bad(run: &Run) -> String {
+    let report = run
+        .report
+        .as_ref()
+        .unwrap_or_else(|| panic!("no report: {}", run.stderr));
+    report["first_bad"]["commit"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no first_bad: {report:#}"))
+        .to_string()
+}
+
+fn search_probes(run: &Run) -> usize {
+    run.report.as_ref().unwrap()["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "search")
+        .count()
+}
+
+/// Everything about the user's checkout that must survive a run, byte for byte.
+fn snapshot(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let git = path.join(".git");
+    for name in [
+        "HEAD",
+        "index",
+        "refs/heads/main",
+        "logs/refs/stash",
+        "refs/stash",
+    ] {
+        out.push((
+            name.to_string(),
+            std::fs::read(git.join(name)).unwrap_or_default(),
+        ));
+    }
+    for entry in std::fs::read_dir(path).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            out.push((
+                entry.file_name().to_string_lossy().into(),
+                std::fs::read(entry.path()).unwrap(),
+            ));
+        }
+    }
+    out.sort();
+    let repo = git2::Repository::open(path).unwrap();
+    let branches: Vec<String> = repo
+        .branches(None)
+        .unwrap()
+        .map(|b| b.unwrap().0.name().unwrap().unwrap().to_string())
+        .collect();
+    out.push(("branches".into(), branches.join(",").into_bytes()));
+    out
+}
+
+#[test]
+fn linear_history_finds_the_culprit_and_leaves_the_checkout_alone() {
+    let repo = linear(&modes(40, |i| {
+        if i >= 23 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    // A dirty checkout: a modified tracked file, an untracked file, an ignored-looking file, and a stash.
+    std::fs::write(repo.path.join("src.txt"), "local edit\n").unwrap();
+    {
+        let mut r = git2::Repository::open(&repo.path).unwrap();
+        let sig = git2::Signature::now("u", "u@x").unwrap();
+        r.stash_save(&sig, "wip", None).unwrap();
+    }
+    std::fs::write(repo.path.join("src.txt"), "another local edit\n").unwrap();
+    std::fs::write(repo.path.join("untracked.txt"), "mine\n").unwrap();
+    let before = snapshot(&repo.path);
+    let good = repo.commits[0].to_string();
+    let run = cudabisect(&repo.path, &[&format!("{good}..main")]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[23].to_string());
+    assert!(run
+        .stdout
+        .contains(&format!("First bad commit: {}", repo.commits[23])));
+    assert!(
+        search_probes(&run) <= 6 + 1,
+        "39 candidates need at most ⌈log2 39⌉+1 probes"
+    );
+    let report = run.report.unwrap();
+    assert_eq!(report["format_version"], 1);
+    assert_eq!(report["result"], "found");
+    assert_eq!(report["first_bad"]["subject"], "commit 23");
+    assert_eq!(report["target"]["class"], "illegal_address");
+    assert_eq!(report["launch_blocking"], true);
+    let probe = &report["probes"][0];
+    for key in [
+        "commit",
+        "verdict",
+        "outcome",
+        "exit_code",
+        "signal",
+        "duration_s",
+        "log",
+    ] {
+        assert!(probe.get(key).is_some(), "probe lacks {key}");
+    }
+    assert_eq!(probe["exit_code"], 42);
+    assert!(Path::new(probe["log"].as_str().unwrap()).is_file());
+    assert_eq!(snapshot(&repo.path), before, "the user's checkout changed");
+    let r = git2::Repository::open(&repo.path).unwrap();
+    assert!(
+        r.worktrees().unwrap().is_empty(),
+        "a worktree was left registered"
+    );
+}
+
+#[test]
+fn merge_history_finds_a_culprit_on_a_side_branch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let mut head = b.commit(&[], &files("clean", true, 0), "root").unwrap();
+    let root = head;
+    let mut culprit = None;
+    let mut bad_now = false;
+    for round in 0..6 {
+        let mut side = head;
+        for j in 0..4 {
+            let planted = round == 3 && j == 2;
+            let mode = if bad_now || planted || culprit.is_some() {
+                "fault"
+            } else {
+                "clean"
+            };
+            side = b
+                .commit(
+                    &[side],
+                    &files(mode, true, round * 10 + j),
+                    &format!("side {round}.{j}"),
+                )
+                .unwrap();
+            if planted {
+                culprit = Some(side);
+            }
+        }
+        for j in 0..3 {
+            let mode = if bad_now { "fault" } else { "clean" };
+            head = b
+                .commit(
+                    &[head],
+                    &files(mode, true, round * 10 + 5 + j),
+                    &format!("main {round}.{j}"),
+                )
+                .unwrap();
+        }
+        bad_now |= culprit.is_some();
+        let mode = if bad_now { "fault" } else { "clean" };
+        head = b
+            .commit(
+                &[head, side],
+                &files(mode, true, round * 10 + 9),
+                &format!("merge {round}"),
+            )
+            .unwrap();
+    }
+    b.set_branch("main", head).unwrap();
+    b.checkout_main().unwrap();
+    let run = cudabisect(&path, &[&format!("{root}..main")]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), culprit.unwrap().to_string());
+}
+
+#[test]
+fn build_breaks_other_bugs_crashes_and_hangs_are_skipped_not_blamed() {
+    // Culprit 30. Before it: a run of broken builds, an unrelated OOM, a segfault, a hang and an abort.
+    let repo = linear(&modes(48, |i| match i {
+        10..=14 => ("clean", false),
+        16..=19 => ("oom", true),
+        21 => ("segv", true),
+        24 => ("hang", true),
+        27 => ("abort", true),
+        28 => ("mismatch", true),
+        30.. => ("fault", true),
+        _ => ("clean", true),
+    }));
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
+    assert_eq!(first_bad(&run), repo.commits[30].to_string());
+    let report = run.report.unwrap();
+    for p in report["probes"].as_array().unwrap() {
+        let outcome = p["outcome"].as_str().unwrap();
+        let expected = match outcome {
+            "none" => "good",
+            "illegal_address" => "bad",
+            _ => "skip",
+        };
+        assert_eq!(p["verdict"], expected, "{p:#}");
+        if expected == "skip" {
+            assert!(p["reason"].is_string());
+        }
+    }
+}
+
+#[test]
+fn crashes_hangs_and_build_breaks_report_their_own_outcomes() {
+    // Every non-endpoint commit misbehaves; the search must skip them all and end ambiguous.
+    let repo = linear(&[
+        ("clean", true),
+        ("segv", true),
+        ("hang", true),
+        ("clean", false),
+        ("oom", true),
+        ("fault", true),
+    ]);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    let report = run.report.unwrap();
+    assert_eq!(report["result"], "ambiguous");
+    let outcomes: std::collections::BTreeMap<String, (String, Value)> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["commit"].as_str().unwrap().to_string(),
+                (
+                    p["outcome"].as_str().unwrap().to_string(),
+                    p["signal"].clone(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes[&repo.commits[1].to_string()],
+        ("signal".into(), Value::from(11))
+    );
+    assert_eq!(outcomes[&repo.commits[2].to_string()].0, "hang");
+    assert_eq!(outcomes[&repo.commits[3].to_string()].0, "build_failure");
+    assert_eq!(outcomes[&repo.commits[4].to_string()].0, "out_of_memory");
+    assert_eq!(report["candidates"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn infrastructure_failures_are_retried_and_env_contract_holds() {
+    let repo = linear(&modes(12, |i| match i {
+        0..=5 => ("clean", true),
+        6 => ("infra-then-fault", true),
+        _ => ("fault", true),
+    }));
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[6].to_string());
+    let report = run.report.unwrap();
+    let probe = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["commit"] == repo.commits[6].to_string())
+        .unwrap();
+    assert_eq!(probe["attempts"], 2);
+
+    let repo = linear(&[("clean", true), ("env", true), ("fault", true)]);
+    let run = cudabisect(
+        &repo.path,
+        &[&format!("{}..main", repo.commits[0]), "--keep-worktree"],
+    );
+    let report = run.report.unwrap();
+    let probe = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["commit"] == repo.commits[1].to_string())
+        .unwrap();
+    let log = std::fs::read_to_string(probe["log"].as_str().unwrap()).unwrap();
+    assert!(log.contains("CUDA_LAUNCH_BLOCKING=1"), "{log}");
+    assert!(
+        log.contains(&format!("CUDABISECT_COMMIT={}", repo.commits[1])),
+        "{log}"
+    );
+    assert!(log.contains("CUDABISECT_WORKTREE=/"), "{log}");
+    let r = git2::Repository::open(&repo.path).unwrap();
+    assert_eq!(r.worktrees().unwrap().len(), 1, "--keep-worktree keeps it");
+}
+
+#[test]
+fn invalid_endpoints_stop_with_code_3() {
+    let repo = linear(&[("clean", true), ("clean", true), ("clean", true)]);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 3);
+    assert!(run.stdout.contains("does not reproduce"), "{}", run.stdout);
+    assert_eq!(run.report.unwrap()["result"], "endpoints_invalid");
+
+    let repo = linear(&[("fault", true), ("fault", true), ("fault", true)]);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 3);
+    assert!(run.stdout.contains("does not pass"), "{}", run.stdout);
+}
+
+#[test]
+fn several_good_commits_narrow_the_range() {
+    let repo = linear(&modes(30, |i| {
+        if i >= 20 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--good",
+            &repo.commits[15].to_string(),
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[20].to_string());
+    assert_eq!(run.report.unwrap()["range_size"], 14);
+}
+
+#[test]
+fn bad_input_gets_one_line_code_2_and_writes_nothing() {
+    let repo = linear(&[("clean", true), ("clean", true), ("fault", true)]);
+    let good = repo.commits[0].to_string();
+    let bad = repo.commits[2].to_string();
+    let no_repo = tempfile::tempdir().unwrap();
+    let missing_config = repo.path.parent().unwrap().join("nope.toml");
+    let bad_command = repo.path.parent().unwrap().join("badcmd.toml");
+    std::fs::write(
+        &bad_command,
+        "[repro]\ncommand = [\"./no-such-script.sh\"]\n",
+    )
+    .unwrap();
+    let typo = repo.path.parent().unwrap().join("typo.toml");
+    std::fs::write(&typo, "[repro]\ncomand = \"x\"\n").unwrap();
+    let not_on_path = repo.path.parent().unwrap().join("nopath.toml");
+    std::fs::write(
+        &not_on_path,
+        "[repro]\ncommand = [\"cudabisect-no-such-program\"]\n",
+    )
+    .unwrap();
+    let cases: Vec<(Vec<String>, PathBuf, &str)> = vec![
+        (
+            vec![format!("{good}..nosuchrev")],
+            repo.path.clone(),
+            "unknown revision `nosuchrev`",
+        ),
+        (
+            vec![format!("{bad}..{good}")],
+            repo.path.clone(),
+            "is not an ancestor",
+        ),
+        (
+            vec![format!("{good}..{good}")],
+            repo.path.clone(),
+            "same commit",
+        ),
+        (vec!["main".into()], repo.path.clone(), "expected GOOD..BAD"),
+        (
+            vec![format!("{good}..main")],
+            no_repo.path().to_path_buf(),
+            "is not a git repository",
+        ),
+        (
+            vec![
+                format!("{good}..main"),
+                "--config".into(),
+                missing_config.display().to_string(),
+            ],
+            repo.path.clone(),
+            "cannot read config",
+        ),
+        (
+            vec![
+                format!("{good}..main"),
+                "--config".into(),
+                bad_command.display().to_string(),
+            ],
+            repo.path.clone(),
+            "does not exist at the bad commit",
+        ),
+        (
+            vec![
+                format!("{good}..main"),
+                "--config".into(),
+                typo.display().to_string(),
+            ],
+            repo.path.clone(),
+            "typo.toml:2:1: unknown field `comand`",
+        ),
+        (
+            vec![
+                format!("{good}..main"),
+                "--config".into(),
+                not_on_path.display().to_string(),
+            ],
+            repo.path.clone(),
+            "is not on PATH",
+        ),
+    ];
+    for (args, dir, expected) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .arg("start")
+            .args(&args)
+            .arg("-C")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            !repo.path.join(".git/cudabisect").exists(),
+            "{args:?} wrote state"
+        );
+    }
+}
+
+#[test]
+fn json_lines_stream_has_versioned_events() {
+    let repo = linear(&modes(8, |i| {
+        if i >= 5 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args([
+            "start",
+            &format!("{}..main", repo.commits[0]),
+            "--message-format",
+            "json",
+            "-C",
+        ])
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(events.iter().all(|e| e["format_version"] == 1));
+    assert_eq!(events[0]["type"], "run_started");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "finished");
+    assert_eq!(
+        last["report"]["first_bad"]["commit"],
+        repo.commits[5].to_string()
+    );
+}
