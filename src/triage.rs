@@ -171,7 +171,9 @@ pub fn run(
         if !interpreted.findings.is_empty() {
             result.status = "found".into();
             result.tool = Some(tool.to_string());
-            result.signature = interpreted.signature;
+            result.signature = interpreted
+                .signature
+                .map(|s| refine(s, &interpreted.program));
             result.error_count = interpreted.error_count;
             result.summary = format!("{tool}: {}", interpreted.findings[0].line());
             result.findings = interpreted
@@ -202,6 +204,19 @@ pub fn run(
         }
     }
     result
+}
+
+/// A warp-level assert record names only `__assertfail`; the program's own assertion line names the kernel,
+/// the source line and the condition, so those win.
+fn refine(mut finding: Signature, program: &Signature) -> Signature {
+    if finding.class == program.class
+        && (finding.kernel.as_deref() == Some("__assertfail") || finding.kernel.is_none())
+    {
+        finding.kernel = program.kernel.clone().or(finding.kernel);
+        finding.site = program.site.clone().or(finding.site);
+        finding.detail = program.detail.clone().or(finding.detail);
+    }
+    finding
 }
 
 fn wrap(sanitizer: &Path, tool: &str, xml: &Path, command: &CommandLine) -> CommandLine {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::cli::{command_from_args, load_config};
+use crate::config::{CommandLine, Config};
 use crate::exit_codes;
 use crate::probe::command_spec;
 use crate::process;
@@ -18,14 +19,26 @@ pub fn run(
     json: bool,
     cancel: &AtomicBool,
 ) -> i32 {
-    let (repo, config) = match load_config(dir, config) {
-        Ok(v) => v,
-        Err(e) => {
+    let given = command_from_args(command);
+    let (repo, config) = match (load_config(dir, config.clone()), &given) {
+        (Ok(v), _) => (Some(v.0), v.1),
+        // With `-- command` and no config at all, triage needs neither a repository nor a bisect.toml.
+        (Err(_), Some(cmd)) if config.is_none() && at.is_none() => {
+            let text = format!("[repro]\ncommand = {}\n", toml_command(cmd));
+            match Config::parse(Path::new("<command line>"), &text) {
+                Ok(c) => (crate::git::Repo::open(dir).ok(), c),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit_codes::USAGE;
+                }
+            }
+        }
+        (Err(e), _) => {
             eprintln!("error: {e}");
             return exit_codes::USAGE;
         }
     };
-    let command = command_from_args(command).unwrap_or_else(|| {
+    let command = given.unwrap_or_else(|| {
         config
             .triage
             .command
@@ -36,17 +49,28 @@ pub fn run(
         eprintln!("error: {}", triage::INSTALL_HINT);
         return exit_codes::USAGE;
     }
-    let out_dir = repo
-        .state_dir()
-        .join("triage")
-        .join(format!("{}", std::process::id()));
+    let out_dir = match &repo {
+        Some(r) => r
+            .state_dir()
+            .join("triage")
+            .join(format!("{}", std::process::id())),
+        None => std::env::temp_dir().join(format!("cudabisect-triage-{}", std::process::id())),
+    };
     if let Err(e) = std::fs::create_dir_all(&out_dir) {
         eprintln!("error: {}: {e}", out_dir.display());
         return exit_codes::INTERNAL;
     }
-    let result = match at {
-        None => triage::run(&config, &repo.workdir(), &command, "", &out_dir, cancel),
-        Some(rev) => {
+    let cwd = repo
+        .as_ref()
+        .map(|r| r.workdir())
+        .unwrap_or_else(|| dir.to_path_buf());
+    let result = match (at, &repo) {
+        (None, _) => triage::run(&config, &cwd, &command, "", &out_dir, cancel),
+        (Some(_), None) => {
+            eprintln!("error: --at needs a git repository");
+            return exit_codes::USAGE;
+        }
+        (Some(rev), Some(repo)) => {
             let oid = match repo.resolve(rev) {
                 Ok(o) => o,
                 Err(e) => {
@@ -119,5 +143,15 @@ pub fn run(
         "found" => exit_codes::CLASSIFIED_FAILURE,
         "clean" => exit_codes::FOUND,
         _ => exit_codes::INTERNAL,
+    }
+}
+
+/// Writes a command back as TOML, for the built-in config of a bare `triage -- cmd`.
+fn toml_command(cmd: &CommandLine) -> String {
+    match cmd {
+        CommandLine::Argv(v) => {
+            toml::Value::Array(v.iter().cloned().map(toml::Value::String).collect()).to_string()
+        }
+        CommandLine::Shell(s) => toml::Value::String(s.clone()).to_string(),
     }
 }

@@ -229,3 +229,48 @@ fn classify_cli_prints_the_json_keys() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+fn triage_fixture(name: &str, tool: &str) -> cudabisect::triage::Interpretation {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs");
+    let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap();
+    let xml = std::fs::read_to_string(dir.join(format!("{name}.xml"))).unwrap();
+    cudabisect::triage::interpret(tool, Exit::Code(86), &log, Some(&xml))
+}
+
+#[test]
+fn recorded_h200_trap_assert_and_race_reports_are_read() {
+    let trap = triage_fixture("h200_trap_memcheck", "memcheck");
+    let sig = trap.signature.unwrap();
+    assert_eq!(
+        (sig.class, sig.kernel.as_deref(), sig.site.as_deref()),
+        (
+            FaultClass::LaunchFailure,
+            Some("trap_kernel"),
+            Some("planted_faults.cu:22")
+        )
+    );
+    assert_eq!(trap.program.class, FaultClass::LaunchFailure);
+
+    let assert = triage_fixture("h200_assert_memcheck", "memcheck");
+    assert_eq!(assert.signature.unwrap().class, FaultClass::DeviceAssert);
+    assert_eq!(
+        assert.findings.len(),
+        1,
+        "22 warp asserts fold into one line"
+    );
+    assert_eq!(assert.program.kernel.as_deref(), Some("assert_kernel"));
+
+    let race = triage_fixture("h200_race_racecheck", "racecheck");
+    let sig = race.signature.unwrap();
+    assert_eq!(
+        (sig.class, sig.kernel.as_deref()),
+        (FaultClass::Race, Some("shared_race"))
+    );
+    assert!(
+        race.findings[0]
+            .line()
+            .contains("race between write at line 32 and read at line 34 (1024 hazards)"),
+        "{}",
+        race.findings[0].line()
+    );
+}

@@ -26,6 +26,10 @@ pub enum FindingKind {
     Race,
     /// A barrier misuse (synccheck).
     Barrier,
+    /// A device trap (`__trap()`), reported as a warp exception.
+    Trap,
+    /// A failed device-side `assert`, reported as a warp exception.
+    Assert,
     /// Any other invalid access.
     Invalid,
 }
@@ -38,6 +42,8 @@ impl FindingKind {
             Self::Misaligned => FaultClass::MisalignedAddress,
             Self::Uninitialized => FaultClass::UninitializedRead,
             Self::Race | Self::Barrier => FaultClass::Race,
+            Self::Trap => FaultClass::LaunchFailure,
+            Self::Assert => FaultClass::DeviceAssert,
         }
     }
 }
@@ -70,7 +76,7 @@ pub struct Finding {
 }
 
 static HEADER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^=+ (Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+) bytes?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|Error: Race reported between .*|Barrier error detected.*)$").expect("pattern")
+    Regex::new(r"^=+ (Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+) bytes?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|Error: Race reported between .*|Barrier error detected.*|(?P<exception>Trace/breakpoint trap|Warp assert|Warp Illegal Address|Warp Misaligned Address|Warp Illegal Instruction|Warp Out-of-range Address))$").expect("pattern")
 });
 static AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^=+\s+at (?:0x[0-9a-f]+ in )?(?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?").expect("pattern")
@@ -143,6 +149,8 @@ fn header_finding(c: &regex::Captures, line: &str) -> Finding {
         f.kind = Some(FindingKind::Uninitialized);
         f.direction = Some("read".into());
         f.size = size.as_str().parse().ok();
+    } else if let Some(e) = c.name("exception") {
+        f.kind = Some(exception_kind(e.as_str()));
     } else if text.starts_with("Error: Race") {
         f.kind = Some(FindingKind::Race);
         if let Some(rc) = RACE_AT.captures(&text) {
@@ -152,6 +160,20 @@ fn header_finding(c: &regex::Captures, line: &str) -> Finding {
         f.kind = Some(FindingKind::Barrier);
     }
     f
+}
+
+/// The kind of a warp exception record, by its name.
+fn exception_kind(name: &str) -> FindingKind {
+    let lower = name.to_lowercase();
+    if lower.contains("trap") {
+        FindingKind::Trap
+    } else if lower.contains("assert") {
+        FindingKind::Assert
+    } else if lower.contains("misaligned") {
+        FindingKind::Misaligned
+    } else {
+        FindingKind::Invalid
+    }
 }
 
 fn set_location(f: &mut Finding, c: &regex::Captures) {
@@ -223,6 +245,9 @@ pub fn describe(f: &Finding) -> String {
         (_, Some(rel)) => parts.push(rel.clone()),
         (Some(FindingKind::Misaligned), None) => parts.push("misaligned".into()),
         (Some(FindingKind::OutOfBounds), None) => parts.push("out of bounds".into()),
+        (Some(FindingKind::Race | FindingKind::Trap | FindingKind::Assert), None) => {
+            parts.push(f.text.clone())
+        }
         _ => {}
     }
     if parts.is_empty() {
@@ -277,10 +302,15 @@ fn xyz(node: roxmltree::Node, name: &str) -> Option<[u32; 3]> {
 }
 
 fn xml_finding(record: roxmltree::Node) -> Finding {
-    let text = child_text(record, &["what", "text"]).unwrap_or_default();
+    let exception = child_text(record, &["what", "exception"]);
+    let text = child_text(record, &["what", "text"])
+        .or_else(|| exception.clone())
+        .unwrap_or_default();
     let error = child_text(record, &["what", "error"]).unwrap_or_default();
     let lower = format!("{text} {error}").to_lowercase();
-    let kind = if lower.contains("misaligned") {
+    let kind = if let Some(e) = &exception {
+        exception_kind(e)
+    } else if lower.contains("misaligned") {
         FindingKind::Misaligned
     } else if lower.contains("uninitialized") {
         FindingKind::Uninitialized
@@ -295,19 +325,40 @@ fn xml_finding(record: roxmltree::Node) -> Finding {
     } else {
         FindingKind::Invalid
     };
-    let source = match (
-        child_text(record, &["where", "path"]),
-        child_text(record, &["where", "line"]),
-    ) {
+    // Races name their two parties under what/source and what/destination; other records use where.
+    let place = child(record, &["where"]).or_else(|| child(record, &["what", "source", "where"]));
+    let at = |name: &str| place.and_then(|p| child_text(p, &[name]));
+    let source = match (at("path"), at("line")) {
         (Some(p), Some(l)) => Some(format!("{}:{l}", p.rsplit('/').next().unwrap_or(&p))),
         _ => None,
     };
+    let mut direction = child_text(record, &["what", "direction"]).map(|d| d.to_lowercase());
+    let mut text = text;
+    if kind == FindingKind::Race {
+        let party = |side: &str| {
+            let dir = child_text(record, &["what", side, "direction"])
+                .unwrap_or_default()
+                .to_lowercase();
+            let line =
+                child_text(record, &["what", side, "where", "line"]).unwrap_or_else(|| "?".into());
+            format!("{dir} at line {line}")
+        };
+        let hazards =
+            child_text(record, &["what", "destination", "count"]).unwrap_or_else(|| "?".into());
+        text = format!(
+            "race between {} and {} ({hazards} hazards)",
+            party("source"),
+            party("destination")
+        );
+    } else if kind == FindingKind::Uninitialized {
+        direction.get_or_insert_with(|| "read".into());
+    }
     Finding {
         kind: Some(kind),
-        kernel: child_text(record, &["where", "func"]).map(|f| short_kernel_name(&f)),
-        pc: child_text(record, &["where", "pc"]),
+        kernel: at("func").map(|f| short_kernel_name(&f)),
+        pc: at("pc"),
         source,
-        direction: child_text(record, &["what", "direction"]).map(|d| d.to_lowercase()),
+        direction,
         size: child_text(record, &["what", "size"]).and_then(|s| s.parse().ok()),
         address: child_text(record, &["what", "address"]),
         thread: xyz(record, "threadIdx"),
