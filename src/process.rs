@@ -16,8 +16,8 @@ use crate::config::CommandLine;
 const HEAD_BYTES: usize = 256 * 1024;
 /// Bytes kept from the end of the output (where the exception and exit lines are).
 const TAIL_BYTES: usize = 1024 * 1024;
-/// How often the waiting loop looks at the child, the deadline and the cancel flag.
-const POLL: Duration = Duration::from_millis(10);
+/// How often the waiting loop looks at the deadline and the cancel flag while output is still open.
+const POLL: Duration = Duration::from_millis(20);
 
 /// Everything needed to run one command.
 #[derive(Clone, Debug)]
@@ -157,7 +157,18 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     let deadline = started + spec.timeout;
     let mut timed_out = false;
     let mut interrupted = false;
+    let mut capture = None;
     let status = loop {
+        // Output EOF usually means the child is done: waking on it (not on a timer) keeps short runs fast.
+        if capture.is_none() {
+            match done_rx.recv_timeout(POLL) {
+                Ok(c) => capture = Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(POLL),
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         match handle.try_wait() {
             Ok(Some(output)) => break output.status,
             Ok(None) => {}
@@ -170,13 +181,14 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
             timed_out = true;
             terminate_group(pgid, &handle, spec.grace);
         }
-        std::thread::sleep(POLL);
     };
     // The leader is gone; anything it left behind in its group goes too, and releases the output pipe.
     signal_group(pgid, libc::SIGKILL);
-    let capture = done_rx
-        .recv_timeout(Duration::from_secs(5))
-        .unwrap_or_default();
+    let capture = capture.unwrap_or_else(|| {
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_default()
+    });
     let exit = if timed_out {
         Exit::Timeout
     } else if let Some(sig) = status.signal() {
