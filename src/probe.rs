@@ -78,14 +78,18 @@ impl Prober<'_> {
         let mut build_log = None;
         if let Some(build) = &self.config.build {
             phase(reporter, Phase::Build);
-            let spec = self.spec(
-                &build.command,
-                build.timeout,
-                &build.env,
+            let step = Step {
+                command: &build.command,
+                timeout: build.timeout,
+                env: &build.env,
+            };
+            let spec = command_spec(
+                self.config,
+                self.worktree.path(),
+                step,
                 &commit,
-                "build",
+                StepPhase::Build,
                 1,
-                false,
             );
             let run = match process::run(&spec, self.cancel) {
                 Ok(run) => run,
@@ -120,14 +124,18 @@ impl Prober<'_> {
         let repro = &self.config.repro;
         let mut attempt = 1;
         loop {
-            let spec = self.spec(
-                &repro.command,
-                repro.timeout,
-                &repro.env,
+            let step = Step {
+                command: &repro.command,
+                timeout: repro.timeout,
+                env: &repro.env,
+            };
+            let spec = command_spec(
+                self.config,
+                self.worktree.path(),
+                step,
                 &commit,
-                "repro",
+                StepPhase::Repro,
                 attempt,
-                true,
             );
             let run = match process::run(&spec, self.cancel) {
                 Ok(run) => run,
@@ -210,33 +218,6 @@ impl Prober<'_> {
         }
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the environment contract is spelled out in one place"
-    )]
-    fn spec(
-        &self,
-        command: &CommandLine,
-        timeout: std::time::Duration,
-        env: &std::collections::BTreeMap<String, String>,
-        commit: &str,
-        phase: &str,
-        attempt: u32,
-        gpu: bool,
-    ) -> CommandSpec {
-        command_spec(
-            self.config,
-            self.worktree.path(),
-            command,
-            timeout,
-            env,
-            commit,
-            phase,
-            attempt,
-            gpu,
-        )
-    }
-
     fn write_log(&self, step: usize, commit: &str, name: &str, run: &RunOutput) -> Option<String> {
         let path = self.log_dir.join(format!(
             "{step:03}-{}-{name}.log",
@@ -259,21 +240,54 @@ impl Prober<'_> {
 }
 
 /// Builds the command spec every phase uses: the user's env, then cudabisect's contract variables.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the environment contract is spelled out in one place"
-)]
+/// One command of a phase, as the config gives it.
+#[derive(Clone, Copy)]
+pub struct Step<'a> {
+    /// What to run.
+    pub command: &'a CommandLine,
+    /// Time allowed.
+    pub timeout: std::time::Duration,
+    /// Extra environment variables.
+    pub env: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// Which phase a command belongs to; GPU phases get synchronous launches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum StepPhase {
+    /// Building the commit.
+    Build,
+    /// Running the repro.
+    Repro,
+    /// Running the repro under compute-sanitizer.
+    Triage,
+}
+
+impl StepPhase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Build => "build",
+            Self::Repro => "repro",
+            Self::Triage => "triage",
+        }
+    }
+}
+
+/// Builds the command spec every phase uses: the user's env, then cudabisect's contract variables.
 pub fn command_spec(
     config: &Config,
     worktree: &Path,
-    command: &CommandLine,
-    timeout: std::time::Duration,
-    env: &std::collections::BTreeMap<String, String>,
+    step: Step,
     commit: &str,
-    phase: &str,
+    phase: StepPhase,
     attempt: u32,
-    gpu: bool,
 ) -> CommandSpec {
+    let Step {
+        command,
+        timeout,
+        env,
+    } = step;
+    let gpu = phase != StepPhase::Build;
+    let phase = phase.as_str();
     let mut vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     if gpu {
         let blocking = if config.repro.launch_blocking {

@@ -13,7 +13,7 @@ use crate::classify::{classify, Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config};
 use crate::events::{Event, Reporter};
 use crate::git::ProbeWorktree;
-use crate::probe::command_spec;
+use crate::probe::{command_spec, Step, StepPhase};
 use crate::process;
 
 /// The sanitizer tools, in escalation order.
@@ -140,17 +140,12 @@ pub fn run(
         let wrapped = wrap(&sanitizer, tool, &xml, command);
         let mut env = config.triage.env.clone();
         env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
-        let spec = command_spec(
-            config,
-            cwd,
-            &wrapped,
-            config.triage.timeout,
-            &env,
-            commit,
-            "triage",
-            1,
-            true,
-        );
+        let step = Step {
+            command: &wrapped,
+            timeout: config.triage.timeout,
+            env: &env,
+        };
+        let spec = command_spec(config, cwd, step, commit, StepPhase::Triage, 1);
         let run = match process::run(&spec, cancel) {
             Ok(run) => run,
             Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use crate::cli::{command_from_args, load_config};
 use crate::config::{CommandLine, Config};
 use crate::exit_codes;
-use crate::probe::command_spec;
+use crate::probe::{command_spec, Step, StepPhase};
 use crate::process;
 use crate::triage;
 
@@ -89,16 +89,18 @@ pub fn run(
                 }
             };
             if let Some(build) = &config.build {
+                let step = Step {
+                    command: &build.command,
+                    timeout: build.timeout,
+                    env: &build.env,
+                };
                 let spec = command_spec(
                     &config,
                     worktree.path(),
-                    &build.command,
-                    build.timeout,
-                    &build.env,
+                    step,
                     &oid.to_string(),
-                    "build",
+                    StepPhase::Build,
                     1,
-                    false,
                 );
                 match process::run(&spec, cancel) {
                     Ok(r) if r.exit == crate::classify::Exit::Code(0) => {}
