@@ -181,6 +181,13 @@ pub fn run(
                 .collect();
             return result;
         }
+        if let Some(reason) = &interpreted.xml_error {
+            // Nothing found and the structured report is broken: say so rather than guess.
+            result.status = "error".into();
+            result.summary = format!("{tool}: {reason}; the text report shows no finding");
+            result.signature = Some(Signature::new(FaultClass::Other, result.summary.clone()));
+            return result;
+        }
         if !still_faults || run.interrupted {
             result.summary = format!("{tool} found nothing and the program ran clean under it");
             return result;
@@ -243,6 +250,8 @@ pub struct Interpretation {
     pub program: Signature,
     /// Errors counted by the summary line.
     pub error_count: Option<u64>,
+    /// Why the XML report could not be read, when it could not.
+    pub xml_error: Option<String>,
 }
 
 /// Reads one sanitizer run: XML when present (enriched by the text's allocation relations), text otherwise.
@@ -250,10 +259,15 @@ pub struct Interpretation {
 pub fn interpret(tool: &str, exit: Exit, output: &str, xml: Option<&str>) -> Interpretation {
     let lines: Vec<&str> = output.lines().collect();
     let text_findings = sanitizer::parse_text(&lines);
+    let mut xml_error = None;
     let mut findings = match xml.map(sanitizer::parse_xml) {
         Some(Ok(mut f)) if !f.is_empty() => {
             sanitizer::attach_relations(&mut f, &text_findings);
             f
+        }
+        Some(Err(e)) => {
+            xml_error = Some(e.to_string());
+            text_findings
         }
         _ => text_findings,
     };
@@ -276,6 +290,7 @@ pub fn interpret(tool: &str, exit: Exit, output: &str, xml: Option<&str>) -> Int
         signature,
         program: classify(program_exit, &program_text),
         error_count: sanitizer::error_summary(&lines),
+        xml_error,
     }
 }
 
@@ -290,6 +305,21 @@ mod tests {
         assert_eq!(i.program.class, FaultClass::LaunchFailure);
         assert_eq!(i.signature.unwrap().class, FaultClass::IllegalAddress);
         assert_eq!(i.findings[0].count, 1);
+    }
+
+    #[test]
+    fn truncated_xml_is_reported_not_guessed() {
+        let i = interpret(
+            "memcheck",
+            Exit::Code(1),
+            "RuntimeError: CUDA error: unspecified launch failure\n",
+            Some("<ComputeSanitizerOutput><rec"),
+        );
+        assert!(i.findings.is_empty());
+        assert!(i
+            .xml_error
+            .unwrap()
+            .contains("unreadable compute-sanitizer XML"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ case "$mode" in
   segv) echo "about to crash"; kill -SEGV $$ ;;
   abort) kill -ABRT $$ ;;
   hang) sleep 60 & sleep 60; wait ;;
+  hang-long) sleep 61 & sleep 61; wait ;;
   infra-then-fault)
     if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
     show native_oob_sync.log; exit 42 ;;
@@ -699,5 +700,52 @@ fn triage_without_compute_sanitizer_says_how_to_install_it() {
     assert!(
         stderr.contains("compute-sanitizer was not found") && stderr.contains("CUDA toolkit"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn ctrl_c_stops_the_process_group_and_cleans_up() {
+    let repo = linear(&[("clean", true), ("hang-long", true)]);
+    let dir = repo.path.parent().unwrap();
+    let config_path = dir.join("slow.toml");
+    std::fs::write(
+        &config_path,
+        config("").replace("timeout = \"2s\"", "timeout = \"60s\""),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", repo.commits[0]), "--config"])
+        .arg(&config_path)
+        .arg("-C")
+        .arg(&repo.path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let r = git2::Repository::open(&repo.path).unwrap();
+    assert!(
+        r.worktrees().unwrap().is_empty(),
+        "the worktree was left registered"
+    );
+    let ps = Command::new("sh")
+        .args(["-c", "ps -eo args | grep -c '[s]leep 61' || true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&ps.stdout).trim(),
+        "0",
+        "an orphan of the repro survived"
     );
 }
