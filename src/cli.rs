@@ -89,11 +89,52 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// The native harness: run a model file node by node on CUDA or the CPU reference.
+    Harness {
+        #[command(subcommand)]
+        command: HarnessCommand,
+    },
     /// Show the whole pipeline on a generated sample repository.
     Demo {
         /// Keep the sample repository here instead of a temporary directory.
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum Backend {
+    Cuda,
+    Cpu,
+    Auto,
+}
+
+#[derive(Subcommand, Debug)]
+enum HarnessCommand {
+    /// Run the model (or the kept nodes), printing a marker around each node.
+    Run {
+        /// The model file (TOML).
+        model: PathBuf,
+        /// cuda, cpu (the bounds-checked reference) or auto (cuda when a device is present).
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: Backend,
+        /// Run only these nodes (comma-separated ids); their other inputs come from --inputs.
+        #[arg(long)]
+        keep: Option<String>,
+        /// Save every node output here as <tensor>.npy, with manifest.json.
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// A recording to take boundary inputs from.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Compile kernels without reading or writing the kernel cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Print the graph (nodes, ops, kernels, tensor shapes and producers) as JSON.
+    Describe {
+        /// The model file (TOML).
+        model: PathBuf,
     },
 }
 
@@ -144,6 +185,24 @@ pub fn main() -> i32 {
             json,
             command,
         } => crate::triage_cmd::run(&dir, config, at.as_deref(), command, json, &cancel),
+        Command::Harness { command } => match command {
+            HarnessCommand::Run {
+                model,
+                backend,
+                keep,
+                record,
+                inputs,
+                no_cache,
+            } => {
+                let backend = match backend {
+                    Backend::Cuda => crate::harness::BackendChoice::Cuda,
+                    Backend::Cpu => crate::harness::BackendChoice::Cpu,
+                    Backend::Auto => crate::harness::BackendChoice::Auto,
+                };
+                crate::harness_cmd::run(&model, backend, keep, record, inputs, no_cache)
+            }
+            HarnessCommand::Describe { model } => crate::harness_cmd::describe(&model),
+        },
         Command::Demo { dir } => crate::demo::run(dir, &cancel),
     }
 }

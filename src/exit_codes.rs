@@ -12,5 +12,9 @@ pub const ENDPOINTS_INVALID: i32 = 3;
 pub const INCONCLUSIVE: i32 = 4;
 /// `classify`: the log shows a failure (any class but `none`).
 pub const CLASSIFIED_FAILURE: i32 = 5;
+/// `harness run`: a node faulted (the same code a CUDA program that checks its errors uses).
+pub const NODE_FAULT: i32 = 1;
+/// `harness run --backend cuda`: no CUDA driver, device or NVRTC could be used.
+pub const BACKEND_UNAVAILABLE: i32 = 6;
 /// Interrupted by Ctrl-C or SIGTERM.
 pub const INTERRUPTED: i32 = 130;
