@@ -6,7 +6,14 @@ use crate::exit_codes;
 use crate::harness::{self, BackendChoice, HarnessError, Model, Outcome, RunOptions};
 
 /// `harness run`: returns the exit code (0 clean, 1 a node faulted, 2 bad model or options, 6 no backend).
-pub fn run(model: &Path, backend: BackendChoice, keep: Option<String>, record: Option<PathBuf>, inputs: Option<PathBuf>, no_cache: bool) -> i32 {
+pub fn run(
+    model: &Path,
+    backend: BackendChoice,
+    keep: Option<String>,
+    record: Option<PathBuf>,
+    inputs: Option<PathBuf>,
+    no_cache: bool,
+) -> i32 {
     let model = match Model::load(model) {
         Ok(m) => m,
         Err(e) => {
@@ -14,13 +21,22 @@ pub fn run(model: &Path, backend: BackendChoice, keep: Option<String>, record: O
             return exit_codes::USAGE;
         }
     };
-    let keep = keep.map(|k| k.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect());
+    let keep = keep.map(|k| {
+        k.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    });
     let opts = RunOptions {
         backend,
         keep,
         record,
         inputs,
-        cache: if no_cache { None } else { harness::kernels::cache_dir() },
+        cache: if no_cache {
+            None
+        } else {
+            harness::kernels::cache_dir()
+        },
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -34,7 +50,9 @@ pub fn run(model: &Path, backend: BackendChoice, keep: Option<String>, record: O
             println!("error: {e}");
             match e {
                 HarnessError::Unavailable(_) => exit_codes::BACKEND_UNAVAILABLE,
-                HarnessError::Model(_) | HarnessError::Usage(_) | HarnessError::Compile(_) => exit_codes::USAGE,
+                HarnessError::Model(_) | HarnessError::Usage(_) | HarnessError::Compile(_) => {
+                    exit_codes::USAGE
+                }
                 HarnessError::Io(_) => exit_codes::INTERNAL,
             }
         }

@@ -123,3 +123,147 @@ fn planted_faults_are_triaged_with_class_kernel_and_access() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+fn harness(args: &[&str], cache: &std::path::Path) -> (i32, String) {
+    let out = Command::new(bin())
+        .arg("harness")
+        .args(args)
+        .env("CUDABISECT_CACHE_DIR", cache)
+        .env("CUDA_LAUNCH_BLOCKING", "1")
+        .output()
+        .expect("cudabisect runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn model(name: &str) -> String {
+    root()
+        .join("fixtures/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn every_zoo_op_on_cuda_matches_the_cpu_reference() {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (gpu, cpu) = (tmp.path().join("gpu"), tmp.path().join("cpu"));
+    for (backend, dir) in [("cuda", &gpu), ("cpu", &cpu)] {
+        let (code, text) = harness(
+            &[
+                "run",
+                &model("all_ops.toml"),
+                "--backend",
+                backend,
+                "--record",
+                dir.to_str().unwrap(),
+            ],
+            &tmp.path().join("cache"),
+        );
+        assert_eq!(code, 0, "{backend}: {text}");
+        if backend == "cuda" {
+            println!("{}", text.lines().next().unwrap_or(""));
+        }
+    }
+    let mut bad = Vec::new();
+    let mut names: Vec<_> = std::fs::read_dir(&cpu)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".npy"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 14, "{names:?}");
+    for name in names {
+        let a = cudabisect::harness::tensor::Tensor::read_npy(&gpu.join(&name)).unwrap();
+        let b = cudabisect::harness::tensor::Tensor::read_npy(&cpu.join(&name)).unwrap();
+        let err = cudabisect::harness::compare(&a, &b, 1e-5, 1e-4);
+        println!("{name}: shape {:?}, scaled error {err:?}", a.shape);
+        if err.is_none_or(|e| e > 1.0) {
+            bad.push(name);
+        }
+    }
+    assert!(bad.is_empty(), "differ from the CPU reference: {bad:?}");
+}
+
+#[test]
+fn planted_out_of_bounds_kernels_are_blamed_on_their_node() {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for (file, node, kernel) in [
+        ("shrink_one_node.toml", "b2_lookup", "embedding_gather"),
+        (
+            "shrink_two_nodes.toml",
+            "b3_slot_lookup",
+            "embedding_gather",
+        ),
+        ("shrink_residual.toml", "route", "index_add_f32"),
+    ] {
+        let (code, text) = harness(
+            &["run", &model(file), "--backend", "cuda"],
+            &tmp.path().join("cache"),
+        );
+        let sig = cudabisect::classify::classify(cudabisect::classify::Exit::Code(code), &text);
+        println!(
+            "{file}: exit {code}, {} kernel={:?} site={:?} | {}",
+            sig.class.as_str(),
+            sig.kernel,
+            sig.site,
+            sig.summary
+        );
+        assert_eq!(code, 1, "{text}");
+        assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
+        assert_eq!(sig.class, cudabisect::classify::FaultClass::IllegalAddress);
+        assert_eq!(sig.kernel.as_deref(), Some(kernel));
+        assert_eq!(sig.site, Some(format!("node {node}")));
+    }
+}
+
+#[test]
+fn the_kernel_cache_is_hit_on_the_second_run() {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let (c1, first) = harness(
+        &["run", &model("transformer_block.toml"), "--backend", "cuda"],
+        &cache,
+    );
+    let (c2, second) = harness(
+        &["run", &model("transformer_block.toml"), "--backend", "cuda"],
+        &cache,
+    );
+    assert_eq!((c1, c2), (0, 0), "{first}\n{second}");
+    let count = |t: &str, what: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("harness: kernels") && l.contains(what))
+            .count()
+    };
+    for l in first
+        .lines()
+        .chain(second.lines())
+        .filter(|l| l.starts_with("harness: kernels") || l.starts_with("harness: time"))
+    {
+        println!("{l}");
+    }
+    assert!(
+        count(&first, "compiled") >= 4 && count(&first, "cache hit") == 0,
+        "{first}"
+    );
+    assert_eq!(
+        count(&second, "cache hit"),
+        count(&first, "compiled"),
+        "{second}"
+    );
+    assert_eq!(count(&second, "compiled"), 0, "{second}");
+}

@@ -19,7 +19,7 @@ extern "C" __global__ void softmax_f32(float *out, const float *x, long long row
   long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float *row = x + r * n;
-  float mx = -INFINITY;
+  float mx = __int_as_float(0xff800000);  // -inf; NVRTC has no <cmath> macros
   for (long long c = 0; c < n; ++c) mx = fmaxf(mx, row[c]);
   float sum = 0.0f;
   for (long long c = 0; c < n; ++c) sum += expf(row[c] - mx);

@@ -61,8 +61,15 @@ pub fn gelu(x: f32) -> f32 {
 pub fn exec(node: &Node, inputs: &[&Tensor], names: &[String]) -> Result<Tensor, CpuFault> {
     let x = inputs[0];
     let shape = x.shape.clone();
-    let map = |f: &dyn Fn(f32) -> f32| Tensor::f32(shape.clone(), f32s(x).iter().map(|&v| f(v)).collect());
-    let row_check = |access: &'static str, buffer: usize, rows: usize, index: usize, i: usize| -> Result<usize, CpuFault> {
+    let map = |f: &dyn Fn(f32) -> f32| {
+        Tensor::f32(shape.clone(), f32s(x).iter().map(|&v| f(v)).collect())
+    };
+    let row_check = |access: &'static str,
+                     buffer: usize,
+                     rows: usize,
+                     index: usize,
+                     i: usize|
+     -> Result<usize, CpuFault> {
         let row = i32s(inputs[index])[i] as i64;
         if row < 0 || row as usize >= rows {
             return Err(CpuFault {
@@ -106,13 +113,23 @@ pub fn exec(node: &Node, inputs: &[&Tensor], names: &[String]) -> Result<Tensor,
         Op::BiasAdd => {
             let bias = f32s(inputs[1]);
             let n = bias.len();
-            Tensor::f32(shape.clone(), f32s(x).iter().enumerate().map(|(i, v)| v + bias[i % n]).collect())
+            Tensor::f32(
+                shape.clone(),
+                f32s(x)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v + bias[i % n])
+                    .collect(),
+            )
         }
         Op::Relu => map(&|v| v.max(0.0)),
         Op::Gelu => map(&gelu),
         Op::Add => {
             let y = f32s(inputs[1]);
-            Tensor::f32(shape.clone(), f32s(x).iter().zip(y).map(|(a, b)| a + b).collect())
+            Tensor::f32(
+                shape.clone(),
+                f32s(x).iter().zip(y).map(|(a, b)| a + b).collect(),
+            )
         }
         Op::LayerNorm => {
             let (rows, n) = rows_cols(&shape);
@@ -151,10 +168,16 @@ pub fn exec(node: &Node, inputs: &[&Tensor], names: &[String]) -> Result<Tensor,
             if out_shape.is_empty() {
                 out_shape.push(1);
             }
-            let scale = if node.op == Op::Mean { 1.0 / n as f32 } else { 1.0 };
+            let scale = if node.op == Op::Mean {
+                1.0 / n as f32
+            } else {
+                1.0
+            };
             Tensor::f32(
                 out_shape,
-                (0..rows).map(|r| xs[r * n..(r + 1) * n].iter().sum::<f32>() * scale).collect(),
+                (0..rows)
+                    .map(|r| xs[r * n..(r + 1) * n].iter().sum::<f32>() * scale)
+                    .collect(),
             )
         }
         Op::Transpose => {
@@ -229,16 +252,25 @@ mod tests {
         let b = Tensor::f32(vec![3, 2], vec![1., 0., 0., 1., 1., 1.]);
         close(&run(Op::Matmul, &[&a, &b]).unwrap(), &[4., 5., 10., 11.]);
         let bias = Tensor::f32(vec![3], vec![10., 20., 30.]);
-        close(&run(Op::BiasAdd, &[&a, &bias]).unwrap(), &[11., 22., 33., 14., 25., 36.]);
+        close(
+            &run(Op::BiasAdd, &[&a, &bias]).unwrap(),
+            &[11., 22., 33., 14., 25., 36.],
+        );
         close(&run(Op::Sum, &[&a]).unwrap(), &[6., 15.]);
         close(&run(Op::Mean, &[&a]).unwrap(), &[2., 5.]);
-        close(&run(Op::Add, &[&a, &a]).unwrap(), &[2., 4., 6., 8., 10., 12.]);
+        close(
+            &run(Op::Add, &[&a, &a]).unwrap(),
+            &[2., 4., 6., 8., 10., 12.],
+        );
         let t = run(Op::Transpose, &[&a]).unwrap();
         assert_eq!(t.shape, vec![3, 2]);
         close(&t, &[1., 4., 2., 5., 3., 6.]);
         let neg = Tensor::f32(vec![3], vec![-1., 0., 2.]);
         close(&run(Op::Relu, &[&neg]).unwrap(), &[0., 0., 2.]);
-        close(&run(Op::Gelu, &[&neg]).unwrap(), &[-0.158_808, 0., 1.954_598]);
+        close(
+            &run(Op::Gelu, &[&neg]).unwrap(),
+            &[-0.158_808, 0., 1.954_598],
+        );
         let sm = run(Op::Softmax, &[&Tensor::f32(vec![1, 2], vec![0., 0.])]).unwrap();
         close(&sm, &[0.5, 0.5]);
         let ln = run(
@@ -257,13 +289,22 @@ mod tests {
     fn gather_scatter_and_index_add() {
         let table = Tensor::f32(vec![3, 2], vec![0., 1., 10., 11., 20., 21.]);
         let ids = Tensor::i32(vec![2], vec![2, 0]);
-        close(&run(Op::Embedding, &[&table, &ids]).unwrap(), &[20., 21., 0., 1.]);
+        close(
+            &run(Op::Embedding, &[&table, &ids]).unwrap(),
+            &[20., 21., 0., 1.],
+        );
         let src = Tensor::f32(vec![2, 2], vec![1., 1., 2., 2.]);
-        close(&run(Op::IndexAdd, &[&table, &ids, &src]).unwrap(), &[2., 3., 10., 11., 21., 22.]);
+        close(
+            &run(Op::IndexAdd, &[&table, &ids, &src]).unwrap(),
+            &[2., 3., 10., 11., 21., 22.],
+        );
         let base = Tensor::i32(vec![4], vec![0, 1, 2, 3]);
         let pos = Tensor::i32(vec![1], vec![3]);
         let val = Tensor::i32(vec![1], vec![99]);
-        assert_eq!(run(Op::Scatter, &[&base, &pos, &val]).unwrap(), Tensor::i32(vec![4], vec![0, 1, 2, 99]));
+        assert_eq!(
+            run(Op::Scatter, &[&base, &pos, &val]).unwrap(),
+            Tensor::i32(vec![4], vec![0, 1, 2, 99])
+        );
     }
 
     #[test]
@@ -271,7 +312,10 @@ mod tests {
         let table = Tensor::f32(vec![3, 2], vec![0.; 6]);
         let ids = Tensor::i32(vec![3], vec![0, 3, 1]);
         let f = run(Op::Embedding, &[&table, &ids]).unwrap_err();
-        assert_eq!((f.access, f.buffer.as_str(), f.row, f.rows), ("reads", "a", 3, 3));
+        assert_eq!(
+            (f.access, f.buffer.as_str(), f.row, f.rows),
+            ("reads", "a", 3, 3)
+        );
         assert_eq!(f.index_from, "b[1]");
         let mut n = node(Op::Embedding);
         n.id = "emb".into();

@@ -48,7 +48,10 @@ pub enum CudaError {
 
 /// `an illegal memory access was encountered (CUDA_ERROR_ILLEGAL_ADDRESS)`.
 pub fn describe(e: DriverError) -> String {
-    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let text = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let name = e
         .error_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -64,8 +67,10 @@ pub fn probe() -> Result<(), CudaError> {
             "no CUDA driver found: libcuda.so could not be loaded".into(),
         ));
     }
-    result::init().map_err(|e| CudaError::Unavailable(format!("cuInit failed: {}", describe(e))))?;
-    let count = result::device::get_count().map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount failed: {}", describe(e))))?;
+    result::init()
+        .map_err(|e| CudaError::Unavailable(format!("cuInit failed: {}", describe(e))))?;
+    let count = result::device::get_count()
+        .map_err(|e| CudaError::Unavailable(format!("cuDeviceGetCount failed: {}", describe(e))))?;
     if count < 1 {
         return Err(CudaError::Unavailable("no CUDA device found".into()));
     }
@@ -101,16 +106,24 @@ fn driver(what: &str) -> impl Fn(DriverError) -> CudaError + '_ {
 
 impl CudaBackend {
     /// Creates the context on device 0 (as CUDA_VISIBLE_DEVICES maps it) and loads the named kernels.
-    pub fn new(kernel_names: &[&str], user: &[Source], cache: Option<PathBuf>) -> Result<Self, CudaError> {
-        probe()?;
+    pub fn new(
+        kernel_names: &[&str],
+        user: &[Source],
+        cache: Option<PathBuf>,
+    ) -> Result<Self, CudaError> {
+        // The context time includes cuInit, which is most of the cost of a first driver call.
         let start = Instant::now();
+        probe()?;
         let dev = result::device::get(0).map_err(driver("cuDeviceGet"))?;
-        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(driver("cuDevicePrimaryCtxRetain"))?;
         unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
         // A free-memory query forces the context to exist now, so its cost is measured here.
         result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
         let context_time = start.elapsed();
-        let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(driver("cuDeviceGetAttribute"));
+        let attr = |a| {
+            unsafe { result::device::get_attribute(dev, a) }.map_err(driver("cuDeviceGetAttribute"))
+        };
         let arch = (
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -132,11 +145,16 @@ impl CudaBackend {
 
         let start = Instant::now();
         let zoo = kernels::zoo();
-        let wanted = kernels::resolve(kernel_names.iter().copied(), user, &zoo).map_err(CudaError::Driver)?;
+        let wanted = kernels::resolve(kernel_names.iter().copied(), user, &zoo)
+            .map_err(CudaError::Driver)?;
         // Group kernels by source so each translation unit is compiled and loaded once.
         let mut by_source: BTreeMap<&str, (&Source, Vec<&str>)> = BTreeMap::new();
         for (kernel, src) in &wanted {
-            by_source.entry(src.name.as_str()).or_insert((src, vec![])).1.push(kernel);
+            by_source
+                .entry(src.name.as_str())
+                .or_insert((src, vec![]))
+                .1
+                .push(kernel);
         }
         let options = kernels::compile_options(arch);
         let mut compiles = Vec::new();
@@ -159,8 +177,10 @@ impl CudaBackend {
             let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
                 .map_err(driver("cuModuleLoadData"))?;
             for name in names {
-                let cname = CString::new(*name).map_err(|_| CudaError::Driver(format!("bad kernel name {name:?}")))?;
-                let f = unsafe { result::module::get_function(module, cname) }.map_err(driver("cuModuleGetFunction"))?;
+                let cname = CString::new(*name)
+                    .map_err(|_| CudaError::Driver(format!("bad kernel name {name:?}")))?;
+                let f = unsafe { result::module::get_function(module, cname) }
+                    .map_err(driver("cuModuleGetFunction"))?;
                 functions.insert(name.to_string(), f);
             }
             compiles.push(CompileRecord {
@@ -186,12 +206,15 @@ impl CudaBackend {
         let words = t.to_words();
         let ptr = unsafe { result::malloc_sync(words.len() * 4) }.map_err(driver("cuMemAlloc"))?;
         unsafe { result::memcpy_htod_sync(ptr, &words) }.map_err(driver("cuMemcpyHtoD"))?;
-        self.replace(name, DeviceBuffer {
-            ptr,
-            words: words.len(),
-            shape: t.shape.clone(),
-            dtype: t.dtype(),
-        });
+        self.replace(
+            name,
+            DeviceBuffer {
+                ptr,
+                words: words.len(),
+                shape: t.shape.clone(),
+                dtype: t.dtype(),
+            },
+        );
         Ok(())
     }
 
@@ -265,16 +288,29 @@ impl CudaBackend {
         let threads: i64 = match node.op {
             Op::Embedding => {
                 let n = ins[1].1[0] as i64;
-                args.ptr(out_ptr).ptr(ins[0].0).ptr(ins[1].0).i64(n).i64(shape0[1] as i64);
+                args.ptr(out_ptr)
+                    .ptr(ins[0].0)
+                    .ptr(ins[1].0)
+                    .i64(n)
+                    .i64(shape0[1] as i64);
                 n * shape0[1] as i64
             }
             Op::Matmul => {
                 let (m, k, n) = (shape0[0] as i64, shape0[1] as i64, ins[1].1[1] as i64);
-                args.ptr(out_ptr).ptr(ins[0].0).ptr(ins[1].0).i64(m).i64(k).i64(n);
+                args.ptr(out_ptr)
+                    .ptr(ins[0].0)
+                    .ptr(ins[1].0)
+                    .i64(m)
+                    .i64(k)
+                    .i64(n);
                 m * n
             }
             Op::BiasAdd => {
-                args.ptr(out_ptr).ptr(ins[0].0).ptr(ins[1].0).i64(total).i64(cols);
+                args.ptr(out_ptr)
+                    .ptr(ins[0].0)
+                    .ptr(ins[1].0)
+                    .i64(total)
+                    .i64(cols);
                 total
             }
             Op::Relu | Op::Gelu | Op::Copy => {
@@ -286,7 +322,13 @@ impl CudaBackend {
                 total
             }
             Op::LayerNorm => {
-                args.ptr(out_ptr).ptr(ins[0].0).ptr(ins[1].0).ptr(ins[2].0).i64(rows).i64(cols).f32(node.eps);
+                args.ptr(out_ptr)
+                    .ptr(ins[0].0)
+                    .ptr(ins[1].0)
+                    .ptr(ins[2].0)
+                    .i64(rows)
+                    .i64(cols)
+                    .f32(node.eps);
                 rows
             }
             Op::Softmax | Op::Sum | Op::Mean => {
@@ -294,17 +336,25 @@ impl CudaBackend {
                 rows
             }
             Op::Transpose => {
-                args.ptr(out_ptr).ptr(ins[0].0).i64(shape0[0] as i64).i64(shape0[1] as i64);
+                args.ptr(out_ptr)
+                    .ptr(ins[0].0)
+                    .i64(shape0[0] as i64)
+                    .i64(shape0[1] as i64);
                 total
             }
             Op::Scatter | Op::IndexAdd => {
                 if !node.inplace {
                     // Out starts as a copy of base.
-                    unsafe { result::memcpy_dtod_sync(out_ptr, ins[0].0, total as usize * 4) }.map_err(fail)?;
+                    unsafe { result::memcpy_dtod_sync(out_ptr, ins[0].0, total as usize * 4) }
+                        .map_err(fail)?;
                 }
                 let k = ins[1].1[0] as i64;
                 let inner = total / shape0[0] as i64;
-                args.ptr(out_ptr).ptr(ins[1].0).ptr(ins[2].0).i64(k).i64(inner);
+                args.ptr(out_ptr)
+                    .ptr(ins[1].0)
+                    .ptr(ins[2].0)
+                    .i64(k)
+                    .i64(inner);
                 k * inner
             }
         };
@@ -312,7 +362,14 @@ impl CudaBackend {
         let grid = ((threads + block - 1) / block).max(1);
         let mut params = args.pointers();
         unsafe {
-            result::launch_kernel(f, (grid as u32, 1, 1), (block as u32, 1, 1), 0, std::ptr::null_mut(), &mut params)
+            result::launch_kernel(
+                f,
+                (grid as u32, 1, 1),
+                (block as u32, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
         }
         .map_err(fail)?;
         // Synchronise after every node: a fault is reported here, charged to this node.
@@ -356,7 +413,10 @@ impl Args {
         self
     }
     fn pointers(&mut self) -> Vec<*mut c_void> {
-        self.slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect()
+        self.slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect()
     }
 }
 
@@ -366,16 +426,21 @@ fn compile_cubin(src: &Source, options: &[String]) -> Result<Vec<u8>, CudaError>
         log: "the source contains a NUL byte".into(),
     })?;
     let name = CString::new(src.name.as_str()).unwrap_or_else(|_| c"kernel.cu".to_owned());
-    let prog = nvrtc::result::create_program(&text, Some(&name)).map_err(|e| CudaError::Compile {
-        source_name: src.name.clone(),
-        log: format!("nvrtcCreateProgram: {e}"),
-    })?;
+    let prog =
+        nvrtc::result::create_program(&text, Some(&name)).map_err(|e| CudaError::Compile {
+            source_name: src.name.clone(),
+            log: format!("nvrtcCreateProgram: {e}"),
+        })?;
     let compiled = unsafe { nvrtc::result::compile_program(prog, options) };
     let out = match compiled {
         Err(e) => {
             let log = unsafe { nvrtc::result::get_program_log(prog) }
                 .map(|l| {
-                    let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                    let bytes: Vec<u8> = l
+                        .iter()
+                        .take_while(|&&c| c != 0)
+                        .map(|&c| c as u8)
+                        .collect();
                     String::from_utf8_lossy(&bytes).into_owned()
                 })
                 .unwrap_or_else(|_| format!("{e}"));
@@ -388,7 +453,9 @@ fn compile_cubin(src: &Source, options: &[String]) -> Result<Vec<u8>, CudaError>
             let mut size = 0usize;
             let r = unsafe { nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size) }.result();
             let mut cubin = vec![0u8; size];
-            let r = r.and_then(|_| unsafe { nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }.result());
+            let r = r.and_then(|_| {
+                unsafe { nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }.result()
+            });
             r.map(|_| cubin).map_err(|e| CudaError::Compile {
                 source_name: src.name.clone(),
                 log: format!("nvrtcGetCUBIN: {e}"),

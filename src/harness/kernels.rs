@@ -21,7 +21,10 @@ pub fn zoo() -> Vec<Source> {
     [
         ("gather.cu", include_str!("../../kernels/zoo/gather.cu")),
         ("matmul.cu", include_str!("../../kernels/zoo/matmul.cu")),
-        ("elementwise.cu", include_str!("../../kernels/zoo/elementwise.cu")),
+        (
+            "elementwise.cu",
+            include_str!("../../kernels/zoo/elementwise.cu"),
+        ),
         ("rows.cu", include_str!("../../kernels/zoo/rows.cu")),
         ("layout.cu", include_str!("../../kernels/zoo/layout.cu")),
         ("scatter.cu", include_str!("../../kernels/zoo/scatter.cu")),
@@ -39,9 +42,13 @@ pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<Source>, String> {
     paths
         .iter()
         .map(|p| {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
             Ok(Source {
-                name: p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned()),
+                name: p.file_name().map_or_else(
+                    || p.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                ),
                 text,
             })
         })
@@ -53,7 +60,10 @@ pub fn kernel_names(text: &str) -> Vec<String> {
     static GLOBAL: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(r#"extern\s+"C"\s+__global__\s+void\s+([A-Za-z_]\w*)\s*\("#).expect("pattern")
     });
-    GLOBAL.captures_iter(text).map(|c| c[1].to_string()).collect()
+    GLOBAL
+        .captures_iter(text)
+        .map(|c| c[1].to_string())
+        .collect()
 }
 
 /// Which source defines each wanted kernel: the model's own sources win over the zoo.
@@ -68,7 +78,9 @@ pub fn resolve<'a>(
             .iter()
             .chain(builtin)
             .find(|s| kernel_names(&s.text).iter().any(|k| k == name))
-            .ok_or_else(|| format!("no kernel source defines `extern \"C\" __global__ void {name}(...)`"))?;
+            .ok_or_else(|| {
+                format!("no kernel source defines `extern \"C\" __global__ void {name}(...)`")
+            })?;
         found.insert(name.to_string(), src);
     }
     Ok(found)
@@ -108,7 +120,9 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// A cubin from the cache, if there is one.
 pub fn cache_get(dir: &Path, key: &str) -> Option<Vec<u8>> {
-    std::fs::read(dir.join(format!("{key}.cubin"))).ok().filter(|b| !b.is_empty())
+    std::fs::read(dir.join(format!("{key}.cubin")))
+        .ok()
+        .filter(|b| !b.is_empty())
 }
 
 /// Stores a cubin; a failure only costs a recompile next time, so it is not an error.
@@ -144,7 +158,8 @@ mod tests {
     fn the_models_own_source_wins() {
         let user = vec![Source {
             name: "mine.cu".into(),
-            text: "extern \"C\" __global__ void relu_f32(float *o, const float *x, long long n) {}".into(),
+            text: "extern \"C\" __global__ void relu_f32(float *o, const float *x, long long n) {}"
+                .into(),
         }];
         let zoo = zoo();
         let found = resolve(["relu_f32", "matmul_f32"], &user, &zoo).unwrap();
@@ -160,7 +175,10 @@ mod tests {
         let base = cache_key("src", &o, (9, 0), (13, 0));
         assert_eq!(base, cache_key("src", &o, (9, 0), (13, 0)));
         assert_ne!(base, cache_key("src ", &o, (9, 0), (13, 0)));
-        assert_ne!(base, cache_key("src", &compile_options((8, 0)), (9, 0), (13, 0)));
+        assert_ne!(
+            base,
+            cache_key("src", &compile_options((8, 0)), (9, 0), (13, 0))
+        );
         assert_ne!(base, cache_key("src", &o, (10, 0), (13, 0)));
         assert_ne!(base, cache_key("src", &o, (9, 0), (13, 1)));
     }

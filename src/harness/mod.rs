@@ -113,15 +113,23 @@ pub fn plan(model: &Model, keep: Option<&[String]>) -> Result<Plan, HarnessError
         Some(ids) => {
             let mut set = BTreeSet::new();
             for id in ids {
-                let i = model
-                    .node_index(id)
-                    .ok_or_else(|| HarnessError::Usage(format!("--keep: no node {id:?} in {}", model.path.display())))?;
+                let i = model.node_index(id).ok_or_else(|| {
+                    HarnessError::Usage(format!(
+                        "--keep: no node {id:?} in {}",
+                        model.path.display()
+                    ))
+                })?;
                 set.insert(i);
             }
             set
         }
     };
-    let nodes: Vec<usize> = model.order.iter().copied().filter(|i| kept.contains(i)).collect();
+    let nodes: Vec<usize> = model
+        .order
+        .iter()
+        .copied()
+        .filter(|i| kept.contains(i))
+        .collect();
     let mut made: BTreeSet<&str> = BTreeSet::new();
     let mut loads = BTreeMap::new();
     for &i in &nodes {
@@ -173,7 +181,11 @@ impl Engine {
             Engine::Cpu(m) => {
                 let inputs: Vec<&Tensor> = node.inputs.iter().map(|t| &m[t]).collect();
                 let out = cpu::exec(node, &inputs, &node.inputs).map_err(|f| f.message(node))?;
-                let name = if node.inplace { &node.inputs[0] } else { &node.outputs[0] };
+                let name = if node.inplace {
+                    &node.inputs[0]
+                } else {
+                    &node.outputs[0]
+                };
                 m.insert(name.clone(), out);
                 Ok(())
             }
@@ -189,7 +201,13 @@ impl Engine {
 }
 
 /// Picks and starts the backend, saying which one and why on `out`.
-fn start_engine(model: &Model, plan: &Plan, opts: &RunOptions, out: &mut dyn Write, timings: &mut Timings) -> Result<(Engine, String), HarnessError> {
+fn start_engine(
+    model: &Model,
+    plan: &Plan,
+    opts: &RunOptions,
+    out: &mut dyn Write,
+    timings: &mut Timings,
+) -> Result<(Engine, String), HarnessError> {
     let use_cuda = match opts.backend {
         BackendChoice::Cpu => false,
         BackendChoice::Cuda => true,
@@ -206,15 +224,24 @@ fn start_engine(model: &Model, plan: &Plan, opts: &RunOptions, out: &mut dyn Wri
         return Ok((Engine::Cpu(HashMap::new()), "cpu".into()));
     }
     let user = kernels::read_sources(&model.kernels).map_err(HarnessError::Io)?;
-    let names: BTreeSet<&str> = plan.nodes.iter().map(|&i| model.nodes[i].kernel.as_str()).collect();
+    let names: BTreeSet<&str> = plan
+        .nodes
+        .iter()
+        .map(|&i| model.nodes[i].kernel.as_str())
+        .collect();
     let names: Vec<&str> = names.into_iter().collect();
-    let backend = cuda::CudaBackend::new(&names, &user, opts.cache.clone()).map_err(|e| match e {
-        cuda::CudaError::Unavailable(m) => HarnessError::Unavailable(m),
-        cuda::CudaError::Compile { .. } => HarnessError::Compile(e.to_string()),
-        cuda::CudaError::Driver(m) => HarnessError::Io(m),
-    })?;
+    let backend =
+        cuda::CudaBackend::new(&names, &user, opts.cache.clone()).map_err(|e| match e {
+            cuda::CudaError::Unavailable(m) => HarnessError::Unavailable(m),
+            cuda::CudaError::Compile { .. } => HarnessError::Compile(e.to_string()),
+            cuda::CudaError::Driver(m) => HarnessError::Io(m),
+        })?;
     let info = &backend.info;
-    let prefix = if opts.backend == BackendChoice::Auto { "auto -> " } else { "" };
+    let prefix = if opts.backend == BackendChoice::Auto {
+        "auto -> "
+    } else {
+        ""
+    };
     line(
         out,
         &format!(
@@ -230,7 +257,14 @@ fn start_engine(model: &Model, plan: &Plan, opts: &RunOptions, out: &mut dyn Wri
     );
     for c in &backend.compiles {
         let how = if c.cached { "cache hit" } else { "compiled" };
-        line(out, &format!("harness: kernels {}: {how} ({:.0} ms)", c.source, c.duration.as_secs_f64() * 1e3));
+        line(
+            out,
+            &format!(
+                "harness: kernels {}: {how} ({:.0} ms)",
+                c.source,
+                c.duration.as_secs_f64() * 1e3
+            ),
+        );
     }
     timings.context_s = backend.context_time.as_secs_f64();
     timings.kernels_s = backend.compile_time.as_secs_f64();
@@ -246,7 +280,11 @@ fn line(out: &mut dyn Write, text: &str) {
 }
 
 /// Loads the boundary tensors of a plan: declared ones from their initialisers, the rest from `inputs`.
-pub fn load_boundary(model: &Model, plan: &Plan, inputs: Option<&Path>) -> Result<Vec<(String, Tensor)>, HarnessError> {
+pub fn load_boundary(
+    model: &Model,
+    plan: &Plan,
+    inputs: Option<&Path>,
+) -> Result<Vec<(String, Tensor)>, HarnessError> {
     let mut loaded = Vec::new();
     for (name, origin) in &plan.loads {
         let t = match origin {
@@ -262,7 +300,9 @@ pub fn load_boundary(model: &Model, plan: &Plan, inputs: Option<&Path>) -> Resul
                     ))
                 })?;
                 let t = Tensor::read_npy(&dir.join(format!("{name}.npy"))).map_err(|m| {
-                    HarnessError::Usage(format!("--inputs: tensor {name:?} (made by node {node:?}): {m}"))
+                    HarnessError::Usage(format!(
+                        "--inputs: tensor {name:?} (made by node {node:?}): {m}"
+                    ))
                 })?;
                 let info = &model.info[name];
                 if t.shape != info.shape || t.dtype() != info.dtype {
@@ -283,13 +323,18 @@ pub fn load_boundary(model: &Model, plan: &Plan, inputs: Option<&Path>) -> Resul
 }
 
 /// Runs a model (or the kept part of it), writing the protocol lines to `out`.
-pub fn run(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<RunReport, HarnessError> {
+pub fn run(
+    model: &Model,
+    opts: &RunOptions,
+    out: &mut dyn Write,
+) -> Result<RunReport, HarnessError> {
     let started = Instant::now();
     let plan = plan(model, opts.keep.as_deref())?;
     // Everything that can be checked is checked before any node runs.
     let boundary = load_boundary(model, &plan, opts.inputs.as_deref())?;
     if let Some(dir) = &opts.record {
-        std::fs::create_dir_all(dir).map_err(|e| HarnessError::Io(format!("--record {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| HarnessError::Io(format!("--record {}: {e}", dir.display())))?;
     }
     let mut timings = Timings::default();
     let (mut engine, backend) = start_engine(model, &plan, opts, out, &mut timings)?;
@@ -302,12 +347,20 @@ pub fn run(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<RunR
     let mut nodes_run = 0;
     for &i in &plan.nodes {
         let node = &model.nodes[i];
-        let marker = format!("@@cudabisect node={} op={} kernel={}", node.id, node.op.as_str(), node.kernel);
+        let marker = format!(
+            "@@cudabisect node={} op={} kernel={}",
+            node.id,
+            node.op.as_str(),
+            node.kernel
+        );
         line(out, &format!("{marker} begin"));
         nodes_run += 1;
         if let Err(message) = engine.run(model, i) {
             line(out, &message);
-            line(out, &format!("harness: node {} faulted on {backend}", node.id));
+            line(
+                out,
+                &format!("harness: node {} faulted on {backend}", node.id),
+            );
             outcome = Outcome::Fault {
                 node: node.id.clone(),
                 message,
@@ -348,7 +401,10 @@ pub fn run(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<RunR
             .collect();
         for o in &kept_outputs {
             let t = engine.get(o)?;
-            line(out, &format!("harness: output {o} {:?} {}", t.shape, checksum(&t)));
+            line(
+                out,
+                &format!("harness: output {o} {:?} {}", t.shape, checksum(&t)),
+            );
         }
         line(out, &format!("harness: ok: {nodes_run} nodes on {backend}"));
     }
@@ -371,7 +427,11 @@ pub fn run(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<RunR
 /// A short fingerprint of a tensor's values, for eyeballing that two runs agree.
 fn checksum(t: &Tensor) -> String {
     match &t.data {
-        Data::F32(v) => format!("sum={:.6e} absmax={:.6e}", v.iter().map(|&x| x as f64).sum::<f64>(), v.iter().fold(0f32, |m, x| m.max(x.abs()))),
+        Data::F32(v) => format!(
+            "sum={:.6e} absmax={:.6e}",
+            v.iter().map(|&x| x as f64).sum::<f64>(),
+            v.iter().fold(0f32, |m, x| m.max(x.abs()))
+        ),
         Data::I32(v) => format!("sum={}", v.iter().map(|&x| x as i64).sum::<i64>()),
     }
 }
@@ -386,8 +446,17 @@ pub fn compare(a: &Tensor, b: &Tensor, atol: f32, rtol: f32) -> Option<f32> {
         (Data::F32(x), Data::F32(y)) => x
             .iter()
             .zip(y)
-            .map(|(p, q)| if p == q { 0.0 } else { (p - q).abs() / (atol + rtol * q.abs()) })
-            .fold(0f32, |m, v| if v.is_nan() { f32::INFINITY } else { m.max(v) }),
+            .map(|(p, q)| {
+                if p == q {
+                    0.0
+                } else {
+                    (p - q).abs() / (atol + rtol * q.abs())
+                }
+            })
+            .fold(
+                0f32,
+                |m, v| if v.is_nan() { f32::INFINITY } else { m.max(v) },
+            ),
         (Data::I32(x), Data::I32(y)) => {
             if x == y {
                 0.0

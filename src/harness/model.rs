@@ -80,14 +80,27 @@ struct RawNode {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Init {
     /// Uniform in [low, high) from a seeded generator (integers: low..high).
-    Random { seed: u64, low: f64, high: f64 },
-    Constant { value: f64 },
+    Random {
+        seed: u64,
+        low: f64,
+        high: f64,
+    },
+    Constant {
+        value: f64,
+    },
     /// `start + i * step`.
-    Range { start: f64, step: f64 },
+    Range {
+        start: f64,
+        step: f64,
+    },
     /// Inline values, row-major.
-    Values { values: Vec<f64> },
+    Values {
+        values: Vec<f64>,
+    },
     /// A `.npy` file, relative to the model file.
-    File { path: PathBuf },
+    File {
+        path: PathBuf,
+    },
 }
 
 /// A tensor declared in the model file (weights, inputs, buffers).
@@ -182,7 +195,8 @@ impl Model {
                 return Err(err(format!("{what}: name: declared twice")));
             }
             if let Init::File { path } = &decl.init {
-                let loaded = Tensor::read_npy(path).map_err(|m| err(format!("{what}: file: {m}")))?;
+                let loaded =
+                    Tensor::read_npy(path).map_err(|m| err(format!("{what}: file: {m}")))?;
                 if loaded.shape != decl.shape || loaded.dtype() != decl.dtype {
                     return Err(err(format!(
                         "{what}: file: holds {} {:?}, the declaration says {} {:?}",
@@ -210,30 +224,49 @@ impl Model {
         for (i, n) in raw.node.iter().enumerate() {
             let what = format!("node {:?}", n.id);
             if !valid_name(&n.id) {
-                return Err(err(format!("node #{}: id: {:?} must be letters, digits, '_', '-' or '.'", i + 1, n.id)));
+                return Err(err(format!(
+                    "node #{}: id: {:?} must be letters, digits, '_', '-' or '.'",
+                    i + 1,
+                    n.id
+                )));
             }
             if !ids.insert(n.id.clone()) {
                 return Err(err(format!("{what}: id: used by two nodes")));
             }
             let op = Op::parse(&n.op).ok_or_else(|| {
                 let known: Vec<_> = Op::ALL.iter().map(|o| o.as_str()).collect();
-                err(format!("{what}: op: unknown op {:?} (known: {})", n.op, known.join(", ")))
+                err(format!(
+                    "{what}: op: unknown op {:?} (known: {})",
+                    n.op,
+                    known.join(", ")
+                ))
             })?;
             if n.inplace && !n.outputs.is_empty() {
-                return Err(err(format!("{what}: outputs: an in-place node writes its base input and has no outputs")));
+                return Err(err(format!(
+                    "{what}: outputs: an in-place node writes its base input and has no outputs"
+                )));
             }
             if !n.inplace && n.outputs.len() != 1 {
-                return Err(err(format!("{what}: outputs: {} takes exactly one output", op.as_str())));
+                return Err(err(format!(
+                    "{what}: outputs: {} takes exactly one output",
+                    op.as_str()
+                )));
             }
             for out in &n.outputs {
                 if !valid_name(out) {
-                    return Err(err(format!("{what}: outputs: {out:?} must be letters, digits, '_', '-' or '.'")));
+                    return Err(err(format!(
+                        "{what}: outputs: {out:?} must be letters, digits, '_', '-' or '.'"
+                    )));
                 }
                 if let Some(prev) = info.get(out) {
-                    let by = prev.producer.map_or("a [[tensor]] declaration".to_string(), |p| {
-                        format!("node {:?}", raw.node[p].id)
-                    });
-                    return Err(err(format!("{what}: outputs: tensor {out:?} is already defined by {by}")));
+                    let by = prev
+                        .producer
+                        .map_or("a [[tensor]] declaration".to_string(), |p| {
+                            format!("node {:?}", raw.node[p].id)
+                        });
+                    return Err(err(format!(
+                        "{what}: outputs: tensor {out:?} is already defined by {by}"
+                    )));
                 }
                 // Shape filled in below, once inputs are known.
                 info.insert(
@@ -264,7 +297,10 @@ impl Model {
                     )));
                 }
                 if info[input].producer == Some(i) {
-                    return Err(err(format!("node {:?}: inputs[{k}]: reads its own output {input:?}", n.id)));
+                    return Err(err(format!(
+                        "node {:?}: inputs[{k}]: reads its own output {input:?}",
+                        n.id
+                    )));
                 }
             }
         }
@@ -282,21 +318,27 @@ impl Model {
                 eps: raw_node.eps,
                 inplace: n.inplace,
             };
-            let out = n.op.infer(&ins, &params).map_err(|m| err(format!("node {:?}: inputs: {m}", n.id)))?;
+            let out =
+                n.op.infer(&ins, &params)
+                    .map_err(|m| err(format!("node {:?}: inputs: {m}", n.id)))?;
             let dtype = ins[0].1;
             n.kernel = raw_node
                 .kernel
                 .clone()
                 .unwrap_or_else(|| n.op.default_kernel(dtype).to_string());
             if let Some((shape, dtype)) = out {
-                let t = info.get_mut(&n.outputs[0]).expect("outputs registered above");
+                let t = info
+                    .get_mut(&n.outputs[0])
+                    .expect("outputs registered above");
                 t.shape = shape;
                 t.dtype = dtype;
             }
         }
         for (k, out) in raw.model.outputs.iter().enumerate() {
             if !info.contains_key(out) {
-                return Err(err(format!("[model] outputs[{k}]: tensor {out:?} is not defined")));
+                return Err(err(format!(
+                    "[model] outputs[{k}]: tensor {out:?} is not defined"
+                )));
             }
         }
         let outputs = if raw.model.outputs.is_empty() {
@@ -315,7 +357,10 @@ impl Model {
         for (k, file) in raw.model.kernels.iter().enumerate() {
             let p = dir.join(file);
             if !p.is_file() {
-                return Err(err(format!("[model] kernels[{k}]: {} is not a readable file", p.display())));
+                return Err(err(format!(
+                    "[model] kernels[{k}]: {} is not a readable file",
+                    p.display()
+                )));
             }
             kernels.push(p);
         }
@@ -344,20 +389,27 @@ impl Model {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && !s.starts_with('.')
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 fn tensor_decl(t: RawTensor, dir: &Path) -> Result<TensorDecl, String> {
     if !valid_name(&t.name) {
         return Err("name: must be letters, digits, '_', '-' or '.'".into());
     }
-    let dtype = DType::parse(&t.dtype).ok_or_else(|| format!("dtype: {:?} is not f32 or i32", t.dtype))?;
+    let dtype =
+        DType::parse(&t.dtype).ok_or_else(|| format!("dtype: {:?} is not f32 or i32", t.dtype))?;
     if t.shape.is_empty() || t.shape.iter().any(|&d| d < 1) {
-        return Err(format!("shape: {:?} must be a non-empty list of positive sizes", t.shape));
+        return Err(format!(
+            "shape: {:?} must be a non-empty list of positive sizes",
+            t.shape
+        ));
     }
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
     let count: usize = shape.iter().product();
-    let need = |v: Option<f64>, field: &str| v.ok_or_else(|| format!("{field}: init = {:?} needs it", t.init));
+    let need = |v: Option<f64>, field: &str| {
+        v.ok_or_else(|| format!("{field}: init = {:?} needs it", t.init))
+    };
     let init = match t.init.as_str() {
         "random" => {
             let (low, high) = match dtype {
@@ -384,7 +436,10 @@ fn tensor_decl(t: RawTensor, dir: &Path) -> Result<TensorDecl, String> {
         "values" => {
             let values = t.values.ok_or("values: init = \"values\" needs it")?;
             if values.len() != count {
-                return Err(format!("values: {} values for shape {shape:?} ({count} elements)", values.len()));
+                return Err(format!(
+                    "values: {} values for shape {shape:?} ({count} elements)",
+                    values.len()
+                ));
             }
             Init::Values { values }
         }
@@ -407,7 +462,10 @@ fn tensor_decl(t: RawTensor, dir: &Path) -> Result<TensorDecl, String> {
 
 /// Kahn's algorithm, taking the earliest-declared ready node first so independent nodes keep file order.
 /// In-place writers order themselves against every reader of the tensor they write, by file position.
-fn topological_order(nodes: &[Node], info: &BTreeMap<String, TensorInfo>) -> Result<Vec<usize>, String> {
+fn topological_order(
+    nodes: &[Node],
+    info: &BTreeMap<String, TensorInfo>,
+) -> Result<Vec<usize>, String> {
     let n = nodes.len();
     let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
     for (i, node) in nodes.iter().enumerate() {
@@ -457,7 +515,10 @@ fn topological_order(nodes: &[Node], info: &BTreeMap<String, TensorInfo>) -> Res
             .filter(|i| indegree[*i] > 0)
             .map(|i| nodes[i].id.as_str())
             .collect();
-        return Err(format!("the graph has a cycle through nodes {}", stuck.join(", ")));
+        return Err(format!(
+            "the graph has a cycle through nodes {}",
+            stuck.join(", ")
+        ));
     }
     Ok(order)
 }
@@ -478,24 +539,33 @@ impl TensorDecl {
                 match self.dtype {
                     DType::F32 => Tensor::f32(
                         shape.clone(),
-                        (0..count).map(|_| (low + (high - low) * g.next_f64()) as f32).collect(),
+                        (0..count)
+                            .map(|_| (low + (high - low) * g.next_f64()) as f32)
+                            .collect(),
                     ),
                     DType::I32 => {
                         let (lo, span) = (*low as i64, (*high as i64 - *low as i64).max(1) as u64);
                         Tensor::i32(
                             shape.clone(),
-                            (0..count).map(|_| (lo + (g.next_u64() % span) as i64) as i32).collect(),
+                            (0..count)
+                                .map(|_| (lo + (g.next_u64() % span) as i64) as i32)
+                                .collect(),
                         )
                     }
                 }
             }
             Init::Constant { value } => from_f64(vec![*value; count]),
-            Init::Range { start, step } => from_f64((0..count).map(|i| start + step * i as f64).collect()),
+            Init::Range { start, step } => {
+                from_f64((0..count).map(|i| start + step * i as f64).collect())
+            }
             Init::Values { values } => from_f64(values.clone()),
             Init::File { path } => {
                 let t = Tensor::read_npy(path)?;
                 if t.shape != self.shape || t.dtype() != self.dtype {
-                    return Err(format!("{} changed: it no longer matches the declaration", path.display()));
+                    return Err(format!(
+                        "{} changed: it no longer matches the declaration",
+                        path.display()
+                    ));
                 }
                 t
             }
@@ -563,14 +633,41 @@ outputs = ["h0"]
     #[test]
     fn errors_name_the_node_and_the_field() {
         let cases = [
-            (MLP.replace("op = \"relu\"", "op = \"conv\""), "node \"act\": op: unknown op \"conv\""),
-            (MLP.replace("inputs = [\"x\", \"w\"]", "inputs = [\"x\", \"w9\"]"), "node \"mm\": inputs[1]: tensor \"w9\" is not defined"),
-            (MLP.replace("shape = [8, 3]", "shape = [7, 3]"), "node \"mm\": inputs: matmul of [4, 8] by [7, 3]"),
-            (MLP.replace("inputs = [\"x\", \"w\"]", "inputs = [\"y\", \"w\"]"), "cycle through nodes"),
-            (MLP.replace("init = \"zeros\"", "init = \"file\"\nfile = \"nope.npy\""), "tensor \"b\" (tensor #3): file: cannot read"),
-            (MLP.replace("seed = 1", "sed = 1"), "line 10, column 1: unknown field `sed`"),
-            (MLP.replace("outputs = [\"y\"]\n\n[[tensor]]", "outputs = [\"z\"]\n\n[[tensor]]"), "[model] outputs[0]: tensor \"z\" is not defined"),
-            (MLP.replace("outputs = [\"h1\"]", "outputs = [\"h0\"]"), "node \"mm\": outputs: tensor \"h0\" is already defined by node \"bias\""),
+            (
+                MLP.replace("op = \"relu\"", "op = \"conv\""),
+                "node \"act\": op: unknown op \"conv\"",
+            ),
+            (
+                MLP.replace("inputs = [\"x\", \"w\"]", "inputs = [\"x\", \"w9\"]"),
+                "node \"mm\": inputs[1]: tensor \"w9\" is not defined",
+            ),
+            (
+                MLP.replace("shape = [8, 3]", "shape = [7, 3]"),
+                "node \"mm\": inputs: matmul of [4, 8] by [7, 3]",
+            ),
+            (
+                MLP.replace("inputs = [\"x\", \"w\"]", "inputs = [\"y\", \"w\"]"),
+                "cycle through nodes",
+            ),
+            (
+                MLP.replace("init = \"zeros\"", "init = \"file\"\nfile = \"nope.npy\""),
+                "tensor \"b\" (tensor #3): file: cannot read",
+            ),
+            (
+                MLP.replace("seed = 1", "sed = 1"),
+                "line 10, column 1: unknown field `sed`",
+            ),
+            (
+                MLP.replace(
+                    "outputs = [\"y\"]\n\n[[tensor]]",
+                    "outputs = [\"z\"]\n\n[[tensor]]",
+                ),
+                "[model] outputs[0]: tensor \"z\" is not defined",
+            ),
+            (
+                MLP.replace("outputs = [\"h1\"]", "outputs = [\"h0\"]"),
+                "node \"mm\": outputs: tensor \"h0\" is already defined by node \"bias\"",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(&text).unwrap_err();
@@ -639,8 +736,13 @@ outputs = ["e1"]
         };
         let a = d.materialize().unwrap();
         assert_eq!(a, d.materialize().unwrap());
-        let crate::harness::tensor::Data::I32(v) = &a.data else { panic!() };
+        let crate::harness::tensor::Data::I32(v) = &a.data else {
+            panic!()
+        };
         assert!(v.iter().all(|&x| (5..9).contains(&x)));
-        assert!((5..9).all(|k| v.contains(&k)), "every value in range shows up");
+        assert!(
+            (5..9).all(|k| v.contains(&k)),
+            "every value in range shows up"
+        );
     }
 }

@@ -93,7 +93,9 @@ impl Op {
             Op::LayerNorm => &["x", "gamma", "beta"],
             Op::Add => &["x", "y"],
             Op::IndexAdd | Op::Scatter => &["base", "index", "src"],
-            Op::Relu | Op::Gelu | Op::Softmax | Op::Transpose | Op::Copy | Op::Sum | Op::Mean => &["x"],
+            Op::Relu | Op::Gelu | Op::Softmax | Op::Transpose | Op::Copy | Op::Sum | Op::Mean => {
+                &["x"]
+            }
         }
     }
 
@@ -125,7 +127,11 @@ impl Op {
     }
 
     /// Checks the inputs and parameters and gives the output's shape and type (`None` when in place).
-    pub fn infer(self, inputs: &[(&[usize], DType)], params: &Params) -> Result<Option<(Vec<usize>, DType)>, String> {
+    pub fn infer(
+        self,
+        inputs: &[(&[usize], DType)],
+        params: &Params,
+    ) -> Result<Option<(Vec<usize>, DType)>, String> {
         let roles = self.input_roles();
         if inputs.len() != roles.len() {
             return Err(format!(
@@ -137,23 +143,35 @@ impl Op {
             ));
         }
         if params.inplace && !self.can_be_inplace() {
-            return Err(format!("{} cannot run in place (only scatter and index_add can)", self.as_str()));
+            return Err(format!(
+                "{} cannot run in place (only scatter and index_add can)",
+                self.as_str()
+            ));
         }
         if params.eps.is_some() && self != Op::LayerNorm {
-            return Err(format!("{} takes no eps (only layernorm does)", self.as_str()));
+            return Err(format!(
+                "{} takes no eps (only layernorm does)",
+                self.as_str()
+            ));
         }
         let want = |i: usize, dtype: DType| -> Result<(), String> {
             if inputs[i].1 == dtype {
                 Ok(())
             } else {
-                Err(format!("input {} ({}) must be {dtype}, is {}", i, roles[i], inputs[i].1))
+                Err(format!(
+                    "input {} ({}) must be {dtype}, is {}",
+                    i, roles[i], inputs[i].1
+                ))
             }
         };
         let rank = |i: usize, r: usize| -> Result<(), String> {
             if inputs[i].0.len() == r {
                 Ok(())
             } else {
-                Err(format!("input {} ({}) must have rank {r}, has shape {:?}", i, roles[i], inputs[i].0))
+                Err(format!(
+                    "input {} ({}) must have rank {r}, has shape {:?}",
+                    i, roles[i], inputs[i].0
+                ))
             }
         };
         let last = |i: usize| *inputs[i].0.last().unwrap_or(&1);
@@ -173,7 +191,10 @@ impl Op {
                 rank(1, 2)?;
                 let b = inputs[1].0;
                 if x[1] != b[0] {
-                    return Err(format!("matmul of {x:?} by {b:?}: inner dimensions {} and {} differ", x[1], b[0]));
+                    return Err(format!(
+                        "matmul of {x:?} by {b:?}: inner dimensions {} and {} differ",
+                        x[1], b[0]
+                    ));
                 }
                 (vec![x[0], b[1]], DType::F32)
             }
@@ -182,7 +203,10 @@ impl Op {
                 want(1, DType::F32)?;
                 rank(1, 1)?;
                 if last(0) != inputs[1].0[0] {
-                    return Err(format!("bias of {:?} does not match the last axis of {x:?}", inputs[1].0));
+                    return Err(format!(
+                        "bias of {:?} does not match the last axis of {x:?}",
+                        inputs[1].0
+                    ));
                 }
                 (x.to_vec(), DType::F32)
             }
@@ -208,7 +232,10 @@ impl Op {
                 want(0, DType::F32)?;
                 want(1, DType::F32)?;
                 if inputs[0].0 != inputs[1].0 {
-                    return Err(format!("add of shapes {:?} and {:?}: they must be equal", inputs[0].0, inputs[1].0));
+                    return Err(format!(
+                        "add of shapes {:?} and {:?}: they must be equal",
+                        inputs[0].0, inputs[1].0
+                    ));
                 }
                 (x.to_vec(), DType::F32)
             }
@@ -225,9 +252,16 @@ impl Op {
                 rank(1, 1)?;
                 let (base, src) = (inputs[0].0, inputs[2].0);
                 if inputs[2].1 != inputs[0].1 {
-                    return Err(format!("src is {} but base is {}", inputs[2].1, inputs[0].1));
+                    return Err(format!(
+                        "src is {} but base is {}",
+                        inputs[2].1, inputs[0].1
+                    ));
                 }
-                if base.is_empty() || src.len() != base.len() || src[1..] != base[1..] || src[0] != inputs[1].0[0] {
+                if base.is_empty()
+                    || src.len() != base.len()
+                    || src[1..] != base[1..]
+                    || src[0] != inputs[1].0[0]
+                {
                     return Err(format!(
                         "src {src:?} must be [len(index)={}] + base {base:?} without its first axis",
                         inputs[1].0[0]
@@ -279,27 +313,47 @@ mod tests {
     fn shapes_are_inferred() {
         use DType::*;
         let f = |s: &'static [usize]| (s, F32);
-        assert_eq!(Op::Matmul.infer(&[f(&[4, 8]), f(&[8, 3])], &p()).unwrap(), Some((vec![4, 3], F32)));
         assert_eq!(
-            Op::Embedding.infer(&[f(&[100, 16]), (&[7], I32)], &p()).unwrap(),
+            Op::Matmul.infer(&[f(&[4, 8]), f(&[8, 3])], &p()).unwrap(),
+            Some((vec![4, 3], F32))
+        );
+        assert_eq!(
+            Op::Embedding
+                .infer(&[f(&[100, 16]), (&[7], I32)], &p())
+                .unwrap(),
             Some((vec![7, 16], F32))
         );
-        assert_eq!(Op::Transpose.infer(&[(&[2, 5], I32)], &p()).unwrap(), Some((vec![5, 2], I32)));
-        assert_eq!(Op::Sum.infer(&[f(&[3, 4])], &p()).unwrap(), Some((vec![3], F32)));
+        assert_eq!(
+            Op::Transpose.infer(&[(&[2, 5], I32)], &p()).unwrap(),
+            Some((vec![5, 2], I32))
+        );
+        assert_eq!(
+            Op::Sum.infer(&[f(&[3, 4])], &p()).unwrap(),
+            Some((vec![3], F32))
+        );
         let inplace = Params {
             inplace: true,
             ..p()
         };
-        assert_eq!(Op::Scatter.infer(&[(&[10], I32), (&[2], I32), (&[2], I32)], &inplace).unwrap(), None);
+        assert_eq!(
+            Op::Scatter
+                .infer(&[(&[10], I32), (&[2], I32), (&[2], I32)], &inplace)
+                .unwrap(),
+            None
+        );
     }
 
     #[test]
     fn mismatches_are_explained() {
         use DType::*;
         let f = |s: &'static [usize]| (s, F32);
-        let e = Op::Matmul.infer(&[f(&[4, 8]), f(&[7, 3])], &p()).unwrap_err();
+        let e = Op::Matmul
+            .infer(&[f(&[4, 8]), f(&[7, 3])], &p())
+            .unwrap_err();
         assert!(e.contains("inner dimensions 8 and 7"), "{e}");
-        let e = Op::Embedding.infer(&[f(&[100, 16]), f(&[7])], &p()).unwrap_err();
+        let e = Op::Embedding
+            .infer(&[f(&[100, 16]), f(&[7])], &p())
+            .unwrap_err();
         assert!(e.contains("ids") && e.contains("must be i32"), "{e}");
         let e = Op::Add.infer(&[f(&[2, 3])], &p()).unwrap_err();
         assert!(e.contains("takes 2 inputs"), "{e}");
@@ -313,7 +367,9 @@ mod tests {
             )
             .unwrap_err();
         assert!(e.contains("in place"), "{e}");
-        let e = Op::Scatter.infer(&[(&[10, 4], I32), (&[2], I32), (&[2, 3], I32)], &p()).unwrap_err();
+        let e = Op::Scatter
+            .infer(&[(&[10, 4], I32), (&[2], I32), (&[2, 3], I32)], &p())
+            .unwrap_err();
         assert!(e.contains("src"), "{e}");
     }
 }

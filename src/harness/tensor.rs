@@ -178,7 +178,9 @@ impl Tensor {
             .and_then(|s| s.split('\'').next())
             .ok_or("no descr in .npy header")?;
         if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
-            return Err("Fortran-order arrays are not supported; save with np.ascontiguousarray".into());
+            return Err(
+                "Fortran-order arrays are not supported; save with np.ascontiguousarray".into(),
+            );
         }
         let shape_text = field("shape")
             .and_then(|s| s.strip_prefix('('))
@@ -188,14 +190,21 @@ impl Tensor {
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape {shape_text:?}")))
+            .map(|s| {
+                s.parse::<usize>()
+                    .map_err(|_| format!("bad shape {shape_text:?}"))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let count: usize = shape.iter().product();
         let body = &bytes[start + header_len..];
         let width = match descr {
             "<f4" | "<i4" => 4,
             "<i8" => 8,
-            other => return Err(format!("unsupported dtype {other:?} (use float32 or int32)")),
+            other => {
+                return Err(format!(
+                    "unsupported dtype {other:?} (use float32 or int32)"
+                ))
+            }
         };
         if body.len() < count * width {
             return Err(format!(
@@ -203,7 +212,14 @@ impl Tensor {
                 body.len()
             ));
         }
-        let word = |i: usize| u32::from_le_bytes([body[i * 4], body[i * 4 + 1], body[i * 4 + 2], body[i * 4 + 3]]);
+        let word = |i: usize| {
+            u32::from_le_bytes([
+                body[i * 4],
+                body[i * 4 + 1],
+                body[i * 4 + 2],
+                body[i * 4 + 3],
+            ])
+        };
         Ok(match descr {
             "<f4" => Self::f32(shape, (0..count).map(|i| f32::from_bits(word(i))).collect()),
             "<i4" => Self::i32(shape, (0..count).map(|i| word(i) as i32).collect()),
@@ -213,7 +229,10 @@ impl Tensor {
                     let mut b = [0u8; 8];
                     b.copy_from_slice(&body[i * 8..i * 8 + 8]);
                     let v = i64::from_le_bytes(b);
-                    values.push(i32::try_from(v).map_err(|_| format!("int64 value {v} does not fit int32"))?);
+                    values.push(
+                        i32::try_from(v)
+                            .map_err(|_| format!("int64 value {v} does not fit int32"))?,
+                    );
                 }
                 Self::i32(shape, values)
             }
@@ -257,7 +276,11 @@ mod tests {
             let p = dir.path().join("t.npy");
             t.write_npy(&p).unwrap();
             let bytes = std::fs::read(&p).unwrap();
-            assert_eq!((bytes.len() - t.len() * 4) % 64, 0, "preamble is 64-byte aligned");
+            assert_eq!(
+                (bytes.len() - t.len() * 4) % 64,
+                0,
+                "preamble is 64-byte aligned"
+            );
             assert_eq!(Tensor::read_npy(&p).unwrap(), t);
         }
     }
@@ -286,10 +309,15 @@ mod tests {
         bytes.extend_from_slice(h.as_bytes());
         bytes.extend_from_slice(&5i64.to_le_bytes());
         bytes.extend_from_slice(&(-3i64).to_le_bytes());
-        assert_eq!(Tensor::parse_npy(&bytes).unwrap(), Tensor::i32(vec![2], vec![5, -3]));
+        assert_eq!(
+            Tensor::parse_npy(&bytes).unwrap(),
+            Tensor::i32(vec![2], vec![5, -3])
+        );
         let n = bytes.len();
         bytes[n - 8..].copy_from_slice(&(1i64 << 40).to_le_bytes());
-        assert!(Tensor::parse_npy(&bytes).unwrap_err().contains("does not fit"));
+        assert!(Tensor::parse_npy(&bytes)
+            .unwrap_err()
+            .contains("does not fit"));
     }
 
     #[test]
@@ -300,8 +328,12 @@ mod tests {
 
     #[test]
     fn the_generator_is_deterministic() {
-        let a: Vec<u64> = (0..4).scan(SplitMix64::new(7), |g, _| Some(g.next_u64())).collect();
-        let b: Vec<u64> = (0..4).scan(SplitMix64::new(7), |g, _| Some(g.next_u64())).collect();
+        let a: Vec<u64> = (0..4)
+            .scan(SplitMix64::new(7), |g, _| Some(g.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..4)
+            .scan(SplitMix64::new(7), |g, _| Some(g.next_u64()))
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a[0], SplitMix64::new(8).next_u64());
     }
