@@ -56,6 +56,9 @@ enum Command {
         /// Do not run compute-sanitizer at the first bad commit.
         #[arg(long)]
         no_triage: bool,
+        /// Do not shrink the model at the first bad commit.
+        #[arg(long)]
+        no_shrink: bool,
         /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
         #[arg(long, value_enum, default_value = "human")]
         message_format: MessageFormat,
@@ -89,8 +92,29 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Shrink the model to the smallest subgraph that still faults the same way, through [shrink].
+    Shrink {
+        /// Check out and build this revision in the probe worktree first (default: run in the checkout as it is).
+        #[arg(long)]
+        at: Option<String>,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
     /// The native harness: run a model file node by node on CUDA or the CPU reference.
     Harness {
+        /// The model file, for every subcommand (or give it after the subcommand).
+        #[arg(long, global = true)]
+        model: Option<PathBuf>,
+        /// cuda, cpu (the bounds-checked reference) or auto (cuda when a device is usable).
+        #[arg(long, value_enum, default_value = "auto", global = true)]
+        backend: Backend,
         #[command(subcommand)]
         command: HarnessCommand,
     },
@@ -114,10 +138,7 @@ enum HarnessCommand {
     /// Run the model (or the kept nodes), printing a marker around each node.
     Run {
         /// The model file (TOML).
-        model: PathBuf,
-        /// cuda, cpu (the bounds-checked reference) or auto (cuda when a device is present).
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: Backend,
+        file: Option<PathBuf>,
         /// Run only these nodes (comma-separated ids); their other inputs come from --inputs.
         #[arg(long)]
         keep: Option<String>,
@@ -134,7 +155,21 @@ enum HarnessCommand {
     /// Print the graph (nodes, ops, kernels, tensor shapes and producers) as JSON.
     Describe {
         /// The model file (TOML).
-        model: PathBuf,
+        file: Option<PathBuf>,
+    },
+    /// Write the kept nodes as a standalone model with their recorded inputs.
+    Extract {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// The nodes to keep (comma-separated ids).
+        #[arg(long)]
+        keep: String,
+        /// The recording boundary inputs come from.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// The directory to write model.toml and inputs/ into.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -155,6 +190,7 @@ pub fn main() -> i32 {
             keep_worktree,
             clean,
             no_triage,
+            no_shrink,
             message_format,
         } => {
             let opts = StartOptions {
@@ -166,6 +202,7 @@ pub fn main() -> i32 {
                 keep_worktree,
                 clean,
                 no_triage,
+                no_shrink,
             };
             let mut reporter: Box<dyn Reporter> = match message_format {
                 MessageFormat::Human => Box::new(HumanReporter::new()),
@@ -185,24 +222,46 @@ pub fn main() -> i32 {
             json,
             command,
         } => crate::triage_cmd::run(&dir, config, at.as_deref(), command, json, &cancel),
-        Command::Harness { command } => match command {
-            HarnessCommand::Run {
-                model,
-                backend,
-                keep,
-                record,
-                inputs,
-                no_cache,
-            } => {
-                let backend = match backend {
-                    Backend::Cuda => crate::harness::BackendChoice::Cuda,
-                    Backend::Cpu => crate::harness::BackendChoice::Cpu,
-                    Backend::Auto => crate::harness::BackendChoice::Auto,
-                };
-                crate::harness_cmd::run(&model, backend, keep, record, inputs, no_cache)
+        Command::Shrink {
+            at,
+            dir,
+            config,
+            message_format,
+        } => {
+            let mut reporter: Box<dyn Reporter> = match message_format {
+                MessageFormat::Human => Box::new(HumanReporter::new()),
+                MessageFormat::Json => Box::new(JsonReporter),
+            };
+            crate::shrink_cmd::run(&dir, config, at.as_deref(), reporter.as_mut(), &cancel)
+        }
+        Command::Harness {
+            model,
+            backend,
+            command,
+        } => {
+            let backend = match backend {
+                Backend::Cuda => crate::harness::BackendChoice::Cuda,
+                Backend::Cpu => crate::harness::BackendChoice::Cpu,
+                Backend::Auto => crate::harness::BackendChoice::Auto,
+            };
+            let pick = |file: Option<PathBuf>| file.or(model.clone());
+            match command {
+                HarnessCommand::Run {
+                    file,
+                    keep,
+                    record,
+                    inputs,
+                    no_cache,
+                } => crate::harness_cmd::run(pick(file), backend, keep, record, inputs, no_cache),
+                HarnessCommand::Describe { file } => crate::harness_cmd::describe(pick(file)),
+                HarnessCommand::Extract {
+                    file,
+                    keep,
+                    inputs,
+                    out,
+                } => crate::harness_cmd::extract(pick(file), &keep, inputs, &out),
             }
-            HarnessCommand::Describe { model } => crate::harness_cmd::describe(&model),
-        },
+        }
         Command::Demo { dir } => crate::demo::run(dir, &cancel),
     }
 }

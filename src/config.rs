@@ -141,6 +141,53 @@ pub struct SearchSection {
     pub match_policy: Option<String>,
 }
 
+fn default_shrink_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_confirm() -> u32 {
+    5
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_backend() -> String {
+    "auto".into()
+}
+
+/// `[shrink]`: the harness that can describe the model and run parts of it (the harness protocol).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ShrinkSection {
+    /// Shrink at the end of `start`.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A command speaking the harness protocol (`… describe`, `… run`, `… extract`).
+    pub harness: Option<CommandLine>,
+    /// Shorthand for the native harness on this model file (relative to the repository root).
+    pub model: Option<String>,
+    /// The native harness's backend: cuda, cpu or auto.
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    /// Time allowed for one harness run.
+    #[serde(default = "default_shrink_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Runs of a candidate before it counts as not reproducing (for faults that do not show every time).
+    #[serde(default = "one")]
+    pub attempts: u32,
+    /// Runs of the minimal subgraph in the final check.
+    #[serde(default = "default_confirm")]
+    pub confirm: u32,
+    /// Also run the minimal subgraph at the first bad commit's parent, where it should pass.
+    #[serde(default = "yes")]
+    pub check_parent: bool,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
 /// `[triage]`: the compute-sanitizer rerun on the first bad commit.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -182,6 +229,7 @@ struct RawConfig {
     search: SearchSection,
     #[serde(default)]
     triage: TriageSection,
+    shrink: Option<ShrinkSection>,
 }
 
 /// Checked settings.
@@ -199,6 +247,8 @@ pub struct Config {
     pub match_policy: MatchPolicy,
     /// Triage settings.
     pub triage: TriageSection,
+    /// Shrink settings, when a harness is configured.
+    pub shrink: Option<ShrinkSection>,
 }
 
 /// Why a config could not be used.
@@ -222,6 +272,14 @@ pub enum ConfigError {
         line: usize,
         /// 1-based column.
         column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The `[shrink]` section is inconsistent.
+    #[error("{path}: [shrink] {message}")]
+    Shrink {
+        /// The file.
+        path: PathBuf,
         /// What is wrong.
         message: String,
     },
@@ -266,6 +324,23 @@ impl Config {
                     path: path.to_path_buf(),
                     source,
                 })?;
+        if let Some(shrink) = &raw.shrink {
+            let err = |message: &str| ConfigError::Shrink {
+                path: path.to_path_buf(),
+                message: message.to_string(),
+            };
+            match (&shrink.harness, &shrink.model) {
+                (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
+                (None, None) => return Err(err("needs harness (a protocol command) or model (a native model file)")),
+                _ => {}
+            }
+            if !["cuda", "cpu", "auto"].contains(&shrink.backend.as_str()) {
+                return Err(err(&format!("backend: {:?} is not cuda, cpu or auto", shrink.backend)));
+            }
+            if shrink.attempts == 0 || shrink.confirm == 0 {
+                return Err(err("attempts and confirm must be at least 1"));
+            }
+        }
         Ok(Self {
             path: path.to_path_buf(),
             text: text.to_string(),
@@ -273,6 +348,7 @@ impl Config {
             repro: raw.repro,
             match_policy,
             triage: raw.triage,
+            shrink: raw.shrink,
         })
     }
 }

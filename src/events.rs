@@ -63,6 +63,39 @@ pub enum Event {
         /// Its one-line summary.
         summary: String,
     },
+    /// Shrinking started on a graph of this many nodes.
+    ShrinkStarted {
+        /// Nodes in the full model.
+        nodes: usize,
+    },
+    /// The recorded run located the fault.
+    ShrinkLocated {
+        /// The node the fault was charged to.
+        node: String,
+        /// Its signature, short form.
+        signature: String,
+    },
+    /// A candidate subgraph was judged.
+    ShrinkCandidate {
+        /// Candidates run so far.
+        run: usize,
+        /// Which stage proposed it.
+        stage: crate::shrink::Stage,
+        /// Its size.
+        nodes: usize,
+        /// Whether it failed the same way.
+        reproduced: bool,
+    },
+    /// Shrinking finished.
+    ShrinkFinished {
+        /// Its one-line summary.
+        summary: String,
+    },
+    /// `cudabisect shrink` is over.
+    ShrinkDone {
+        /// Its report.
+        report: Box<crate::shrink_run::ShrinkReport>,
+    },
     /// The run is over.
     Finished {
         /// The report.

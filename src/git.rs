@@ -99,6 +99,11 @@ impl Repo {
     }
 
     /// Resolves a revision to a commit.
+    pub fn parents(&self, oid: Oid) -> Result<Vec<Oid>, GitError> {
+        Ok(self.repo.find_commit(oid)?.parent_ids().collect())
+    }
+
+    /// Resolves a revision to a commit.
     pub fn resolve(&self, rev: &str) -> Result<Oid, GitError> {
         self.repo
             .revparse_single(rev)

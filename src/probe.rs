@@ -218,6 +218,35 @@ impl Prober<'_> {
         }
     }
 
+    /// Checks out and builds `oid` for a stage after the search (triage, shrink, the parent check), so
+    /// those stages never run a binary left over from another probe. `Err` says what went wrong.
+    pub fn prepare(&self, oid: Oid, name: &str) -> Result<(), String> {
+        let clean = self.config.build.as_ref().is_some_and(|b| b.clean);
+        self.worktree
+            .checkout(oid, clean)
+            .map_err(|e| format!("checkout of {oid} failed: {e}"))?;
+        let Some(build) = &self.config.build else {
+            return Ok(());
+        };
+        let commit = oid.to_string();
+        let step = Step {
+            command: &build.command,
+            timeout: build.timeout,
+            env: &build.env,
+        };
+        let spec = command_spec(self.config, self.worktree.path(), step, &commit, StepPhase::Build, 1);
+        let run = process::run(&spec, self.cancel).map_err(|e| format!("build could not start: {e}"))?;
+        let log = self.write_log(0, &commit, &format!("{name}-build"), &run);
+        if run.exit != Exit::Code(0) {
+            return Err(format!(
+                "build of {} failed ({})",
+                &commit[..12],
+                log.unwrap_or_else(|| "no log".into())
+            ));
+        }
+        Ok(())
+    }
+
     fn write_log(&self, step: usize, commit: &str, name: &str, run: &RunOutput) -> Option<String> {
         let path = self.log_dir.join(format!(
             "{step:03}-{}-{name}.log",

@@ -121,4 +121,6 @@ pub struct Report {
     pub run_dir: String,
     /// The compute-sanitizer triage at the first bad commit, when run.
     pub triage: Option<serde_json::Value>,
+    /// The shrink to a minimal subgraph at the first bad commit, when run.
+    pub shrink: Option<crate::shrink_run::ShrinkReport>,
 }

@@ -109,6 +109,36 @@ impl Reporter for HumanReporter {
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
+            Event::ShrinkStarted { nodes } => self.line(&format!("shrink: {nodes} nodes; locating the fault with a recorded run")),
+            Event::ShrinkLocated { node, signature } => {
+                self.line(&format!("shrink: the fault is in node {node} ({signature})"))
+            }
+            Event::ShrinkCandidate {
+                run,
+                stage,
+                nodes,
+                reproduced,
+            } => {
+                let stage = match stage {
+                    crate::shrink::Stage::Alone => "node alone",
+                    crate::shrink::Stage::Window => "window",
+                    crate::shrink::Stage::Ddmin | crate::shrink::Stage::Done => "delta",
+                };
+                let verdict = if *reproduced { "reproduces" } else { "does not" };
+                let msg = format!("shrink: candidate {run} ({stage}): {nodes} nodes → {verdict}");
+                match &self.bar {
+                    Some(bar) => bar.set_message(msg),
+                    None => self.line(&msg),
+                }
+            }
+            Event::ShrinkFinished { summary } => self.line(&format!("shrink: {summary}")),
+            Event::ShrinkDone { report } => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                print!("{}", shrink_summary(report));
+                let _ = std::io::stdout().flush();
+            }
             Event::Finished { report } => {
                 if let Some(bar) = self.bar.take() {
                     bar.finish_and_clear();
@@ -153,6 +183,12 @@ pub fn summary(report: &Report) -> String {
     {
         out.push_str(&format!("Triage: {summary}\n"));
     }
+    if let Some(shrink) = &report.shrink {
+        out.push_str(&format!("Shrink: {}\n", shrink.summary));
+        if let Some(line) = &shrink.reproduce {
+            out.push_str(&format!("Reproduce: {line}\n"));
+        }
+    }
     let searched = report
         .probes
         .iter()
@@ -162,6 +198,34 @@ pub fn summary(report: &Report) -> String {
         "Probes: {} ({searched} in the search)\n",
         report.probes.len()
     ));
+    out
+}
+
+/// The human summary of a shrink: what was kept, what was cut, how to reproduce it.
+pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
+    let mut out = format!("Shrink: {}\n", r.summary);
+    if !r.kept.is_empty() {
+        out.push_str(&format!("Minimal subgraph ({} of {} nodes):\n", r.nodes_after, r.nodes_before));
+        for n in &r.kept {
+            let ins: Vec<String> = n.inputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
+            let outs: Vec<String> = n.outputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
+            out.push_str(&format!("    {} {}({}) -> {}\n", n.id, n.op, ins.join(", "), outs.join(", ")));
+        }
+        out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
+    }
+    if let Some(c) = &r.confirmation {
+        out.push_str(&format!("Reproduced: {}/{} runs\n", c.reproduced, c.runs));
+    }
+    if let Some(p) = &r.parent_check {
+        out.push_str(&format!("At the parent: {p}\n"));
+    }
+    if let Some(m) = &r.minimal_model {
+        out.push_str(&format!("Minimal model: {m}\n"));
+    }
+    if let Some(line) = &r.reproduce {
+        out.push_str(&format!("Reproduce: {line}\n"));
+    }
+    out.push_str(&format!("Harness runs: {}, {:.1}s\n", r.harness_runs, r.duration_s));
     out
 }
 

@@ -36,6 +36,8 @@ pub struct StartOptions {
     pub clean: bool,
     /// Skip the compute-sanitizer triage.
     pub no_triage: bool,
+    /// Skip shrinking the model at the first bad commit.
+    pub no_shrink: bool,
 }
 
 /// Problems that stop `start` before or outside the search.
@@ -195,18 +197,8 @@ pub fn start(
         reporter,
     };
     let (mut report, first_bad) = search.run(&run_dir, cancel);
-    if let (Some(oid), true) = (first_bad, plan.config.triage.enabled && !opts.no_triage) {
-        if !cancel.load(Ordering::SeqCst) {
-            let result = triage::at_commit(
-                &plan.config,
-                &worktree,
-                oid,
-                &run_dir,
-                cancel,
-                search.reporter,
-            );
-            report.triage = Some(result);
-        }
+    if let Some(oid) = first_bad {
+        after_search(&plan, &prober, opts, oid, &run_dir, &mut report, search.reporter, cancel);
     }
     if !opts.keep_worktree {
         plan.repo.prune_worktree()?;
@@ -220,6 +212,62 @@ pub fn start(
         report: Box::new(report.clone()),
     });
     Ok(report)
+}
+
+/// The stages at the first bad commit: build it, triage under compute-sanitizer, shrink the model, and
+/// check the minimal subgraph at the parent.
+#[allow(clippy::too_many_arguments)]
+fn after_search(
+    plan: &Plan,
+    prober: &Prober,
+    opts: &StartOptions,
+    oid: Oid,
+    run_dir: &Path,
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) {
+    let triage = plan.config.triage.enabled && !opts.no_triage;
+    let shrink = plan.config.shrink.as_ref().filter(|s| s.enabled && !opts.no_shrink);
+    if !triage && shrink.is_none() {
+        return;
+    }
+    if let Err(e) = prober.prepare(oid, "first-bad") {
+        reporter.event(&Event::Warning {
+            message: format!("cannot prepare the first bad commit for triage and shrink: {e}"),
+        });
+        return;
+    }
+    if triage && !cancel.load(Ordering::SeqCst) {
+        report.triage = Some(triage::at_commit(&plan.config, prober.worktree, oid, run_dir, cancel, reporter));
+    }
+    let Some(section) = shrink else { return };
+    if cancel.load(Ordering::SeqCst) {
+        return;
+    }
+    let ctx = crate::shrink_run::ShrinkContext {
+        config: &plan.config,
+        shrink: section,
+        cwd: prober.worktree.path(),
+        out_dir: run_dir.join("shrink"),
+        commit: oid.to_string(),
+        target: report.target.clone(),
+    };
+    let mut result = crate::shrink_run::shrink(&ctx, reporter, cancel);
+    let parent = report.good_parents.first().and_then(|p| Oid::from_str(&p.commit).ok());
+    if result.status == crate::shrink_run::ShrinkStatus::Minimal && section.check_parent && !cancel.load(Ordering::SeqCst) {
+        result.parent_check = Some(match parent {
+            None => "not run: the first bad commit has no parent in the range".into(),
+            Some(p) => match prober.prepare(p, "parent") {
+                Err(e) => format!("not run: {e}"),
+                Ok(()) => {
+                    let harness = crate::shrink_run::Harness::from_config(&plan.config, section, prober.worktree.path(), &p.to_string());
+                    crate::shrink_run::check_elsewhere(&harness, &result, &plan.config.match_policy, cancel)
+                }
+            },
+        });
+    }
+    report.shrink = Some(result);
 }
 
 fn run_id() -> String {
@@ -403,6 +451,7 @@ impl Search<'_, '_> {
             range_size: self.plan.range.len(),
             run_dir: run_dir.display().to_string(),
             triage: None,
+            shrink: None,
         }
     }
 }

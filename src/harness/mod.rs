@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod extract;
 pub mod kernels;
 pub mod model;
 pub mod ops;

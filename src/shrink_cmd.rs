@@ -1,0 +1,107 @@
+//! `cudabisect shrink`: the shrink stage on its own, in the checkout as it is or at a revision built in
+//! the probe worktree (then also checked at the revision's parent).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use crate::cli::load_config;
+use crate::exit_codes;
+use crate::events::Reporter;
+use crate::probe::Prober;
+use crate::shrink_run::{self, ShrinkContext, ShrinkStatus};
+
+/// Runs the shrink and returns the exit code: 0 minimal subgraph found, 3 the model does not fault under
+/// the harness, 1 the harness failed, 2 bad input, 130 interrupted.
+pub fn run(dir: &Path, config: Option<PathBuf>, at: Option<&str>, reporter: &mut dyn Reporter, cancel: &AtomicBool) -> i32 {
+    let (repo, config) = match load_config(dir, config) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit_codes::USAGE;
+        }
+    };
+    let Some(section) = config.shrink.clone() else {
+        eprintln!("error: {}: no [shrink] section: name a model (native harness) or a harness command", config.path.display());
+        return exit_codes::USAGE;
+    };
+    let oid = match at.map(|rev| repo.resolve(rev)).transpose() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit_codes::USAGE;
+        }
+    };
+    let run_dir = repo.state_dir().join("runs").join(format!(
+        "shrink-{}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        std::process::id()
+    ));
+    let log_dir = run_dir.join("logs");
+    if let Err(e) = std::fs::create_dir_all(&log_dir) {
+        eprintln!("error: {}: {e}", log_dir.display());
+        return exit_codes::INTERNAL;
+    }
+    let _ = std::fs::write(run_dir.join("bisect.toml"), &config.text);
+    let worktree = match oid.map(|_| repo.probe_worktree()).transpose() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit_codes::INTERNAL;
+        }
+    };
+    let prober = worktree.as_ref().map(|w| Prober {
+        worktree: w,
+        config: &config,
+        log_dir: log_dir.clone(),
+        cancel,
+    });
+    let (cwd, commit) = match (&prober, oid) {
+        (Some(p), Some(oid)) => {
+            if let Err(e) = p.prepare(oid, "shrink") {
+                eprintln!("error: {e}");
+                let _ = repo.prune_worktree();
+                return exit_codes::INTERNAL;
+            }
+            (p.worktree.path().to_path_buf(), oid.to_string())
+        }
+        _ => (repo.workdir(), String::new()),
+    };
+    let ctx = ShrinkContext {
+        config: &config,
+        shrink: &section,
+        cwd: &cwd,
+        out_dir: run_dir.join("shrink"),
+        commit,
+        target: None,
+    };
+    let mut report = shrink_run::shrink(&ctx, reporter, cancel);
+    if report.status == ShrinkStatus::Minimal && section.check_parent {
+        let parent = oid.and_then(|o| repo.parents(o).ok()).and_then(|p| p.first().copied());
+        report.parent_check = Some(match (&prober, parent) {
+            (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
+                Err(e) => format!("not run: {e}"),
+                Ok(()) => {
+                    let h = shrink_run::Harness::from_config(&config, &section, p.worktree.path(), &parent.to_string());
+                    shrink_run::check_elsewhere(&h, &report, &config.match_policy, cancel)
+                }
+            },
+            (None, _) => "not run: no --at revision".into(),
+            (Some(_), None) => "not run: the revision has no parent".into(),
+        });
+    }
+    if worktree.is_some() {
+        let _ = repo.prune_worktree();
+    }
+    let json = serde_json::to_string_pretty(&report).expect("serialises");
+    let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
+    reporter.event(&crate::events::Event::ShrinkDone { report: Box::new(report.clone()) });
+    match report.status {
+        ShrinkStatus::Minimal => exit_codes::FOUND,
+        ShrinkStatus::NotReproduced => exit_codes::ENDPOINTS_INVALID,
+        ShrinkStatus::Failed => exit_codes::INTERNAL,
+        ShrinkStatus::Interrupted => exit_codes::INTERRUPTED,
+    }
+}
