@@ -331,11 +331,18 @@ impl Config {
             };
             match (&shrink.harness, &shrink.model) {
                 (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
-                (None, None) => return Err(err("needs harness (a protocol command) or model (a native model file)")),
+                (None, None) => {
+                    return Err(err(
+                        "needs harness (a protocol command) or model (a native model file)",
+                    ))
+                }
                 _ => {}
             }
             if !["cuda", "cpu", "auto"].contains(&shrink.backend.as_str()) {
-                return Err(err(&format!("backend: {:?} is not cuda, cpu or auto", shrink.backend)));
+                return Err(err(&format!(
+                    "backend: {:?} is not cuda, cpu or auto",
+                    shrink.backend
+                )));
             }
             if shrink.attempts == 0 || shrink.confirm == 0 {
                 return Err(err("attempts and confirm must be at least 1"));

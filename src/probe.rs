@@ -234,8 +234,16 @@ impl Prober<'_> {
             timeout: build.timeout,
             env: &build.env,
         };
-        let spec = command_spec(self.config, self.worktree.path(), step, &commit, StepPhase::Build, 1);
-        let run = process::run(&spec, self.cancel).map_err(|e| format!("build could not start: {e}"))?;
+        let spec = command_spec(
+            self.config,
+            self.worktree.path(),
+            step,
+            &commit,
+            StepPhase::Build,
+            1,
+        );
+        let run =
+            process::run(&spec, self.cancel).map_err(|e| format!("build could not start: {e}"))?;
         let log = self.write_log(0, &commit, &format!("{name}-build"), &run);
         if run.exit != Exit::Code(0) {
             return Err(format!(

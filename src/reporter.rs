@@ -109,10 +109,12 @@ impl Reporter for HumanReporter {
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
-            Event::ShrinkStarted { nodes } => self.line(&format!("shrink: {nodes} nodes; locating the fault with a recorded run")),
-            Event::ShrinkLocated { node, signature } => {
-                self.line(&format!("shrink: the fault is in node {node} ({signature})"))
-            }
+            Event::ShrinkStarted { nodes } => self.line(&format!(
+                "shrink: {nodes} nodes; locating the fault with a recorded run"
+            )),
+            Event::ShrinkLocated { node, signature } => self.line(&format!(
+                "shrink: the fault is in node {node} ({signature})"
+            )),
             Event::ShrinkCandidate {
                 run,
                 stage,
@@ -124,7 +126,11 @@ impl Reporter for HumanReporter {
                     crate::shrink::Stage::Window => "window",
                     crate::shrink::Stage::Ddmin | crate::shrink::Stage::Done => "delta",
                 };
-                let verdict = if *reproduced { "reproduces" } else { "does not" };
+                let verdict = if *reproduced {
+                    "reproduces"
+                } else {
+                    "does not"
+                };
                 let msg = format!("shrink: candidate {run} ({stage}): {nodes} nodes → {verdict}");
                 match &self.bar {
                     Some(bar) => bar.set_message(msg),
@@ -185,6 +191,9 @@ pub fn summary(report: &Report) -> String {
     }
     if let Some(shrink) = &report.shrink {
         out.push_str(&format!("Shrink: {}\n", shrink.summary));
+        if let Some(p) = &shrink.parent_check {
+            out.push_str(&format!("Minimal subgraph at the parent: {p}\n"));
+        }
         if let Some(line) = &shrink.reproduce {
             out.push_str(&format!("Reproduce: {line}\n"));
         }
@@ -205,11 +214,28 @@ pub fn summary(report: &Report) -> String {
 pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
     let mut out = format!("Shrink: {}\n", r.summary);
     if !r.kept.is_empty() {
-        out.push_str(&format!("Minimal subgraph ({} of {} nodes):\n", r.nodes_after, r.nodes_before));
+        out.push_str(&format!(
+            "Minimal subgraph ({} of {} nodes):\n",
+            r.nodes_after, r.nodes_before
+        ));
         for n in &r.kept {
-            let ins: Vec<String> = n.inputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
-            let outs: Vec<String> = n.outputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
-            out.push_str(&format!("    {} {}({}) -> {}\n", n.id, n.op, ins.join(", "), outs.join(", ")));
+            let ins: Vec<String> = n
+                .inputs
+                .iter()
+                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .collect();
+            let outs: Vec<String> = n
+                .outputs
+                .iter()
+                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .collect();
+            out.push_str(&format!(
+                "    {} {}({}) -> {}\n",
+                n.id,
+                n.op,
+                ins.join(", "),
+                outs.join(", ")
+            ));
         }
         out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
     }
@@ -225,7 +251,10 @@ pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
     if let Some(line) = &r.reproduce {
         out.push_str(&format!("Reproduce: {line}\n"));
     }
-    out.push_str(&format!("Harness runs: {}, {:.1}s\n", r.harness_runs, r.duration_s));
+    out.push_str(&format!(
+        "Harness runs: {}, {:.1}s\n",
+        r.harness_runs, r.duration_s
+    ));
     out
 }
 

@@ -5,14 +5,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::cli::load_config;
-use crate::exit_codes;
 use crate::events::Reporter;
+use crate::exit_codes;
 use crate::probe::Prober;
 use crate::shrink_run::{self, ShrinkContext, ShrinkStatus};
 
 /// Runs the shrink and returns the exit code: 0 minimal subgraph found, 3 the model does not fault under
 /// the harness, 1 the harness failed, 2 bad input, 130 interrupted.
-pub fn run(dir: &Path, config: Option<PathBuf>, at: Option<&str>, reporter: &mut dyn Reporter, cancel: &AtomicBool) -> i32 {
+pub fn run(
+    dir: &Path,
+    config: Option<PathBuf>,
+    at: Option<&str>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> i32 {
     let (repo, config) = match load_config(dir, config) {
         Ok(v) => v,
         Err(e) => {
@@ -21,7 +27,10 @@ pub fn run(dir: &Path, config: Option<PathBuf>, at: Option<&str>, reporter: &mut
         }
     };
     let Some(section) = config.shrink.clone() else {
-        eprintln!("error: {}: no [shrink] section: name a model (native harness) or a harness command", config.path.display());
+        eprintln!(
+            "error: {}: no [shrink] section: name a model (native harness) or a harness command",
+            config.path.display()
+        );
         return exit_codes::USAGE;
     };
     let oid = match at.map(|rev| repo.resolve(rev)).transpose() {
@@ -79,12 +88,19 @@ pub fn run(dir: &Path, config: Option<PathBuf>, at: Option<&str>, reporter: &mut
     };
     let mut report = shrink_run::shrink(&ctx, reporter, cancel);
     if report.status == ShrinkStatus::Minimal && section.check_parent {
-        let parent = oid.and_then(|o| repo.parents(o).ok()).and_then(|p| p.first().copied());
+        let parent = oid
+            .and_then(|o| repo.parents(o).ok())
+            .and_then(|p| p.first().copied());
         report.parent_check = Some(match (&prober, parent) {
             (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
                 Err(e) => format!("not run: {e}"),
                 Ok(()) => {
-                    let h = shrink_run::Harness::from_config(&config, &section, p.worktree.path(), &parent.to_string());
+                    let h = shrink_run::Harness::from_config(
+                        &config,
+                        &section,
+                        p.worktree.path(),
+                        &parent.to_string(),
+                    );
                     shrink_run::check_elsewhere(&h, &report, &config.match_policy, cancel)
                 }
             },
@@ -97,7 +113,9 @@ pub fn run(dir: &Path, config: Option<PathBuf>, at: Option<&str>, reporter: &mut
     }
     let json = serde_json::to_string_pretty(&report).expect("serialises");
     let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
-    reporter.event(&crate::events::Event::ShrinkDone { report: Box::new(report.clone()) });
+    reporter.event(&crate::events::Event::ShrinkDone {
+        report: Box::new(report.clone()),
+    });
     match report.status {
         ShrinkStatus::Minimal => exit_codes::FOUND,
         ShrinkStatus::NotReproduced => exit_codes::ENDPOINTS_INVALID,

@@ -116,7 +116,11 @@ pub struct Harness {
 }
 
 fn quote(arg: &str) -> String {
-    if !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+".contains(c)) {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+".contains(c))
+    {
         arg.to_string()
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
@@ -125,7 +129,12 @@ fn quote(arg: &str) -> String {
 
 impl Harness {
     /// The configured harness, run in `cwd` (the probe worktree, or the user's checkout).
-    pub fn from_config(config: &Config, shrink: &ShrinkSection, cwd: &Path, commit: &str) -> Harness {
+    pub fn from_config(
+        config: &Config,
+        shrink: &ShrinkSection,
+        cwd: &Path,
+        commit: &str,
+    ) -> Harness {
         let (prefix, native) = match (&shrink.harness, &shrink.model) {
             (Some(h), _) => (h.clone(), None),
             (None, model) => {
@@ -134,13 +143,32 @@ impl Harness {
                     .unwrap_or_else(|_| "cudabisect".into());
                 let model = model.clone().unwrap_or_default();
                 (
-                    CommandLine::Argv(vec![exe, "harness".into(), "--model".into(), model, "--backend".into(), shrink.backend.clone()]),
+                    CommandLine::Argv(vec![
+                        exe,
+                        "harness".into(),
+                        "--model".into(),
+                        model,
+                        "--backend".into(),
+                        shrink.backend.clone(),
+                    ]),
                     Some(shrink.backend.clone()),
                 )
             }
         };
-        let mut env: Vec<(String, String)> = shrink.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        env.push(("CUDA_LAUNCH_BLOCKING".into(), if config.repro.launch_blocking { "1" } else { "0" }.into()));
+        let mut env: Vec<(String, String)> = shrink
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        env.push((
+            "CUDA_LAUNCH_BLOCKING".into(),
+            if config.repro.launch_blocking {
+                "1"
+            } else {
+                "0"
+            }
+            .into(),
+        ));
         env.push(("CUDABISECT_COMMIT".into(), commit.into()));
         env.push(("CUDABISECT_PHASE".into(), "shrink".into()));
         Harness {
@@ -184,9 +212,12 @@ impl Harness {
     pub fn describe(&self, cancel: &AtomicBool) -> Result<Vec<GraphNode>, String> {
         let run = self.exec(&["describe".into()], cancel)?;
         let text = &run.output;
-        let start = text.find('{').ok_or_else(|| format!("describe printed no JSON: {}", last_line(text)))?;
+        let start = text
+            .find('{')
+            .ok_or_else(|| format!("describe printed no JSON: {}", last_line(text)))?;
         let end = text.rfind('}').map_or(text.len(), |i| i + 1);
-        let d: Description = serde_json::from_str(&text[start..end]).map_err(|e| format!("describe printed bad JSON: {e}"))?;
+        let d: Description = serde_json::from_str(&text[start..end])
+            .map_err(|e| format!("describe printed bad JSON: {e}"))?;
         if d.nodes.is_empty() {
             return Err("describe lists no nodes".into());
         }
@@ -194,7 +225,13 @@ impl Harness {
     }
 
     /// `run`: the whole model, or the kept nodes on recorded inputs.
-    pub fn run(&self, keep: Option<&[String]>, inputs: Option<&Path>, record: Option<&Path>, cancel: &AtomicBool) -> Result<RunOutput, String> {
+    pub fn run(
+        &self,
+        keep: Option<&[String]>,
+        inputs: Option<&Path>,
+        record: Option<&Path>,
+        cancel: &AtomicBool,
+    ) -> Result<RunOutput, String> {
         let mut args = vec!["run".to_string()];
         if let Some(k) = keep {
             args.extend(["--keep".into(), k.join(",")]);
@@ -209,7 +246,13 @@ impl Harness {
     }
 
     /// `extract`: the kept nodes as a standalone model in `out`.
-    pub fn extract(&self, keep: &[String], inputs: &Path, out: &Path, cancel: &AtomicBool) -> Result<(), String> {
+    pub fn extract(
+        &self,
+        keep: &[String],
+        inputs: &Path,
+        out: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<(), String> {
         let args = vec![
             "extract".into(),
             "--keep".into(),
@@ -227,11 +270,19 @@ impl Harness {
     }
 
     /// The line a maintainer runs, from the directory holding the minimal model.
-    pub fn reproduce_line(&self, minimal_model: Option<&Path>, keep: &[String], inputs: &Path) -> String {
+    pub fn reproduce_line(
+        &self,
+        minimal_model: Option<&Path>,
+        keep: &[String],
+        inputs: &Path,
+    ) -> String {
         match (&self.native, minimal_model) {
             (Some(backend), Some(m)) => {
                 let backend = if backend == "auto" { "cuda" } else { backend };
-                format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run {} --backend {backend}", quote(&m.display().to_string()))
+                format!(
+                    "CUDA_LAUNCH_BLOCKING=1 cudabisect harness run {} --backend {backend}",
+                    quote(&m.display().to_string())
+                )
             }
             _ => {
                 let cmd = self.command(&[
@@ -248,7 +299,12 @@ impl Harness {
 }
 
 fn last_line(text: &str) -> String {
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 /// Node ids of a candidate.
@@ -273,11 +329,19 @@ struct Oracle<'a> {
 }
 
 impl Oracle<'_> {
-    fn judge(&mut self, keep: &[String], inputs: &Path, cancel: &AtomicBool) -> Result<bool, String> {
+    fn judge(
+        &mut self,
+        keep: &[String],
+        inputs: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<bool, String> {
         for _ in 0..self.attempts {
             let run = self.harness.run(Some(keep), Some(inputs), None, cancel)?;
             self.runs += 1;
-            let _ = std::fs::write(self.log_dir.join(format!("run-{:04}.log", self.runs)), &run.output);
+            let _ = std::fs::write(
+                self.log_dir.join(format!("run-{:04}.log", self.runs)),
+                &run.output,
+            );
             let sig = classify(run.exit, &run.output);
             if self.policy.matches(&self.target, &sig, &run.output) {
                 return Ok(true);
@@ -312,7 +376,11 @@ pub struct ShrinkContext<'a> {
 }
 
 /// Shrinks the model at one commit. Never fails outright: problems are in the report's status.
-pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicBool) -> ShrinkReport {
+pub fn shrink(
+    ctx: &ShrinkContext,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> ShrinkReport {
     let started = Instant::now();
     let harness = Harness::from_config(ctx.config, ctx.shrink, ctx.cwd, &ctx.commit);
     let mut report = ShrinkReport {
@@ -335,21 +403,38 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
         minimal_model: None,
         reproduce: None,
     };
-    let finish = |mut r: ShrinkReport, status: ShrinkStatus, summary: String, reporter: &mut dyn Reporter| {
+    let finish = |mut r: ShrinkReport,
+                  status: ShrinkStatus,
+                  summary: String,
+                  reporter: &mut dyn Reporter| {
         r.status = status;
         r.summary = summary;
         r.duration_s = started.elapsed().as_secs_f64();
-        reporter.event(&Event::ShrinkFinished { summary: r.summary.clone() });
+        reporter.event(&Event::ShrinkFinished {
+            summary: r.summary.clone(),
+        });
         r
     };
     let record = ctx.out_dir.join("record");
     let log_dir = ctx.out_dir.join("logs");
     if let Err(e) = std::fs::create_dir_all(&log_dir) {
-        return finish(report, ShrinkStatus::Failed, format!("cannot create {}: {e}", log_dir.display()), reporter);
+        return finish(
+            report,
+            ShrinkStatus::Failed,
+            format!("cannot create {}: {e}", log_dir.display()),
+            reporter,
+        );
     }
     let nodes = match harness.describe(cancel) {
         Ok(n) => n,
-        Err(e) => return finish(report, ShrinkStatus::Failed, format!("harness describe: {e}"), reporter),
+        Err(e) => {
+            return finish(
+                report,
+                ShrinkStatus::Failed,
+                format!("harness describe: {e}"),
+                reporter,
+            )
+        }
     };
     report.nodes_before = nodes.len();
     reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
@@ -359,36 +444,65 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
     for _ in 0..ctx.shrink.attempts {
         let run = match harness.run(None, None, Some(&record), cancel) {
             Ok(r) => r,
-            Err(e) => return finish(report, ShrinkStatus::Failed, format!("harness run: {e}"), reporter),
+            Err(e) => {
+                return finish(
+                    report,
+                    ShrinkStatus::Failed,
+                    format!("harness run: {e}"),
+                    reporter,
+                )
+            }
         };
         report.harness_runs += 1;
         let _ = std::fs::write(log_dir.join("locate.log"), &run.output);
         let sig = classify(run.exit, &run.output);
         let same = match &ctx.target {
             Some(t) => ctx.config.match_policy.matches(t, &sig, &run.output),
-            None => sig.class.is_device_fault() || sig.class != FaultClass::None && sig.class != FaultClass::Infra,
+            None => {
+                sig.class.is_device_fault()
+                    || sig.class != FaultClass::None && sig.class != FaultClass::Infra
+            }
         };
         if same {
             locate = Some(sig);
             break;
         }
         if cancel.load(Ordering::SeqCst) {
-            return finish(report, ShrinkStatus::Interrupted, "interrupted".into(), reporter);
+            return finish(
+                report,
+                ShrinkStatus::Interrupted,
+                "interrupted".into(),
+                reporter,
+            );
         }
         locate = None;
         report.signature = Some(sig);
     }
     let Some(target) = locate else {
-        let seen = report.signature.as_ref().map_or("nothing".to_string(), |s| s.short());
-        let want = ctx.target.as_ref().map_or("a fault".to_string(), |t| t.short());
-        return finish(report, ShrinkStatus::NotReproduced, format!("the harness's full run showed {seen}, not {want}"), reporter);
+        let seen = report
+            .signature
+            .as_ref()
+            .map_or("nothing".to_string(), |s| s.short());
+        let want = ctx
+            .target
+            .as_ref()
+            .map_or("a fault".to_string(), |t| t.short());
+        return finish(
+            report,
+            ShrinkStatus::NotReproduced,
+            format!("the harness's full run showed {seen}, not {want}"),
+            reporter,
+        );
     };
     report.signature = Some(target.clone());
     let Some(fault) = located(&target).and_then(|id| nodes.iter().position(|n| n.id == id)) else {
         return finish(
             report,
             ShrinkStatus::Failed,
-            format!("the harness run failed ({}) but no node marker names where", target.short()),
+            format!(
+                "the harness run failed ({}) but no node marker names where",
+                target.short()
+            ),
             reporter,
         );
     };
@@ -411,7 +525,12 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
     let result = loop {
         if cancel.load(Ordering::SeqCst) {
             report.harness_runs += oracle.runs;
-            return finish(report, ShrinkStatus::Interrupted, "interrupted".into(), reporter);
+            return finish(
+                report,
+                ShrinkStatus::Interrupted,
+                "interrupted".into(),
+                reporter,
+            );
         }
         match reducer.next_step() {
             Step::Done(result) => break result,
@@ -422,7 +541,12 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
                     Ok(f) => f,
                     Err(e) => {
                         report.harness_runs += oracle.runs;
-                        return finish(report, ShrinkStatus::Failed, format!("harness run: {e}"), reporter);
+                        return finish(
+                            report,
+                            ShrinkStatus::Failed,
+                            format!("harness run: {e}"),
+                            reporter,
+                        );
                     }
                 };
                 reducer.mark(&candidate, fails);
@@ -442,7 +566,10 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
     // The final check: the same signature on every one of N runs.
     let mut reproduced = 0;
     for _ in 0..ctx.shrink.confirm {
-        let mut once = Oracle { attempts: 1, ..oracle_clone(&oracle) };
+        let mut once = Oracle {
+            attempts: 1,
+            ..oracle_clone(&oracle)
+        };
         if once.judge(&keep, &record, cancel).unwrap_or(false) {
             reproduced += 1;
         }
@@ -456,7 +583,12 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
     report.harness_runs += oracle.runs;
     report.rejected = oracle.rejected;
     report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
-    report.removed = nodes.iter().enumerate().filter(|(i, _)| !result.contains(i)).map(|(_, n)| n.id.clone()).collect();
+    report.removed = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !result.contains(i))
+        .map(|(_, n)| n.id.clone())
+        .collect();
     report.nodes_after = result.len();
 
     let minimal = ctx.out_dir.join("minimal");
@@ -465,7 +597,11 @@ pub fn shrink(ctx: &ShrinkContext, reporter: &mut dyn Reporter, cancel: &AtomicB
     if extracted.is_ok() && model_file.is_file() {
         report.minimal_model = Some(model_file.display().to_string());
     }
-    report.reproduce = Some(harness.reproduce_line(report.minimal_model.as_deref().map(Path::new), &keep, &record));
+    report.reproduce = Some(harness.reproduce_line(
+        report.minimal_model.as_deref().map(Path::new),
+        &keep,
+        &record,
+    ));
     let summary = format!(
         "{} of {} nodes ({}) still fail with {}; minimal after {} harness runs; confirmed {reproduced}/{}",
         result.len(),
@@ -492,8 +628,16 @@ fn oracle_clone<'a>(o: &Oracle<'a>) -> Oracle<'a> {
 
 /// Runs the minimal subgraph once more in another directory (the parent commit's worktree) and says
 /// whether it passed there.
-pub fn check_elsewhere(harness: &Harness, report: &ShrinkReport, policy: &MatchPolicy, cancel: &AtomicBool) -> String {
-    let (Some(target), Some(record)) = (&report.signature, Some(Path::new(&report.out_dir).join("record"))) else {
+pub fn check_elsewhere(
+    harness: &Harness,
+    report: &ShrinkReport,
+    policy: &MatchPolicy,
+    cancel: &AtomicBool,
+) -> String {
+    let (Some(target), Some(record)) = (
+        &report.signature,
+        Some(Path::new(&report.out_dir).join("record")),
+    ) else {
         return "not run: no signature".into();
     };
     let keep: Vec<String> = report.kept.iter().map(|n| n.id.clone()).collect();

@@ -198,7 +198,16 @@ pub fn start(
     };
     let (mut report, first_bad) = search.run(&run_dir, cancel);
     if let Some(oid) = first_bad {
-        after_search(&plan, &prober, opts, oid, &run_dir, &mut report, search.reporter, cancel);
+        after_search(
+            &plan,
+            &prober,
+            opts,
+            oid,
+            &run_dir,
+            &mut report,
+            search.reporter,
+            cancel,
+        );
     }
     if !opts.keep_worktree {
         plan.repo.prune_worktree()?;
@@ -228,7 +237,11 @@ fn after_search(
     cancel: &AtomicBool,
 ) {
     let triage = plan.config.triage.enabled && !opts.no_triage;
-    let shrink = plan.config.shrink.as_ref().filter(|s| s.enabled && !opts.no_shrink);
+    let shrink = plan
+        .config
+        .shrink
+        .as_ref()
+        .filter(|s| s.enabled && !opts.no_shrink);
     if !triage && shrink.is_none() {
         return;
     }
@@ -239,7 +252,14 @@ fn after_search(
         return;
     }
     if triage && !cancel.load(Ordering::SeqCst) {
-        report.triage = Some(triage::at_commit(&plan.config, prober.worktree, oid, run_dir, cancel, reporter));
+        report.triage = Some(triage::at_commit(
+            &plan.config,
+            prober.worktree,
+            oid,
+            run_dir,
+            cancel,
+            reporter,
+        ));
     }
     let Some(section) = shrink else { return };
     if cancel.load(Ordering::SeqCst) {
@@ -254,15 +274,31 @@ fn after_search(
         target: report.target.clone(),
     };
     let mut result = crate::shrink_run::shrink(&ctx, reporter, cancel);
-    let parent = report.good_parents.first().and_then(|p| Oid::from_str(&p.commit).ok());
-    if result.status == crate::shrink_run::ShrinkStatus::Minimal && section.check_parent && !cancel.load(Ordering::SeqCst) {
+    let parent = report
+        .good_parents
+        .first()
+        .and_then(|p| Oid::from_str(&p.commit).ok());
+    if result.status == crate::shrink_run::ShrinkStatus::Minimal
+        && section.check_parent
+        && !cancel.load(Ordering::SeqCst)
+    {
         result.parent_check = Some(match parent {
             None => "not run: the first bad commit has no parent in the range".into(),
             Some(p) => match prober.prepare(p, "parent") {
                 Err(e) => format!("not run: {e}"),
                 Ok(()) => {
-                    let harness = crate::shrink_run::Harness::from_config(&plan.config, section, prober.worktree.path(), &p.to_string());
-                    crate::shrink_run::check_elsewhere(&harness, &result, &plan.config.match_policy, cancel)
+                    let harness = crate::shrink_run::Harness::from_config(
+                        &plan.config,
+                        section,
+                        prober.worktree.path(),
+                        &p.to_string(),
+                    );
+                    crate::shrink_run::check_elsewhere(
+                        &harness,
+                        &result,
+                        &plan.config.match_policy,
+                        cancel,
+                    )
                 }
             },
         });

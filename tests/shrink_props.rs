@@ -31,11 +31,13 @@ fn ceil_log2(n: usize) -> usize {
 fn needed() -> impl Strategy<Value = (usize, Vec<usize>)> {
     (2usize..400).prop_flat_map(|n| {
         (Just(n), 0..n).prop_flat_map(|(n, fault)| {
-            (Just(n), prop::collection::btree_set(0..fault.max(1), 0..4)).prop_map(move |(n, extra)| {
-                let mut v: Vec<usize> = extra.into_iter().filter(|&x| x < fault).collect();
-                v.push(fault);
-                (n, v)
-            })
+            (Just(n), prop::collection::btree_set(0..fault.max(1), 0..4)).prop_map(
+                move |(n, extra)| {
+                    let mut v: Vec<usize> = extra.into_iter().filter(|&x| x < fault).collect();
+                    v.push(fault);
+                    (n, v)
+                },
+            )
         })
     })
 }
@@ -52,7 +54,8 @@ proptest! {
         prop_assert!(fails(&result));
         if need.len() == 1 {
             // +1: the recorded run that located the fault.
-            prop_assert!(runs + 1 <= ceil_log2(n) + 3, "{} runs for n = {}", runs + 1, n);
+            let total = runs + 1;
+            prop_assert!(total <= ceil_log2(n) + 3, "{} runs for n = {}", total, n);
         }
         // Two nodes: the alone test, the window search and the pair.
         if need.len() == 2 {

@@ -21,7 +21,14 @@ fn toml_str(s: &str) -> String {
 }
 
 fn toml_list(items: &[String]) -> String {
-    format!("[{}]", items.iter().map(|s| toml_str(s)).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        items
+            .iter()
+            .map(|s| toml_str(s))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 fn num(v: f64) -> String {
@@ -33,13 +40,22 @@ fn num(v: f64) -> String {
 }
 
 /// Writes `out/model.toml` and `out/inputs/*.npy` for the kept nodes.
-pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path) -> Result<Extracted, HarnessError> {
+pub fn extract(
+    model: &Model,
+    keep: &[String],
+    inputs: Option<&Path>,
+    out: &Path,
+) -> Result<Extracted, HarnessError> {
     let plan = plan(model, Some(keep))?;
     let boundary = load_boundary(model, &plan, inputs)?;
     let io = |e: std::io::Error| HarnessError::Io(format!("{}: {e}", out.display()));
     let input_dir = out.join("inputs");
     std::fs::create_dir_all(&input_dir).map_err(io)?;
-    let ids: Vec<String> = plan.nodes.iter().map(|&i| model.nodes[i].id.clone()).collect();
+    let ids: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|&i| model.nodes[i].id.clone())
+        .collect();
     let mut text = String::new();
     let _ = writeln!(
         text,
@@ -48,9 +64,21 @@ pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path
         ids.len(),
         model.nodes.len()
     );
-    let _ = writeln!(text, "[model]\nname = {}", toml_str(&format!("{}-minimal", model.name)));
-    let produced: Vec<String> = plan.nodes.iter().flat_map(|&i| model.nodes[i].outputs.clone()).collect();
-    let outputs: Vec<String> = produced.iter().filter(|o| model.outputs.contains(o)).cloned().collect();
+    let _ = writeln!(
+        text,
+        "[model]\nname = {}",
+        toml_str(&format!("{}-minimal", model.name))
+    );
+    let produced: Vec<String> = plan
+        .nodes
+        .iter()
+        .flat_map(|&i| model.nodes[i].outputs.clone())
+        .collect();
+    let outputs: Vec<String> = produced
+        .iter()
+        .filter(|o| model.outputs.contains(o))
+        .cloned()
+        .collect();
     if !outputs.is_empty() {
         let _ = writeln!(text, "outputs = {}", toml_list(&outputs));
     }
@@ -59,7 +87,10 @@ pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path
         std::fs::create_dir_all(&kdir).map_err(io)?;
         let mut names = Vec::new();
         for k in &model.kernels {
-            let name = k.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = k
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             std::fs::copy(k, kdir.join(&name)).map_err(io)?;
             names.push(format!("kernels/{name}"));
         }
@@ -78,13 +109,23 @@ pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path
         let decl = model.decl(name);
         match (&plan.loads[name], decl.map(|d| &d.init)) {
             (Origin::Declared, Some(Init::Random { seed, low, high })) => {
-                let _ = writeln!(text, "init = \"random\"\nseed = {seed}\nlow = {}\nhigh = {}", num(*low), num(*high));
+                let _ = writeln!(
+                    text,
+                    "init = \"random\"\nseed = {seed}\nlow = {}\nhigh = {}",
+                    num(*low),
+                    num(*high)
+                );
             }
             (Origin::Declared, Some(Init::Constant { value })) => {
                 let _ = writeln!(text, "init = \"constant\"\nvalue = {}", num(*value));
             }
             (Origin::Declared, Some(Init::Range { start, step })) => {
-                let _ = writeln!(text, "init = \"range\"\nstart = {}\nstep = {}", num(*start), num(*step));
+                let _ = writeln!(
+                    text,
+                    "init = \"range\"\nstart = {}\nstep = {}",
+                    num(*start),
+                    num(*step)
+                );
             }
             (Origin::Declared, Some(Init::Values { values })) if values.len() <= 64 => {
                 let v: Vec<String> = values.iter().map(|x| num(*x)).collect();
@@ -99,7 +140,11 @@ pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path
                     Origin::Recorded(node) => format!("  # recorded output of node {node}"),
                     Origin::Declared => String::new(),
                 };
-                let _ = writeln!(text, "init = \"file\"\nfile = {}{from}", toml_str(&format!("inputs/{name}.npy")));
+                let _ = writeln!(
+                    text,
+                    "init = \"file\"\nfile = {}{from}",
+                    toml_str(&format!("inputs/{name}.npy"))
+                );
             }
         }
     }
@@ -129,7 +174,8 @@ pub fn extract(model: &Model, keep: &[String], inputs: Option<&Path>, out: &Path
     let path = out.join("model.toml");
     std::fs::write(&path, text).map_err(io)?;
     // The written model must load: a check that costs nothing and catches any mistake here.
-    Model::load(&path).map_err(|e| HarnessError::Io(format!("the extracted model does not load: {e}")))?;
+    Model::load(&path)
+        .map_err(|e| HarnessError::Io(format!("the extracted model does not load: {e}")))?;
     Ok(Extracted {
         model: path,
         inputs: written,

@@ -3,4 +3,4 @@
 
 mod reduce;
 
-pub use reduce::{PlainDdmin, Reducer, Stage, Step};
+pub use reduce::{PlainDdmin, Reducer, Reduction, Stage, Step};

@@ -30,11 +30,23 @@ pub enum Stage {
 enum State {
     Alone,
     /// Invariant: the window starting at `lo` fails, the one starting at `hi` does not.
-    Window { lo: usize, hi: usize },
+    Window {
+        lo: usize,
+        hi: usize,
+    },
     /// Complement-based delta debugging of `rest`; `fixed` (always holding the fault) is kept.
-    Ddmin { fixed: Vec<usize>, rest: Vec<usize>, granularity: usize, chunk: usize },
+    Ddmin {
+        fixed: Vec<usize>,
+        rest: Vec<usize>,
+        granularity: usize,
+        chunk: usize,
+    },
     /// Checks that no fixed node but the fault can go: `result` minus `result_fixed[next]`.
-    Verify { result: Vec<usize>, fixed: Vec<usize>, next: usize },
+    Verify {
+        result: Vec<usize>,
+        fixed: Vec<usize>,
+        next: usize,
+    },
     Done(Vec<usize>),
 }
 
@@ -94,16 +106,31 @@ impl Reducer {
                 State::Done(result) => return Step::Done(result.clone()),
                 State::Alone => vec![self.fault],
                 State::Window { lo, hi } => (lo + (hi - lo) / 2..=self.fault).collect(),
-                State::Ddmin { fixed, rest, granularity, chunk } => {
+                State::Ddmin {
+                    fixed,
+                    rest,
+                    granularity,
+                    chunk,
+                } => {
                     let removed = chunk_of(rest, *granularity, *chunk);
-                    let mut c: Vec<usize> = rest.iter().copied().filter(|x| !removed.contains(x)).collect();
+                    let mut c: Vec<usize> = rest
+                        .iter()
+                        .copied()
+                        .filter(|x| !removed.contains(x))
+                        .collect();
                     c.extend(fixed);
                     c.sort_unstable();
                     c
                 }
-                State::Verify { result, fixed, next } => {
-                    result.iter().copied().filter(|&x| x != fixed[*next]).collect()
-                }
+                State::Verify {
+                    result,
+                    fixed,
+                    next,
+                } => result
+                    .iter()
+                    .copied()
+                    .filter(|&x| x != fixed[*next])
+                    .collect(),
             };
             match self.cache.get(&candidate) {
                 Some(&fails) => self.advance(&candidate, fails),
@@ -131,7 +158,10 @@ impl Reducer {
     fn advance(&mut self, candidate: &[usize], fails: bool) {
         self.state = match std::mem::replace(&mut self.state, State::Alone) {
             State::Alone if fails => State::Done(vec![self.fault]),
-            State::Alone => State::Window { lo: 0, hi: self.fault },
+            State::Alone => State::Window {
+                lo: 0,
+                hi: self.fault,
+            },
             State::Window { lo, hi } => {
                 let mid = lo + (hi - lo) / 2;
                 let (lo, hi) = if fails { (mid, hi) } else { (lo, mid) };
@@ -143,44 +173,84 @@ impl Reducer {
                     if rest.is_empty() {
                         self.verify_or_done(fixed.clone(), fixed)
                     } else {
-                        State::Ddmin { fixed, rest, granularity: 1, chunk: 0 }
+                        State::Ddmin {
+                            fixed,
+                            rest,
+                            granularity: 1,
+                            chunk: 0,
+                        }
                     }
                 } else {
                     State::Window { lo, hi }
                 }
             }
-            State::Ddmin { fixed, rest, granularity, chunk } => {
+            State::Ddmin {
+                fixed,
+                rest,
+                granularity,
+                chunk,
+            } => {
                 if fails {
-                    let kept: Vec<usize> = candidate.iter().copied().filter(|x| !fixed.contains(x)).collect();
+                    let kept: Vec<usize> = candidate
+                        .iter()
+                        .copied()
+                        .filter(|x| !fixed.contains(x))
+                        .collect();
                     if kept.is_empty() {
                         self.verify_or_done(candidate.to_vec(), fixed)
                     } else {
                         State::Ddmin {
-                            granularity: granularity.saturating_sub(1).clamp(2, kept.len().max(2)).min(kept.len()),
+                            granularity: granularity
+                                .saturating_sub(1)
+                                .clamp(2, kept.len().max(2))
+                                .min(kept.len()),
                             rest: kept,
                             fixed,
                             chunk: 0,
                         }
                     }
                 } else if chunk + 1 < granularity {
-                    State::Ddmin { fixed, rest, granularity, chunk: chunk + 1 }
+                    State::Ddmin {
+                        fixed,
+                        rest,
+                        granularity,
+                        chunk: chunk + 1,
+                    }
                 } else if granularity >= rest.len() {
                     // Every single removal was tried and none failed: the rest is 1-minimal.
                     let mut result: Vec<usize> = rest.iter().chain(&fixed).copied().collect();
                     result.sort_unstable();
                     self.verify_or_done(result, fixed)
                 } else {
-                    State::Ddmin { granularity: (granularity * 2).min(rest.len()), fixed, rest, chunk: 0 }
+                    State::Ddmin {
+                        granularity: (granularity * 2).min(rest.len()),
+                        fixed,
+                        rest,
+                        chunk: 0,
+                    }
                 }
             }
-            State::Verify { result, fixed, next } => {
+            State::Verify {
+                result,
+                fixed,
+                next,
+            } => {
                 if fails {
                     // A fixed node was not needed after all (a non-monotone failure): reduce what is left.
-                    let rest: Vec<usize> = candidate.iter().copied().filter(|&x| x != self.fault).collect();
+                    let rest: Vec<usize> = candidate
+                        .iter()
+                        .copied()
+                        .filter(|&x| x != self.fault)
+                        .collect();
                     if rest.is_empty() {
                         State::Done(vec![self.fault])
                     } else {
-                        State::Ddmin { fixed: vec![self.fault], rest, granularity: 1, chunk: 0 }
+                        State::Ddmin {
+                            fixed: vec![self.fault],
+                            rest,
+                            granularity: 1,
+                            chunk: 0,
+                        }
                     }
                 } else {
                     self.verify_from(result, fixed, next + 1)
@@ -199,7 +269,11 @@ impl Reducer {
     /// Verifies the fixed nodes from `next` on (the fault itself is never removed).
     fn verify_from(&self, result: Vec<usize>, fixed: Vec<usize>, next: usize) -> State {
         match (next..fixed.len()).find(|&i| fixed[i] != self.fault) {
-            Some(i) => State::Verify { result, fixed, next: i },
+            Some(i) => State::Verify {
+                result,
+                fixed,
+                next: i,
+            },
             None => State::Done(result),
         }
     }
@@ -211,6 +285,37 @@ fn chunk_of(rest: &[usize], granularity: usize, chunk: usize) -> BTreeSet<usize>
     let start = rest.len() * chunk / g;
     let end = rest.len() * (chunk + 1) / g;
     rest[start..end].iter().copied().collect()
+}
+
+/// The interface both reducers share, so one driver (or benchmark) can run either.
+pub trait Reduction {
+    fn next_step(&mut self) -> Step;
+    fn mark(&mut self, candidate: &[usize], fails: bool);
+    fn runs(&self) -> usize;
+}
+
+impl Reduction for Reducer {
+    fn next_step(&mut self) -> Step {
+        Reducer::next_step(self)
+    }
+    fn mark(&mut self, candidate: &[usize], fails: bool) {
+        Reducer::mark(self, candidate, fails)
+    }
+    fn runs(&self) -> usize {
+        Reducer::runs(self)
+    }
+}
+
+impl Reduction for PlainDdmin {
+    fn next_step(&mut self) -> Step {
+        PlainDdmin::next_step(self)
+    }
+    fn mark(&mut self, candidate: &[usize], fails: bool) {
+        PlainDdmin::mark(self, candidate, fails)
+    }
+    fn runs(&self) -> usize {
+        PlainDdmin::runs(self)
+    }
 }
 
 /// Plain delta debugging over all nodes, with no fault location: the baseline the benchmark compares
@@ -249,7 +354,12 @@ impl PlainDdmin {
                 return Step::Done(self.rest.clone());
             }
             let removed = chunk_of(&self.rest, self.granularity, self.chunk);
-            let candidate: Vec<usize> = self.rest.iter().copied().filter(|x| !removed.contains(x)).collect();
+            let candidate: Vec<usize> = self
+                .rest
+                .iter()
+                .copied()
+                .filter(|x| !removed.contains(x))
+                .collect();
             match self.cache.get(&candidate) {
                 Some(&fails) => self.advance(candidate, fails),
                 None => return Step::Run(candidate),
@@ -266,7 +376,11 @@ impl PlainDdmin {
     fn advance(&mut self, candidate: Vec<usize>, fails: bool) {
         if fails && !candidate.is_empty() {
             self.rest = candidate;
-            self.granularity = self.granularity.saturating_sub(1).max(2).min(self.rest.len());
+            self.granularity = self
+                .granularity
+                .saturating_sub(1)
+                .max(2)
+                .min(self.rest.len());
             self.chunk = 0;
             self.done = self.rest.len() <= 1;
         } else if self.chunk + 1 < self.granularity {

@@ -1,0 +1,261 @@
+//! Shrinking end to end through the real binary on the CPU reference: the fixture models shrink to
+//! exactly the nodes they need, a candidate failing another way is rejected, and `start` shrinks at the
+//! first bad commit and checks the minimal subgraph at its parent.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cudabisect")
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/models")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn config(shrink: &str) -> String {
+    format!(
+        "[repro]\ncommand = [\"{}\", \"harness\", \"run\", \"model.toml\", \"--backend\", \"cpu\"]\ntimeout = \"30s\"\n\n[triage]\nenabled = false\n\n[shrink]\n{shrink}\n",
+        bin()
+    )
+}
+
+fn repo_with(
+    model: &str,
+    shrink: &str,
+    extra: &[(&str, &str, bool)],
+) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut f = Files::new();
+    put(&mut f, "model.toml", model, false);
+    put(&mut f, "bisect.toml", config(shrink), false);
+    for (p, c, x) in extra {
+        put(&mut f, p, *c, *x);
+    }
+    let c = b.commit(&[], &f, "model").unwrap();
+    b.set_branch("main", c).unwrap();
+    b.checkout_main().unwrap();
+    (tmp, dir)
+}
+
+fn shrink(dir: &Path) -> (i32, Value, String) {
+    let out = Command::new(bin())
+        .args(["shrink", "--message-format", "json", "-C"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let done = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "shrink_done")
+        .map(|v| v["report"].clone())
+        .unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        done,
+        stdout + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn kept(report: &Value) -> Vec<String> {
+    report["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn each_fixture_shrinks_to_exactly_the_nodes_it_needs() {
+    for (file, want, nodes) in [
+        ("shrink_one_node.toml", vec!["b2_lookup"], 24),
+        (
+            "shrink_two_nodes.toml",
+            vec!["b1_cache_update", "b3_slot_lookup"],
+            32,
+        ),
+        ("shrink_residual.toml", vec!["route"], 20),
+    ] {
+        let (_tmp, dir) = repo_with(
+            &fixture(file),
+            "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 3",
+            &[],
+        );
+        let (code, r, out) = shrink(&dir);
+        assert_eq!(code, 0, "{file}: {out}");
+        assert_eq!(kept(&r), want, "{file}");
+        assert_eq!(r["nodes_before"], nodes, "{file}");
+        assert_eq!(r["status"], "minimal");
+        assert_eq!(r["signature"]["class"], "illegal_address");
+        assert_eq!(r["confirmation"]["reproduced"], 3);
+        let bound = (usize::BITS - (nodes - 1usize).leading_zeros()) as u64 + 3;
+        if want.len() == 1 {
+            assert!(
+                r["runs_to_minimal"].as_u64().unwrap() <= bound,
+                "{file}: {}",
+                r["runs_to_minimal"]
+            );
+        }
+        // The extracted minimal model reproduces on its own.
+        let model = r["minimal_model"].as_str().unwrap();
+        let run = Command::new(bin())
+            .args(["harness", "run", model, "--backend", "cpu"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            run.status.code(),
+            Some(1),
+            "{file}: minimal model does not fault"
+        );
+        let text = String::from_utf8_lossy(&run.stdout);
+        assert!(text.contains("illegal memory access"), "{text}");
+        assert!(
+            r["reproduce"].as_str().unwrap().contains("harness run"),
+            "{}",
+            r["reproduce"]
+        );
+    }
+}
+
+#[test]
+fn a_candidate_that_fails_another_way_is_rejected() {
+    // A harness wrapper that reports an OOM for any candidate without b1_mm: a different bug, which must
+    // not count as reproducing, so b1_mm is kept.
+    let wrapper = format!(
+        "#!/bin/sh\ncase \"$*\" in\n  run*--keep*) case \"$*\" in *b1_mm*) ;; *) echo 'RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'; exit 1 ;; esac ;;\nesac\nexec \"{}\" harness --model model.toml --backend cpu \"$@\"\n",
+        bin()
+    );
+    let (_tmp, dir) = repo_with(
+        &fixture("shrink_one_node.toml"),
+        "harness = [\"./harness.sh\"]\nconfirm = 2",
+        &[("harness.sh", &wrapper, true)],
+    );
+    let (code, r, out) = shrink(&dir);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&r), vec!["b1_mm", "b2_lookup"]);
+    let rejected = r["rejected"].as_array().unwrap();
+    assert!(!rejected.is_empty());
+    assert!(
+        rejected.iter().all(|x| x["class"] == "out_of_memory"),
+        "{rejected:?}"
+    );
+}
+
+#[test]
+fn a_model_that_does_not_fault_is_reported_not_shrunk() {
+    let (_tmp, dir) = repo_with(
+        &fixture("mlp.toml"),
+        "model = \"model.toml\"\nbackend = \"cpu\"",
+        &[],
+    );
+    let (code, r, out) = shrink(&dir);
+    assert_eq!(code, 3, "{out}");
+    assert_eq!(r["status"], "not_reproduced");
+    assert!(
+        r["summary"].as_str().unwrap().contains("not a fault"),
+        "{}",
+        r["summary"]
+    );
+}
+
+#[test]
+fn shrink_config_errors_are_one_line_and_exit_2() {
+    let (_tmp, dir) = repo_with(
+        &fixture("mlp.toml"),
+        "model = \"model.toml\"\nharness = [\"x\"]",
+        &[],
+    );
+    let (code, _, out) = shrink(&dir);
+    assert_eq!(code, 2);
+    assert!(
+        out.contains("[shrink] give either harness or model, not both"),
+        "{out}"
+    );
+    let (_tmp, dir) = repo_with(
+        &fixture("mlp.toml"),
+        "model = \"model.toml\"\nbackend = \"tpu\"",
+        &[],
+    );
+    let (code, _, out) = shrink(&dir);
+    assert_eq!(code, 2);
+    assert!(
+        out.contains("backend: \"tpu\" is not cuda, cpu or auto"),
+        "{out}"
+    );
+}
+
+#[test]
+fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let bad_model = fixture("shrink_one_node.toml");
+    // Before the regression the lookup ids stay inside the table.
+    let good_model = bad_model.replace("4194304]", "15]");
+    assert_ne!(good_model, bad_model);
+    let shrink_cfg = "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2";
+    let mut parent = None;
+    let mut culprit = None;
+    for i in 0..12 {
+        let mut f = Files::new();
+        put(
+            &mut f,
+            "model.toml",
+            if i < 7 { &good_model } else { &bad_model },
+            false,
+        );
+        put(&mut f, "bisect.toml", config(shrink_cfg), false);
+        put(&mut f, "notes.txt", format!("change {i}\n"), false);
+        let c = b
+            .commit(parent.as_slice(), &f, &format!("change {i}"))
+            .unwrap();
+        if i == 0 {
+            b.tag("good", c).unwrap();
+        }
+        if i == 7 {
+            culprit = Some(c);
+        }
+        parent = Some(c);
+    }
+    b.set_branch("main", parent.unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    let report = tmp.path().join("report.json");
+    let out = Command::new(bin())
+        .args(["start", "good..main", "-C"])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["first_bad"]["commit"], culprit.unwrap().to_string());
+    assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
+    assert_eq!(r["shrink"]["parent_check"], "passed");
+    assert!(text.contains("Shrink: 1 of 24 nodes (b2_lookup)"), "{text}");
+
+    let out = Command::new(bin())
+        .args(["start", "good..main", "--no-shrink", "-C"])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(r["shrink"].is_null());
+}
