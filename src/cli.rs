@@ -59,6 +59,9 @@ enum Command {
         /// Do not shrink the model at the first bad commit.
         #[arg(long)]
         no_shrink: bool,
+        /// Write the hand-off bundle under this directory (default: [bundle] dir, cudabisect-out).
+        #[arg(long)]
+        bundle_dir: Option<PathBuf>,
         /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
         #[arg(long, value_enum, default_value = "human")]
         message_format: MessageFormat,
@@ -191,6 +194,7 @@ pub fn main() -> i32 {
             clean,
             no_triage,
             no_shrink,
+            bundle_dir,
             message_format,
         } => {
             let opts = StartOptions {
@@ -203,6 +207,7 @@ pub fn main() -> i32 {
                 clean,
                 no_triage,
                 no_shrink,
+                bundle_dir,
             };
             let mut reporter: Box<dyn Reporter> = match message_format {
                 MessageFormat::Human => Box::new(HumanReporter::new()),

@@ -188,6 +188,31 @@ pub struct ShrinkSection {
     pub env: BTreeMap<String, String>,
 }
 
+fn default_bundle_dir() -> String {
+    "cudabisect-out".into()
+}
+
+/// `[bundle]`: where the hand-off bundle goes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct BundleSection {
+    /// Write a bundle at the end of start, shrink and triage.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The bundle root, relative to the repository root (or absolute); bundles go in `<dir>/<short sha>/`.
+    #[serde(default = "default_bundle_dir")]
+    pub dir: String,
+}
+
+impl Default for BundleSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            dir: default_bundle_dir(),
+        }
+    }
+}
+
 /// `[triage]`: the compute-sanitizer rerun on the first bad commit.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -230,6 +255,8 @@ struct RawConfig {
     #[serde(default)]
     triage: TriageSection,
     shrink: Option<ShrinkSection>,
+    #[serde(default)]
+    bundle: BundleSection,
 }
 
 /// Checked settings.
@@ -249,6 +276,8 @@ pub struct Config {
     pub triage: TriageSection,
     /// Shrink settings, when a harness is configured.
     pub shrink: Option<ShrinkSection>,
+    /// Bundle settings.
+    pub bundle: BundleSection,
 }
 
 /// Why a config could not be used.
@@ -356,6 +385,7 @@ impl Config {
             match_policy,
             triage: raw.triage,
             shrink: raw.shrink,
+            bundle: raw.bundle,
         })
     }
 }

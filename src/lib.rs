@@ -2,10 +2,12 @@
 //! a minimal repro. The binary is a thin shell over this library.
 
 pub mod bisect;
+pub mod bundle;
 pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod environment;
 pub mod events;
 pub mod exit_codes;
 pub mod fixture_repo;

@@ -123,4 +123,6 @@ pub struct Report {
     pub triage: Option<serde_json::Value>,
     /// The shrink to a minimal subgraph at the first bad commit, when run.
     pub shrink: Option<crate::shrink_run::ShrinkReport>,
+    /// The hand-off bundle's directory, when one was written.
+    pub bundle: Option<String>,
 }

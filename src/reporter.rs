@@ -198,6 +198,9 @@ pub fn summary(report: &Report) -> String {
             out.push_str(&format!("Reproduce: {line}\n"));
         }
     }
+    if let Some(b) = &report.bundle {
+        out.push_str(&format!("Bundle: {b}\n"));
+    }
     let searched = report
         .probes
         .iter()

@@ -38,6 +38,8 @@ pub struct StartOptions {
     pub no_triage: bool,
     /// Skip shrinking the model at the first bad commit.
     pub no_shrink: bool,
+    /// Write the bundle under this directory instead of `[bundle] dir`.
+    pub bundle_dir: Option<PathBuf>,
 }
 
 /// Problems that stop `start` before or outside the search.
@@ -212,6 +214,13 @@ pub fn start(
     if !opts.keep_worktree {
         plan.repo.prune_worktree()?;
     }
+    if report.result == RunResult::Found && plan.config.bundle.enabled {
+        let root = opts.bundle_dir.clone().unwrap_or_else(|| plan.repo.workdir().join(&plan.config.bundle.dir));
+        match write_bundle(&plan, &report, &run_dir, root) {
+            Ok(dir) => report.bundle = Some(dir.display().to_string()),
+            Err(e) => search.reporter.event(&Event::Warning { message: e.to_string() }),
+        }
+    }
     let json = serde_json::to_string_pretty(&report).expect("report serialises");
     std::fs::write(run_dir.join("report.json"), &json).map_err(io_err(&run_dir))?;
     if let Some(path) = &opts.report {
@@ -304,6 +313,43 @@ fn after_search(
         });
     }
     report.shrink = Some(result);
+}
+
+/// The hand-off bundle for a found first bad commit.
+fn write_bundle(plan: &Plan, report: &Report, run_dir: &Path, root: PathBuf) -> Result<PathBuf, crate::bundle::BundleError> {
+    let search_probes = report.probes.iter().filter(|p| p.role == crate::report::ProbeRole::Search).count();
+    let triage_files: Vec<PathBuf> = report
+        .triage
+        .as_ref()
+        .and_then(|t| t.get("files"))
+        .and_then(|f| f.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_str()).map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let backend = plan.config.shrink.as_ref().map(|s| match s.backend.as_str() {
+        "auto" if crate::harness::cuda::probe().is_ok() => "cuda".to_string(),
+        "auto" => "cpu".to_string(),
+        b => b.to_string(),
+    });
+    let input = crate::bundle::BundleInput {
+        root,
+        commit: report.first_bad.clone(),
+        good_parents: report.good_parents.clone(),
+        found_by: Some(format!(
+            "bisecting {} commits: {} probes ({search_probes} in the search), CUDA_LAUNCH_BLOCKING={}",
+            report.range_size,
+            report.probes.len(),
+            if report.launch_blocking { 1 } else { 0 }
+        )),
+        target: report.target.clone(),
+        triage: report.triage.clone(),
+        shrink: report.shrink.as_ref(),
+        report_json: serde_json::to_value(report).unwrap_or_default(),
+        config_text: &plan.config.text,
+        log_dirs: vec![run_dir.join("logs"), run_dir.join("shrink").join("logs")],
+        extra_files: triage_files,
+        backend,
+    };
+    crate::bundle::write(&input, &crate::environment::collect())
 }
 
 fn run_id() -> String {
@@ -488,6 +534,7 @@ impl Search<'_, '_> {
             run_dir: run_dir.display().to_string(),
             triage: None,
             shrink: None,
+            bundle: None,
         }
     }
 }

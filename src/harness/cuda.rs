@@ -82,6 +82,27 @@ pub fn probe() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// One line about device 0 from the driver (name, architecture, driver API version), without creating
+/// a context; `None` when there is no usable driver or device.
+pub fn driver_summary() -> Option<String> {
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    result::init().ok()?;
+    let dev = result::device::get(0).ok()?;
+    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.ok();
+    let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let mut version = 0;
+    unsafe { sys::cuDriverGetVersion(&mut version) }.result().ok()?;
+    let name = result::device::get_name(dev).ok()?;
+    Some(format!(
+        "{name}, sm_{major}{minor}, driver API {}.{}",
+        version / 1000,
+        version % 1000 / 10
+    ))
+}
+
 struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     words: usize,

@@ -1,0 +1,257 @@
+//! The hand-off bundle: a directory a framework maintainer can use without the user's checkout or
+//! cudabisect's state directory — REPORT.md to paste into an issue, the minimal model with its recorded
+//! inputs and a script that reproduces it, report.json, logs, the config and the environment.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::classify::Signature;
+use crate::environment::Environment;
+use crate::git::CommitInfo;
+use crate::report::CommitRef;
+use crate::shrink_run::ShrinkReport;
+
+/// Why a bundle could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the bundle at {path}: {source}")]
+pub struct BundleError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// What goes into a bundle; sections that are `None` are left out of REPORT.md.
+pub struct BundleInput<'a> {
+    /// The bundle root (default `cudabisect-out` under the repository); the bundle is `<root>/<short sha>`.
+    pub root: PathBuf,
+    /// The commit the bundle is about (the first bad commit).
+    pub commit: Option<CommitInfo>,
+    /// Its good parent(s).
+    pub good_parents: Vec<CommitRef>,
+    /// How it was found, one line (`bisected 133 commits in 9 probes`).
+    pub found_by: Option<String>,
+    pub target: Option<Signature>,
+    pub triage: Option<serde_json::Value>,
+    pub shrink: Option<&'a ShrinkReport>,
+    /// The whole machine-readable report.
+    pub report_json: serde_json::Value,
+    pub config_text: &'a str,
+    /// Directories whose files are copied into `logs/` (the first as `logs/probes`).
+    pub log_dirs: Vec<PathBuf>,
+    /// Single files copied into `logs/` (sanitizer reports).
+    pub extra_files: Vec<PathBuf>,
+    /// The backend the reproduce script uses by default (the native harness).
+    pub backend: Option<String>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
+    move |source| BundleError {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+/// The bundle directory's name for a commit.
+pub fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}
+
+/// Writes the bundle and returns its directory. A bundle from an earlier run of the same commit is replaced.
+pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleError> {
+    let name = input.commit.as_ref().map_or("worktree", |c| short(&c.commit));
+    let dir = input.root.join(name);
+    std::fs::create_dir_all(&input.root).map_err(io(&input.root))?;
+    // Keep the bundle out of `git status` in the user's repository.
+    let ignore = input.root.join(".gitignore");
+    if !ignore.exists() {
+        std::fs::write(&ignore, "# Written by cudabisect: repro bundles, not source.\n*\n").map_err(io(&ignore))?;
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    std::fs::create_dir_all(dir.join("logs")).map_err(io(&dir))?;
+    let json = serde_json::to_string_pretty(&input.report_json).expect("serialises");
+    std::fs::write(dir.join("report.json"), json + "\n").map_err(io(&dir))?;
+    std::fs::write(dir.join("bisect.toml"), input.config_text).map_err(io(&dir))?;
+    let env_json = serde_json::to_string_pretty(env).expect("serialises");
+    std::fs::write(dir.join("environment.json"), env_json + "\n").map_err(io(&dir))?;
+    for (i, from) in input.log_dirs.iter().enumerate() {
+        if from.is_dir() {
+            let label = from.file_name().map_or(format!("{i}"), |n| n.to_string_lossy().into_owned());
+            let to = dir.join("logs").join(if i == 0 { "probes".to_string() } else { label });
+            copy_dir(from, &to).map_err(io(&to))?;
+        }
+    }
+    for f in &input.extra_files {
+        if let Some(name) = f.file_name().filter(|_| f.is_file()) {
+            std::fs::copy(f, dir.join("logs").join(name)).map_err(io(f))?;
+        }
+    }
+    let mut reproduce = None;
+    if let Some(minimal) = input.shrink.and_then(|s| s.minimal_model.as_ref()).map(PathBuf::from) {
+        if let Some(src) = minimal.parent().filter(|p| p.is_dir()) {
+            copy_dir(src, &dir.join("minimal")).map_err(io(&dir))?;
+            reproduce = Some(write_native_script(&dir, input.backend.as_deref().unwrap_or("cuda"))?);
+        }
+    }
+    let md = render(input, env, reproduce.as_deref());
+    std::fs::write(dir.join("REPORT.md"), md).map_err(io(&dir))?;
+    Ok(dir)
+}
+
+/// `reproduce.sh` for a native-harness minimal model, with the binary that found it alongside.
+fn write_native_script(dir: &Path, backend: &str) -> Result<String, BundleError> {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).map_err(io(&bin))?;
+    if let Ok(exe) = std::env::current_exe() {
+        std::fs::copy(&exe, bin.join("cudabisect")).map_err(io(&bin))?;
+    }
+    let script = format!(
+        r#"#!/bin/sh
+# Reproduces the fault from this bundle alone: the minimal model, its recorded inputs, and the
+# cudabisect binary that found it (bin/; or set CUDABISECT to another one). Backend: cuda by default
+# where the bundle was made on a GPU; override with CUDABISECT_BACKEND=cuda|cpu|auto.
+# Exit status 1 and an "illegal memory access" line mean the fault reproduced.
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${{CUDABISECT:-$here/bin/cudabisect}}
+if ! "$bin" --version >/dev/null 2>&1; then bin=cudabisect; fi
+export CUDA_LAUNCH_BLOCKING=1
+exec "$bin" harness run "$here/minimal/model.toml" --backend "${{CUDABISECT_BACKEND:-{backend}}}"
+"#
+    );
+    let path = dir.join("reproduce.sh");
+    std::fs::write(&path, script).map_err(io(&path))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755));
+    }
+    Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
+}
+
+/// REPORT.md: ready to paste into an issue.
+pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -> String {
+    let mut md = String::new();
+    let title = match (&input.target, &input.commit) {
+        (Some(t), Some(c)) => format!("{} since {}", t.short(), short(&c.commit)),
+        (Some(t), None) => t.short(),
+        (None, Some(c)) => format!("Repro bundle for {}", short(&c.commit)),
+        (None, None) => "Repro bundle".into(),
+    };
+    let _ = writeln!(md, "# {title}\n");
+    if let Some(c) = &input.commit {
+        let _ = writeln!(md, "## First bad commit\n");
+        let _ = writeln!(md, "- commit `{}`: {}", c.commit, c.subject);
+        let _ = writeln!(md, "- author: {}", c.author);
+        let _ = writeln!(md, "- date: {}", c.date);
+        for p in &input.good_parents {
+            let _ = writeln!(md, "- good parent: `{}` {}", p.commit, p.subject);
+        }
+        if let Some(how) = &input.found_by {
+            let _ = writeln!(md, "- found by: {how}");
+        }
+        if !c.files_changed.is_empty() {
+            let _ = writeln!(md, "\nFiles changed:\n\n```\n{}\n```", c.files_changed.join("\n"));
+        }
+        md.push('\n');
+    }
+    if let Some(t) = &input.target {
+        let _ = writeln!(md, "## The fault\n");
+        let _ = writeln!(md, "- class: `{}`{}", t.class.as_str(), t.code.map(|c| format!(" (CUDA error {c})")).unwrap_or_default());
+        if let Some(k) = &t.kernel {
+            let _ = writeln!(md, "- kernel: `{k}`");
+        }
+        if let Some(s) = &t.site {
+            let _ = writeln!(md, "- site: {s}");
+        }
+        let _ = writeln!(md, "\n```\n{}\n```\n", t.summary);
+    }
+    if let Some(tr) = &input.triage {
+        let _ = writeln!(md, "## compute-sanitizer (caching allocator off, launches synchronous)\n");
+        let summary = tr.get("summary").and_then(|s| s.as_str()).unwrap_or("");
+        let _ = writeln!(md, "{summary}\n");
+        if let Some(lines) = tr.get("findings").and_then(|f| f.as_array()) {
+            if !lines.is_empty() {
+                md.push_str("```\n");
+                for l in lines.iter().take(20) {
+                    let _ = writeln!(md, "{}", l.get("line").and_then(|x| x.as_str()).unwrap_or(""));
+                }
+                md.push_str("```\n\nFull sanitizer logs and XML: `logs/`.\n\n");
+            }
+        }
+    }
+    if let Some(s) = input.shrink {
+        let _ = writeln!(md, "## Minimal repro\n");
+        let _ = writeln!(md, "{}\n", s.summary);
+        if !s.kept.is_empty() {
+            md.push_str("| node | op | kernel | inputs | outputs |\n|---|---|---|---|---|\n");
+            for n in &s.kept {
+                let tensors = |ts: &[crate::shrink_run::GraphTensor]| {
+                    ts.iter().map(|t| format!("`{}` {:?}", t.name, t.shape)).collect::<Vec<_>>().join(", ")
+                };
+                let _ = writeln!(
+                    md,
+                    "| `{}` | {} | {} | {} | {} |",
+                    n.id,
+                    n.op,
+                    n.kernel.as_deref().unwrap_or(""),
+                    tensors(&n.inputs),
+                    tensors(&n.outputs)
+                );
+            }
+            let cut: Vec<String> = s.removed.iter().take(30).map(|r| format!("`{r}`")).collect();
+            let more = s.removed.len().saturating_sub(30);
+            let _ = writeln!(
+                md,
+                "\nCut: {} of {} nodes ({}{}). Inputs the kept nodes read from cut nodes are the tensors the full model produced at this commit, in `minimal/inputs/`.\n",
+                s.removed.len(),
+                s.nodes_before,
+                cut.join(", "),
+                if more > 0 { format!(", and {more} more") } else { String::new() }
+            );
+        }
+        if let Some(c) = &s.confirmation {
+            let _ = writeln!(md, "- reproduction rate: {}/{} runs of the minimal repro show the same signature", c.reproduced, c.runs);
+        }
+        if let Some(p) = &s.parent_check {
+            let _ = writeln!(md, "- at the good parent: {p}");
+        }
+        let _ = writeln!(md, "- shrinking took {} harness runs to the minimal subgraph ({} in all), {:.1} s", s.runs_to_minimal, s.harness_runs, s.duration_s);
+        if !s.rejected.is_empty() {
+            let _ = writeln!(md, "- {} candidates failed differently and were rejected (not the same bug)", s.rejected.len());
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(md, "## Reproduce\n");
+    match (reproduce, input.shrink.and_then(|s| s.reproduce.as_deref())) {
+        (Some(line), _) => {
+            let _ = writeln!(md, "From this directory, with nothing else:\n\n```\n{line}\n```\n");
+        }
+        (None, Some(line)) => {
+            let _ = writeln!(md, "The harness could not write a standalone model; from the repository at the first bad commit:\n\n```\n{line}\n```\n");
+        }
+        (None, None) => {
+            let _ = writeln!(md, "No minimal repro was made; the repro command is in `bisect.toml`, the failing run's log in `logs/`.\n");
+        }
+    }
+    let _ = writeln!(md, "## Environment\n\n{}", env.markdown());
+    let _ = writeln!(md, "\n## Files\n\n- `report.json`: the whole run, machine-readable\n- `bisect.toml`: the config used\n- `logs/`: probe, shrink and sanitizer logs\n- `environment.json`: the environment above");
+    if reproduce.is_some() {
+        let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`, `bin/cudabisect`: the reproduce script and the binary it runs");
+    }
+    md
+}

@@ -1,0 +1,115 @@
+//! The environment a maintainer asks for: GPU, driver and CUDA versions, compute-sanitizer, the tool's
+//! version, the OS, and PyTorch's own `collect_env` report when torch is importable.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::classify::Exit;
+use crate::config::CommandLine;
+use crate::process::{self, CommandSpec};
+
+/// What was found; every field is optional because a machine may lack any of it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Environment {
+    pub cudabisect: String,
+    pub os: Option<String>,
+    /// `nvidia-smi --query-gpu` lines: name, driver version, memory.
+    pub gpus: Vec<String>,
+    /// The CUDA version the driver supports, from nvidia-smi's header.
+    pub cuda_driver: Option<String>,
+    /// Device, architecture and driver API version as the CUDA driver reports them.
+    pub driver_api: Option<String>,
+    pub nvcc: Option<String>,
+    pub compute_sanitizer: Option<String>,
+    pub python: Option<String>,
+    /// `python -m torch.utils.collect_env`, when torch imports.
+    pub torch_collect_env: Option<String>,
+}
+
+fn capture(argv: &[&str], timeout: Duration) -> Option<String> {
+    let spec = CommandSpec {
+        command: CommandLine::Argv(argv.iter().map(|s| s.to_string()).collect()),
+        cwd: std::env::temp_dir(),
+        env: vec![],
+        timeout,
+        grace: Duration::from_secs(1),
+    };
+    let never = AtomicBool::new(false);
+    let run = process::run(&spec, &never).ok()?;
+    (run.exit == Exit::Code(0)).then(|| run.output.trim().to_string())
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn first_tool(candidates: &[&str]) -> Option<String> {
+    candidates
+        .iter()
+        .find(|c| if c.contains('/') { std::path::Path::new(c).is_file() } else { on_path(c) })
+        .map(|c| c.to_string())
+}
+
+/// Collects the environment. Each probe is bounded in time; what is missing is left out.
+pub fn collect() -> Environment {
+    let short = Duration::from_secs(20);
+    let mut env = Environment {
+        cudabisect: format!("cudabisect {}", env!("CARGO_PKG_VERSION")),
+        os: capture(&["uname", "-srm"], short),
+        ..Environment::default()
+    };
+    if let Some(smi) = first_tool(&["nvidia-smi", "/usr/bin/nvidia-smi"]) {
+        if let Some(q) = capture(&[&smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], short) {
+            env.gpus = q.lines().map(|l| l.trim().to_string()).collect();
+        }
+        env.cuda_driver = capture(&[&smi], short).and_then(|out| {
+            let at = out.find("CUDA Version:")?;
+            Some(out[at + 13..].split_whitespace().next()?.to_string())
+        });
+    }
+    env.driver_api = crate::harness::cuda::driver_summary();
+    if let Some(nvcc) = first_tool(&["nvcc", "/usr/local/cuda/bin/nvcc"]) {
+        env.nvcc = capture(&[&nvcc, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
+    }
+    if let Some(cs) = crate::triage::find_sanitizer(None) {
+        let cs = cs.display().to_string();
+        env.compute_sanitizer = capture(&[&cs, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
+    }
+    if let Some(py) = first_tool(&["python3", "python"]) {
+        env.python = capture(&[&py, "--version"], short);
+        if capture(&[&py, "-c", "import torch"], Duration::from_secs(60)).is_some() {
+            env.torch_collect_env = capture(&[&py, "-m", "torch.utils.collect_env"], Duration::from_secs(120));
+        }
+    }
+    env
+}
+
+impl Environment {
+    /// The environment as Markdown lines for REPORT.md.
+    pub fn markdown(&self) -> String {
+        let mut out = format!("- {}\n", self.cudabisect);
+        let mut line = |k: &str, v: &Option<String>| {
+            out.push_str(&format!("- {k}: {}\n", v.as_deref().unwrap_or("not found")));
+        };
+        line("OS", &self.os);
+        line("CUDA (driver API)", &self.driver_api);
+        line("CUDA version supported by the driver", &self.cuda_driver);
+        line("nvcc", &self.nvcc);
+        line("compute-sanitizer", &self.compute_sanitizer);
+        line("Python", &self.python);
+        for g in &self.gpus {
+            out.push_str(&format!("- GPU: {g}\n"));
+        }
+        if self.gpus.is_empty() {
+            out.push_str("- GPU: none found (nvidia-smi absent or failed)\n");
+        }
+        if let Some(t) = &self.torch_collect_env {
+            out.push_str(&format!("\n<details><summary>python -m torch.utils.collect_env</summary>\n\n```\n{t}\n```\n</details>\n"));
+        }
+        out
+    }
+}
