@@ -154,7 +154,8 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
     };
     let _ = writeln!(md, "# {title}\n");
     if let Some(c) = &input.commit {
-        let _ = writeln!(md, "## First bad commit\n");
+        let heading = if input.good_parents.is_empty() { "## Commit" } else { "## First bad commit" };
+        let _ = writeln!(md, "{heading}\n");
         let _ = writeln!(md, "- commit `{}`: {}", c.commit, c.subject);
         let _ = writeln!(md, "- author: {}", c.author);
         let _ = writeln!(md, "- date: {}", c.date);
@@ -217,12 +218,28 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             let more = s.removed.len().saturating_sub(30);
             let _ = writeln!(
                 md,
-                "\nCut: {} of {} nodes ({}{}). Inputs the kept nodes read from cut nodes are the tensors the full model produced at this commit, in `minimal/inputs/`.\n",
+                "\nCut: {} of {} nodes ({}{}).",
                 s.removed.len(),
                 s.nodes_before,
                 cut.join(", "),
                 if more > 0 { format!(", and {more} more") } else { String::new() }
             );
+            let kept: Vec<&str> = s.kept.iter().map(|n| n.id.as_str()).collect();
+            let boundary: Vec<String> = s
+                .kept
+                .iter()
+                .flat_map(|n| &n.inputs)
+                .filter(|t| t.producer.as_deref().is_some_and(|p| !kept.contains(&p)))
+                .map(|t| format!("`{}` (from `{}`)", t.name, t.producer.as_deref().unwrap_or("")))
+                .collect();
+            if !boundary.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "The kept nodes read {} from cut nodes: the exact tensors the full model produced at this commit, recorded in `minimal/inputs/` (not random stand-ins).",
+                    boundary.join(", ")
+                );
+            }
+            md.push('\n');
         }
         if let Some(c) = &s.confirmation {
             let _ = writeln!(md, "- reproduction rate: {}/{} runs of the minimal repro show the same signature", c.reproduced, c.runs);

@@ -11,80 +11,56 @@ use crate::fixture_repo::{put, Files, RepoBuilder};
 use crate::reporter::HumanReporter;
 use crate::start::StartOptions;
 
-/// The sample engine's build: fails on commits whose source has a syntax error.
-const BUILD_SH: &str = r#"#!/bin/sh
-# Demo engine build: "compiles" kernels/embedding.cu.
-if grep -q 'SYNTAX ERROR' kernels/embedding.cu; then
-  echo "kernels/embedding.cu(12): error: expected a \";\"" >&2
-  exit 2
-fi
-mkdir -p build && cp engine.conf build/engine.conf && echo "built"
-"#;
+const MODEL: &str = include_str!("../fixtures/demo/model.toml.in");
+const BISECT: &str = include_str!("../fixtures/demo/bisect.toml.in");
+const BUILD_SH: &str = include_str!("../fixtures/demo/build.sh");
+const KERNELS: &str = include_str!("../fixtures/demo/kernels/engine_ops.cu");
+const README: &str = include_str!("../fixtures/demo/README.md");
 
-/// The sample engine's repro: one forward step, with the embedding gather bounds-checked on the CPU.
-const RUN_SH: &str = r#"#!/bin/sh
-# Demo engine repro: one forward step of the sample model on the CPU reference.
-. ./build/engine.conf
-echo "@@cudabisect node=embed op=gather kernel=embedding_gather begin"
-if [ "$max_token_id" -ge "$vocab_rows" ]; then
-  echo "CPU reference: gather reads row $max_token_id of a $vocab_rows-row table (buffer embed.weight)"
-  echo "error: an illegal memory access was encountered (CUDA_ERROR_ILLEGAL_ADDRESS, detected by the CPU reference)"
-  exit 1
-fi
-echo "@@cudabisect node=embed op=gather kernel=embedding_gather end"
-if [ "$workspace_gib" -gt 140 ]; then
-  echo "RuntimeError: CUDA out of memory. Tried to allocate $workspace_gib.00 GiB"
-  exit 1
-fi
-echo "step ok"
-"#;
+/// Rows of the token table before the regression; token ids are drawn from all of them.
+const VOCAB: u32 = 32768;
+/// Rows after the planted regression: token ids still reach past them.
+const SHRUNK_VOCAB: u32 = 1000;
 
+/// One state of the sample engine.
+#[derive(Clone)]
 struct Engine {
     vocab_rows: u32,
-    max_token_id: u32,
-    workspace_gib: u32,
+    /// The routing table holds a sentinel row: an unrelated out-of-bounds write in `route`.
+    route_bug: bool,
+    /// The model file does not parse: the build fails.
     broken: bool,
     notes: u32,
 }
 
+/// How the demo runs the engine; written into the sample's bisect.toml.
+pub struct DemoSettings {
+    pub exe: String,
+    pub backend: &'static str,
+    pub triage: bool,
+}
+
 impl Engine {
-    fn files(&self) -> Files {
+    fn files(&self, settings: &DemoSettings) -> Files {
+        let route: Vec<String> = (0..64u32)
+            .map(|i| if self.route_bug && i == 40 { "4194304".to_string() } else { (i ^ 1).to_string() })
+            .collect();
+        let model = MODEL
+            .replace("{{VOCAB_ROWS}}", &self.vocab_rows.to_string())
+            .replace("{{ROUTE_IDX}}", &format!("[{}]", route.join(", ")))
+            .replace("{{NOTE}}", &format!("revision {}", self.notes))
+            .replace("{{BROKEN}}", if self.broken { "outputs = [\"y\"  # unterminated while moving the head" } else { "" });
+        let bisect = BISECT
+            .replace("{{CUDABISECT}}", &settings.exe)
+            .replace("{{BACKEND}}", settings.backend)
+            .replace("{{TRIAGE}}", if settings.triage { "true" } else { "false" });
         let mut f = Files::new();
+        put(&mut f, "model.toml", model, false);
+        put(&mut f, "bisect.toml", bisect, false);
         put(&mut f, "build.sh", BUILD_SH, true);
-        put(&mut f, "run.sh", RUN_SH, true);
-        put(&mut f, ".gitignore", "build/\n", false);
-        put(
-            &mut f,
-            "engine.conf",
-            format!(
-                "vocab_rows={}\nmax_token_id={}\nworkspace_gib={}\n",
-                self.vocab_rows, self.max_token_id, self.workspace_gib
-            ),
-            false,
-        );
-        let body = if self.broken {
-            "  out[i] = table[idx[i]] SYNTAX ERROR\n"
-        } else {
-            "  out[i] = table[idx[i]];\n"
-        };
-        put(
-            &mut f,
-            "kernels/embedding.cu",
-            format!("__global__ void embedding_gather(...) {{\n{body}}}\n"),
-            false,
-        );
-        put(
-            &mut f,
-            "NOTES.md",
-            format!("change log entries: {}\n", self.notes),
-            false,
-        );
-        put(
-            &mut f,
-            "bisect.toml",
-            "[build]\ncommand = [\"./build.sh\"]\ntimeout = \"60s\"\n\n[repro]\ncommand = [\"./run.sh\"]\ntimeout = \"60s\"\n\n[triage]\nenabled = false\n",
-            false,
-        );
+        put(&mut f, "kernels/engine_ops.cu", KERNELS, false);
+        put(&mut f, "README.md", README, false);
+        put(&mut f, "CHANGES.md", format!("change log entries: {}\n", self.notes), false);
         f
     }
 }
@@ -99,47 +75,47 @@ pub struct DemoRepo {
     pub commits: usize,
 }
 
-/// Writes the sample repository: 120+ commits, merges every 12 commits, a build break, an unrelated
-/// OOM stretch, and the culprit (on a side branch) that shrinks the embedding table below the token ids.
-pub fn build_sample(path: &std::path::Path) -> Result<DemoRepo, git2::Error> {
+/// Writes the sample repository: 130+ commits, a side branch merged every 12 commits, two commits that
+/// do not build, an unrelated out-of-bounds write in another kernel for five commits, and the culprit (on a
+/// side branch) that shrinks the token table below the token ids.
+pub fn build_sample(path: &std::path::Path, settings: &DemoSettings) -> Result<DemoRepo, git2::Error> {
     let mut b = RepoBuilder::init(path)?;
     let mut e = Engine {
-        vocab_rows: 1024,
-        max_token_id: 1000,
-        workspace_gib: 40,
+        vocab_rows: VOCAB,
+        route_bug: false,
         broken: false,
         notes: 0,
     };
-    let mut head = b.commit(&[], &e.files(), "engine: first release")?;
+    let mut head = b.commit(&[], &e.files(settings), "engine: first release")?;
     b.tag("v1.0", head)?;
     let mut culprit = None;
     let mut count = 1;
     for i in 1..=100u32 {
         e.notes += 1;
-        e.broken = (30..34).contains(&i);
-        e.workspace_gib = if (50..58).contains(&i) { 200 } else { 40 };
+        e.broken = (61..63).contains(&i);
+        e.route_bug = (49..54).contains(&i);
         let msg = match i {
-            30 => "kernels: start vectorising the gather (does not build yet)".to_string(),
-            34 => "kernels: finish vectorising the gather".to_string(),
-            50 => "allocator: reserve a 200 GiB workspace".to_string(),
-            58 => "allocator: back to a 40 GiB workspace".to_string(),
+            61 => "model: move the classifier head (work in progress, does not build)".to_string(),
+            63 => "model: finish moving the classifier head".to_string(),
+            49 => "routing: send token 40 to the overflow expert".to_string(),
+            54 => "routing: drop the overflow expert again".to_string(),
             _ => format!("engine: change {i}"),
         };
-        head = b.commit(&[head], &e.files(), &msg)?;
+        head = b.commit(&[head], &e.files(settings), &msg)?;
         count += 1;
         if i % 12 == 0 {
             // A side branch of three commits, merged back.
             let mut side = head;
-            let mut side_engine = Engine { ..e };
+            let mut side_engine = e.clone();
             for j in 0..3 {
                 side_engine.notes += 100;
                 let msg = if i == 72 && j == 1 {
-                    side_engine.vocab_rows = 960;
-                    "embedding: shrink the table to 960 rows to save memory".to_string()
+                    side_engine.vocab_rows = SHRUNK_VOCAB;
+                    format!("embedding: shrink the token table to {SHRUNK_VOCAB} rows to save memory")
                 } else {
                     format!("docs: side note {i}.{j}")
                 };
-                side = b.commit(&[side], &side_engine.files(), &msg)?;
+                side = b.commit(&[side], &side_engine.files(settings), &msg)?;
                 if i == 72 && j == 1 {
                     culprit = Some(side);
                 }
@@ -147,11 +123,7 @@ pub fn build_sample(path: &std::path::Path) -> Result<DemoRepo, git2::Error> {
             }
             e.vocab_rows = side_engine.vocab_rows;
             e.notes = side_engine.notes + 1;
-            head = b.commit(
-                &[head, side],
-                &e.files(),
-                &format!("Merge branch 'side-{i}'"),
-            )?;
+            head = b.commit(&[head, side], &e.files(settings), &format!("Merge branch 'side-{i}'"))?;
             count += 1;
         }
     }
@@ -165,20 +137,26 @@ pub fn build_sample(path: &std::path::Path) -> Result<DemoRepo, git2::Error> {
     })
 }
 
+/// Picks the backend the way the harness's `auto` would, and triage when compute-sanitizer is there too.
+pub fn settings() -> DemoSettings {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "cudabisect".into());
+    let cuda = crate::harness::cuda::probe();
+    let backend = if cuda.is_ok() { "cuda" } else { "cpu" };
+    let triage = cuda.is_ok() && crate::triage::find_sanitizer(None).is_some();
+    DemoSettings { exe, backend, triage }
+}
+
 /// Runs the demo; returns the exit code.
 pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> i32 {
-    let path = dir.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id()))
-    });
-    if path.exists()
-        && std::fs::read_dir(&path)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
+    let path = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id())));
+    if path.exists() && std::fs::read_dir(&path).map(|mut d| d.next().is_some()).unwrap_or(true) {
         eprintln!("error: {} exists and is not empty", path.display());
         return crate::exit_codes::USAGE;
     }
-    let sample = match build_sample(&path) {
+    let settings = settings();
+    let sample = match build_sample(&path, &settings) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: cannot write the sample repository: {e}");
@@ -186,18 +164,28 @@ pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> i32 {
         }
     };
     eprintln!(
-        "demo: sample repository with {} commits at {} (planted culprit {})",
+        "demo: sample engine with {} commits at {} (merges, 2 commits that do not build, an unrelated fault in another kernel, one planted regression)",
         sample.commits,
-        sample.path.display(),
-        &sample.culprit.to_string()[..12]
+        sample.path.display()
     );
-    eprintln!("demo: the engine runs on the CPU reference here; no GPU is used");
+    match settings.backend {
+        "cuda" => eprintln!(
+            "demo: a CUDA device is present: the engine runs on it; compute-sanitizer triage {}",
+            if settings.triage { "is on" } else { "is off (compute-sanitizer not found)" }
+        ),
+        _ => eprintln!("demo: no usable CUDA device here: the engine runs on the bounds-checked CPU reference; no triage"),
+    }
+    eprintln!("demo: cudabisect start v1.0..main -C {}", path.display());
     let opts = StartOptions {
         dir: path.clone(),
         range: "v1.0..main".into(),
         ..StartOptions::default()
     };
     let code = cmd_start(&opts, &mut HumanReporter::new(), cancel);
-    eprintln!("demo: the sample repository stays at {}", path.display());
+    eprintln!(
+        "demo: the planted culprit is {}; the sample repository stays at {}",
+        &sample.culprit.to_string()[..12],
+        path.display()
+    );
     code
 }

@@ -191,11 +191,16 @@ pub fn summary(report: &Report) -> String {
     }
     if let Some(shrink) = &report.shrink {
         out.push_str(&format!("Shrink: {}\n", shrink.summary));
+        out.push_str(&subgraph_lines(shrink));
         if let Some(p) = &shrink.parent_check {
             out.push_str(&format!("Minimal subgraph at the parent: {p}\n"));
         }
-        if let Some(line) = &shrink.reproduce {
-            out.push_str(&format!("Reproduce: {line}\n"));
+        match (&report.bundle, &shrink.reproduce) {
+            (Some(b), _) if shrink.minimal_model.is_some() => {
+                out.push_str(&format!("Reproduce: {}\n", std::path::Path::new(b).join("reproduce.sh").display()))
+            }
+            (_, Some(line)) => out.push_str(&format!("Reproduce: {line}\n")),
+            _ => {}
         }
     }
     if let Some(b) = &report.bundle {
@@ -210,6 +215,21 @@ pub fn summary(report: &Report) -> String {
         "Probes: {} ({searched} in the search)\n",
         report.probes.len()
     ));
+    out
+}
+
+/// The minimal subgraph, one node a line, and how much was cut.
+fn subgraph_lines(r: &crate::shrink_run::ShrinkReport) -> String {
+    let mut out = String::new();
+    if !r.kept.is_empty() {
+        out.push_str(&format!("Minimal subgraph ({} of {} nodes):\n", r.nodes_after, r.nodes_before));
+        for n in &r.kept {
+            let ins: Vec<String> = n.inputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
+            let outs: Vec<String> = n.outputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
+            out.push_str(&format!("    {} {}({}) -> {}\n", n.id, n.op, ins.join(", "), outs.join(", ")));
+        }
+        out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
+    }
     out
 }
 

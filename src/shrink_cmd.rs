@@ -111,6 +111,31 @@ pub fn run(
     if worktree.is_some() {
         let _ = repo.prune_worktree();
     }
+    if report.status == ShrinkStatus::Minimal && config.bundle.enabled {
+        let head = oid.or_else(|| repo.resolve("HEAD").ok());
+        let input = crate::bundle::BundleInput {
+            root: repo.workdir().join(&config.bundle.dir),
+            commit: head.and_then(|o| repo.info(o).ok()),
+            good_parents: vec![],
+            found_by: Some(if at.is_some() { "cudabisect shrink --at".into() } else { "cudabisect shrink in the checkout".into() }),
+            target: report.signature.clone(),
+            triage: None,
+            shrink: Some(&report),
+            report_json: serde_json::to_value(&report).unwrap_or_default(),
+            config_text: &config.text,
+            log_dirs: vec![log_dir.clone(), run_dir.join("shrink").join("logs")],
+            extra_files: vec![],
+            backend: Some(match section.backend.as_str() {
+                "auto" if crate::harness::cuda::probe().is_ok() => "cuda".into(),
+                "auto" => "cpu".into(),
+                b => b.into(),
+            }),
+        };
+        match crate::bundle::write(&input, &crate::environment::collect()) {
+            Ok(dir) => eprintln!("bundle: {}", dir.display()),
+            Err(e) => eprintln!("warning: {e}"),
+        }
+    }
     let json = serde_json::to_string_pretty(&report).expect("serialises");
     let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
     reporter.event(&crate::events::Event::ShrinkDone {

@@ -574,40 +574,6 @@ fn json_lines_stream_has_versioned_events() {
     );
 }
 
-#[test]
-fn demo_finds_the_planted_culprit_on_the_cpu() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("demo");
-    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
-        .args(["demo", "--dir"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout.contains("embedding: shrink the table to 960 rows"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("illegal_address (700) in embedding_gather"),
-        "{stdout}"
-    );
-    let repo = git2::Repository::open(&dir).unwrap();
-    assert!(repo.revwalk().is_ok());
-    let mut walk = repo.revwalk().unwrap();
-    walk.push_head().unwrap();
-    assert!(
-        walk.count() >= 100,
-        "the sample history has at least 100 commits"
-    );
-}
-
 /// A stand-in for compute-sanitizer that replays a recorded H200 report for the tool it is asked for:
 /// memcheck finds nothing, racecheck reports the recorded race. Exercises the escalation end to end.
 const FAKE_SANITIZER: &str = r#"#!/bin/sh
