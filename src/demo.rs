@@ -17,8 +17,10 @@ const BUILD_SH: &str = include_str!("../fixtures/demo/build.sh");
 const KERNELS: &str = include_str!("../fixtures/demo/kernels/engine_ops.cu");
 const README: &str = include_str!("../fixtures/demo/README.md");
 
-/// Rows of the token table before the regression; token ids are drawn from all of them.
-const VOCAB: u32 = 32768;
+/// Rows of the token table before the regression; token ids are drawn from all of them. The table is
+/// large (128 MiB) so that the ids that reach past the shrunk table land far outside any allocation, where
+/// a GPU faults without compute-sanitizer, not in pooled neighbours.
+const VOCAB: u32 = 262_144;
 /// Rows after the planted regression: token ids still reach past them.
 const SHRUNK_VOCAB: u32 = 1000;
 
