@@ -72,13 +72,20 @@ pub fn short(commit: &str) -> &str {
 
 /// Writes the bundle and returns its directory. A bundle from an earlier run of the same commit is replaced.
 pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleError> {
-    let name = input.commit.as_ref().map_or("worktree", |c| short(&c.commit));
+    let name = input
+        .commit
+        .as_ref()
+        .map_or("worktree", |c| short(&c.commit));
     let dir = input.root.join(name);
     std::fs::create_dir_all(&input.root).map_err(io(&input.root))?;
     // Keep the bundle out of `git status` in the user's repository.
     let ignore = input.root.join(".gitignore");
     if !ignore.exists() {
-        std::fs::write(&ignore, "# Written by cudabisect: repro bundles, not source.\n*\n").map_err(io(&ignore))?;
+        std::fs::write(
+            &ignore,
+            "# Written by cudabisect: repro bundles, not source.\n*\n",
+        )
+        .map_err(io(&ignore))?;
     }
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -91,8 +98,12 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
     std::fs::write(dir.join("environment.json"), env_json + "\n").map_err(io(&dir))?;
     for (i, from) in input.log_dirs.iter().enumerate() {
         if from.is_dir() {
-            let label = from.file_name().map_or(format!("{i}"), |n| n.to_string_lossy().into_owned());
-            let to = dir.join("logs").join(if i == 0 { "probes".to_string() } else { label });
+            let label = from
+                .file_name()
+                .map_or(format!("{i}"), |n| n.to_string_lossy().into_owned());
+            let to = dir
+                .join("logs")
+                .join(if i == 0 { "probes".to_string() } else { label });
             copy_dir(from, &to).map_err(io(&to))?;
         }
     }
@@ -102,10 +113,17 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         }
     }
     let mut reproduce = None;
-    if let Some(minimal) = input.shrink.and_then(|s| s.minimal_model.as_ref()).map(PathBuf::from) {
+    if let Some(minimal) = input
+        .shrink
+        .and_then(|s| s.minimal_model.as_ref())
+        .map(PathBuf::from)
+    {
         if let Some(src) = minimal.parent().filter(|p| p.is_dir()) {
             copy_dir(src, &dir.join("minimal")).map_err(io(&dir))?;
-            reproduce = Some(write_native_script(&dir, input.backend.as_deref().unwrap_or("cuda"))?);
+            reproduce = Some(write_native_script(
+                &dir,
+                input.backend.as_deref().unwrap_or("cuda"),
+            )?);
         }
     }
     let md = render(input, env, reproduce.as_deref());
@@ -154,7 +172,11 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
     };
     let _ = writeln!(md, "# {title}\n");
     if let Some(c) = &input.commit {
-        let heading = if input.good_parents.is_empty() { "## Commit" } else { "## First bad commit" };
+        let heading = if input.good_parents.is_empty() {
+            "## Commit"
+        } else {
+            "## First bad commit"
+        };
         let _ = writeln!(md, "{heading}\n");
         let _ = writeln!(md, "- commit `{}`: {}", c.commit, c.subject);
         let _ = writeln!(md, "- author: {}", c.author);
@@ -166,13 +188,24 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             let _ = writeln!(md, "- found by: {how}");
         }
         if !c.files_changed.is_empty() {
-            let _ = writeln!(md, "\nFiles changed:\n\n```\n{}\n```", c.files_changed.join("\n"));
+            let _ = writeln!(
+                md,
+                "\nFiles changed:\n\n```\n{}\n```",
+                c.files_changed.join("\n")
+            );
         }
         md.push('\n');
     }
     if let Some(t) = &input.target {
         let _ = writeln!(md, "## The fault\n");
-        let _ = writeln!(md, "- class: `{}`{}", t.class.as_str(), t.code.map(|c| format!(" (CUDA error {c})")).unwrap_or_default());
+        let _ = writeln!(
+            md,
+            "- class: `{}`{}",
+            t.class.as_str(),
+            t.code
+                .map(|c| format!(" (CUDA error {c})"))
+                .unwrap_or_default()
+        );
         if let Some(k) = &t.kernel {
             let _ = writeln!(md, "- kernel: `{k}`");
         }
@@ -182,14 +215,21 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
         let _ = writeln!(md, "\n```\n{}\n```\n", t.summary);
     }
     if let Some(tr) = &input.triage {
-        let _ = writeln!(md, "## compute-sanitizer (caching allocator off, launches synchronous)\n");
+        let _ = writeln!(
+            md,
+            "## compute-sanitizer (caching allocator off, launches synchronous)\n"
+        );
         let summary = tr.get("summary").and_then(|s| s.as_str()).unwrap_or("");
         let _ = writeln!(md, "{summary}\n");
         if let Some(lines) = tr.get("findings").and_then(|f| f.as_array()) {
             if !lines.is_empty() {
                 md.push_str("```\n");
                 for l in lines.iter().take(20) {
-                    let _ = writeln!(md, "{}", l.get("line").and_then(|x| x.as_str()).unwrap_or(""));
+                    let _ = writeln!(
+                        md,
+                        "{}",
+                        l.get("line").and_then(|x| x.as_str()).unwrap_or("")
+                    );
                 }
                 md.push_str("```\n\nFull sanitizer logs and XML: `logs/`.\n\n");
             }
@@ -202,7 +242,10 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             md.push_str("| node | op | kernel | inputs | outputs |\n|---|---|---|---|---|\n");
             for n in &s.kept {
                 let tensors = |ts: &[crate::shrink_run::GraphTensor]| {
-                    ts.iter().map(|t| format!("`{}` {:?}", t.name, t.shape)).collect::<Vec<_>>().join(", ")
+                    ts.iter()
+                        .map(|t| format!("`{}` {:?}", t.name, t.shape))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 };
                 let _ = writeln!(
                     md,
@@ -214,7 +257,12 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
                     tensors(&n.outputs)
                 );
             }
-            let cut: Vec<String> = s.removed.iter().take(30).map(|r| format!("`{r}`")).collect();
+            let cut: Vec<String> = s
+                .removed
+                .iter()
+                .take(30)
+                .map(|r| format!("`{r}`"))
+                .collect();
             let more = s.removed.len().saturating_sub(30);
             let _ = writeln!(
                 md,
@@ -222,7 +270,11 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
                 s.removed.len(),
                 s.nodes_before,
                 cut.join(", "),
-                if more > 0 { format!(", and {more} more") } else { String::new() }
+                if more > 0 {
+                    format!(", and {more} more")
+                } else {
+                    String::new()
+                }
             );
             let kept: Vec<&str> = s.kept.iter().map(|n| n.id.as_str()).collect();
             let boundary: Vec<String> = s
@@ -230,7 +282,13 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
                 .iter()
                 .flat_map(|n| &n.inputs)
                 .filter(|t| t.producer.as_deref().is_some_and(|p| !kept.contains(&p)))
-                .map(|t| format!("`{}` (from `{}`)", t.name, t.producer.as_deref().unwrap_or("")))
+                .map(|t| {
+                    format!(
+                        "`{}` (from `{}`)",
+                        t.name,
+                        t.producer.as_deref().unwrap_or("")
+                    )
+                })
                 .collect();
             if !boundary.is_empty() {
                 let _ = writeln!(
@@ -242,21 +300,36 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             md.push('\n');
         }
         if let Some(c) = &s.confirmation {
-            let _ = writeln!(md, "- reproduction rate: {}/{} runs of the minimal repro show the same signature", c.reproduced, c.runs);
+            let _ = writeln!(
+                md,
+                "- reproduction rate: {}/{} runs of the minimal repro show the same signature",
+                c.reproduced, c.runs
+            );
         }
         if let Some(p) = &s.parent_check {
             let _ = writeln!(md, "- at the good parent: {p}");
         }
-        let _ = writeln!(md, "- shrinking took {} harness runs to the minimal subgraph ({} in all), {:.1} s", s.runs_to_minimal, s.harness_runs, s.duration_s);
+        let _ = writeln!(
+            md,
+            "- shrinking took {} harness runs to the minimal subgraph ({} in all), {:.1} s",
+            s.runs_to_minimal, s.harness_runs, s.duration_s
+        );
         if !s.rejected.is_empty() {
-            let _ = writeln!(md, "- {} candidates failed differently and were rejected (not the same bug)", s.rejected.len());
+            let _ = writeln!(
+                md,
+                "- {} candidates failed differently and were rejected (not the same bug)",
+                s.rejected.len()
+            );
         }
         md.push('\n');
     }
     let _ = writeln!(md, "## Reproduce\n");
     match (reproduce, input.shrink.and_then(|s| s.reproduce.as_deref())) {
         (Some(line), _) => {
-            let _ = writeln!(md, "From this directory, with nothing else:\n\n```\n{line}\n```\n");
+            let _ = writeln!(
+                md,
+                "From this directory, with nothing else:\n\n```\n{line}\n```\n"
+            );
         }
         (None, Some(line)) => {
             let _ = writeln!(md, "The harness could not write a standalone model; from the repository at the first bad commit:\n\n```\n{line}\n```\n");

@@ -45,13 +45,26 @@ pub struct DemoSettings {
 impl Engine {
     fn files(&self, settings: &DemoSettings) -> Files {
         let route: Vec<String> = (0..64u32)
-            .map(|i| if self.route_bug && i == 40 { "4194304".to_string() } else { (i ^ 1).to_string() })
+            .map(|i| {
+                if self.route_bug && i == 40 {
+                    "4194304".to_string()
+                } else {
+                    (i ^ 1).to_string()
+                }
+            })
             .collect();
         let model = MODEL
             .replace("{{VOCAB_ROWS}}", &self.vocab_rows.to_string())
             .replace("{{ROUTE_IDX}}", &format!("[{}]", route.join(", ")))
             .replace("{{NOTE}}", &format!("revision {}", self.notes))
-            .replace("{{BROKEN}}", if self.broken { "outputs = [\"y\"  # unterminated while moving the head" } else { "" });
+            .replace(
+                "{{BROKEN}}",
+                if self.broken {
+                    "outputs = [\"y\"  # unterminated while moving the head"
+                } else {
+                    ""
+                },
+            );
         let bisect = BISECT
             .replace("{{CUDABISECT}}", &settings.exe)
             .replace("{{BACKEND}}", settings.backend)
@@ -62,7 +75,12 @@ impl Engine {
         put(&mut f, "build.sh", BUILD_SH, true);
         put(&mut f, "kernels/engine_ops.cu", KERNELS, false);
         put(&mut f, "README.md", README, false);
-        put(&mut f, "CHANGES.md", format!("change log entries: {}\n", self.notes), false);
+        put(
+            &mut f,
+            "CHANGES.md",
+            format!("change log entries: {}\n", self.notes),
+            false,
+        );
         f
     }
 }
@@ -80,7 +98,10 @@ pub struct DemoRepo {
 /// Writes the sample repository: 130+ commits, a side branch merged every 12 commits, two commits that
 /// do not build, an unrelated out-of-bounds write in another kernel for five commits, and the culprit (on a
 /// side branch) that shrinks the token table below the token ids.
-pub fn build_sample(path: &std::path::Path, settings: &DemoSettings) -> Result<DemoRepo, git2::Error> {
+pub fn build_sample(
+    path: &std::path::Path,
+    settings: &DemoSettings,
+) -> Result<DemoRepo, git2::Error> {
     let mut b = RepoBuilder::init(path)?;
     let mut e = Engine {
         vocab_rows: VOCAB,
@@ -113,7 +134,9 @@ pub fn build_sample(path: &std::path::Path, settings: &DemoSettings) -> Result<D
                 side_engine.notes += 100;
                 let msg = if i == 72 && j == 1 {
                     side_engine.vocab_rows = SHRUNK_VOCAB;
-                    format!("embedding: shrink the token table to {SHRUNK_VOCAB} rows to save memory")
+                    format!(
+                        "embedding: shrink the token table to {SHRUNK_VOCAB} rows to save memory"
+                    )
                 } else {
                     format!("docs: side note {i}.{j}")
                 };
@@ -125,7 +148,11 @@ pub fn build_sample(path: &std::path::Path, settings: &DemoSettings) -> Result<D
             }
             e.vocab_rows = side_engine.vocab_rows;
             e.notes = side_engine.notes + 1;
-            head = b.commit(&[head, side], &e.files(settings), &format!("Merge branch 'side-{i}'"))?;
+            head = b.commit(
+                &[head, side],
+                &e.files(settings),
+                &format!("Merge branch 'side-{i}'"),
+            )?;
             count += 1;
         }
     }
@@ -147,13 +174,23 @@ pub fn settings() -> DemoSettings {
     let cuda = crate::harness::cuda::probe();
     let backend = if cuda.is_ok() { "cuda" } else { "cpu" };
     let triage = cuda.is_ok() && crate::triage::find_sanitizer(None).is_some();
-    DemoSettings { exe, backend, triage }
+    DemoSettings {
+        exe,
+        backend,
+        triage,
+    }
 }
 
 /// Runs the demo; returns the exit code.
 pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> i32 {
-    let path = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id())));
-    if path.exists() && std::fs::read_dir(&path).map(|mut d| d.next().is_some()).unwrap_or(true) {
+    let path = dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id()))
+    });
+    if path.exists()
+        && std::fs::read_dir(&path)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
         eprintln!("error: {} exists and is not empty", path.display());
         return crate::exit_codes::USAGE;
     }

@@ -50,7 +50,13 @@ fn on_path(program: &str) -> bool {
 fn first_tool(candidates: &[&str]) -> Option<String> {
     candidates
         .iter()
-        .find(|c| if c.contains('/') { std::path::Path::new(c).is_file() } else { on_path(c) })
+        .find(|c| {
+            if c.contains('/') {
+                std::path::Path::new(c).is_file()
+            } else {
+                on_path(c)
+            }
+        })
         .map(|c| c.to_string())
 }
 
@@ -63,7 +69,14 @@ pub fn collect() -> Environment {
         ..Environment::default()
     };
     if let Some(smi) = first_tool(&["nvidia-smi", "/usr/bin/nvidia-smi"]) {
-        if let Some(q) = capture(&[&smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], short) {
+        if let Some(q) = capture(
+            &[
+                &smi,
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+            short,
+        ) {
             env.gpus = q.lines().map(|l| l.trim().to_string()).collect();
         }
         env.cuda_driver = capture(&[&smi], short).and_then(|out| {
@@ -73,16 +86,21 @@ pub fn collect() -> Environment {
     }
     env.driver_api = crate::harness::cuda::driver_summary();
     if let Some(nvcc) = first_tool(&["nvcc", "/usr/local/cuda/bin/nvcc"]) {
-        env.nvcc = capture(&[&nvcc, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
+        env.nvcc = capture(&[&nvcc, "--version"], short)
+            .and_then(|v| v.lines().last().map(str::to_string));
     }
     if let Some(cs) = crate::triage::find_sanitizer(None) {
         let cs = cs.display().to_string();
-        env.compute_sanitizer = capture(&[&cs, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
+        env.compute_sanitizer =
+            capture(&[&cs, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
     }
     if let Some(py) = first_tool(&["python3", "python"]) {
         env.python = capture(&[&py, "--version"], short);
         if capture(&[&py, "-c", "import torch"], Duration::from_secs(60)).is_some() {
-            env.torch_collect_env = capture(&[&py, "-m", "torch.utils.collect_env"], Duration::from_secs(120));
+            env.torch_collect_env = capture(
+                &[&py, "-m", "torch.utils.collect_env"],
+                Duration::from_secs(120),
+            );
         }
     }
     env

@@ -196,9 +196,10 @@ pub fn summary(report: &Report) -> String {
             out.push_str(&format!("Minimal subgraph at the parent: {p}\n"));
         }
         match (&report.bundle, &shrink.reproduce) {
-            (Some(b), _) if shrink.minimal_model.is_some() => {
-                out.push_str(&format!("Reproduce: {}\n", std::path::Path::new(b).join("reproduce.sh").display()))
-            }
+            (Some(b), _) if shrink.minimal_model.is_some() => out.push_str(&format!(
+                "Reproduce: {}\n",
+                std::path::Path::new(b).join("reproduce.sh").display()
+            )),
             (_, Some(line)) => out.push_str(&format!("Reproduce: {line}\n")),
             _ => {}
         }
@@ -222,11 +223,28 @@ pub fn summary(report: &Report) -> String {
 fn subgraph_lines(r: &crate::shrink_run::ShrinkReport) -> String {
     let mut out = String::new();
     if !r.kept.is_empty() {
-        out.push_str(&format!("Minimal subgraph ({} of {} nodes):\n", r.nodes_after, r.nodes_before));
+        out.push_str(&format!(
+            "Minimal subgraph ({} of {} nodes):\n",
+            r.nodes_after, r.nodes_before
+        ));
         for n in &r.kept {
-            let ins: Vec<String> = n.inputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
-            let outs: Vec<String> = n.outputs.iter().map(|t| format!("{}{:?}", t.name, t.shape)).collect();
-            out.push_str(&format!("    {} {}({}) -> {}\n", n.id, n.op, ins.join(", "), outs.join(", ")));
+            let ins: Vec<String> = n
+                .inputs
+                .iter()
+                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .collect();
+            let outs: Vec<String> = n
+                .outputs
+                .iter()
+                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .collect();
+            out.push_str(&format!(
+                "    {} {}({}) -> {}\n",
+                n.id,
+                n.op,
+                ins.join(", "),
+                outs.join(", ")
+            ));
         }
         out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
     }

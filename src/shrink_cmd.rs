@@ -117,7 +117,11 @@ pub fn run(
             root: repo.workdir().join(&config.bundle.dir),
             commit: head.and_then(|o| repo.info(o).ok()),
             good_parents: vec![],
-            found_by: Some(if at.is_some() { "cudabisect shrink --at".into() } else { "cudabisect shrink in the checkout".into() }),
+            found_by: Some(if at.is_some() {
+                "cudabisect shrink --at".into()
+            } else {
+                "cudabisect shrink in the checkout".into()
+            }),
             target: report.signature.clone(),
             triage: None,
             shrink: Some(&report),

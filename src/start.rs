@@ -215,10 +215,15 @@ pub fn start(
         plan.repo.prune_worktree()?;
     }
     if report.result == RunResult::Found && plan.config.bundle.enabled {
-        let root = opts.bundle_dir.clone().unwrap_or_else(|| plan.repo.workdir().join(&plan.config.bundle.dir));
+        let root = opts
+            .bundle_dir
+            .clone()
+            .unwrap_or_else(|| plan.repo.workdir().join(&plan.config.bundle.dir));
         match write_bundle(&plan, &report, &run_dir, root) {
             Ok(dir) => report.bundle = Some(dir.display().to_string()),
-            Err(e) => search.reporter.event(&Event::Warning { message: e.to_string() }),
+            Err(e) => search.reporter.event(&Event::Warning {
+                message: e.to_string(),
+            }),
         }
     }
     let json = serde_json::to_string_pretty(&report).expect("report serialises");
@@ -316,20 +321,38 @@ fn after_search(
 }
 
 /// The hand-off bundle for a found first bad commit.
-fn write_bundle(plan: &Plan, report: &Report, run_dir: &Path, root: PathBuf) -> Result<PathBuf, crate::bundle::BundleError> {
-    let search_probes = report.probes.iter().filter(|p| p.role == crate::report::ProbeRole::Search).count();
+fn write_bundle(
+    plan: &Plan,
+    report: &Report,
+    run_dir: &Path,
+    root: PathBuf,
+) -> Result<PathBuf, crate::bundle::BundleError> {
+    let search_probes = report
+        .probes
+        .iter()
+        .filter(|p| p.role == crate::report::ProbeRole::Search)
+        .count();
     let triage_files: Vec<PathBuf> = report
         .triage
         .as_ref()
         .and_then(|t| t.get("files"))
         .and_then(|f| f.as_array())
-        .map(|a| a.iter().filter_map(|x| x.as_str()).map(PathBuf::from).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .map(PathBuf::from)
+                .collect()
+        })
         .unwrap_or_default();
-    let backend = plan.config.shrink.as_ref().map(|s| match s.backend.as_str() {
-        "auto" if crate::harness::cuda::probe().is_ok() => "cuda".to_string(),
-        "auto" => "cpu".to_string(),
-        b => b.to_string(),
-    });
+    let backend = plan
+        .config
+        .shrink
+        .as_ref()
+        .map(|s| match s.backend.as_str() {
+            "auto" if crate::harness::cuda::probe().is_ok() => "cuda".to_string(),
+            "auto" => "cpu".to_string(),
+            b => b.to_string(),
+        });
     let input = crate::bundle::BundleInput {
         root,
         commit: report.first_bad.clone(),

@@ -6,8 +6,7 @@ use std::sync::atomic::AtomicBool;
 use crate::cli::{command_from_args, load_config};
 use crate::config::{CommandLine, Config};
 use crate::exit_codes;
-use crate::probe::{command_spec, Step, StepPhase};
-use crate::process;
+use crate::probe::Prober;
 use crate::triage;
 
 /// Runs triage and prints what it found; returns the exit code.
@@ -78,38 +77,23 @@ pub fn run(
                     return exit_codes::USAGE;
                 }
             };
-            let worktree = match repo
-                .probe_worktree()
-                .and_then(|w| w.checkout(oid, false).map(|_| w))
-            {
+            let worktree = match repo.probe_worktree() {
                 Ok(w) => w,
                 Err(e) => {
                     eprintln!("error: {e}");
                     return exit_codes::INTERNAL;
                 }
             };
-            if let Some(build) = &config.build {
-                let step = Step {
-                    command: &build.command,
-                    timeout: build.timeout,
-                    env: &build.env,
-                };
-                let spec = command_spec(
-                    &config,
-                    worktree.path(),
-                    step,
-                    &oid.to_string(),
-                    StepPhase::Build,
-                    1,
-                );
-                match process::run(&spec, cancel) {
-                    Ok(r) if r.exit == crate::classify::Exit::Code(0) => {}
-                    _ => {
-                        eprintln!("error: build failed at {rev}");
-                        let _ = repo.prune_worktree();
-                        return exit_codes::INTERNAL;
-                    }
-                }
+            let prober = Prober {
+                worktree: &worktree,
+                config: &config,
+                log_dir: out_dir.clone(),
+                cancel,
+            };
+            if let Err(e) = prober.prepare(oid, "triage") {
+                eprintln!("error: {e}");
+                let _ = repo.prune_worktree();
+                return exit_codes::INTERNAL;
             }
             let result = triage::run(
                 &config,
@@ -124,6 +108,29 @@ pub fn run(
             result
         }
     };
+    if let (Some(repo), "found", true) = (&repo, result.status.as_str(), config.bundle.enabled) {
+        let oid = at
+            .and_then(|rev| repo.resolve(rev).ok())
+            .or_else(|| repo.resolve("HEAD").ok());
+        let input = crate::bundle::BundleInput {
+            root: repo.workdir().join(&config.bundle.dir),
+            commit: oid.and_then(|o| repo.info(o).ok()),
+            good_parents: vec![],
+            found_by: Some("cudabisect triage".into()),
+            target: result.signature.clone(),
+            triage: serde_json::to_value(&result).ok(),
+            shrink: None,
+            report_json: serde_json::to_value(&result).unwrap_or_default(),
+            config_text: &config.text,
+            log_dirs: vec![],
+            extra_files: result.files.iter().map(PathBuf::from).collect(),
+            backend: None,
+        };
+        match crate::bundle::write(&input, &crate::environment::collect()) {
+            Ok(dir) => eprintln!("bundle: {}", dir.display()),
+            Err(e) => eprintln!("warning: {e}"),
+        }
+    }
     if json {
         println!(
             "{}",

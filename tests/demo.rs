@@ -21,7 +21,11 @@ fn copy_dir(from: &Path, to: &Path) {
 fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_elsewhere() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
-    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect")).args(["demo", "--dir"]).arg(&dir).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["demo", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
@@ -32,38 +36,97 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
     walk.push_head().unwrap();
     let oids: Vec<git2::Oid> = walk.map(|o| o.unwrap()).collect();
     assert!(oids.len() >= 100, "{} commits", oids.len());
-    assert!(oids.iter().any(|o| repo.find_commit(*o).unwrap().parent_count() == 2), "merges");
+    assert!(
+        oids.iter()
+            .any(|o| repo.find_commit(*o).unwrap().parent_count() == 2),
+        "merges"
+    );
 
     // The right culprit: the one the demo planted.
-    let planted = stderr.split("the planted culprit is ").nth(1).unwrap().get(..12).unwrap().to_string();
-    let first_bad = stdout.lines().find_map(|l| l.strip_prefix("First bad commit: ")).unwrap();
+    let planted = stderr
+        .split("the planted culprit is ")
+        .nth(1)
+        .unwrap()
+        .get(..12)
+        .unwrap()
+        .to_string();
+    let first_bad = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("First bad commit: "))
+        .unwrap();
     assert!(first_bad.starts_with(&planted), "{first_bad} vs {planted}");
-    assert!(stdout.contains("embedding: shrink the token table to 1000 rows"), "{stdout}");
-    assert!(stdout.contains("illegal_address (700) in engine_gather at node embed"), "{stdout}");
+    assert!(
+        stdout.contains("embedding: shrink the token table to 1000 rows"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("illegal_address (700) in engine_gather at node embed"),
+        "{stdout}"
+    );
     // The unrelated fault in another kernel was skipped, never taken for the bug.
-    assert!(stderr.contains("skipped, different failure: illegal_address (700) in index_add_f32 at node route"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "skipped, different failure: illegal_address (700) in index_add_f32 at node route"
+        ),
+        "{stderr}"
+    );
 
     // Shrunk to the planted node, and the summary says where the bundle is.
     assert!(stdout.contains("Shrink: 1 of 21 nodes (embed)"), "{stdout}");
-    assert!(stdout.contains("Minimal subgraph at the parent: passed"), "{stdout}");
-    let bundle = stdout.lines().find_map(|l| l.strip_prefix("Bundle: ")).unwrap().trim().to_string();
+    assert!(
+        stdout.contains("Minimal subgraph at the parent: passed"),
+        "{stdout}"
+    );
+    let bundle = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Bundle: "))
+        .unwrap()
+        .trim()
+        .to_string();
     let bundle = Path::new(&bundle);
     assert_eq!(bundle, dir.join("cudabisect-out").join(&first_bad[..12]));
 
     // Complete.
-    for f in ["REPORT.md", "report.json", "bisect.toml", "environment.json", "reproduce.sh", "bin/cudabisect", "minimal/model.toml"] {
+    for f in [
+        "REPORT.md",
+        "report.json",
+        "bisect.toml",
+        "environment.json",
+        "reproduce.sh",
+        "bin/cudabisect",
+        "minimal/model.toml",
+    ] {
         assert!(bundle.join(f).is_file(), "{f} missing");
     }
-    assert!(std::fs::read_dir(bundle.join("logs/probes")).unwrap().count() >= 10);
+    assert!(
+        std::fs::read_dir(bundle.join("logs/probes"))
+            .unwrap()
+            .count()
+            >= 10
+    );
     let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
-    for section in ["## First bad commit", "## The fault", "## Minimal repro", "## Reproduce", "## Environment", "reproduction rate: 3/3", "`embed` | embedding | engine_gather"] {
+    for section in [
+        "## First bad commit",
+        "## The fault",
+        "## Minimal repro",
+        "## Reproduce",
+        "## Environment",
+        "reproduction rate: 3/3",
+        "`embed` | embedding | engine_gather",
+    ] {
         assert!(md.contains(section), "REPORT.md lacks {section}:\n{md}");
     }
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json")).unwrap())
+            .unwrap();
     assert_eq!(report["shrink"]["kept"][0]["id"], "embed");
     // The user's view of the repository is unchanged: the bundle ignores itself.
     let statuses = repo.statuses(None).unwrap();
-    assert_eq!(statuses.iter().filter(|s| !s.status().is_ignored()).count(), 0, "git status is clean");
+    assert_eq!(
+        statuses.iter().filter(|s| !s.status().is_ignored()).count(),
+        0,
+        "git status is clean"
+    );
     // Nothing in the bundle points back into the checkout or the state directory.
     assert!(!md.contains(".git/cudabisect"), "{md}");
 
@@ -71,9 +134,21 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
     let elsewhere = tmp.path().join("maintainer").join("bundle");
     copy_dir(bundle, &elsewhere);
     std::fs::remove_dir_all(&dir).unwrap();
-    let run = Command::new("sh").arg(elsewhere.join("reproduce.sh")).current_dir(tmp.path()).output().unwrap();
+    let run = Command::new("sh")
+        .arg(elsewhere.join("reproduce.sh"))
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&run.stdout);
-    assert_eq!(run.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&run.stderr));
-    assert!(text.contains("illegal memory access was encountered"), "{text}");
+    assert_eq!(
+        run.status.code(),
+        Some(1),
+        "{text}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        text.contains("illegal memory access was encountered"),
+        "{text}"
+    );
     assert!(text.contains("node=embed"), "{text}");
 }

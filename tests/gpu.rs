@@ -288,7 +288,10 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
     let tmp = tempfile::tempdir().unwrap();
     for (file, want) in [
         ("shrink_one_node.toml", vec!["b2_lookup"]),
-        ("shrink_two_nodes.toml", vec!["b1_cache_update", "b3_slot_lookup"]),
+        (
+            "shrink_two_nodes.toml",
+            vec!["b1_cache_update", "b3_slot_lookup"],
+        ),
         ("shrink_residual.toml", vec!["route"]),
     ] {
         let dir = tmp.path().join(file);
@@ -296,7 +299,13 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
             "[repro]\ncommand = [\"{}\", \"harness\", \"run\", \"model.toml\", \"--backend\", \"cuda\"]\n\n[shrink]\nmodel = \"model.toml\"\nbackend = \"cuda\"\nconfirm = 3\n",
             bin().display()
         );
-        git_repo_with(&dir, &[("model.toml", std::fs::read_to_string(model(file)).unwrap()), ("bisect.toml", config)]);
+        git_repo_with(
+            &dir,
+            &[
+                ("model.toml", std::fs::read_to_string(model(file)).unwrap()),
+                ("bisect.toml", config),
+            ],
+        );
         let out = Command::new(bin())
             .args(["shrink", "--message-format", "json", "-C"])
             .arg(&dir)
@@ -310,14 +319,28 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
             .find(|v| v["type"] == "shrink_done")
             .map(|v| v["report"].clone())
             .unwrap_or_default();
-        println!("{file}: exit {:?}: {}", out.status.code(), report["summary"]);
-        let kept: Vec<&str> = report["kept"].as_array().map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect()).unwrap_or_default();
+        println!(
+            "{file}: exit {:?}: {}",
+            out.status.code(),
+            report["summary"]
+        );
+        let kept: Vec<&str> = report["kept"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
+            .unwrap_or_default();
         assert_eq!(kept, want, "{file}: {stdout}");
         assert_eq!(report["signature"]["code"], 700, "{file}");
         assert_eq!(report["confirmation"]["reproduced"], 3, "{file}");
         let minimal = report["minimal_model"].as_str().unwrap();
-        let again = Command::new(bin()).args(["harness", "run", minimal, "--backend", "cuda"]).output().unwrap();
-        assert_eq!(again.status.code(), Some(1), "{file}: the minimal model alone");
+        let again = Command::new(bin())
+            .args(["harness", "run", minimal, "--backend", "cuda"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            again.status.code(),
+            Some(1),
+            "{file}: the minimal model alone"
+        );
     }
 }
 
@@ -338,21 +361,40 @@ fn the_demo_runs_on_cuda_with_sanitizer_triage() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    for l in stderr.lines().filter(|l| l.starts_with("demo:") || l.contains("triage:")) {
+    for l in stderr
+        .lines()
+        .filter(|l| l.starts_with("demo:") || l.contains("triage:"))
+    {
         println!("{l}");
     }
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("a CUDA device is present"), "{stderr}");
     assert!(stdout.contains("Shrink: 1 of 21 nodes (embed)"), "{stdout}");
-    let bundle = stdout.lines().find_map(|l| l.strip_prefix("Bundle: ")).unwrap().trim();
+    let bundle = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Bundle: "))
+        .unwrap()
+        .trim();
     let md = std::fs::read_to_string(std::path::Path::new(bundle).join("REPORT.md")).unwrap();
     let section = md.split("## compute-sanitizer").nth(1).unwrap_or("");
-    println!("REPORT.md triage section:{}", section.split("## Minimal").next().unwrap_or(""));
+    println!(
+        "REPORT.md triage section:{}",
+        section.split("## Minimal").next().unwrap_or("")
+    );
     assert!(section.contains("engine_gather"), "{md}");
     assert!(md.contains("- GPU: NVIDIA"), "{md}");
-    let run = Command::new("sh").arg(std::path::Path::new(bundle).join("reproduce.sh")).output().unwrap();
+    let run = Command::new("sh")
+        .arg(std::path::Path::new(bundle).join("reproduce.sh"))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&run.stdout);
-    println!("reproduce.sh: exit {:?}, {}", run.status.code(), text.lines().find(|l| l.contains("CUDA error")).unwrap_or(""));
+    println!(
+        "reproduce.sh: exit {:?}, {}",
+        run.status.code(),
+        text.lines()
+            .find(|l| l.contains("CUDA error"))
+            .unwrap_or("")
+    );
     assert_eq!(run.status.code(), Some(1), "{text}");
     assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
 }

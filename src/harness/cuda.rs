@@ -94,7 +94,9 @@ pub fn driver_summary() -> Option<String> {
     let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let mut version = 0;
-    unsafe { sys::cuDriverGetVersion(&mut version) }.result().ok()?;
+    unsafe { sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .ok()?;
     let name = result::device::get_name(dev).ok()?;
     Some(format!(
         "{name}, sm_{major}{minor}, driver API {}.{}",
