@@ -120,15 +120,36 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
     {
         if let Some(src) = minimal.parent().filter(|p| p.is_dir()) {
             copy_dir(src, &dir.join("minimal")).map_err(io(&dir))?;
-            reproduce = Some(write_native_script(
-                &dir,
-                input.backend.as_deref().unwrap_or("cuda"),
-            )?);
+            reproduce = Some(if minimal.extension().is_some_and(|e| e == "py") {
+                write_python_script(&dir)?
+            } else {
+                write_native_script(&dir, input.backend.as_deref().unwrap_or("cuda"))?
+            });
         }
     }
     let md = render(input, env, reproduce.as_deref());
     std::fs::write(dir.join("REPORT.md"), md).map_err(io(&dir))?;
     Ok(dir)
+}
+
+/// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`, torch being the only requirement.
+fn write_python_script(dir: &Path) -> Result<String, BundleError> {
+    let script = r#"#!/bin/sh
+# Reproduces the fault from this bundle alone: minimal/repro.py with its saved tensors (repro_data.pt).
+# Needs only torch (and triton when the repro's own kernels use it). Set PYTHON to pick the interpreter.
+# Exit status 1 and the CUDA error mean the fault reproduced.
+here=$(cd "$(dirname "$0")" && pwd)
+export CUDA_LAUNCH_BLOCKING=1
+exec "${PYTHON:-python3}" "$here/minimal/repro.py"
+"#;
+    let path = dir.join("reproduce.sh");
+    std::fs::write(&path, script).map_err(io(&path))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755));
+    }
+    Ok("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py   # or: ./reproduce.sh".into())
 }
 
 /// `reproduce.sh` for a native-harness minimal model, with the binary that found it alongside.
@@ -159,6 +180,13 @@ exec "$bin" harness run "$here/minimal/model.toml" --backend "${{CUDABISECT_BACK
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755));
     }
     Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
+}
+
+fn dir_has_repro_py(input: &BundleInput) -> bool {
+    input
+        .shrink
+        .and_then(|s| s.minimal_model.as_deref())
+        .is_some_and(|m| m.ends_with(".py"))
 }
 
 /// REPORT.md: ready to paste into an issue.
@@ -341,7 +369,11 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
     let _ = writeln!(md, "## Environment\n\n{}", env.markdown());
     let _ = writeln!(md, "\n## Files\n\n- `report.json`: the whole run, machine-readable\n- `bisect.toml`: the config used\n- `logs/`: probe, shrink and sanitizer logs\n- `environment.json`: the environment above");
     if reproduce.is_some() {
-        let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`, `bin/cudabisect`: the reproduce script and the binary it runs");
+        if dir_has_repro_py(input) {
+            let _ = writeln!(md, "- `minimal/repro.py`, `minimal/repro_data.pt`: the standalone PyTorch repro and its saved tensors and modules\n- `reproduce.sh`: runs it");
+        } else {
+            let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`, `bin/cudabisect`: the reproduce script and the binary it runs");
+        }
     }
     md
 }

@@ -153,6 +153,14 @@ fn one() -> u32 {
     1
 }
 
+fn default_python() -> String {
+    "python3".into()
+}
+
+fn default_device() -> String {
+    "cuda".into()
+}
+
 fn default_backend() -> String {
     "auto".into()
 }
@@ -166,8 +174,17 @@ pub struct ShrinkSection {
     pub enabled: bool,
     /// A command speaking the harness protocol (`… describe`, `… run`, `… extract`).
     pub harness: Option<CommandLine>,
-    /// Shorthand for the native harness on this model file (relative to the repository root).
+    /// The native harness on this model file (relative to the repository root); or, with `inputs`, the
+    /// PyTorch harness on this model factory (`package.module:build`).
     pub model: Option<String>,
+    /// The PyTorch harness: the factory of the model's example inputs (`package.module:example_inputs`).
+    pub inputs: Option<String>,
+    /// The PyTorch harness: the Python interpreter (default `python3`).
+    #[serde(default = "default_python")]
+    pub python: String,
+    /// The PyTorch harness: the device (default `cuda`).
+    #[serde(default = "default_device")]
+    pub device: String,
     /// The native harness's backend: cuda, cpu or auto.
     #[serde(default = "default_backend")]
     pub backend: String,
@@ -366,6 +383,10 @@ impl Config {
                     ))
                 }
                 _ => {}
+            }
+            if shrink.inputs.is_some() && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
+            {
+                return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
             }
             if !["cuda", "cpu", "auto"].contains(&shrink.backend.as_str()) {
                 return Err(err(&format!(

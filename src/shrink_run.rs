@@ -104,6 +104,37 @@ pub struct ShrinkReport {
     pub reproduce: Option<String>,
 }
 
+/// The PyTorch harness shipped with cudabisect.
+pub const TORCH_HARNESS: &str = include_str!("../harness/torch_harness.py");
+
+/// Writes the PyTorch harness where it can be run (once per content) and returns its path. The user needs
+/// nothing beyond their own torch.
+pub fn torch_harness_path() -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "cudabisect-{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        unsafe { libc::getuid() }
+    ));
+    let path = dir.join(format!(
+        "torch_harness_{:08x}.py",
+        fnv(TORCH_HARNESS.as_bytes())
+    ));
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(TORCH_HARNESS) {
+        let _ = std::fs::create_dir_all(&dir);
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, TORCH_HARNESS).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    path.display().to_string()
+}
+
+fn fnv(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// A harness speaking the protocol, run in one directory.
 pub struct Harness {
     prefix: CommandLine,
@@ -135,9 +166,22 @@ impl Harness {
         cwd: &Path,
         commit: &str,
     ) -> Harness {
-        let (prefix, native) = match (&shrink.harness, &shrink.model) {
-            (Some(h), _) => (h.clone(), None),
-            (None, model) => {
+        let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
+            (Some(h), _, _) => (h.clone(), None),
+            (None, Some(model), Some(inputs)) => (
+                CommandLine::Argv(vec![
+                    shrink.python.clone(),
+                    torch_harness_path(),
+                    "--model".into(),
+                    model.clone(),
+                    "--inputs".into(),
+                    inputs.clone(),
+                    "--device".into(),
+                    shrink.device.clone(),
+                ]),
+                None,
+            ),
+            (None, model, _) => {
                 let exe = std::env::current_exe()
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|_| "cudabisect".into());
@@ -276,6 +320,12 @@ impl Harness {
         keep: &[String],
         inputs: &Path,
     ) -> String {
+        if let Some(py) = minimal_model.filter(|m| m.extension().is_some_and(|e| e == "py")) {
+            return format!(
+                "CUDA_LAUNCH_BLOCKING=1 python {}",
+                quote(&py.display().to_string())
+            );
+        }
         match (&self.native, minimal_model) {
             (Some(backend), Some(m)) => {
                 let backend = if backend == "auto" { "cuda" } else { backend };
@@ -312,9 +362,22 @@ fn ids(nodes: &[GraphNode], picks: &[usize]) -> Vec<String> {
     picks.iter().map(|&i| nodes[i].id.clone()).collect()
 }
 
-/// The node the open marker names: the classifier's site is `node <id>`.
-fn located(sig: &Signature) -> Option<&str> {
-    sig.site.as_deref()?.strip_prefix("node ")
+/// The node whose `begin` marker has no `end`: where the run died. (The classifier's site may name a source
+/// line instead, for a device-side assert, so the markers are read directly.)
+fn open_node(output: &str) -> Option<String> {
+    let mut open = None;
+    for line in output.lines() {
+        let Some(rest) = line.trim_end().strip_prefix("@@cudabisect node=") else {
+            continue;
+        };
+        let node = rest.split_whitespace().next().unwrap_or("");
+        if rest.ends_with(" begin") {
+            open = Some(node.to_string());
+        } else if rest.ends_with(" end") {
+            open = None;
+        }
+    }
+    open
 }
 
 /// Runs a candidate up to `attempts` times; true as soon as one run fails the target's way.
@@ -464,7 +527,7 @@ pub fn shrink(
             }
         };
         if same {
-            locate = Some(sig);
+            locate = Some((sig, open_node(&run.output)));
             break;
         }
         if cancel.load(Ordering::SeqCst) {
@@ -478,7 +541,7 @@ pub fn shrink(
         locate = None;
         report.signature = Some(sig);
     }
-    let Some(target) = locate else {
+    let Some((target, blamed)) = locate else {
         let seen = report
             .signature
             .as_ref()
@@ -495,7 +558,7 @@ pub fn shrink(
         );
     };
     report.signature = Some(target.clone());
-    let Some(fault) = located(&target).and_then(|id| nodes.iter().position(|n| n.id == id)) else {
+    let Some(fault) = blamed.and_then(|id| nodes.iter().position(|n| n.id == id)) else {
         return finish(
             report,
             ShrinkStatus::Failed,
@@ -593,9 +656,13 @@ pub fn shrink(
 
     let minimal = ctx.out_dir.join("minimal");
     let extracted = harness.extract(&keep, &record, &minimal, cancel);
-    let model_file = minimal.join("model.toml");
-    if extracted.is_ok() && model_file.is_file() {
-        report.minimal_model = Some(model_file.display().to_string());
+    // The native harness writes model.toml, the PyTorch harness repro.py.
+    if extracted.is_ok() {
+        report.minimal_model = ["model.toml", "repro.py"]
+            .iter()
+            .map(|f| minimal.join(f))
+            .find(|p| p.is_file())
+            .map(|p| p.display().to_string());
     }
     report.reproduce = Some(harness.reproduce_line(
         report.minimal_model.as_deref().map(Path::new),

@@ -398,3 +398,103 @@ fn the_demo_runs_on_cuda_with_sanitizer_triage() {
     assert_eq!(run.status.code(), Some(1), "{text}");
     assert!(text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{text}");
 }
+
+/// Shrinks a PyTorch fixture through the PyTorch harness and runs the written repro.py alone.
+fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let source = std::fs::read_to_string(root().join("fixtures/torch").join(fixture)).unwrap();
+    let config = "[repro]\ncommand = [\"python3\", \"-c\", \"import toy_model\"]\n\n[shrink]\nmodel = \"toy_model:build\"\ninputs = \"toy_model:example_inputs\"\nconfirm = 3\ntimeout = \"10m\"\n".to_string();
+    git_repo_with(&dir, &[("toy_model.py", source), ("bisect.toml", config)]);
+    let out = Command::new(bin())
+        .args(["shrink", "--message-format", "json", "-C"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "shrink_done")
+        .map(|v| v["report"].clone())
+        .unwrap_or_default();
+    let log = |name: &str| {
+        std::fs::read_dir(dir.join(".git/cudabisect/runs"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| {
+                std::fs::read_to_string(e.ok()?.path().join("shrink/logs").join(name)).ok()
+            })
+            .unwrap_or_default()
+    };
+    let summary = format!(
+        "{fixture}: {} | runs_to_minimal={} harness_runs={} duration={:.1}s signature={} | stderr: {}",
+        report["summary"],
+        report["runs_to_minimal"],
+        report["harness_runs"],
+        report["duration_s"].as_f64().unwrap_or(0.0),
+        report["signature"]["summary"],
+        String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.starts_with('[')).collect::<Vec<_>>().join(" / ")
+    );
+    println!("{summary}");
+    let kept: Vec<&str> = report["kept"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
+        .unwrap_or_default();
+    if kept != want {
+        return Err(format!(
+            "{summary}\nkept {kept:?}, want {want:?}\nlocate log:\n{}",
+            log("locate.log")
+        ));
+    }
+    let repro = report["minimal_model"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Both streams in one, in order, as cudabisect captures a run.
+    let run = Command::new("sh")
+        .arg("-c")
+        .arg("python3 \"$0\" 2>&1")
+        .arg(&repro)
+        .env("CUDA_LAUNCH_BLOCKING", "1")
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run.stdout).into_owned();
+    let code = run.status.code().unwrap_or(-1);
+    let sig = cudabisect::classify::classify(cudabisect::classify::Exit::Code(code), &text);
+    println!(
+        "{fixture}: repro.py alone: exit {code}, {} (target {} in {})",
+        sig.short(),
+        report["signature"]["class"],
+        report["signature"]["kernel"]
+    );
+    let same = sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
+        && sig.kernel.as_deref() == report["signature"]["kernel"].as_str();
+    if !same {
+        return Err(format!(
+            "repro.py shows {}:\n{text}\n--- repro.py ---\n{}",
+            sig.short(),
+            std::fs::read_to_string(&repro).unwrap_or_default()
+        ));
+    }
+    Ok(summary)
+}
+
+#[test]
+fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (fixture, want) in [
+        ("resnet_triton.py", vec!["triton_relu"]),
+        ("gpt2_gather.py", vec!["wpe"]),
+    ] {
+        if let Err(e) = torch_case(fixture, &want) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

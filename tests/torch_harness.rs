@@ -1,0 +1,178 @@
+//! The PyTorch harness without torch: the Rust side of the protocol through a torch-free stand-in
+//! interpreter, and the structure of the repro.py the harness writes (its code generation needs no torch).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cudabisect")
+}
+
+fn harness_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/torch_harness.py")
+}
+
+/// A stand-in for `python3`: checks that it was handed the shipped harness with the configured factories,
+/// then answers the protocol with the native harness on a model file (no torch anywhere), and for
+/// `extract` writes a repro.py that fails the way a real one would.
+const FAKE_PYTHON: &str = r#"#!/bin/sh
+script=$1; shift
+grep -q "cudabisect's PyTorch harness" "$script" || { echo "not the harness: $script"; exit 90; }
+[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --inputs toy.model:example_inputs --device cuda" ] || { echo "bad args: $*"; exit 91; }
+shift 6
+echo "$script" >> harness_calls.txt
+if [ "$1" = extract ]; then
+  out=$(echo "$@" | sed 's/.*--out \([^ ]*\).*/\1/')
+  mkdir -p "$out"
+  printf 'import sys\nprint("@@cudabisect node=b2_lookup op=embedding kernel=embedding_gather begin")\nprint("RuntimeError: CUDA error: an illegal memory access was encountered")\nsys.exit(1)\n' > "$out/repro.py"
+  exit 0
+fi
+exec "$CUDABISECT_BIN" harness --model model.toml --backend cpu "$@"
+"#;
+
+#[test]
+fn the_torch_harness_speaks_the_protocol_and_its_repro_lands_in_the_bundle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut f = Files::new();
+    let model = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/shrink_one_node.toml"),
+    )
+    .unwrap();
+    put(&mut f, "model.toml", model, false);
+    put(&mut f, "fake_python.sh", FAKE_PYTHON, true);
+    put(
+        &mut f,
+        "bisect.toml",
+        format!(
+            "[repro]\ncommand = [\"true\"]\n\n[shrink]\nmodel = \"toy.model:build\"\ninputs = \"toy.model:example_inputs\"\npython = \"./fake_python.sh\"\nconfirm = 2\nenv = {{ CUDABISECT_BIN = \"{}\" }}\n",
+            bin()
+        ),
+        false,
+    );
+    let c = b.commit(&[], &f, "toy").unwrap();
+    b.set_branch("main", c).unwrap();
+    b.checkout_main().unwrap();
+    let out = Command::new(bin())
+        .args(["shrink", "-C"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("1 of 24 nodes (b2_lookup)"), "{text}");
+    // The harness was written from the binary's copy and run from there.
+    let calls = std::fs::read_to_string(dir.join("harness_calls.txt")).unwrap();
+    let script = calls.lines().next().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(script).unwrap(),
+        std::fs::read_to_string(harness_py()).unwrap()
+    );
+    assert!(
+        text.contains("Reproduce: CUDA_LAUNCH_BLOCKING=1 python"),
+        "{text}"
+    );
+    // The bundle carries repro.py and a script that runs it with python alone.
+    let bundle = std::fs::read_dir(dir.join("cudabisect-out"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.path().is_dir())
+        .unwrap()
+        .path();
+    assert!(bundle.join("minimal/repro.py").is_file());
+    let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
+    assert!(md.contains("python minimal/repro.py"), "{md}");
+    let run = Command::new("sh")
+        .arg(bundle.join("reproduce.sh"))
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("illegal memory access"));
+}
+
+#[test]
+fn torch_harness_config_needs_a_factory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("bisect.toml");
+    let text = "[repro]\ncommand = [\"true\"]\n[shrink]\nmodel = \"model.toml\"\ninputs = \"toy:inputs\"\n";
+    let e = cudabisect::config::Config::parse(&p, text)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("[shrink] model: with inputs (the PyTorch harness), model is a factory"),
+        "{e}"
+    );
+}
+
+/// Python that builds steps by hand (no torch) and checks the generated repro.py.
+const CODEGEN_CHECK: &str = r#"
+import importlib.util, sys, operator
+spec = importlib.util.spec_from_file_location("h", sys.argv[1])
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+
+import types
+tl = types.SimpleNamespace(constexpr=int)  # only for the annotation below; triton is not installed here
+
+class JITFunction:  # what triton.jit returns, as far as the harness looks
+    def __init__(self, fn):
+        self.fn = fn
+
+def store_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+kernel = JITFunction(store_kernel)
+
+def faulty_copy(x):
+    out = torch.empty_like(x)
+    kernel[(4096,)](x, out, x.numel(), BLOCK=1024)
+    return out
+
+R = h.Ref
+steps = [
+    h.Step("relu", "ReLU", "ReLU", (R("x", None),), {}, "layer1.relu", "call_module"),
+    h.Step("copy", "faulty_copy", "faulty_copy", (R("relu", "relu"),), {}, faulty_copy, "call_function"),
+    h.Step("view", "Tensor.view", "view", (R("copy", "copy"), -1, slice(None, 4, None)), {}, "view", "call_method"),
+    h.Step("add", "add", "add", (R("view", "view"), 1.5), {"alpha": 2}, operator.add, "call_function"),
+]
+text = h.render_repro(steps, ["x"], ["layer1.relu"], [], "Minimal repro: test")
+compile(text, "repro.py", "exec")
+for want in [
+    "@@cudabisect node=copy op=faulty_copy kernel=faulty_copy begin",
+    "env['copy'] = faulty_copy(env['relu'])",
+    "env['view'] = env['copy'].view(-1, slice(None, 4, None))",
+    "env['add'] = operator.add(env['view'], 1.5, alpha=2)",
+    "env['relu'] = modules['layer1.relu'](env['x'])",
+    "def store_kernel(", "@triton.jit", "def faulty_copy(", "kernel = store_kernel",
+    "import triton", "import triton.language as tl", "import operator",
+    'torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=False)',
+    "sync()", "sys.exit(1)",
+]:
+    assert want in text, (want, text)
+assert "import h" not in text and "spec_from_file_location" not in text, text
+print("ok")
+"#;
+
+#[test]
+fn the_generated_repro_is_standalone_python_with_markers_and_the_models_own_kernels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let check = tmp.path().join("check.py");
+    std::fs::write(&check, CODEGEN_CHECK).unwrap();
+    let out = Command::new("python3")
+        .arg(&check)
+        .arg(harness_py())
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.trim().ends_with("ok"),
+        "{text}"
+    );
+}
