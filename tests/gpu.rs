@@ -498,3 +498,100 @@ fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+#[test]
+fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU (and torch)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root().join("fixtures/torch/untraceable.py"),
+        tmp.path().join("toy_model.py"),
+    )
+    .unwrap();
+    let harness = root().join("harness/torch_harness.py");
+    let py = |args: &[&str]| {
+        let out = Command::new("python3")
+            .arg(&harness)
+            .args([
+                "--model",
+                "toy_model:build",
+                "--inputs",
+                "toy_model:example_inputs",
+                "--device",
+                "cpu",
+            ])
+            .args(args)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let (code, text) = py(&["describe"]);
+    println!(
+        "describe: exit {code}; {}",
+        text.lines()
+            .find(|l| l.contains("falling back"))
+            .unwrap_or("no fallback line")
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("falling back to the chain of child modules"),
+        "{text}"
+    );
+    let json_start = text.find('{').unwrap();
+    let json_end = text.rfind('}').unwrap() + 1;
+    let d: serde_json::Value = serde_json::from_str(&text[json_start..json_end]).unwrap();
+    let ids: Vec<&str> = d["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["lin1", "act", "lin2"]);
+    let rec = tmp.path().join("rec");
+    let (code, text) = py(&["run", "--record", rec.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(text.matches(" end").count(), 3, "{text}");
+    assert!(rec.join("act.pt").is_file());
+    let (code, text) = py(&["run", "--keep", "lin2", "--inputs", rec.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("@@cudabisect node=lin2 op=Linear kernel=Linear end"),
+        "{text}"
+    );
+    let out = tmp.path().join("min");
+    let (code, text) = py(&[
+        "extract",
+        "--keep",
+        "lin2",
+        "--inputs",
+        rec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let run = Command::new("python3")
+        .arg(out.join("repro.py"))
+        .env("REPRO_DEVICE", "cpu")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&run.stdout);
+    println!(
+        "repro.py on cpu: exit {:?}: {}",
+        run.status.code(),
+        text.lines().last().unwrap_or("")
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(text.contains("repro: ran clean"));
+}
