@@ -147,21 +147,23 @@ def chain_graph(model):
     return steps, ["input_0"], {}, ("chain", model)
 
 
+def refs_in(a):
+    """Every Ref inside an argument structure, in order."""
+    if isinstance(a, Ref):
+        yield a
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            yield from refs_in(x)
+    elif isinstance(a, dict):
+        for x in a.values():
+            yield from refs_in(x)
+    elif isinstance(a, slice):
+        yield from refs_in((a.start, a.stop, a.step))
+
+
 def describe(steps, placeholders):
     def tensors(args):
-        out = []
-
-        def walk(a):
-            if isinstance(a, Ref):
-                out.append({"name": a.name, "shape": [], "producer": a.producer})
-            elif isinstance(a, (list, tuple)):
-                for x in a:
-                    walk(x)
-            elif isinstance(a, dict):
-                for x in a.values():
-                    walk(x)
-        walk(args)
-        return out
+        return [{"name": r.name, "shape": [], "producer": r.producer} for r in refs_in(args)]
 
     return {
         "protocol": 1,
@@ -214,22 +216,7 @@ def to_device(v, device):
 
 
 def needed_refs(steps):
-    seen = set()
-
-    def walk(a):
-        if isinstance(a, Ref):
-            seen.add(a.name)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                walk(x)
-        elif isinstance(a, dict):
-            for x in a.values():
-                walk(x)
-        elif isinstance(a, slice):
-            walk((a.start, a.stop, a.step))
-    for s in steps:
-        walk((s.args, s.kwargs))
-    return seen
+    return {r.name for s in steps for r in refs_in((s.args, s.kwargs))}
 
 
 def run(steps, root, env, device, record=None):

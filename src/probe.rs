@@ -76,32 +76,16 @@ impl Prober<'_> {
             return self.finish(ctx, &commit, started, sig, None, None, None, 0, target);
         }
         let mut build_log = None;
-        if let Some(build) = &self.config.build {
+        if self.config.build.is_some() {
             phase(reporter, Phase::Build);
-            let step = Step {
-                command: &build.command,
-                timeout: build.timeout,
-                env: &build.env,
-            };
-            let spec = command_spec(
-                self.config,
-                self.worktree.path(),
-                step,
-                &commit,
-                StepPhase::Build,
-                1,
-            );
-            let run = match process::run(&spec, self.cancel) {
-                Ok(run) => run,
-                Err(e) => {
-                    let sig = Signature::new(
-                        FaultClass::BuildFailure,
-                        format!("build could not start: {e}"),
-                    );
+            let (run, log) = match self.build(&commit, ctx.step, "build") {
+                Some(Ok(built)) => built,
+                Some(Err(e)) => {
+                    let sig = Signature::new(FaultClass::BuildFailure, e);
                     return self.finish(ctx, &commit, started, sig, None, None, None, 0, target);
                 }
+                None => unreachable!("a build is configured"),
             };
-            let log = self.write_log(ctx.step, &commit, "build", &run);
             if run.exit != Exit::Code(0) {
                 let sig = build_failure(&run);
                 let mut out = self.finish(
@@ -225,10 +209,30 @@ impl Prober<'_> {
         self.worktree
             .checkout(oid, clean)
             .map_err(|e| format!("checkout of {oid} failed: {e}"))?;
-        let Some(build) = &self.config.build else {
+        let commit = oid.to_string();
+        let Some(built) = self.build(&commit, 0, &format!("{name}-build")) else {
             return Ok(());
         };
-        let commit = oid.to_string();
+        let (run, log) = built?;
+        if run.exit != Exit::Code(0) {
+            return Err(format!(
+                "build of {} failed ({})",
+                &commit[..12],
+                log.unwrap_or_else(|| "no log".into())
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs the configured build in the worktree and logs it; `None` when there is no build step, `Err`
+    /// when it could not start.
+    fn build(
+        &self,
+        commit: &str,
+        step_no: usize,
+        log_name: &str,
+    ) -> Option<Result<(RunOutput, Option<String>), String>> {
+        let build = self.config.build.as_ref()?;
         let step = Step {
             command: &build.command,
             timeout: build.timeout,
@@ -238,21 +242,17 @@ impl Prober<'_> {
             self.config,
             self.worktree.path(),
             step,
-            &commit,
+            commit,
             StepPhase::Build,
             1,
         );
-        let run =
-            process::run(&spec, self.cancel).map_err(|e| format!("build could not start: {e}"))?;
-        let log = self.write_log(0, &commit, &format!("{name}-build"), &run);
-        if run.exit != Exit::Code(0) {
-            return Err(format!(
-                "build of {} failed ({})",
-                &commit[..12],
-                log.unwrap_or_else(|| "no log".into())
-            ));
-        }
-        Ok(())
+        Some(match process::run(&spec, self.cancel) {
+            Ok(run) => {
+                let log = self.write_log(step_no, commit, log_name, &run);
+                Ok((run, log))
+            }
+            Err(e) => Err(format!("build could not start: {e}")),
+        })
     }
 
     fn write_log(&self, step: usize, commit: &str, name: &str, run: &RunOutput) -> Option<String> {

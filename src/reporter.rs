@@ -254,32 +254,7 @@ fn subgraph_lines(r: &crate::shrink_run::ShrinkReport) -> String {
 /// The human summary of a shrink: what was kept, what was cut, how to reproduce it.
 pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
     let mut out = format!("Shrink: {}\n", r.summary);
-    if !r.kept.is_empty() {
-        out.push_str(&format!(
-            "Minimal subgraph ({} of {} nodes):\n",
-            r.nodes_after, r.nodes_before
-        ));
-        for n in &r.kept {
-            let ins: Vec<String> = n
-                .inputs
-                .iter()
-                .map(|t| format!("{}{:?}", t.name, t.shape))
-                .collect();
-            let outs: Vec<String> = n
-                .outputs
-                .iter()
-                .map(|t| format!("{}{:?}", t.name, t.shape))
-                .collect();
-            out.push_str(&format!(
-                "    {} {}({}) -> {}\n",
-                n.id,
-                n.op,
-                ins.join(", "),
-                outs.join(", ")
-            ));
-        }
-        out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
-    }
+    out.push_str(&subgraph_lines(r));
     if let Some(c) = &r.confirmation {
         out.push_str(&format!("Reproduced: {}/{} runs\n", c.reproduced, c.runs));
     }

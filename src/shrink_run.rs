@@ -12,7 +12,7 @@ use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
 use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::events::{Event, Reporter};
 use crate::process::{self, CommandSpec, RunOutput};
-use crate::shrink::{Reducer, Step};
+use crate::shrink::{Reducer, Reduction, Step};
 
 /// A node as the harness describes it.
 #[derive(Clone, Debug, Deserialize, Serialize)]

@@ -10,6 +10,14 @@ fn enabled() -> bool {
     std::env::var("CUDABISECT_GPU_TESTS").as_deref() == Ok("1")
 }
 
+/// True (after saying so) when GPU tests are not enabled.
+fn skipped() -> bool {
+    if !enabled() {
+        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU (and nvcc, compute-sanitizer, torch)");
+    }
+    !enabled()
+}
+
 fn root() -> PathBuf {
     std::env::var_os("CUDABISECT_ROOT")
         .map(PathBuf::from)
@@ -33,8 +41,7 @@ fn nvcc() -> PathBuf {
 
 #[test]
 fn planted_faults_are_triaged_with_class_kernel_and_access() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -147,8 +154,7 @@ fn model(name: &str) -> String {
 
 #[test]
 fn every_zoo_op_on_cuda_matches_the_cpu_reference() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -193,8 +199,7 @@ fn every_zoo_op_on_cuda_matches_the_cpu_reference() {
 
 #[test]
 fn planted_out_of_bounds_kernels_are_blamed_on_their_node() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -229,8 +234,7 @@ fn planted_out_of_bounds_kernels_are_blamed_on_their_node() {
 
 #[test]
 fn the_kernel_cache_is_hit_on_the_second_run() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -281,8 +285,7 @@ fn git_repo_with(dir: &std::path::Path, files: &[(&str, String)]) {
 
 #[test]
 fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -346,8 +349,7 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
 
 #[test]
 fn the_demo_runs_on_cuda_with_sanitizer_triage() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -483,8 +485,7 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
 
 #[test]
 fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU");
+    if skipped() {
         return;
     }
     let mut failures = Vec::new();
@@ -501,8 +502,7 @@ fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
 
 #[test]
 fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU (and torch)");
+    if skipped() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

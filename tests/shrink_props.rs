@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use cudabisect::shrink::{PlainDdmin, Reducer, Step};
+use cudabisect::shrink::{PlainDdmin, Reducer, Reduction, Step};
 use proptest::prelude::*;
 
 fn reduce(n: usize, fault: usize, fails: &dyn Fn(&[usize]) -> bool) -> (Vec<usize>, usize) {

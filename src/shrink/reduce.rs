@@ -82,11 +82,6 @@ impl Reducer {
         }
     }
 
-    /// Candidates actually run so far (cache hits are free).
-    pub fn runs(&self) -> usize {
-        self.runs
-    }
-
     pub fn stage(&self) -> Stage {
         match self.state {
             State::Alone => Stage::Alone,
@@ -95,9 +90,16 @@ impl Reducer {
             State::Done(_) => Stage::Done,
         }
     }
+}
+
+impl Reduction for Reducer {
+    /// Candidates actually run so far (cache hits are free).
+    fn runs(&self) -> usize {
+        self.runs
+    }
 
     /// The next candidate to run, or the result.
-    pub fn next_step(&mut self) -> Step {
+    fn next_step(&mut self) -> Step {
         loop {
             if let Some(p) = &self.pending {
                 return Step::Run(p.clone());
@@ -143,7 +145,7 @@ impl Reducer {
     }
 
     /// Records whether `candidate` (the one `next_step` proposed) failed the same way.
-    pub fn mark(&mut self, candidate: &[usize], fails: bool) {
+    fn mark(&mut self, candidate: &[usize], fails: bool) {
         if self.pending.as_deref() != Some(candidate) {
             // An answer to a question not asked: remember it, change nothing else.
             self.cache.insert(candidate.to_vec(), fails);
@@ -154,7 +156,9 @@ impl Reducer {
         self.cache.insert(candidate.to_vec(), fails);
         self.advance(candidate, fails);
     }
+}
 
+impl Reducer {
     fn advance(&mut self, candidate: &[usize], fails: bool) {
         self.state = match std::mem::replace(&mut self.state, State::Alone) {
             State::Alone if fails => State::Done(vec![self.fault]),
@@ -289,33 +293,12 @@ fn chunk_of(rest: &[usize], granularity: usize, chunk: usize) -> BTreeSet<usize>
 
 /// The interface both reducers share, so one driver (or benchmark) can run either.
 pub trait Reduction {
+    /// The next candidate to run, or the result.
     fn next_step(&mut self) -> Step;
+    /// Records whether `candidate` (the one `next_step` proposed) failed the same way.
     fn mark(&mut self, candidate: &[usize], fails: bool);
+    /// Candidates actually run so far (cache hits are free).
     fn runs(&self) -> usize;
-}
-
-impl Reduction for Reducer {
-    fn next_step(&mut self) -> Step {
-        Reducer::next_step(self)
-    }
-    fn mark(&mut self, candidate: &[usize], fails: bool) {
-        Reducer::mark(self, candidate, fails)
-    }
-    fn runs(&self) -> usize {
-        Reducer::runs(self)
-    }
-}
-
-impl Reduction for PlainDdmin {
-    fn next_step(&mut self) -> Step {
-        PlainDdmin::next_step(self)
-    }
-    fn mark(&mut self, candidate: &[usize], fails: bool) {
-        PlainDdmin::mark(self, candidate, fails)
-    }
-    fn runs(&self) -> usize {
-        PlainDdmin::runs(self)
-    }
 }
 
 /// Plain delta debugging over all nodes, with no fault location: the baseline the benchmark compares
@@ -343,12 +326,14 @@ impl PlainDdmin {
             done: n <= 1,
         }
     }
+}
 
-    pub fn runs(&self) -> usize {
+impl Reduction for PlainDdmin {
+    fn runs(&self) -> usize {
         self.runs
     }
 
-    pub fn next_step(&mut self) -> Step {
+    fn next_step(&mut self) -> Step {
         loop {
             if self.done {
                 return Step::Done(self.rest.clone());
@@ -367,12 +352,14 @@ impl PlainDdmin {
         }
     }
 
-    pub fn mark(&mut self, candidate: &[usize], fails: bool) {
+    fn mark(&mut self, candidate: &[usize], fails: bool) {
         self.runs += 1;
         self.cache.insert(candidate.to_vec(), fails);
         self.advance(candidate.to_vec(), fails);
     }
+}
 
+impl PlainDdmin {
     fn advance(&mut self, candidate: Vec<usize>, fails: bool) {
         if fails && !candidate.is_empty() {
             self.rest = candidate;
