@@ -79,7 +79,7 @@ fn a_clean_run_balances_its_markers_and_prints_the_outputs() {
 fn an_out_of_range_gather_is_charged_to_its_node_buffer_and_index() {
     let (code, out, _) = harness(&["run", s(&model("shrink_one_node.toml")), "--backend", "cpu"]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("node b2_lookup (embedding) reads row 4194304 of lookup_table (64 rows); the index is lookup_ids[15]"), "{out}");
+    assert!(out.contains("node b2_lookup (embedding) reads row 268435456 of lookup_table (64 rows); the index is lookup_ids[15]"), "{out}");
     let sig = classify(Exit::Code(code), &out);
     assert_eq!(sig.class, FaultClass::IllegalAddress);
     assert_eq!(sig.kernel.as_deref(), Some("embedding_gather"));
@@ -216,7 +216,7 @@ fn state_left_by_an_inplace_node_is_needed_to_reproduce() {
     assert_eq!(pair.0, 1, "{}", pair.1);
     assert!(
         pair.1
-            .contains("node b3_slot_lookup (embedding) reads row 4194304 of slot_table"),
+            .contains("node b3_slot_lookup (embedding) reads row 268435456 of slot_table"),
         "{}",
         pair.1
     );

@@ -203,7 +203,7 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     let mut b = RepoBuilder::init(&dir).unwrap();
     let bad_model = fixture("shrink_one_node.toml");
     // Before the regression the lookup ids stay inside the table.
-    let good_model = bad_model.replace("4194304]", "15]");
+    let good_model = bad_model.replace("268435456]", "15]");
     assert_ne!(good_model, bad_model);
     let shrink_cfg = "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2";
     let mut parent = None;
