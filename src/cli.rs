@@ -155,6 +155,14 @@ enum HarnessCommand {
         #[arg(long)]
         no_cache: bool,
     },
+    /// Check the model and compile the kernels it needs into the cache (a build step for bisect.toml).
+    Build {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// Compile without reading or writing the kernel cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
     /// Print the graph (nodes, ops, kernels, tensor shapes and producers) as JSON.
     Describe {
         /// The model file (TOML).
@@ -259,6 +267,9 @@ pub fn main() -> i32 {
                     no_cache,
                 } => crate::harness_cmd::run(pick(file), backend, keep, record, inputs, no_cache),
                 HarnessCommand::Describe { file } => crate::harness_cmd::describe(pick(file)),
+                HarnessCommand::Build { file, no_cache } => {
+                    crate::harness_cmd::build(pick(file), backend, no_cache)
+                }
                 HarnessCommand::Extract {
                     file,
                     keep,

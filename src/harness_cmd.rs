@@ -58,14 +58,46 @@ pub fn run(
         Err(e) => {
             // On stdout, where the protocol lines go, so a log of the run shows why it did not run.
             println!("error: {e}");
-            match e {
-                HarnessError::Unavailable(_) => exit_codes::BACKEND_UNAVAILABLE,
-                HarnessError::Model(_) | HarnessError::Usage(_) | HarnessError::Compile(_) => {
-                    exit_codes::USAGE
-                }
-                HarnessError::Io(_) => exit_codes::INTERNAL,
-            }
+            error_code(&e)
         }
+    }
+}
+
+/// `harness build`: check the model and compile its kernels into the cache (0 ok, 2 bad model or a kernel
+/// that does not compile, 6 no backend).
+pub fn build(model: Option<PathBuf>, backend: BackendChoice, no_cache: bool) -> i32 {
+    let model = match load(model) {
+        Ok(m) => m,
+        Err(code) => return code,
+    };
+    let opts = RunOptions {
+        backend,
+        keep: None,
+        record: None,
+        inputs: None,
+        cache: if no_cache {
+            None
+        } else {
+            harness::kernels::cache_dir()
+        },
+    };
+    let stdout = std::io::stdout();
+    match harness::build(&model, &opts, &mut stdout.lock()) {
+        Ok(()) => exit_codes::FOUND,
+        Err(e) => {
+            eprintln!("error: {e}");
+            error_code(&e)
+        }
+    }
+}
+
+fn error_code(e: &HarnessError) -> i32 {
+    match e {
+        HarnessError::Unavailable(_) => exit_codes::BACKEND_UNAVAILABLE,
+        HarnessError::Model(_) | HarnessError::Usage(_) | HarnessError::Compile(_) => {
+            exit_codes::USAGE
+        }
+        HarnessError::Io(_) => exit_codes::INTERNAL,
     }
 }
 

@@ -670,12 +670,13 @@ pub fn shrink(
         &record,
     ));
     let summary = format!(
-        "{} of {} nodes ({}) still fail with {}; minimal after {} harness runs; confirmed {reproduced}/{}",
+        "{} of {} nodes ({}) still fail with {}; minimal after {} harness run{}; confirmed {reproduced}/{}",
         result.len(),
         nodes.len(),
         keep.join(", "),
         target.short(),
         report.runs_to_minimal,
+        if report.runs_to_minimal == 1 { "" } else { "s" },
         ctx.shrink.confirm
     );
     finish(report, ShrinkStatus::Minimal, summary, reporter)

@@ -595,3 +595,49 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
     );
     assert!(text.contains("repro: ran clean"));
 }
+
+#[test]
+fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
+    if skipped() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(model("mlp.toml"))
+        .unwrap()
+        .replace("[model]\n", "[model]\nkernels = [\"mine.cu\"]\n")
+        .replace("op = \"gelu\"", "op = \"gelu\"\nkernel = \"my_gelu\"");
+    std::fs::write(tmp.path().join("m.toml"), text).unwrap();
+    std::fs::write(
+        tmp.path().join("mine.cu"),
+        "extern \"C\" __global__ void my_gelu(float *out, const float *x, long long total) {\n  out[0] = x[0] +;\n}\n",
+    )
+    .unwrap();
+    let m = tmp.path().join("m.toml").display().to_string();
+    let (code, text) = harness(
+        &["build", &m, "--backend", "cuda"],
+        &tmp.path().join("cache"),
+    );
+    println!(
+        "build of a broken kernel: exit {code}: {}",
+        text.lines().find(|l| l.contains("error")).unwrap_or("")
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("kernel compilation failed for mine.cu") && text.contains("mine.cu(2)"),
+        "{text}"
+    );
+    std::fs::write(
+        tmp.path().join("mine.cu"),
+        "extern \"C\" __global__ void my_gelu(float *out, const float *x, long long total) {\n  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n  if (i < total) out[i] = x[i];\n}\n",
+    )
+    .unwrap();
+    let (code, text) = harness(
+        &["build", &m, "--backend", "cuda"],
+        &tmp.path().join("cache"),
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("harness: kernels mine.cu: compiled"),
+        "{text}"
+    );
+}

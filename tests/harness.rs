@@ -311,3 +311,30 @@ fn without_a_driver_cuda_is_refused_and_auto_says_it_fell_back() {
         "{out}"
     );
 }
+
+#[test]
+fn build_checks_the_model_and_its_kernels_before_any_run() {
+    let (code, out, _) = harness(&[
+        "build",
+        s(&model("transformer_block.toml")),
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("harness: build ok: 19 nodes, 9 kernels ready for cpu"),
+        "{out}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(model("mlp.toml"))
+        .unwrap()
+        .replace("op = \"gelu\"", "op = \"gelu\"\nkernel = \"my_gelu\"");
+    let p = tmp.path().join("m.toml");
+    std::fs::write(&p, text).unwrap();
+    let (code, _, err) = harness(&["build", s(&p), "--backend", "cpu"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no kernel source defines `extern \"C\" __global__ void my_gelu(...)`"),
+        "{err}"
+    );
+}

@@ -425,6 +425,32 @@ pub fn run(
     })
 }
 
+/// The build step for a model: checks it (including that every node's kernel has a source) and, on the
+/// CUDA backend, compiles the kernels it needs into the cache. Used as `[build] command`, a kernel that
+/// does not compile makes the commit a build failure, skipped as such, and repro runs start warm.
+pub fn build(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<(), HarnessError> {
+    let plan = plan(model, None)?;
+    let user = kernels::read_sources(&model.kernels).map_err(HarnessError::Io)?;
+    let zoo = kernels::zoo();
+    let names: BTreeSet<&str> = plan
+        .nodes
+        .iter()
+        .map(|&i| model.nodes[i].kernel.as_str())
+        .collect();
+    kernels::resolve(names.iter().copied(), &user, &zoo).map_err(HarnessError::Usage)?;
+    let mut timings = Timings::default();
+    let (_engine, backend) = start_engine(model, &plan, opts, out, &mut timings)?;
+    line(
+        out,
+        &format!(
+            "harness: build ok: {} nodes, {} kernels ready for {backend}",
+            plan.nodes.len(),
+            names.len()
+        ),
+    );
+    Ok(())
+}
+
 /// A short fingerprint of a tensor's values, for eyeballing that two runs agree.
 fn checksum(t: &Tensor) -> String {
     match &t.data {
