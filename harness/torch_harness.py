@@ -219,6 +219,22 @@ def needed_refs(steps):
     return {r.name for s in steps for r in refs_in((s.args, s.kwargs))}
 
 
+def shape_of(v):
+    """{"shape", "dtype"} of a tensor value, else None."""
+    shape = getattr(v, "shape", None)
+    dtype = getattr(v, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    return {"shape": [int(d) for d in shape], "dtype": str(dtype).replace("torch.", "")}
+
+
+def write_shapes(record, env):
+    """The recording's `shapes.json`: what `describe` cannot know without running the model."""
+    shapes = {k: sh for k, sh in ((k, shape_of(v)) for k, v in env.items()) if sh}
+    with open(os.path.join(record, "shapes.json"), "w") as f:
+        json.dump(shapes, f)
+
+
 def run(steps, root, env, device, record=None):
     """Runs `steps` in order on `env`; returns 0 clean, 1 when a step raised."""
     import torch
@@ -232,10 +248,14 @@ def run(steps, root, env, device, record=None):
             traceback.print_exc(file=sys.stdout)
             sys.stdout.flush()
             say(f"harness: node {s.name} failed")
+            if record:
+                write_shapes(record, env)
             return 1
         say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end"))
         if record:
             torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+    if record:
+        write_shapes(record, env)
     say(f"harness: ok: {len(steps)} nodes on {device}")
     return 0
 
@@ -432,9 +452,18 @@ def extract(kept, root, env, out_dir, title, device):
     import torch
     os.makedirs(out_dir, exist_ok=True)
     modules = {}
+    foreign = []
     for s in kept:
         if s.kind == "call_module":
-            modules[s.target] = root.get_submodule(s.target).cpu()
+            m = root.get_submodule(s.target).cpu()
+            modules[s.target] = m
+            if not type(m).__module__.startswith("torch."):
+                foreign.append(f"{type(m).__module__}.{type(m).__name__}")
+    if foreign:
+        # Pickled by reference: loading them needs the user's package. Said in repro.py and on stderr.
+        title += ("\n\nNOT STANDALONE: it unpickles the model's own module classes "
+                  f"({', '.join(sorted(set(foreign)))}), so their package must be importable.")
+        print(f"harness: repro.py needs the model's package for {', '.join(sorted(set(foreign)))}", file=sys.stderr)
     names = sorted(env)
     data = {"values": {k: to_device(env[k], "cpu") for k in names}, "modules": modules}
     torch.save(data, os.path.join(out_dir, "repro_data.pt"))

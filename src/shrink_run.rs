@@ -357,6 +357,33 @@ fn last_line(text: &str) -> String {
         .to_string()
 }
 
+/// Fills in shapes and types the description lacked (a harness that only learns them by running, like
+/// the PyTorch one) from the recording's `shapes.json`, when there is one.
+fn with_recorded_shapes(mut nodes: Vec<GraphNode>, record: &Path) -> Vec<GraphNode> {
+    #[derive(Deserialize)]
+    struct Recorded {
+        shape: Vec<u64>,
+        dtype: Option<String>,
+    }
+    let Ok(text) = std::fs::read_to_string(record.join("shapes.json")) else {
+        return nodes;
+    };
+    let Ok(shapes) = serde_json::from_str::<std::collections::HashMap<String, Recorded>>(&text)
+    else {
+        return nodes;
+    };
+    for t in nodes
+        .iter_mut()
+        .flat_map(|n| n.inputs.iter_mut().chain(n.outputs.iter_mut()))
+    {
+        if let Some(r) = shapes.get(&t.name).filter(|_| t.shape.is_empty()) {
+            t.shape = r.shape.clone();
+            t.dtype = t.dtype.take().or_else(|| r.dtype.clone());
+        }
+    }
+    nodes
+}
+
 /// Node ids of a candidate.
 fn ids(nodes: &[GraphNode], picks: &[usize]) -> Vec<String> {
     picks.iter().map(|&i| nodes[i].id.clone()).collect()
@@ -569,6 +596,7 @@ pub fn shrink(
             reporter,
         );
     };
+    let nodes = with_recorded_shapes(nodes, &record);
     report.located_node = Some(nodes[fault].id.clone());
     reporter.event(&Event::ShrinkLocated {
         node: nodes[fault].id.clone(),
@@ -721,5 +749,61 @@ pub fn check_elsewhere(
                 format!("failed differently: {}", sig.short())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, shape: Vec<u64>) -> GraphTensor {
+        GraphTensor {
+            name: name.into(),
+            shape,
+            dtype: None,
+            producer: None,
+        }
+    }
+
+    #[test]
+    fn recorded_shapes_fill_only_what_the_description_lacked() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = vec![GraphNode {
+            id: "wpe".into(),
+            op: "Embedding".into(),
+            kernel: None,
+            inputs: vec![tensor("pos", vec![]), tensor("known", vec![7])],
+            outputs: vec![tensor("wpe", vec![])],
+        }];
+        assert_eq!(
+            with_recorded_shapes(nodes.clone(), dir.path())[0].inputs[0].shape,
+            Vec::<u64>::new()
+        );
+        std::fs::write(
+            dir.path().join("shapes.json"),
+            r#"{"pos": {"shape": [32], "dtype": "int64"}, "known": {"shape": [9], "dtype": "float32"}, "wpe": {"shape": [32, 128], "dtype": "float32"}}"#,
+        )
+        .unwrap();
+        let filled = with_recorded_shapes(nodes, dir.path());
+        assert_eq!(filled[0].inputs[0].shape, vec![32]);
+        assert_eq!(filled[0].inputs[0].dtype.as_deref(), Some("int64"));
+        assert_eq!(
+            filled[0].inputs[1].shape,
+            vec![7],
+            "a described shape stays"
+        );
+        assert_eq!(filled[0].outputs[0].shape, vec![32, 128]);
+    }
+
+    #[test]
+    fn the_open_marker_names_the_node_that_died() {
+        let out = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n@@cudabisect node=b op=y kernel=k2 begin\nRuntimeError: CUDA error\n";
+        assert_eq!(open_node(out).as_deref(), Some("b"));
+        assert_eq!(
+            open_node(
+                "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n"
+            ),
+            None
+        );
     }
 }

@@ -449,6 +449,20 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
             log("locate.log")
         ));
     }
+    let shapes: Vec<String> = report["kept"][0]["inputs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| format!("{}{}", t["name"].as_str().unwrap_or(""), t["shape"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!("{fixture}: kept node inputs {shapes:?}");
+    if shapes.is_empty() || shapes.iter().any(|s| s.ends_with("[]")) {
+        return Err(format!(
+            "{summary}\nthe kept node's input shapes were not filled from the recording: {shapes:?}"
+        ));
+    }
     let repro = report["minimal_model"]
         .as_str()
         .unwrap_or_default()
