@@ -130,6 +130,10 @@ pub struct ReproSection {
     /// How often to rerun a probe whose failure is an infrastructure problem before skipping it.
     #[serde(default = "default_infra_retries")]
     pub infra_retries: u32,
+    /// Runs of a probe before it counts as clean: a fault that shows only some of the time is caught when
+    /// any run shows it. 1 (the default) trusts a single clean run.
+    #[serde(default = "one")]
+    pub attempts: u32,
 }
 
 /// `[search]`: how probe outcomes steer the search.
@@ -370,6 +374,14 @@ impl Config {
                     path: path.to_path_buf(),
                     source,
                 })?;
+        if raw.repro.attempts == 0 {
+            return Err(ConfigError::Parse {
+                path: path.to_path_buf(),
+                line: 1,
+                column: 1,
+                message: "[repro] attempts must be at least 1".into(),
+            });
+        }
         if let Some(shrink) = &raw.shrink {
             let err = |message: &str| ConfigError::Shrink {
                 path: path.to_path_buf(),

@@ -107,6 +107,7 @@ impl Prober<'_> {
         phase(reporter, Phase::Repro);
         let repro = &self.config.repro;
         let mut attempt = 1;
+        let (mut infra_retried, mut clean_runs) = (0, 0);
         loop {
             let step = Step {
                 command: &repro.command,
@@ -138,8 +139,18 @@ impl Prober<'_> {
             };
             let log = self.write_log(ctx.step, &commit, &name, &run);
             let sig = classify(run.exit, &run.output);
-            if sig.class == FaultClass::Infra && attempt <= repro.infra_retries && !run.interrupted
+            if sig.class == FaultClass::Infra
+                && infra_retried < repro.infra_retries
+                && !run.interrupted
             {
+                infra_retried += 1;
+                attempt += 1;
+                continue;
+            }
+            // A clean run of a flaky fault proves little: run again, up to `attempts` clean runs.
+            if sig.class == FaultClass::None && clean_runs + 1 < repro.attempts && !run.interrupted
+            {
+                clean_runs += 1;
                 attempt += 1;
                 continue;
             }

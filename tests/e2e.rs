@@ -24,6 +24,10 @@ case "$mode" in
   infra-then-fault)
     if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
     show native_oob_sync.log; exit 42 ;;
+  flaky)
+    # The fault shows on the second run of a probe and later ones, never on the first.
+    if [ "$CUDABISECT_ATTEMPT" -ge 2 ]; then show native_oob_sync.log; exit 42; fi
+    echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
 esac
 echo "unknown mode $mode"; exit 99
@@ -400,6 +404,32 @@ fn infrastructure_failures_are_retried_and_env_contract_holds() {
     assert!(log.contains("CUDABISECT_WORKTREE=/"), "{log}");
     let r = git2::Repository::open(&repo.path).unwrap();
     assert_eq!(r.worktrees().unwrap().len(), 1, "--keep-worktree keeps it");
+}
+
+#[test]
+fn flaky_faults_are_caught_with_repro_attempts() {
+    let repo = linear(&modes(12, |i| {
+        (if i < 6 { "clean" } else { "flaky" }, true)
+    }));
+    let range = format!("{}..main", repo.commits[0]);
+    // One run per probe: the flaky bad end looks clean, so nothing can be bisected.
+    let run = cudabisect(&repo.path, &[&range]);
+    assert_eq!(run.code, 3, "{}", run.stdout);
+    // Three runs per probe before calling it clean: the fault is caught and the culprit found.
+    let cfg = repo.path.parent().unwrap().join("flaky.toml");
+    std::fs::write(
+        &cfg,
+        config("").replace("[repro]\n", "[repro]\nattempts = 3\n"),
+    )
+    .unwrap();
+    let run = cudabisect(&repo.path, &[&range, "--config", cfg.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[6].to_string());
+    let report = run.report.unwrap();
+    for p in report["probes"].as_array().unwrap() {
+        let want = if p["verdict"] == "bad" { 2 } else { 3 };
+        assert_eq!(p["attempts"], want, "{p:#}");
+    }
 }
 
 #[test]
