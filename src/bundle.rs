@@ -182,6 +182,16 @@ exec "$bin" harness run "$here/minimal/model.toml" --backend "${{CUDABISECT_BACK
     Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
 }
 
+/// A PyTorch repro that had to pickle the user's own module classes says so in its docstring.
+fn needs_user_package(input: &BundleInput) -> bool {
+    input
+        .shrink
+        .and_then(|s| s.minimal_model.as_deref())
+        .filter(|m| m.ends_with(".py"))
+        .and_then(|m| std::fs::read_to_string(m).ok())
+        .is_some_and(|text| text.contains("NOT STANDALONE"))
+}
+
 fn dir_has_repro_py(input: &BundleInput) -> bool {
     input
         .shrink
@@ -353,6 +363,12 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
     }
     let _ = writeln!(md, "## Reproduce\n");
     match (reproduce, input.shrink.and_then(|s| s.reproduce.as_deref())) {
+        (Some(line), _) if needs_user_package(input) => {
+            let _ = writeln!(
+                md,
+                "From this directory:\n\n```\n{line}\n```\n\nNot standalone: `repro.py` unpickles the model's own module classes, so their package must be importable (see the top of `repro.py`).\n"
+            );
+        }
         (Some(line), _) => {
             let _ = writeln!(
                 md,
