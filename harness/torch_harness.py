@@ -28,6 +28,7 @@ import sys
 import textwrap
 import traceback
 
+PROTOCOL_VERSION = 2
 MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}"
 
 
@@ -166,7 +167,7 @@ def describe(steps, placeholders):
         return [{"name": r.name, "shape": [], "producer": r.producer} for r in refs_in(args)]
 
     return {
-        "protocol": 1,
+        "protocol": PROTOCOL_VERSION,
         "harness": "torch",
         "inputs": placeholders,
         "nodes": [
@@ -480,17 +481,19 @@ def extract(kept, root, env, out_dir, title, device):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="torch_harness.py")
     p.add_argument("--model", required=True, help="module:factory returning the nn.Module")
-    p.add_argument("--inputs", dest="example", required=True, help="module:factory returning the inputs")
+    p.add_argument("--example-inputs", dest="example", required=True,
+                   help="module:factory returning the model's example inputs")
     p.add_argument("--device", default="cuda")
     sub = p.add_subparsers(dest="verb", required=True)
-    sub.add_parser("describe")
+    d = sub.add_parser("describe")
+    d.add_argument("--out", help="write the description here (the protocol's channel) instead of stdout")
     r = sub.add_parser("run")
     r.add_argument("--keep")
-    r.add_argument("--inputs")
+    r.add_argument("--recording", help="the recording boundary inputs come from")
     r.add_argument("--record")
     x = sub.add_parser("extract")
     x.add_argument("--keep", required=True)
-    x.add_argument("--inputs")
+    x.add_argument("--recording")
     x.add_argument("--out", required=True)
     a = p.parse_args(argv)
 
@@ -505,7 +508,14 @@ def main(argv=None):
     steps, placeholders, attrs, (traced_by, root) = build_graph(model, example)
     root = root.to(a.device)
     if a.verb == "describe":
-        print(json.dumps(describe(steps, placeholders), indent=1))
+        text = json.dumps(describe(steps, placeholders), indent=1)
+        if a.out:
+            tmp = a.out + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, a.out)
+        else:
+            print(text)
         return 0
     keep = [k for k in (a.keep or "").split(",") if k] if a.verb in ("run", "extract") and a.keep else None
     if keep is not None:
@@ -517,7 +527,7 @@ def main(argv=None):
         kept = steps
     say(f"harness: torch {torch.__version__}, {traced_by} graph, {len(kept)} of {len(steps)} nodes on {a.device}")
     with torch.no_grad():
-        env = boundary_env(kept, placeholders, example, attrs, getattr(a, "inputs", None), a.device)
+        env = boundary_env(kept, placeholders, example, attrs, getattr(a, "recording", None), a.device)
         if a.verb == "extract":
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {a.model} ({', '.join(s.name for s in kept)})"
             extract(kept, root, env, a.out, title, a.device)

@@ -10,6 +10,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use crate::classify::{MatchPolicy, MatchPolicyError};
+use crate::harness::BackendChoice;
 
 /// A command: an argv array run directly, or a string run by `sh -c`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,10 +166,6 @@ fn default_device() -> String {
     "cuda".into()
 }
 
-fn default_backend() -> String {
-    "auto".into()
-}
-
 /// `[shrink]`: the harness that can describe the model and run parts of it (the harness protocol).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -190,8 +187,8 @@ pub struct ShrinkSection {
     #[serde(default = "default_device")]
     pub device: String,
     /// The native harness's backend: cuda, cpu or auto.
-    #[serde(default = "default_backend")]
-    pub backend: String,
+    #[serde(default)]
+    pub backend: BackendChoice,
     /// Time allowed for one harness run.
     #[serde(default = "default_shrink_timeout", deserialize_with = "duration")]
     pub timeout: Duration,
@@ -209,10 +206,6 @@ pub struct ShrinkSection {
     pub env: BTreeMap<String, String>,
 }
 
-fn default_bundle_dir() -> String {
-    "cudabisect-out".into()
-}
-
 /// `[bundle]`: where the hand-off bundle goes.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -221,15 +214,19 @@ pub struct BundleSection {
     #[serde(default = "yes")]
     pub enabled: bool,
     /// The bundle root, relative to the repository root (or absolute); bundles go in `<dir>/<short sha>/`.
-    #[serde(default = "default_bundle_dir")]
-    pub dir: String,
+    /// Default: `bundles/` in the state directory under the git directory, never the working tree.
+    pub dir: Option<String>,
+    /// Copy the cudabisect binary into the bundle (for native-harness repros on machines without it).
+    #[serde(default)]
+    pub include_binary: bool,
 }
 
 impl Default for BundleSection {
     fn default() -> Self {
         Self {
             enabled: true,
-            dir: default_bundle_dir(),
+            dir: None,
+            include_binary: false,
         }
     }
 }
@@ -399,12 +396,6 @@ impl Config {
             if shrink.inputs.is_some() && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
             {
                 return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
-            }
-            if !["cuda", "cpu", "auto"].contains(&shrink.backend.as_str()) {
-                return Err(err(&format!(
-                    "backend: {:?} is not cuda, cpu or auto",
-                    shrink.backend
-                )));
             }
             if shrink.attempts == 0 || shrink.confirm == 0 {
                 return Err(err("attempts and confirm must be at least 1"));

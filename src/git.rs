@@ -1,13 +1,14 @@
-//! The git edge: resolves revisions, lists the commit range as a DAG for the search, describes commits, and
-//! manages the probe worktree. The user's checkout (HEAD, branch, index, files, stashes) is never written.
+//! The git edge: resolves revisions, lists the commit range as a DAG for the search (through `git rev-list`,
+//! so replace refs, grafts, `--first-parent` and pathspecs mean what they mean to git), describes commits,
+//! and manages the probe worktree through the `git` command (so the user's credentials, URL rewrites and
+//! config apply to submodules). The user's checkout, branches, index and stashes are never written.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use git2::{BranchType, Oid, Repository, Sort, WorktreeAddOptions, WorktreePruneOptions};
-use serde::Serialize;
-
-/// The name of the worktree cudabisect registers for its probes.
-const WORKTREE_NAME: &str = "cudabisect-probe";
+use git2::{Oid, Repository};
+use serde::{Deserialize, Serialize};
 
 /// Git problems, most of them caused by user input.
 #[derive(Debug, thiserror::Error)]
@@ -15,23 +16,48 @@ pub enum GitError {
     /// The directory is not inside a git repository.
     #[error("{0} is not a git repository")]
     NotARepository(PathBuf),
+    /// A bare repository has no checkout to bisect from.
+    #[error("{0} is a bare repository: run cudabisect in a clone with a working tree")]
+    Bare(PathBuf),
     /// A revision does not name a commit.
     #[error("unknown revision `{0}`")]
     UnknownRevision(String),
+    /// A revision names a commit this shallow clone does not have.
+    #[error("unknown revision `{0}` (this clone is shallow: `git fetch --unshallow` brings the rest of the history)")]
+    BeyondShallow(String),
     /// GOOD and BAD are the same commit.
     #[error("good and bad are the same commit ({0})")]
     SameCommit(String),
-    /// A good commit is not an ancestor of the bad one.
-    #[error("good commit `{good}` is not an ancestor of bad commit `{bad}`")]
-    NotAncestor {
+    /// A good commit shares no history with the bad one.
+    #[error("good commit `{good}` and bad commit `{bad}` share no history (no merge base)")]
+    Unrelated {
         /// The good revision as given.
         good: String,
         /// The bad revision as given.
         bad: String,
     },
-    /// Anything libgit2 reports while reading or writing.
+    /// The bad commit is an ancestor of a good one: the range is reversed.
+    #[error("bad commit `{bad}` is an ancestor of good commit `{good}`: is the range reversed?")]
+    Reversed {
+        /// The good revision as given.
+        good: String,
+        /// The bad revision as given.
+        bad: String,
+    },
+    /// The range holds no commit to test.
+    #[error("no commit in {0} is left to test")]
+    EmptyRange(String),
+    /// Anything libgit2 reports while reading.
     #[error("git: {0}")]
     Git(#[from] git2::Error),
+    /// The `git` command failed.
+    #[error("`git {args}` failed: {message}")]
+    Command {
+        /// Its arguments.
+        args: String,
+        /// What it printed on stderr (last line), or why it did not start.
+        message: String,
+    },
     /// Filesystem trouble around the worktree.
     #[error("worktree {path}: {source}")]
     Io {
@@ -43,8 +69,15 @@ pub enum GitError {
     },
 }
 
+impl GitError {
+    /// True when the user's input is at fault (a bad revision or range), not git or the disk.
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Self::Git(_) | Self::Command { .. } | Self::Io { .. })
+    }
+}
+
 /// One commit of the search range.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangeCommit {
     /// The commit.
     pub oid: Oid,
@@ -52,8 +85,17 @@ pub struct RangeCommit {
     pub parents: Vec<usize>,
 }
 
+/// How the range is walked, as `git rev-list` options.
+#[derive(Clone, Debug, Default)]
+pub struct RangeOptions {
+    /// Follow only the first parent of merges.
+    pub first_parent: bool,
+    /// Only commits that touch these paths are candidates (TREESAME commits weigh nothing).
+    pub pathspec: Vec<String>,
+}
+
 /// What a report says about a commit.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CommitInfo {
     /// Full sha.
     pub commit: String,
@@ -74,13 +116,61 @@ pub struct Repo {
     repo: Repository,
 }
 
+/// A `git` command with the environment of an outer git (a hook, a script run by `git rebase -x`) removed,
+/// so it talks to the repository it is pointed at.
+fn git(dir: &Path) -> Command {
+    let mut cmd = Command::new("git");
+    for var in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_PREFIX",
+        "GIT_COMMON_DIR",
+        "GIT_OBJECT_DIRECTORY",
+    ] {
+        cmd.env_remove(var);
+    }
+    // Never start a background gc in the user's repository, never prompt on a terminal nobody watches.
+    cmd.env("GIT_TERMINAL_PROMPT", "0")
+        .args(["-c", "gc.auto=0", "-c", "maintenance.auto=false", "-C"])
+        .arg(dir)
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
+/// Runs `git args…` in `dir` and returns its stdout.
+fn run_git(dir: &Path, args: &[&str]) -> Result<String, GitError> {
+    let out = git(dir)
+        .args(args)
+        .output()
+        .map_err(|e| GitError::Command {
+            args: args.join(" "),
+            message: format!("cannot run git: {e}"),
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.starts_with("hint:"))
+            .unwrap_or("no message")
+            .trim()
+            .to_string();
+        return Err(GitError::Command {
+            args: args.join(" "),
+            message,
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 impl Repo {
     /// Opens the repository that contains `dir`.
     pub fn open(dir: &Path) -> Result<Self, GitError> {
         let repo =
             Repository::discover(dir).map_err(|_| GitError::NotARepository(dir.to_path_buf()))?;
         if repo.is_bare() {
-            return Err(GitError::NotARepository(dir.to_path_buf()));
+            return Err(GitError::Bare(dir.to_path_buf()));
         }
         Ok(Self { repo })
     }
@@ -98,7 +188,7 @@ impl Repo {
         self.repo.commondir().join("cudabisect")
     }
 
-    /// Resolves a revision to a commit.
+    /// The parents of a commit.
     pub fn parents(&self, oid: Oid) -> Result<Vec<Oid>, GitError> {
         Ok(self.repo.find_commit(oid)?.parent_ids().collect())
     }
@@ -109,52 +199,111 @@ impl Repo {
             .revparse_single(rev)
             .and_then(|o| o.peel_to_commit())
             .map(|c| c.id())
-            .map_err(|_| GitError::UnknownRevision(rev.to_string()))
+            .map_err(|_| {
+                if self.repo.is_shallow() {
+                    GitError::BeyondShallow(rev.to_string())
+                } else {
+                    GitError::UnknownRevision(rev.to_string())
+                }
+            })
     }
 
-    /// Lists the commits that may be the first bad one: ancestors of `bad` that are not ancestors of any
-    /// good commit, in topological order with `bad` last. Checks that every good commit is a proper ancestor.
+    /// True when `ancestor` is `descendant` or one of its ancestors (as git sees the graph).
+    pub fn is_ancestor(&self, ancestor: Oid, descendant: Oid) -> Result<bool, GitError> {
+        let status = git(&self.workdir())
+            .args(["merge-base", "--is-ancestor"])
+            .arg(ancestor.to_string())
+            .arg(descendant.to_string())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map_err(|e| GitError::Command {
+                args: "merge-base --is-ancestor".into(),
+                message: e.to_string(),
+            })?;
+        Ok(status.success())
+    }
+
+    /// Every merge base of `a` and `b` (empty for unrelated histories).
+    pub fn merge_bases(&self, a: Oid, b: Oid) -> Result<Vec<Oid>, GitError> {
+        let out = git(&self.workdir())
+            .args(["merge-base", "--all"])
+            .arg(a.to_string())
+            .arg(b.to_string())
+            .output()
+            .map_err(|e| GitError::Command {
+                args: "merge-base --all".into(),
+                message: e.to_string(),
+            })?;
+        // Exit 1 with no output: no common ancestor.
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| Oid::from_str(l.trim()).ok())
+            .collect())
+    }
+
+    /// Lists the commits that may be the first bad one: ancestors of `bad` not reachable from any good
+    /// commit, in topological order with `bad` last, as `git rev-list` sees them.
     pub fn range(
         &self,
-        goods: &[(String, Oid)],
-        bad: (&str, Oid),
+        goods: &[Oid],
+        bad: Oid,
+        opts: &RangeOptions,
     ) -> Result<Vec<RangeCommit>, GitError> {
-        for (name, good) in goods {
-            if *good == bad.1 {
-                return Err(GitError::SameCommit(name.clone()));
-            }
-            if !self.repo.graph_descendant_of(bad.1, *good)? {
-                return Err(GitError::NotAncestor {
-                    good: name.clone(),
-                    bad: bad.0.to_string(),
-                });
+        let mut args: Vec<String> = vec![
+            "rev-list".into(),
+            "--topo-order".into(),
+            "--reverse".into(),
+            "--parents".into(),
+        ];
+        if opts.first_parent {
+            args.push("--first-parent".into());
+        }
+        args.push(bad.to_string());
+        args.extend(goods.iter().map(|g| format!("^{g}")));
+        if !opts.pathspec.is_empty() {
+            args.push("--".into());
+            args.extend(opts.pathspec.iter().cloned());
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let text = run_git(&self.workdir(), &argv)?;
+        let mut listed: Vec<(Oid, Vec<Oid>)> = Vec::new();
+        for line in text.lines() {
+            let mut words = line.split_whitespace().filter_map(|w| Oid::from_str(w).ok());
+            if let Some(oid) = words.next() {
+                listed.push((oid, words.collect()));
             }
         }
-        let mut walk = self.repo.revwalk()?;
-        walk.set_sorting(Sort::TOPOLOGICAL | Sort::REVERSE)?;
-        walk.push(bad.1)?;
-        for (_, good) in goods {
-            walk.hide(*good)?;
-        }
-        let oids: Vec<Oid> = walk.collect::<Result<_, _>>()?;
-        let index: std::collections::HashMap<Oid, usize> =
-            oids.iter().enumerate().map(|(i, o)| (*o, i)).collect();
-        let mut out = Vec::with_capacity(oids.len());
-        for oid in &oids {
-            let commit = self.repo.find_commit(*oid)?;
-            let parents = commit
-                .parent_ids()
-                .filter_map(|p| index.get(&p).copied())
+        // With a pathspec the bad commit may not touch it; it is still the known-bad endpoint, with the
+        // listed commits that nothing else in the list descends from as its parents.
+        if !listed.iter().any(|(o, _)| *o == bad) {
+            let mut has_child = std::collections::HashSet::new();
+            for (_, ps) in &listed {
+                has_child.extend(ps.iter().copied());
+            }
+            let tips: Vec<Oid> = listed
+                .iter()
+                .map(|(o, _)| *o)
+                .filter(|o| !has_child.contains(o))
                 .collect();
-            out.push(RangeCommit { oid: *oid, parents });
+            listed.push((bad, tips));
         }
-        // The walk ends with `bad` in linear histories; make it so in every history.
-        if let Some(pos) = out.iter().position(|c| c.oid == bad.1) {
-            if pos != out.len() - 1 {
-                return Err(GitError::Git(git2::Error::from_str(
-                    "bad commit is not last in topological order",
-                )));
-            }
+        let index: HashMap<Oid, usize> = listed
+            .iter()
+            .enumerate()
+            .map(|(i, (o, _))| (*o, i))
+            .collect();
+        let out: Vec<RangeCommit> = listed
+            .iter()
+            .map(|(oid, ps)| RangeCommit {
+                oid: *oid,
+                parents: ps.iter().filter_map(|p| index.get(p).copied()).collect(),
+            })
+            .collect();
+        if out.last().map(|c| c.oid) != Some(bad) {
+            return Err(GitError::Command {
+                args: argv.join(" "),
+                message: "the bad commit is not last in topological order".into(),
+            });
         }
         Ok(out)
     }
@@ -185,7 +334,7 @@ impl Repo {
             .collect();
         Ok(CommitInfo {
             commit: oid.to_string(),
-            subject: commit.summary().ok().flatten().unwrap_or("").to_string(),
+            subject: self.subject(oid),
             author: format!(
                 "{} <{}>",
                 author.name().unwrap_or("?"),
@@ -197,6 +346,15 @@ impl Repo {
         })
     }
 
+    /// The subject line of a commit (empty when it cannot be read); no diff is computed.
+    pub fn subject(&self, oid: Oid) -> String {
+        self.repo
+            .find_commit(oid)
+            .ok()
+            .and_then(|c| c.summary().ok().flatten().map(str::to_string))
+            .unwrap_or_default()
+    }
+
     /// Tells whether the file `path` exists at `oid` with an executable mode.
     pub fn executable_at(&self, oid: Oid, path: &str) -> Option<bool> {
         let tree = self.repo.find_commit(oid).ok()?.tree().ok()?;
@@ -206,65 +364,57 @@ impl Repo {
         Some(entry.filemode() == 0o100755)
     }
 
-    /// Opens (or creates) the probe worktree under the state directory.
-    pub fn probe_worktree(&self) -> Result<ProbeWorktree, GitError> {
-        let path = self.state_dir().join("worktree");
-        let existing = self
-            .repo
-            .find_worktree(WORKTREE_NAME)
-            .ok()
-            .filter(|w| w.validate().is_ok());
-        let worktree = match existing {
-            Some(w) => w,
-            None => {
-                self.prune_worktree()?;
-                if path.exists() {
-                    std::fs::remove_dir_all(&path).map_err(|source| GitError::Io {
-                        path: path.clone(),
-                        source,
-                    })?;
-                }
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|source| GitError::Io {
-                        path: parent.to_path_buf(),
-                        source,
-                    })?;
-                }
-                self.add_worktree(&path)?
+    /// Opens the probe worktree at `path` (under the state directory), creating it when it is missing or
+    /// broken. It is detached: no branch is made, in the user's refs or anywhere.
+    pub fn probe_worktree(&self, path: &Path) -> Result<ProbeWorktree, GitError> {
+        let usable = path.join(".git").is_file()
+            && run_git(path, &["rev-parse", "--is-inside-work-tree"]).is_ok()
+            && run_git(path, &["rev-parse", "--git-common-dir"])
+                .ok()
+                .and_then(|d| std::fs::canonicalize(path.join(d.trim())).ok())
+                == std::fs::canonicalize(self.repo.commondir()).ok();
+        if !usable {
+            self.remove_worktree(path)?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|source| GitError::Io {
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
             }
-        };
-        let repo = Repository::open_from_worktree(&worktree)?;
-        Ok(ProbeWorktree { path, repo })
+            let head = self.repo.head().ok().and_then(|h| h.target());
+            let start = match head {
+                Some(oid) => oid.to_string(),
+                // An unborn HEAD has no commit to start from; any commit will do, the probe moves it.
+                None => run_git(&self.workdir(), &["rev-list", "-n1", "--all"])?
+                    .trim()
+                    .to_string(),
+            };
+            let p = path.display().to_string();
+            run_git(
+                &self.workdir(),
+                &["worktree", "add", "--detach", "--force", "--no-checkout", &p, &start],
+            )?;
+        }
+        Ok(ProbeWorktree {
+            path: path.to_path_buf(),
+        })
     }
 
-    /// Adds the worktree without leaving a branch behind: libgit2 wants a branch to check out, so a
-    /// temporary one is made and deleted as soon as the worktree's HEAD is detached.
-    fn add_worktree(&self, path: &Path) -> Result<git2::Worktree, GitError> {
-        let head = self.repo.head()?.peel_to_commit()?;
-        let branch_name = format!("{WORKTREE_NAME}-tmp");
-        let branch = self.repo.branch(&branch_name, &head, true)?;
-        let mut opts = WorktreeAddOptions::new();
-        opts.reference(Some(branch.get()));
-        let result = self.repo.worktree(WORKTREE_NAME, path, Some(&opts));
-        let detached = result.as_ref().ok().map(|w| {
-            Repository::open_from_worktree(w).and_then(|r| r.set_head_detached(head.id()))
-        });
-        if let Ok(mut b) = self.repo.find_branch(&branch_name, BranchType::Local) {
-            b.delete()?;
+    /// Unregisters the worktree at `path` and deletes its files; nothing to do when it is not there.
+    pub fn remove_worktree(&self, path: &Path) -> Result<(), GitError> {
+        let p = path.display().to_string();
+        if path.exists() {
+            if run_git(&self.workdir(), &["worktree", "remove", "--force", &p]).is_err() {
+                // Not a registered worktree (a leftover directory): delete it by hand.
+                if path.exists() {
+                    std::fs::remove_dir_all(path).map_err(|source| GitError::Io {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                }
+            }
         }
-        if let Some(d) = detached {
-            d?;
-        }
-        Ok(result?)
-    }
-
-    /// Unregisters the probe worktree and deletes its files.
-    pub fn prune_worktree(&self) -> Result<(), GitError> {
-        if let Ok(w) = self.repo.find_worktree(WORKTREE_NAME) {
-            let mut opts = WorktreePruneOptions::new();
-            opts.valid(true).locked(false).working_tree(true);
-            w.prune(Some(&mut opts))?;
-        }
+        run_git(&self.workdir(), &["worktree", "prune"])?;
         Ok(())
     }
 }
@@ -272,7 +422,17 @@ impl Repo {
 /// The worktree where probes are built and run.
 pub struct ProbeWorktree {
     path: PathBuf,
-    repo: Repository,
+}
+
+/// Why a checkout failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    /// The commit's tree (or a blob in it) is not in this clone.
+    #[error("the objects of {0} are missing from this clone")]
+    MissingObject(Oid),
+    /// Anything else.
+    #[error(transparent)]
+    Git(#[from] GitError),
 }
 
 impl ProbeWorktree {
@@ -281,19 +441,35 @@ impl ProbeWorktree {
         &self.path
     }
 
-    /// Checks out `oid` (detached) with submodules at the commit's recorded state. With `clean`, untracked
-    /// and ignored files go too; otherwise build outputs stay so incremental builds stay warm.
-    pub fn checkout(&self, oid: Oid, clean: bool) -> Result<(), GitError> {
-        let commit = self.repo.find_commit(oid)?;
-        let mut co = git2::build::CheckoutBuilder::new();
-        co.force();
-        if clean {
-            co.remove_untracked(true).remove_ignored(true);
+    /// Checks out `oid` (detached) with submodules at the commit's recorded state, through `git` so the
+    /// user's credentials and config apply. With `clean`, untracked and ignored files go too; otherwise
+    /// build outputs stay so incremental builds stay warm.
+    pub fn checkout(&self, oid: Oid, clean: bool) -> Result<(), CheckoutError> {
+        let sha = oid.to_string();
+        let tree = format!("{sha}^{{tree}}");
+        if run_git(&self.path, &["cat-file", "-e", &tree]).is_err() {
+            return Err(CheckoutError::MissingObject(oid));
         }
-        self.repo.checkout_tree(commit.as_object(), Some(&mut co))?;
-        self.repo.set_head_detached(oid)?;
-        for mut sm in self.repo.submodules()? {
-            sm.update(true, None)?;
+        run_git(&self.path, &["checkout", "--detach", "--force", "--quiet", &sha]).map_err(
+            |e| match &e {
+                GitError::Command { message, .. }
+                    if message.contains("unable to read")
+                        || message.contains("missing")
+                        || message.contains("bad object") =>
+                {
+                    CheckoutError::MissingObject(oid)
+                }
+                _ => CheckoutError::Git(e),
+            },
+        )?;
+        if clean {
+            run_git(&self.path, &["clean", "-ffdxq"])?;
+        }
+        if self.path.join(".gitmodules").is_file() {
+            run_git(
+                &self.path,
+                &["submodule", "update", "--init", "--recursive", "--force", "--quiet"],
+            )?;
         }
         Ok(())
     }

@@ -1,26 +1,21 @@
 //! cudabisect: find the first commit that makes a GPU program fault, name the fault, and hand maintainers
-//! a minimal repro. The binary is a thin shell over this library.
+//! a minimal repro. This library holds everything but the command line, which lives in the binary.
+//!
+//! Layers, from the bottom: pure cores (`bisect`, `shrink`, `classify`, `protocol::types`), edges to the
+//! outside world (`git`, `process`, `harness`, `tools`, `protocol::client`), orchestration (`run`), and
+//! records with their renderings (`report`).
+#![warn(missing_docs)]
 
 pub mod bisect;
-pub mod bundle;
+pub mod child_env;
 pub mod classify;
-pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod environment;
-pub mod events;
-pub mod exit_codes;
-pub mod fixture_repo;
 pub mod git;
 pub mod harness;
-mod harness_cmd;
-pub mod probe;
 pub mod process;
+pub mod protocol;
 pub mod report;
-pub mod reporter;
+pub mod run;
+pub mod sample;
 pub mod shrink;
-mod shrink_cmd;
-pub mod shrink_run;
-pub mod start;
-pub mod triage;
-mod triage_cmd;
+pub mod tools;

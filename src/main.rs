@@ -1,5 +1,7 @@
 //! The `cudabisect` binary: parse arguments, run, exit with the documented code.
 
-fn main() {
-    std::process::exit(cudabisect::cli::main());
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
 }

@@ -1,6 +1,7 @@
 //! The classifier against every real log recorded on the H200 (fixtures/logs), table-driven, and the
 //! sanitizer XML parser against the recorded memcheck report.
 
+use cudabisect::report::record::SanitizerTool;
 use cudabisect::classify::sanitizer::{self, FindingKind};
 use cudabisect::classify::{classify, Exit, FaultClass};
 
@@ -230,16 +231,16 @@ fn classify_cli_prints_the_json_keys() {
     assert_eq!(bad.status.code(), Some(2));
 }
 
-fn triage_fixture(name: &str, tool: &str) -> cudabisect::triage::Interpretation {
+fn triage_fixture(name: &str, tool: SanitizerTool) -> cudabisect::run::triage::Interpretation {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs");
     let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap();
     let xml = std::fs::read_to_string(dir.join(format!("{name}.xml"))).unwrap();
-    cudabisect::triage::interpret(tool, Exit::Code(86), &log, Some(&xml))
+    cudabisect::run::triage::interpret(tool, Exit::Code(86), &log, Some(&xml))
 }
 
 #[test]
 fn recorded_h200_trap_assert_and_race_reports_are_read() {
-    let trap = triage_fixture("h200_trap_memcheck", "memcheck");
+    let trap = triage_fixture("h200_trap_memcheck", SanitizerTool::Memcheck);
     let sig = trap.signature.unwrap();
     assert_eq!(
         (sig.class, sig.kernel.as_deref(), sig.site.as_deref()),
@@ -251,7 +252,7 @@ fn recorded_h200_trap_assert_and_race_reports_are_read() {
     );
     assert_eq!(trap.program.class, FaultClass::LaunchFailure);
 
-    let assert = triage_fixture("h200_assert_memcheck", "memcheck");
+    let assert = triage_fixture("h200_assert_memcheck", SanitizerTool::Memcheck);
     assert_eq!(assert.signature.unwrap().class, FaultClass::DeviceAssert);
     assert_eq!(
         assert.findings.len(),
@@ -260,7 +261,7 @@ fn recorded_h200_trap_assert_and_race_reports_are_read() {
     );
     assert_eq!(assert.program.kernel.as_deref(), Some("assert_kernel"));
 
-    let race = triage_fixture("h200_race_racecheck", "racecheck");
+    let race = triage_fixture("h200_race_racecheck", SanitizerTool::Racecheck);
     let sig = race.signature.unwrap();
     assert_eq!(
         (sig.class, sig.kernel.as_deref()),

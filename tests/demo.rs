@@ -84,7 +84,11 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
         .trim()
         .to_string();
     let bundle = Path::new(&bundle);
-    assert_eq!(bundle, dir.join("cudabisect-out").join(&first_bad[..12]));
+    assert_eq!(
+        bundle,
+        dir.join(".git/cudabisect/bundles").join(&first_bad[..12]),
+        "bundles go to the state directory, never the working tree"
+    );
 
     // Complete.
     for f in [
@@ -120,13 +124,11 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
         serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json")).unwrap())
             .unwrap();
     assert_eq!(report["shrink"]["kept"][0]["id"], "embed");
-    // The user's view of the repository is unchanged: the bundle ignores itself.
-    let statuses = repo.statuses(None).unwrap();
-    assert_eq!(
-        statuses.iter().filter(|s| !s.status().is_ignored()).count(),
-        0,
-        "git status is clean"
-    );
+    // The user's view of the repository is unchanged: nothing new, not even ignored files.
+    let mut opts = git2::StatusOptions::new();
+    opts.include_untracked(true).include_ignored(true);
+    let statuses = repo.statuses(Some(&mut opts)).unwrap();
+    assert_eq!(statuses.iter().count(), 0, "git status shows nothing, ignored files included");
     // Nothing in the bundle points back into the checkout or the state directory.
     assert!(!md.contains(".git/cudabisect"), "{md}");
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
 
@@ -220,7 +220,7 @@ fn linear_history_finds_the_culprit_and_leaves_the_checkout_alone() {
     for key in [
         "commit",
         "verdict",
-        "outcome",
+        "signature",
         "exit_code",
         "signal",
         "duration_s",
@@ -312,7 +312,7 @@ fn build_breaks_other_bugs_crashes_and_hangs_are_skipped_not_blamed() {
     assert_eq!(first_bad(&run), repo.commits[30].to_string());
     let report = run.report.unwrap();
     for p in report["probes"].as_array().unwrap() {
-        let outcome = p["outcome"].as_str().unwrap();
+        let outcome = p["signature"]["class"].as_str().unwrap();
         let expected = match outcome {
             "none" => "good",
             "illegal_address" => "bad",
@@ -348,7 +348,7 @@ fn crashes_hangs_and_build_breaks_report_their_own_outcomes() {
             (
                 p["commit"].as_str().unwrap().to_string(),
                 (
-                    p["outcome"].as_str().unwrap().to_string(),
+                    p["signature"]["class"].as_str().unwrap().to_string(),
                     p["signal"].clone(),
                 ),
             )
@@ -498,7 +498,7 @@ fn bad_input_gets_one_line_code_2_and_writes_nothing() {
         (
             vec![format!("{bad}..{good}")],
             repo.path.clone(),
-            "is not an ancestor",
+            "is the range reversed?",
         ),
         (
             vec![format!("{good}..{good}")],
@@ -599,7 +599,7 @@ fn json_lines_stream_has_versioned_events() {
     let last = events.last().unwrap();
     assert_eq!(last["type"], "finished");
     assert_eq!(
-        last["report"]["first_bad"]["commit"],
+        last["data"]["report"]["first_bad"]["commit"],
         repo.commits[5].to_string()
     );
 }
@@ -679,24 +679,28 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
 }
 
 #[test]
-fn triage_without_compute_sanitizer_says_how_to_install_it() {
+fn triage_without_compute_sanitizer_says_what_is_missing() {
+    // A configured path that is not there: the same answer on every machine, with or without CUDA.
     let tmp = tempfile::tempdir().unwrap();
+    git2::Repository::init(tmp.path()).unwrap();
+    let config = tmp.path().join("bisect.toml");
+    std::fs::write(
+        &config,
+        "[repro]\ncommand = [\"true\"]\n[triage]\nsanitizer = \"/nonexistent/compute-sanitizer\"\n",
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args(["triage", "-C"])
         .arg(tmp.path())
-        .args(["--", "true"])
-        .env("PATH", "/usr/bin:/bin")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if std::path::Path::new("/usr/local/cuda/bin/compute-sanitizer").exists() {
-        return; // a CUDA machine: the fallback location finds the real one
-    }
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
     assert!(
-        stderr.contains("compute-sanitizer was not found") && stderr.contains("CUDA toolkit"),
+        stderr.contains("[triage] sanitizer = \"/nonexistent/compute-sanitizer\" is not a file"),
         "{stderr}"
     );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
 #[test]

@@ -273,10 +273,10 @@ fn the_kernel_cache_is_hit_on_the_second_run() {
 }
 
 fn git_repo_with(dir: &std::path::Path, files: &[(&str, String)]) {
-    let mut b = cudabisect::fixture_repo::RepoBuilder::init(dir).unwrap();
-    let mut f = cudabisect::fixture_repo::Files::new();
+    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(dir).unwrap();
+    let mut f = cudabisect::sample::repo_builder::Files::new();
     for (p, c) in files {
-        cudabisect::fixture_repo::put(&mut f, p, c.clone(), false);
+        cudabisect::sample::repo_builder::put(&mut f, p, c.clone(), false);
     }
     let c = b.commit(&[], &f, "model").unwrap();
     b.set_branch("main", c).unwrap();

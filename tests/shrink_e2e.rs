@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
 
 fn bin() -> &'static str {
@@ -59,7 +59,7 @@ fn shrink(dir: &Path) -> (i32, Value, String) {
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["report"].clone())
+        .map(|v| v["data"]["report"].clone())
         .unwrap_or(Value::Null);
     (
         out.status.code().unwrap_or(-1),
@@ -191,7 +191,7 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
     let (code, _, out) = shrink(&dir);
     assert_eq!(code, 2);
     assert!(
-        out.contains("backend: \"tpu\" is not cuda, cpu or auto"),
+        out.contains("unknown variant `tpu`, expected one of `cuda`, `cpu`, `auto`"),
         "{out}"
     );
 }
@@ -245,7 +245,7 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["first_bad"]["commit"], culprit.unwrap().to_string());
     assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
-    assert_eq!(r["shrink"]["parent_check"], "passed");
+    assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
     assert!(text.contains("Shrink: 1 of 24 nodes (b2_lookup)"), "{text}");
 
     let out = Command::new(bin())

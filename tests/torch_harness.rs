@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::fixture_repo::{put, Files, RepoBuilder};
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cudabisect")
@@ -20,7 +20,7 @@ fn harness_py() -> PathBuf {
 const FAKE_PYTHON: &str = r#"#!/bin/sh
 script=$1; shift
 grep -q "cudabisect's PyTorch harness" "$script" || { echo "not the harness: $script"; exit 90; }
-[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --inputs toy.model:example_inputs --device cuda" ] || { echo "bad args: $*"; exit 91; }
+[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --example-inputs toy.model:example_inputs --device cuda" ] || { echo "bad args: $*"; exit 91; }
 shift 6
 echo "$script" >> harness_calls.txt
 if [ "$1" = extract ]; then
@@ -77,7 +77,12 @@ fn the_torch_harness_speaks_the_protocol_and_its_repro_lands_in_the_bundle() {
         "{text}"
     );
     // The bundle carries repro.py and a script that runs it with python alone.
-    let bundle = std::fs::read_dir(dir.join("cudabisect-out"))
+    // The harness ran from the run's own directory under the state directory, not a shared /tmp path.
+    assert!(
+        script.starts_with(dir.join(".git/cudabisect/runs").to_str().unwrap()),
+        "{script}"
+    );
+    let bundle = std::fs::read_dir(dir.join(".git/cudabisect/bundles"))
         .unwrap()
         .filter_map(|e| e.ok())
         .find(|e| e.path().is_dir())

@@ -10,7 +10,8 @@
 use super::BitSet;
 
 /// What a probe says about one commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The commit does not show the target fault.
     Good,

@@ -10,7 +10,9 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+use super::kernel_name::short_kernel_name;
 use super::sanitizer;
+use crate::protocol::marker::{Marker, MarkerPhase};
 use super::signature::{Exit, FaultClass, Signature};
 
 /// CUDA error names with their codes and classes, for both the driver and the runtime spelling.
@@ -205,10 +207,6 @@ static PY_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
 });
 static RANK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
-static MARKER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^@@cudabisect node=(?P<node>\S+) op=(?P<op>\S+) kernel=(?P<kernel>\S+) (?P<phase>begin|end)")
-        .expect("pattern")
-});
 static RUST_PANIC: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^thread '.*' panicked at (?P<site>\S+?):?$").expect("pattern"));
 
@@ -298,10 +296,10 @@ impl Context {
                 if ctx.exception.is_none() && !c["name"].ends_with("Warning") {
                     ctx.exception = Some(clip(trimmed));
                 }
-            } else if let Some(c) = MARKER.captures(trimmed) {
-                ctx.open_node = match &c["phase"] {
-                    "begin" => Some((c["node"].to_string(), c["kernel"].to_string())),
-                    _ => None,
+            } else if let Some(m) = Marker::parse(trimmed) {
+                ctx.open_node = match m.phase {
+                    MarkerPhase::Begin => Some((m.node.to_string(), m.kernel.to_string())),
+                    MarkerPhase::End => None,
                 };
             } else if let Some(c) = RUST_PANIC.captures(trimmed) {
                 ctx.panic
@@ -430,43 +428,6 @@ fn detect_framework<'a>(lines: impl Iterator<Item = &'a str> + Clone) -> Option<
         .map(|(name, _)| name.to_string())
 }
 
-/// Shortens a demangled kernel name: drops the return type, template arguments and parameters.
-pub(crate) fn short_kernel_name(name: &str) -> String {
-    let mut s = name.trim().trim_start_matches("void ").to_string();
-    if s.ends_with(')') {
-        if let Some(open) = matching_open(&s, '(', ')') {
-            s.truncate(open);
-        }
-    }
-    let mut out = String::new();
-    let mut depth = 0usize;
-    for ch in s.chars() {
-        match ch {
-            '<' => depth += 1,
-            '>' => depth = depth.saturating_sub(1),
-            _ if depth == 0 => out.push(ch),
-            _ => {}
-        }
-    }
-    let out = out.trim();
-    out.rsplit(' ').next().unwrap_or(out).to_string()
-}
-
-fn matching_open(s: &str, open: char, close: char) -> Option<usize> {
-    let mut depth = 0i32;
-    for (i, ch) in s.char_indices().rev() {
-        if ch == close {
-            depth += 1;
-        } else if ch == open {
-            depth -= 1;
-            if depth == 0 {
-                return Some(i);
-            }
-        }
-    }
-    None
-}
-
 fn clip(line: &str) -> String {
     const MAX: usize = 240;
     if line.chars().count() <= MAX {
@@ -501,23 +462,6 @@ pub fn signal_name(sig: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kernel_names_are_shortened() {
-        assert_eq!(
-            short_kernel_name("void k(float *, unsigned long long, int)"),
-            "k"
-        );
-        assert_eq!(
-            short_kernel_name("void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<unsigned char>>(int, T2, T3)"),
-            "at::native::vectorized_elementwise_kernel"
-        );
-        assert_eq!(
-            short_kernel_name("indexSelectSmallIndex"),
-            "indexSelectSmallIndex"
-        );
-        assert_eq!(short_kernel_name("write_oob(float *, int)"), "write_oob");
-    }
 
     #[test]
     fn a_traceback_that_quotes_cuda_source_is_not_a_fault() {

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::patterns::short_kernel_name;
+use super::kernel_name::short_kernel_name;
 use super::signature::{FaultClass, Signature};
 
 /// What one sanitizer record says went wrong.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
     /// An access outside every live allocation.
@@ -49,7 +49,7 @@ impl FindingKind {
 }
 
 /// One sanitizer record.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     /// What went wrong.
     pub kind: Option<FindingKind>,
@@ -388,7 +388,7 @@ pub fn attach_relations(xml: &mut [Finding], text: &[Finding]) {
 }
 
 /// Identical reports folded into one: same kernel, pc and kind.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FoldedFinding {
     /// A representative record (the first one).
     pub first: Finding,

@@ -54,6 +54,10 @@ pub enum FaultClass {
     BuildFailure,
     /// The machine, not the code: no device, driver mismatch, device busy or lost, ECC, Xid.
     Infra,
+    /// The repro or build could not be started at all (a missing interpreter, an exec failure).
+    ExecFailure,
+    /// The commit cannot be checked out: its objects are missing from this clone.
+    MissingObject,
     /// Failed in a way no pattern recognises.
     Other,
     /// Ran clean.
@@ -62,7 +66,7 @@ pub enum FaultClass {
 
 impl FaultClass {
     /// Every class, in declaration order.
-    pub const ALL: [FaultClass; 19] = [
+    pub const ALL: [FaultClass; 21] = [
         Self::IllegalAddress,
         Self::MisalignedAddress,
         Self::InvalidAddressSpace,
@@ -80,6 +84,8 @@ impl FaultClass {
         Self::Hang,
         Self::BuildFailure,
         Self::Infra,
+        Self::ExecFailure,
+        Self::MissingObject,
         Self::Other,
         Self::None,
     ];
@@ -104,6 +110,8 @@ impl FaultClass {
             Self::Hang => "hang",
             Self::BuildFailure => "build_failure",
             Self::Infra => "infra",
+            Self::ExecFailure => "exec_failure",
+            Self::MissingObject => "missing_object",
             Self::Other => "other",
             Self::None => "none",
         }

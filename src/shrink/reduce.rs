@@ -14,7 +14,7 @@ pub enum Step {
 }
 
 /// Which stage proposed a candidate, for progress and reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     /// The blamed node alone, on its recorded inputs.

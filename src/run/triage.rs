@@ -2,82 +2,38 @@
 //! when memcheck sees nothing but the fault persists), with the PyTorch caching allocator off and synchronous
 //! launches, and fold what it reports into a few lines a maintainer can act on.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
-use serde::Serialize;
 
+use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
 use crate::classify::sanitizer::{self, FoldedFinding};
 use crate::classify::{classify, Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config};
-use crate::events::{Event, Reporter};
 use crate::git::ProbeWorktree;
-use crate::probe::{command_spec, Step, StepPhase};
 use crate::process;
-
-/// The sanitizer tools, in escalation order.
-pub const TOOLS: [&str; 4] = ["memcheck", "racecheck", "initcheck", "synccheck"];
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{FoldedLine, SanitizerTool, TriageResult, TriageStatus};
 
 /// Exit status the sanitizer is told to use when it reports errors.
 const SANITIZER_ERROR_EXIT: i32 = 86;
 
-/// What triage concluded.
-#[derive(Clone, Debug, Serialize)]
-pub struct TriageResult {
-    /// `found` (a finding), `clean` (no tool found anything), `unavailable` (no compute-sanitizer), `error`.
-    pub status: String,
-    /// One line for humans.
-    pub summary: String,
-    /// The tool whose findings are reported.
-    pub tool: Option<String>,
-    /// Tools run, in order.
-    pub tools_run: Vec<String>,
-    /// The signature from the first finding.
-    pub signature: Option<Signature>,
-    /// Findings folded by (kernel, pc, kind).
-    pub findings: Vec<FoldedLine>,
-    /// Errors counted by the sanitizer's summary line.
-    pub error_count: Option<u64>,
-    /// Logs and XML reports written.
-    pub files: Vec<String>,
-    /// The command sanitized.
-    pub command: String,
-}
-
-/// A folded finding as the report shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct FoldedLine {
-    /// The one-line description.
-    pub line: String,
-    /// The folded records.
-    #[serde(flatten)]
-    pub folded: FoldedFinding,
-}
-
-/// Where to find compute-sanitizer, or None.
-pub fn find_sanitizer(configured: Option<&str>) -> Option<PathBuf> {
-    if let Some(path) = configured {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("compute-sanitizer"));
-    let usual = [
-        "/usr/local/cuda/bin/compute-sanitizer",
-        "/opt/cuda/bin/compute-sanitizer",
-    ]
-    .map(PathBuf::from);
-    on_path.chain(usual).find(|p| p.is_file())
-}
+pub use crate::tools::find_sanitizer;
 
 /// How to install compute-sanitizer, for the "missing" message.
 pub const INSTALL_HINT: &str = "compute-sanitizer was not found: it ships with the CUDA toolkit (<cuda>/bin/compute-sanitizer; \
      `apt install cuda-sanitizer-<version>` on NVIDIA's apt repository); put it on PATH or set [triage] sanitizer";
 
-/// Runs triage at `oid` in the probe worktree (already built by the probe that found it) and returns its
-/// JSON for the report.
+/// The message when compute-sanitizer is missing, naming the configured path when there is one.
+pub fn missing_message(configured: Option<&str>) -> String {
+    match configured {
+        Some(path) => format!("[triage] sanitizer = {path:?} is not a file"),
+        None => INSTALL_HINT.to_string(),
+    }
+}
+
+/// Runs triage at `oid` in the probe worktree (already built by the probe that found it).
 pub fn at_commit(
     config: &Config,
     worktree: &ProbeWorktree,
@@ -85,27 +41,31 @@ pub fn at_commit(
     out_dir: &Path,
     cancel: &AtomicBool,
     reporter: &mut dyn Reporter,
-) -> serde_json::Value {
-    if let Err(e) = worktree.checkout(oid, false) {
-        return serde_json::json!({"status": "error", "summary": format!("checkout failed: {e}")});
-    }
+) -> TriageResult {
     let command = config
         .triage
         .command
         .clone()
         .unwrap_or_else(|| config.repro.command.clone());
-    let result = run(
-        config,
-        worktree.path(),
-        &command,
-        &oid.to_string(),
-        out_dir,
-        cancel,
-    );
+    let result = match worktree.checkout(oid, false) {
+        Err(e) => TriageResult::failed(
+            TriageStatus::Error,
+            format!("checkout failed: {e}"),
+            command.display(),
+        ),
+        Ok(()) => run(
+            config,
+            worktree.path(),
+            &command,
+            &oid.to_string(),
+            out_dir,
+            cancel,
+        ),
+    };
     reporter.event(&Event::TriageFinished {
         summary: result.summary.clone(),
     });
-    serde_json::to_value(&result).unwrap_or(serde_json::Value::Null)
+    result
 }
 
 /// Runs the escalation in `cwd` and writes logs into `out_dir`.
@@ -117,46 +77,55 @@ pub fn run(
     out_dir: &Path,
     cancel: &AtomicBool,
 ) -> TriageResult {
-    let mut result = TriageResult {
-        status: "clean".into(),
-        summary: String::new(),
-        tool: None,
-        tools_run: Vec::new(),
-        signature: None,
-        findings: Vec::new(),
-        error_count: None,
-        files: Vec::new(),
-        command: command.display(),
-    };
-    let Some(sanitizer) = find_sanitizer(config.triage.sanitizer.as_deref()) else {
-        result.status = "unavailable".into();
-        result.summary = INSTALL_HINT.into();
+    let mut result = TriageResult::failed(TriageStatus::Clean, String::new(), command.display());
+    let configured = config.triage.sanitizer.as_deref();
+    let Some(sanitizer) = find_sanitizer(configured) else {
+        result.status = TriageStatus::Unavailable;
+        result.summary = missing_message(configured);
         return result;
     };
-    for tool in TOOLS {
+    for tool in SanitizerTool::ESCALATION {
+        if cancel.load(Ordering::SeqCst) {
+            result.status = TriageStatus::Interrupted;
+            result.summary = "interrupted".into();
+            return result;
+        }
         let xml = out_dir.join(format!("sanitizer-{tool}.xml"));
         let log = out_dir.join(format!("sanitizer-{tool}.log"));
         let _ = std::fs::remove_file(&xml);
         let wrapped = wrap(&sanitizer, tool, &xml, command);
         let mut env = config.triage.env.clone();
         env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
-        let step = Step {
-            command: &wrapped,
-            timeout: config.triage.timeout,
-            env: &env,
-        };
-        let spec = command_spec(config, cwd, step, commit, StepPhase::Triage, 1);
+        let spec = command_spec(
+            config,
+            ChildCommand {
+                command: &wrapped,
+                timeout: config.triage.timeout,
+                env: &env,
+            },
+            &ChildContext {
+                worktree: cwd,
+                commit,
+                phase: ChildPhase::Triage,
+                attempt: 1,
+            },
+        );
         let run = match process::run(&spec, cancel) {
             Ok(run) => run,
             Err(e) => {
-                result.status = "error".into();
+                result.status = TriageStatus::Error;
                 result.summary = format!("cannot run compute-sanitizer: {e}");
                 return result;
             }
         };
+        if run.interrupted {
+            result.status = TriageStatus::Interrupted;
+            result.summary = "interrupted".into();
+            return result;
+        }
         let _ = std::fs::write(&log, &run.output);
         result.files.push(log.display().to_string());
-        result.tools_run.push(tool.to_string());
+        result.tools_run.push(tool);
         let xml_text = std::fs::read_to_string(&xml).ok();
         if xml_text.is_some() {
             result.files.push(xml.display().to_string());
@@ -164,8 +133,8 @@ pub fn run(
         let interpreted = interpret(tool, run.exit, &run.output, xml_text.as_deref());
         let still_faults = interpreted.program.class != FaultClass::None;
         if !interpreted.findings.is_empty() {
-            result.status = "found".into();
-            result.tool = Some(tool.to_string());
+            result.status = TriageStatus::Found;
+            result.tool = Some(tool);
             result.signature = interpreted
                 .signature
                 .map(|s| refine(s, &interpreted.program));
@@ -183,12 +152,12 @@ pub fn run(
         }
         if let Some(reason) = &interpreted.xml_error {
             // Nothing found and the structured report is broken: say so rather than guess.
-            result.status = "error".into();
+            result.status = TriageStatus::Error;
             result.summary = format!("{tool}: {reason}; the text report shows no finding");
             result.signature = Some(Signature::new(FaultClass::Other, result.summary.clone()));
             return result;
         }
-        if !still_faults || run.interrupted {
+        if !still_faults {
             result.summary = format!("{tool} found nothing and the program ran clean under it");
             return result;
         }
@@ -197,7 +166,7 @@ pub fn run(
             interpreted.program.short()
         );
         if matches!(interpreted.program.class, FaultClass::Infra) {
-            result.status = "error".into();
+            result.status = TriageStatus::Error;
             result.summary = format!(
                 "compute-sanitizer could not run the program: {}",
                 interpreted.program.summary
@@ -221,12 +190,12 @@ fn refine(mut finding: Signature, program: &Signature) -> Signature {
     finding
 }
 
-fn wrap(sanitizer: &Path, tool: &str, xml: &Path, command: &CommandLine) -> CommandLine {
+fn wrap(sanitizer: &Path, tool: SanitizerTool, xml: &Path, command: &CommandLine) -> CommandLine {
     let (program, args) = command.argv();
     let mut argv = vec![
         sanitizer.display().to_string(),
         "--tool".into(),
-        tool.into(),
+        tool.as_str().into(),
         "--xml".into(),
         "--save".into(),
         xml.display().to_string(),
@@ -256,7 +225,12 @@ pub struct Interpretation {
 
 /// Reads one sanitizer run: XML when present (enriched by the text's allocation relations), text otherwise.
 /// Broken XML falls back to the text.
-pub fn interpret(tool: &str, exit: Exit, output: &str, xml: Option<&str>) -> Interpretation {
+pub fn interpret(
+    tool: SanitizerTool,
+    exit: Exit,
+    output: &str,
+    xml: Option<&str>,
+) -> Interpretation {
     let lines: Vec<&str> = output.lines().collect();
     let text_findings = sanitizer::parse_text(&lines);
     let mut xml_error = None;
@@ -271,7 +245,7 @@ pub fn interpret(tool: &str, exit: Exit, output: &str, xml: Option<&str>) -> Int
         }
         _ => text_findings,
     };
-    if tool == "initcheck" {
+    if tool == SanitizerTool::Initcheck {
         // initcheck reports uninitialised reads; anything else it prints is memcheck's business.
         findings.retain(|f| f.kind == Some(sanitizer::FindingKind::Uninitialized));
     }
@@ -301,7 +275,7 @@ mod tests {
     #[test]
     fn the_program_side_is_read_without_sanitizer_lines() {
         let out = "========= Invalid __global__ write of size 4 bytes\n=========     at k+0x10\n========= \nRuntimeError: CUDA error: unspecified launch failure\n";
-        let i = interpret("memcheck", Exit::Code(SANITIZER_ERROR_EXIT), out, None);
+        let i = interpret(SanitizerTool::Memcheck, Exit::Code(SANITIZER_ERROR_EXIT), out, None);
         assert_eq!(i.program.class, FaultClass::LaunchFailure);
         assert_eq!(i.signature.unwrap().class, FaultClass::IllegalAddress);
         assert_eq!(i.findings[0].count, 1);
@@ -310,7 +284,7 @@ mod tests {
     #[test]
     fn truncated_xml_is_reported_not_guessed() {
         let i = interpret(
-            "memcheck",
+            SanitizerTool::Memcheck,
             Exit::Code(1),
             "RuntimeError: CUDA error: unspecified launch failure\n",
             Some("<ComputeSanitizerOutput><rec"),
@@ -326,7 +300,7 @@ mod tests {
     fn the_wrapped_command_keeps_the_argv() {
         let w = wrap(
             Path::new("/cs"),
-            "memcheck",
+            SanitizerTool::Memcheck,
             Path::new("/o/m.xml"),
             &CommandLine::Shell("python x.py".into()),
         );

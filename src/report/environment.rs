@@ -9,11 +9,14 @@ use serde::Serialize;
 use crate::classify::Exit;
 use crate::config::CommandLine;
 use crate::process::{self, CommandSpec};
+use crate::tools::find_program;
 
 /// What was found; every field is optional because a machine may lack any of it.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Environment {
+    /// cudabisect's version.
     pub cudabisect: String,
+    /// `uname -srm`.
     pub os: Option<String>,
     /// `nvidia-smi --query-gpu` lines: name, driver version, memory.
     pub gpus: Vec<String>,
@@ -21,14 +24,17 @@ pub struct Environment {
     pub cuda_driver: Option<String>,
     /// Device, architecture and driver API version as the CUDA driver reports them.
     pub driver_api: Option<String>,
+    /// `nvcc --version`, last line.
     pub nvcc: Option<String>,
+    /// `compute-sanitizer --version`, last line.
     pub compute_sanitizer: Option<String>,
+    /// `python3 --version`.
     pub python: Option<String>,
     /// `python -m torch.utils.collect_env`, when torch imports.
     pub torch_collect_env: Option<String>,
 }
 
-fn capture(argv: &[&str], timeout: Duration) -> Option<String> {
+fn capture(argv: &[&str], timeout: Duration, cancel: &AtomicBool) -> Option<String> {
     let spec = CommandSpec {
         command: CommandLine::Argv(argv.iter().map(|s| s.to_string()).collect()),
         cwd: std::env::temp_dir(),
@@ -36,39 +42,24 @@ fn capture(argv: &[&str], timeout: Duration) -> Option<String> {
         timeout,
         grace: Duration::from_secs(1),
     };
-    let never = AtomicBool::new(false);
-    let run = process::run(&spec, &never).ok()?;
+    let run = process::run(&spec, cancel).ok()?;
     (run.exit == Exit::Code(0)).then(|| run.output.trim().to_string())
 }
 
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
-}
-
-fn first_tool(candidates: &[&str]) -> Option<String> {
-    candidates
-        .iter()
-        .find(|c| {
-            if c.contains('/') {
-                std::path::Path::new(c).is_file()
-            } else {
-                on_path(c)
-            }
-        })
-        .map(|c| c.to_string())
-}
-
-/// Collects the environment. Each probe is bounded in time; what is missing is left out.
-pub fn collect() -> Environment {
+/// Collects the environment. Each probe is bounded in time and announced through `progress` (some take
+/// a minute); what is missing is left out, and once `cancel` is set the rest is skipped.
+pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environment {
     let short = Duration::from_secs(20);
+    let capture = |argv: &[&str], timeout| capture(argv, timeout, cancel);
     let mut env = Environment {
         cudabisect: format!("cudabisect {}", env!("CARGO_PKG_VERSION")),
         os: capture(&["uname", "-srm"], short),
         ..Environment::default()
     };
-    if let Some(smi) = first_tool(&["nvidia-smi", "/usr/bin/nvidia-smi"]) {
+    let cancelled = || cancel.load(std::sync::atomic::Ordering::SeqCst);
+    progress("nvidia-smi");
+    if let Some(smi) = find_program("nvidia-smi", &["/usr/bin/nvidia-smi"]).filter(|_| !cancelled()) {
+        let smi = smi.display().to_string();
         if let Some(q) = capture(
             &[
                 &smi,
@@ -84,17 +75,28 @@ pub fn collect() -> Environment {
             Some(out[at + 13..].split_whitespace().next()?.to_string())
         });
     }
+    if cancelled() {
+        return env;
+    }
+    progress("the CUDA driver");
     env.driver_api = crate::harness::cuda::driver_summary();
-    if let Some(nvcc) = first_tool(&["nvcc", "/usr/local/cuda/bin/nvcc"]) {
+    progress("nvcc and compute-sanitizer");
+    if let Some(nvcc) = find_program("nvcc", &["/usr/local/cuda/bin/nvcc"]) {
+        let nvcc = nvcc.display().to_string();
         env.nvcc = capture(&[&nvcc, "--version"], short)
             .and_then(|v| v.lines().last().map(str::to_string));
     }
-    if let Some(cs) = crate::triage::find_sanitizer(None) {
+    if let Some(cs) = crate::tools::find_sanitizer(None) {
         let cs = cs.display().to_string();
         env.compute_sanitizer =
             capture(&[&cs, "--version"], short).and_then(|v| v.lines().last().map(str::to_string));
     }
-    if let Some(py) = first_tool(&["python3", "python"]) {
+    if cancelled() {
+        return env;
+    }
+    progress("python and torch.utils.collect_env");
+    if let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) {
+        let py = py.display().to_string();
         env.python = capture(&[&py, "--version"], short);
         if capture(&[&py, "-c", "import torch"], Duration::from_secs(60)).is_some() {
             env.torch_collect_env = capture(

@@ -1,11 +1,12 @@
-//! The event stream: logic emits events, reporters render them (progress bar, plain lines, JSON Lines).
+//! The event stream: the library's logic emits events and never prints; reporters render them (progress
+//! bar, plain lines, JSON Lines).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::report::{ProbeRecord, ProbeRole, Report};
+use super::record::{ProbeRecord, ProbeRole, Report, ShrinkReport};
 
 /// The phase a probe is in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Checking out the commit.
@@ -14,13 +15,11 @@ pub enum Phase {
     Build,
     /// Running the repro.
     Repro,
-    /// Running compute-sanitizer.
-    Triage,
 }
 
 /// Something that happened during a run.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data", rename_all = "snake_case")]
 pub enum Event {
     /// The range was read and the run is starting.
     RunStarted {
@@ -56,6 +55,16 @@ pub enum Event {
     /// Something worth telling that does not stop the run.
     Warning {
         /// The text.
+        message: String,
+    },
+    /// What the plan decided that the user should know (merge bases, implied good commits).
+    Note {
+        /// The text.
+        message: String,
+    },
+    /// A stage after the search started (triage, shrink, the bundle's environment probes).
+    StageStarted {
+        /// What it does.
         message: String,
     },
     /// Triage finished.
@@ -94,7 +103,7 @@ pub enum Event {
     /// `cudabisect shrink` is over.
     ShrinkDone {
         /// Its report.
-        report: Box<crate::shrink_run::ShrinkReport>,
+        report: Box<ShrinkReport>,
     },
     /// The run is over.
     Finished {
@@ -107,11 +116,4 @@ pub enum Event {
 pub trait Reporter {
     /// Handles one event.
     fn event(&mut self, event: &Event);
-}
-
-/// Drops every event (library callers that only want the result).
-pub struct NullReporter;
-
-impl Reporter for NullReporter {
-    fn event(&mut self, _: &Event) {}
 }

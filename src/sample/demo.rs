@@ -1,21 +1,17 @@
 //! `cudabisect demo`: lays out a sample repository with a long, messy history (merges, build breaks, an
-//! unrelated failure, a planted out-of-bounds regression) and bisects it end to end.
+//! unrelated failure, a planted out-of-bounds regression) for `cudabisect demo` and the tests.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use git2::Oid;
 
-use crate::cli::cmd_start;
-use crate::fixture_repo::{put, Files, RepoBuilder};
-use crate::reporter::HumanReporter;
-use crate::start::StartOptions;
+use super::repo_builder::{put, Files, RepoBuilder};
 
-const MODEL: &str = include_str!("../fixtures/demo/model.toml.in");
-const BISECT: &str = include_str!("../fixtures/demo/bisect.toml.in");
-const BUILD_SH: &str = include_str!("../fixtures/demo/build.sh");
-const KERNELS: &str = include_str!("../fixtures/demo/kernels/engine_ops.cu");
-const README: &str = include_str!("../fixtures/demo/README.md");
+const MODEL: &str = include_str!("../../fixtures/demo/model.toml.in");
+const BISECT: &str = include_str!("../../fixtures/demo/bisect.toml.in");
+const BUILD_SH: &str = include_str!("../../fixtures/demo/build.sh");
+const KERNELS: &str = include_str!("../../fixtures/demo/kernels/engine_ops.cu");
+const README: &str = include_str!("../../fixtures/demo/README.md");
 
 /// Rows of the token table before the regression; token ids are drawn from all of them. The table is
 /// large (128 MiB) so that the ids that reach past the shrunk table land far outside any allocation, where
@@ -37,8 +33,11 @@ struct Engine {
 
 /// How the demo runs the engine; written into the sample's bisect.toml.
 pub struct DemoSettings {
+    /// The cudabisect binary the sample's bisect.toml runs.
     pub exe: String,
+    /// The native harness backend (`cuda` or `cpu`).
     pub backend: &'static str,
+    /// Whether triage is on (compute-sanitizer and a GPU are present).
     pub triage: bool,
 }
 
@@ -173,58 +172,10 @@ pub fn settings() -> DemoSettings {
         .unwrap_or_else(|_| "cudabisect".into());
     let cuda = crate::harness::cuda::probe();
     let backend = if cuda.is_ok() { "cuda" } else { "cpu" };
-    let triage = cuda.is_ok() && crate::triage::find_sanitizer(None).is_some();
+    let triage = cuda.is_ok() && crate::tools::find_sanitizer(None).is_some();
     DemoSettings {
         exe,
         backend,
         triage,
     }
-}
-
-/// Runs the demo; returns the exit code.
-pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> i32 {
-    let path = dir.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id()))
-    });
-    if path.exists()
-        && std::fs::read_dir(&path)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        eprintln!("error: {} exists and is not empty", path.display());
-        return crate::exit_codes::USAGE;
-    }
-    let settings = settings();
-    let sample = match build_sample(&path, &settings) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: cannot write the sample repository: {e}");
-            return crate::exit_codes::INTERNAL;
-        }
-    };
-    eprintln!(
-        "demo: sample engine with {} commits at {} (merges, 2 commits that do not build, an unrelated fault in another kernel, one planted regression)",
-        sample.commits,
-        sample.path.display()
-    );
-    match settings.backend {
-        "cuda" => eprintln!(
-            "demo: a CUDA device is present: the engine runs on it; compute-sanitizer triage {}",
-            if settings.triage { "is on" } else { "is off (compute-sanitizer not found)" }
-        ),
-        _ => eprintln!("demo: no usable CUDA device here: the engine runs on the bounds-checked CPU reference; no triage"),
-    }
-    eprintln!("demo: cudabisect start v1.0..main -C {}", path.display());
-    let opts = StartOptions {
-        dir: path.clone(),
-        range: "v1.0..main".into(),
-        ..StartOptions::default()
-    };
-    let code = cmd_start(&opts, &mut HumanReporter::new(), cancel);
-    eprintln!(
-        "demo: the planted culprit is {}; the sample repository stays at {}",
-        &sample.culprit.to_string()[..12],
-        path.display()
-    );
-    code
 }

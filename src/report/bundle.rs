@@ -6,23 +6,26 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::classify::Signature;
-use crate::environment::Environment;
 use crate::git::CommitInfo;
-use crate::report::CommitRef;
-use crate::shrink_run::ShrinkReport;
+use crate::protocol::types::GraphTensor;
+
+use super::environment::Environment;
+use super::record::{CommitRef, ShrinkReport, TriageResult};
 
 /// Why a bundle could not be written.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write the bundle at {path}: {source}")]
 pub struct BundleError {
+    /// The path that could not be written.
     pub path: PathBuf,
+    /// The OS error.
     #[source]
     pub source: std::io::Error,
 }
 
 /// What goes into a bundle; sections that are `None` are left out of REPORT.md.
 pub struct BundleInput<'a> {
-    /// The bundle root (default `cudabisect-out` under the repository); the bundle is `<root>/<short sha>`.
+    /// The bundle root (default `bundles/` in the state directory); the bundle is `<root>/<short sha>`.
     pub root: PathBuf,
     /// The commit the bundle is about (the first bad commit).
     pub commit: Option<CommitInfo>,
@@ -30,18 +33,24 @@ pub struct BundleInput<'a> {
     pub good_parents: Vec<CommitRef>,
     /// How it was found, one line (`bisected 133 commits in 9 probes`).
     pub found_by: Option<String>,
+    /// The target signature.
     pub target: Option<Signature>,
-    pub triage: Option<serde_json::Value>,
+    /// The triage result.
+    pub triage: Option<&'a TriageResult>,
+    /// The shrink result.
     pub shrink: Option<&'a ShrinkReport>,
     /// The whole machine-readable report.
     pub report_json: serde_json::Value,
+    /// The config used, as written.
     pub config_text: &'a str,
-    /// Directories whose files are copied into `logs/` (the first as `logs/probes`).
-    pub log_dirs: Vec<PathBuf>,
+    /// Directories copied into `logs/`, each under its label (`probes`, `shrink`).
+    pub log_dirs: Vec<(&'static str, PathBuf)>,
     /// Single files copied into `logs/` (sanitizer reports).
     pub extra_files: Vec<PathBuf>,
     /// The backend the reproduce script uses by default (the native harness).
     pub backend: Option<String>,
+    /// Copy the cudabisect binary into `bin/` (native-harness repros on machines without it).
+    pub include_binary: bool,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
@@ -77,33 +86,21 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         .as_ref()
         .map_or("worktree", |c| short(&c.commit));
     let dir = input.root.join(name);
+    // Nothing is written beside the bundle: a root the user chose (even inside their checkout) gets no
+    // `.gitignore` or anything else of ours.
     std::fs::create_dir_all(&input.root).map_err(io(&input.root))?;
-    // Keep the bundle out of `git status` in the user's repository.
-    let ignore = input.root.join(".gitignore");
-    if !ignore.exists() {
-        std::fs::write(
-            &ignore,
-            "# Written by cudabisect: repro bundles, not source.\n*\n",
-        )
-        .map_err(io(&ignore))?;
-    }
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
     }
     std::fs::create_dir_all(dir.join("logs")).map_err(io(&dir))?;
-    let json = serde_json::to_string_pretty(&input.report_json).expect("serialises");
+    let json = serde_json::to_string_pretty(&input.report_json).unwrap_or_default();
     std::fs::write(dir.join("report.json"), json + "\n").map_err(io(&dir))?;
     std::fs::write(dir.join("bisect.toml"), input.config_text).map_err(io(&dir))?;
-    let env_json = serde_json::to_string_pretty(env).expect("serialises");
+    let env_json = serde_json::to_string_pretty(env).unwrap_or_default();
     std::fs::write(dir.join("environment.json"), env_json + "\n").map_err(io(&dir))?;
-    for (i, from) in input.log_dirs.iter().enumerate() {
-        if from.is_dir() {
-            let label = from
-                .file_name()
-                .map_or(format!("{i}"), |n| n.to_string_lossy().into_owned());
-            let to = dir
-                .join("logs")
-                .join(if i == 0 { "probes".to_string() } else { label });
+    for (label, from) in &input.log_dirs {
+        if from.is_dir() && std::fs::read_dir(from).is_ok_and(|mut d| d.next().is_some()) {
+            let to = dir.join("logs").join(label);
             copy_dir(from, &to).map_err(io(&to))?;
         }
     }
@@ -123,7 +120,11 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
             reproduce = Some(if minimal.extension().is_some_and(|e| e == "py") {
                 write_python_script(&dir)?
             } else {
-                write_native_script(&dir, input.backend.as_deref().unwrap_or("cuda"))?
+                write_native_script(
+                    &dir,
+                    input.backend.as_deref().unwrap_or("cuda"),
+                    input.include_binary,
+                )?
             });
         }
     }
@@ -142,27 +143,28 @@ here=$(cd "$(dirname "$0")" && pwd)
 export CUDA_LAUNCH_BLOCKING=1
 exec "${PYTHON:-python3}" "$here/minimal/repro.py"
 "#;
-    let path = dir.join("reproduce.sh");
-    std::fs::write(&path, script).map_err(io(&path))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755));
-    }
+    write_script(dir, script)?;
     Ok("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py   # or: ./reproduce.sh".into())
 }
 
-/// `reproduce.sh` for a native-harness minimal model, with the binary that found it alongside.
-fn write_native_script(dir: &Path, backend: &str) -> Result<String, BundleError> {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).map_err(io(&bin))?;
-    if let Ok(exe) = std::env::current_exe() {
-        std::fs::copy(&exe, bin.join("cudabisect")).map_err(io(&bin))?;
+/// `reproduce.sh` for a native-harness minimal model; with `include_binary`, the binary that found it
+/// goes alongside in `bin/`.
+fn write_native_script(
+    dir: &Path,
+    backend: &str,
+    include_binary: bool,
+) -> Result<String, BundleError> {
+    if include_binary {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).map_err(io(&bin))?;
+        if let Ok(exe) = std::env::current_exe() {
+            std::fs::copy(&exe, bin.join("cudabisect")).map_err(io(&bin))?;
+        }
     }
     let script = format!(
         r#"#!/bin/sh
-# Reproduces the fault from this bundle alone: the minimal model, its recorded inputs, and the
-# cudabisect binary that found it (bin/; or set CUDABISECT to another one). Backend: cuda by default
+# Reproduces the fault from this bundle: the minimal model and its recorded inputs, run by cudabisect
+# (bin/cudabisect when the bundle carries it, else the one on PATH, or set CUDABISECT). Backend: cuda by default
 # where the bundle was made on a GPU; override with CUDABISECT_BACKEND=cuda|cpu|auto.
 # Exit status 1 and an "illegal memory access" line mean the fault reproduced.
 here=$(cd "$(dirname "$0")" && pwd)
@@ -172,14 +174,16 @@ export CUDA_LAUNCH_BLOCKING=1
 exec "$bin" harness run "$here/minimal/model.toml" --backend "${{CUDABISECT_BACKEND:-{backend}}}"
 "#
     );
+    write_script(dir, &script)?;
+    Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
+}
+
+/// Writes `reproduce.sh`, executable.
+fn write_script(dir: &Path, script: &str) -> Result<(), BundleError> {
+    use std::os::unix::fs::PermissionsExt;
     let path = dir.join("reproduce.sh");
     std::fs::write(&path, script).map_err(io(&path))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755));
-    }
-    Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io(&path))
 }
 
 /// A PyTorch repro that had to pickle the user's own module classes says so in its docstring.
@@ -257,20 +261,13 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             md,
             "## compute-sanitizer (caching allocator off, launches synchronous)\n"
         );
-        let summary = tr.get("summary").and_then(|s| s.as_str()).unwrap_or("");
-        let _ = writeln!(md, "{summary}\n");
-        if let Some(lines) = tr.get("findings").and_then(|f| f.as_array()) {
-            if !lines.is_empty() {
-                md.push_str("```\n");
-                for l in lines.iter().take(20) {
-                    let _ = writeln!(
-                        md,
-                        "{}",
-                        l.get("line").and_then(|x| x.as_str()).unwrap_or("")
-                    );
-                }
-                md.push_str("```\n\nFull sanitizer logs and XML: `logs/`.\n\n");
+        let _ = writeln!(md, "{}\n", tr.summary);
+        if !tr.findings.is_empty() {
+            md.push_str("```\n");
+            for l in tr.findings.iter().take(20) {
+                let _ = writeln!(md, "{}", l.line);
             }
+            md.push_str("```\n\nFull sanitizer logs and XML: `logs/`.\n\n");
         }
     }
     if let Some(s) = input.shrink {
@@ -279,7 +276,7 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
         if !s.kept.is_empty() {
             md.push_str("| node | op | kernel | inputs | outputs |\n|---|---|---|---|---|\n");
             for n in &s.kept {
-                let tensors = |ts: &[crate::shrink_run::GraphTensor]| {
+                let tensors = |ts: &[GraphTensor]| {
                     ts.iter()
                         .map(|t| format!("`{}` {:?}", t.name, t.shape))
                         .collect::<Vec<_>>()
@@ -388,7 +385,7 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
         if dir_has_repro_py(input) {
             let _ = writeln!(md, "- `minimal/repro.py`, `minimal/repro_data.pt`: the standalone PyTorch repro and its saved tensors and modules\n- `reproduce.sh`: runs it");
         } else {
-            let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`, `bin/cudabisect`: the reproduce script and the binary it runs");
+            let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`: the reproduce script (it runs `bin/cudabisect` when the bundle carries one, else cudabisect from PATH)");
         }
     }
     md

@@ -1,18 +1,20 @@
-//! Renders events: a progress bar on a terminal, plain lines otherwise (both on stderr, result on stdout),
-//! or JSON Lines on stdout for machines.
+//! The human reporter: a progress bar on a terminal, plain timestamped lines otherwise (both on stderr),
+//! and the summary on stdout.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::events::{Event, Phase, Reporter};
-use crate::report::{ProbeRole, Report, RunResult, FORMAT_VERSION};
+use super::event::{Event, Phase, Reporter};
+use super::record::{ProbeRole, Report, RunResult, ShrinkReport};
 
 /// Human output.
 pub struct HumanReporter {
     bar: Option<ProgressBar>,
-    started: Instant,
+    started: Option<Instant>,
+    progress: Box<dyn Write>,
+    out: Box<dyn Write>,
 }
 
 impl HumanReporter {
@@ -28,15 +30,42 @@ impl HumanReporter {
         });
         Self {
             bar,
-            started: Instant::now(),
+            started: Some(Instant::now()),
+            progress: Box::new(std::io::stderr()),
+            out: Box::new(std::io::stdout()),
         }
     }
 
-    fn line(&self, text: &str) {
-        match &self.bar {
-            Some(bar) => bar.println(text),
-            None => eprintln!("[{:>7.1}s] {text}", self.started.elapsed().as_secs_f64()),
+    /// A reporter writing progress lines (without timestamps, so output can be compared) and the summary
+    /// to the given writers.
+    pub fn to_writers(progress: Box<dyn Write>, out: Box<dyn Write>) -> Self {
+        Self {
+            bar: None,
+            started: None,
+            progress,
+            out,
         }
+    }
+
+    fn line(&mut self, text: &str) {
+        match (&self.bar, self.started) {
+            (Some(bar), _) => bar.println(text),
+            (None, Some(t)) => {
+                let _ = writeln!(self.progress, "[{:>7.1}s] {text}", t.elapsed().as_secs_f64());
+            }
+            (None, None) => {
+                let _ = writeln!(self.progress, "{text}");
+            }
+        }
+    }
+
+    /// Writes to stdout, ignoring a closed pipe (`cudabisect … | head` must not panic).
+    fn print(&mut self, text: &str) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let _ = self.out.write_all(text.as_bytes());
+        let _ = self.out.flush();
     }
 }
 
@@ -50,6 +79,7 @@ fn role_name(role: ProbeRole) -> &'static str {
     match role {
         ProbeRole::BadEndpoint => "bad endpoint",
         ProbeRole::GoodEndpoint => "good endpoint",
+        ProbeRole::MergeBase => "merge base",
         ProbeRole::Search => "probe",
     }
 }
@@ -79,7 +109,6 @@ impl Reporter for HumanReporter {
                     Phase::Checkout => "checkout",
                     Phase::Build => "build",
                     Phase::Repro => "repro",
-                    Phase::Triage => "triage",
                 };
                 let msg = format!(
                     "step {step} ({}) · {remaining} candidates left (~{estimated_steps} steps) · {} · {phase}",
@@ -108,6 +137,8 @@ impl Reporter for HumanReporter {
                 self.line(&text);
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
+            Event::Note { message } => self.line(&format!("note: {message}")),
+            Event::StageStarted { message } => self.line(message),
             Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
             Event::ShrinkStarted { nodes } => self.line(&format!(
                 "shrink: {nodes} nodes; locating the fault with a recorded run"
@@ -138,20 +169,8 @@ impl Reporter for HumanReporter {
                 }
             }
             Event::ShrinkFinished { summary } => self.line(&format!("shrink: {summary}")),
-            Event::ShrinkDone { report } => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-                print!("{}", shrink_summary(report));
-                let _ = std::io::stdout().flush();
-            }
-            Event::Finished { report } => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-                print!("{}", summary(report));
-                let _ = std::io::stdout().flush();
-            }
+            Event::ShrinkDone { report } => self.print(&shrink_summary(report)),
+            Event::Finished { report } => self.print(&summary(report)),
         }
     }
 }
@@ -178,16 +197,14 @@ pub fn summary(report: &Report) -> String {
         }
         _ => out.push_str(&format!("{}\n", report.message)),
     }
+    if report.interrupted && report.result != RunResult::Inconclusive {
+        out.push_str("Interrupted: the stages after the search did not finish\n");
+    }
     if let Some(target) = &report.target {
         out.push_str(&format!("Fault: {} — {}\n", target.short(), target.summary));
     }
-    if let Some(summary) = report
-        .triage
-        .as_ref()
-        .and_then(|t| t.get("summary"))
-        .and_then(|s| s.as_str())
-    {
-        out.push_str(&format!("Triage: {summary}\n"));
+    if let Some(triage) = &report.triage {
+        out.push_str(&format!("Triage: {}\n", triage.summary));
     }
     if let Some(shrink) = &report.shrink {
         out.push_str(&format!("Shrink: {}\n", shrink.summary));
@@ -220,7 +237,7 @@ pub fn summary(report: &Report) -> String {
 }
 
 /// The minimal subgraph, one node a line, and how much was cut.
-fn subgraph_lines(r: &crate::shrink_run::ShrinkReport) -> String {
+fn subgraph_lines(r: &ShrinkReport) -> String {
     let mut out = String::new();
     if !r.kept.is_empty() {
         out.push_str(&format!(
@@ -252,7 +269,7 @@ fn subgraph_lines(r: &crate::shrink_run::ShrinkReport) -> String {
 }
 
 /// The human summary of a shrink: what was kept, what was cut, how to reproduce it.
-pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
+pub fn shrink_summary(r: &ShrinkReport) -> String {
     let mut out = format!("Shrink: {}\n", r.summary);
     out.push_str(&subgraph_lines(r));
     if let Some(c) = &r.confirmation {
@@ -272,19 +289,4 @@ pub fn shrink_summary(r: &crate::shrink_run::ShrinkReport) -> String {
         r.harness_runs, r.duration_s
     ));
     out
-}
-
-/// JSON Lines on stdout: one object per event, with the format version.
-pub struct JsonReporter;
-
-impl Reporter for JsonReporter {
-    fn event(&mut self, event: &Event) {
-        let mut value = serde_json::to_value(event).unwrap_or_default();
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("format_version".into(), FORMAT_VERSION.into());
-        }
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "{value}");
-        let _ = stdout.flush();
-    }
 }

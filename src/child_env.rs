@@ -1,0 +1,94 @@
+//! The environment contract of every command cudabisect starts: the user's variables first, then the
+//! variables cudabisect promises (documented in README "The child environment"), in one place so the probe,
+//! triage and harness runs can never drift apart.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::config::{CommandLine, Config};
+use crate::process::CommandSpec;
+
+/// Which phase a command belongs to. Every phase but the build talks to the GPU and gets
+/// `CUDA_LAUNCH_BLOCKING`, so a fault surfaces at the launch that caused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildPhase {
+    /// Building the commit.
+    Build,
+    /// Running the repro.
+    Repro,
+    /// Running the repro under compute-sanitizer.
+    Triage,
+    /// Running the shrink harness (`describe`, `run`, `extract`).
+    Shrink,
+}
+
+impl ChildPhase {
+    /// The value of `CUDABISECT_PHASE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Build => "build",
+            Self::Repro => "repro",
+            Self::Triage => "triage",
+            Self::Shrink => "shrink",
+        }
+    }
+}
+
+/// One command of a phase, as the config gives it.
+#[derive(Clone, Copy, Debug)]
+pub struct ChildCommand<'a> {
+    /// What to run.
+    pub command: &'a CommandLine,
+    /// Time allowed.
+    pub timeout: Duration,
+    /// The user's extra environment variables for this phase.
+    pub env: &'a BTreeMap<String, String>,
+}
+
+/// Where and for what a child runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ChildContext<'a> {
+    /// The working directory: the probe worktree (or the user's checkout for `shrink` without `--at`).
+    pub worktree: &'a Path,
+    /// The commit checked out there, full sha (empty when unknown).
+    pub commit: &'a str,
+    /// The phase.
+    pub phase: ChildPhase,
+    /// Which run of this command for this commit, from 1.
+    pub attempt: u32,
+}
+
+/// The variables cudabisect sets, in the order it sets them (after the user's own, so they win).
+pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
+    if ctx.phase != ChildPhase::Build {
+        let blocking = if config.repro.launch_blocking { "1" } else { "0" };
+        vars.push(("CUDA_LAUNCH_BLOCKING".into(), blocking.into()));
+    }
+    vars.push(("CUDABISECT_COMMIT".into(), ctx.commit.to_string()));
+    vars.push((
+        "CUDABISECT_WORKTREE".into(),
+        ctx.worktree.display().to_string(),
+    ));
+    vars.push(("CUDABISECT_PHASE".into(), ctx.phase.as_str().to_string()));
+    vars.push(("CUDABISECT_ATTEMPT".into(), ctx.attempt.to_string()));
+    vars
+}
+
+/// The full spec of a child: the user's env for the phase, then the contract variables.
+pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) -> CommandSpec {
+    let mut env: Vec<(String, String)> = command
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(contract_vars(config, ctx));
+    CommandSpec {
+        command: command.command.clone(),
+        cwd: ctx.worktree.to_path_buf(),
+        env,
+        timeout: command.timeout,
+        grace: config.repro.grace_period,
+    }
+}

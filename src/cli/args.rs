@@ -1,0 +1,203 @@
+//! The command-line definition (clap): every subcommand and option, with the exit codes in `--help`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Finds the first commit that makes a GPU program fault, and says what the fault is.
+#[derive(Parser, Debug)]
+#[command(name = "cudabisect", version, about, after_help = super::exit_codes::HELP)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum MessageFormat {
+    /// Progress on stderr, summary on stdout.
+    Human,
+    /// JSON Lines on stdout.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Bisect GOOD..BAD: build and run the repro at probe commits, and report the first bad commit.
+    #[command(after_help = super::exit_codes::HELP)]
+    Start {
+        /// The range, as GOOD..BAD (GOOD need not be an ancestor of BAD: its merge base is tested first).
+        range: String,
+        /// Only commits that touch these paths are probed (after `--`).
+        #[arg(last = true)]
+        pathspec: Vec<String>,
+        /// Follow only the first parent of merge commits.
+        #[arg(long)]
+        first_parent: bool,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write the JSON report here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Another known-good revision (repeatable).
+        #[arg(long = "good")]
+        goods: Vec<String>,
+        /// Keep the probe worktree registered after the run.
+        #[arg(long)]
+        keep_worktree: bool,
+        /// Remove untracked and ignored files in the worktree before each build.
+        #[arg(long)]
+        clean: bool,
+        /// Do not run compute-sanitizer at the first bad commit.
+        #[arg(long)]
+        no_triage: bool,
+        /// Do not shrink the model at the first bad commit.
+        #[arg(long)]
+        no_shrink: bool,
+        /// Write the hand-off bundle under this directory (default: [bundle] dir, else the state directory).
+        #[arg(long)]
+        bundle_dir: Option<PathBuf>,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
+    /// Classify a saved log (a file, or - for standard input).
+    #[command(after_help = super::exit_codes::HELP)]
+    Classify {
+        /// The log.
+        log: String,
+        /// The process's exit status (128+N and negative values mean killed by signal N); when absent, the
+        /// log's own trailer (`[cudabisect] exit=N …` or a final `exit=N` line) is used.
+        #[arg(long, allow_negative_numbers = true)]
+        exit_code: Option<i32>,
+        /// The process was killed by this signal.
+        #[arg(long, conflicts_with_all = ["exit_code", "timed_out"])]
+        signal: Option<i32>,
+        /// The process ran past its timeout.
+        #[arg(long, conflicts_with = "exit_code")]
+        timed_out: bool,
+        /// Print {"class","code","kernel","site","framework","summary"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rerun the repro under compute-sanitizer and say which kernel did what to which allocation.
+    Triage {
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Check out and build this revision in the probe worktree first.
+        #[arg(long)]
+        at: Option<String>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The command to sanitize (default: the configured repro).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    #[command(after_help = super::exit_codes::HELP)]
+    /// Shrink the model to the smallest subgraph that still faults the same way, through [shrink].
+    Shrink {
+        /// Check out and build this revision in the probe worktree first (default: run in the checkout as it is).
+        #[arg(long)]
+        at: Option<String>,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
+    /// The native harness: run a model file node by node on CUDA or the CPU reference.
+    Harness {
+        /// The model file, for every subcommand (or give it after the subcommand).
+        #[arg(long, global = true)]
+        model: Option<PathBuf>,
+        /// cuda, cpu (the bounds-checked reference) or auto (cuda when a device is usable).
+        #[arg(long, value_enum, default_value = "auto", global = true)]
+        backend: BackendArg,
+        #[command(subcommand)]
+        command: HarnessCommand,
+    },
+    /// Show the whole pipeline on a generated sample repository.
+    Demo {
+        /// Keep the sample repository here instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// The `--backend` values.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum BackendArg {
+    /// CUDA.
+    Cuda,
+    /// The CPU reference.
+    Cpu,
+    /// CUDA when usable.
+    Auto,
+}
+
+/// `harness` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum HarnessCommand {
+    /// Run the model (or the kept nodes), printing a marker around each node.
+    Run {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// Run only these nodes (comma-separated ids); their other inputs come from --recording.
+        #[arg(long)]
+        keep: Option<String>,
+        /// Save every node output here as <tensor>.npy, with manifest.json.
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// A recording to take boundary inputs from.
+        #[arg(long, alias = "inputs")]
+        recording: Option<PathBuf>,
+        /// Compile kernels without reading or writing the kernel cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Check the model and compile the kernels it needs into the cache (a build step for bisect.toml).
+    Build {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// Compile without reading or writing the kernel cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Write the graph (nodes, ops, kernels, tensor shapes and producers) as JSON: to --out, or stdout.
+    Describe {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// Write the description here (the harness protocol's channel) instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Write the kept nodes as a standalone model with their recorded inputs.
+    Extract {
+        /// The model file (TOML).
+        file: Option<PathBuf>,
+        /// The nodes to keep (comma-separated ids).
+        #[arg(long)]
+        keep: String,
+        /// The recording boundary inputs come from.
+        #[arg(long, alias = "inputs")]
+        recording: Option<PathBuf>,
+        /// The directory to write model.toml and inputs/ into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}

@@ -1,0 +1,61 @@
+//! `cudabisect classify LOG`: the classifier on a saved log.
+
+use std::io::Read;
+
+use cudabisect::classify::trailer::{exit_from_code, split_exit_trailer};
+use cudabisect::classify::{classify, Exit, FaultClass};
+
+use super::common::print_stdout;
+use super::error::{CommandError, CommandResult};
+use super::exit_codes;
+
+/// How the logged process ended, as the command line says it.
+pub struct GivenExit {
+    /// `--exit-code`.
+    pub code: Option<i32>,
+    /// `--signal`.
+    pub signal: Option<i32>,
+    /// `--timed-out`.
+    pub timed_out: bool,
+}
+
+/// Classifies the log: exit 0 when it shows no failure, 5 when it does.
+pub fn run(log: &str, given: GivenExit, json: bool) -> CommandResult {
+    let bytes = if log == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+    } else {
+        std::fs::read(log)
+    }
+    .map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let (exit, body) = match given {
+        GivenExit { timed_out: true, .. } => (Exit::Timeout, text.as_ref()),
+        GivenExit {
+            signal: Some(s), ..
+        } => (Exit::Signal(s), text.as_ref()),
+        GivenExit { code: Some(c), .. } => (exit_from_code(c), text.as_ref()),
+        _ => split_exit_trailer(&text),
+    };
+    let signature = classify(exit, body);
+    let mut out = String::new();
+    if json {
+        out.push_str(&format!("{}\n", signature.to_classify_json()));
+    } else {
+        out.push_str(&format!("{}\n{}\n", signature.short(), signature.summary));
+        for (k, v) in [
+            ("framework", &signature.framework),
+            ("detail", &signature.detail),
+        ] {
+            if let Some(v) = v {
+                out.push_str(&format!("{k}: {v}\n"));
+            }
+        }
+    }
+    print_stdout(&out);
+    Ok(if signature.class == FaultClass::None {
+        exit_codes::OK
+    } else {
+        exit_codes::FAULT_FOUND
+    })
+}

@@ -1,0 +1,142 @@
+//! Parses the arguments, installs the Ctrl-C handler, runs the subcommand and turns its result into the
+//! process's exit code.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use clap::Parser;
+
+use cudabisect::harness::BackendChoice;
+use cudabisect::report::event::Reporter;
+use cudabisect::report::human::HumanReporter;
+use cudabisect::report::json::JsonReporter;
+use cudabisect::run::plan::StartOptions;
+
+use super::args::{BackendArg, Cli, Command, HarnessCommand, MessageFormat};
+use super::error::CommandResult;
+
+fn reporter(format: MessageFormat) -> Box<dyn Reporter> {
+    match format {
+        MessageFormat::Human => Box::new(HumanReporter::new()),
+        MessageFormat::Json => Box::new(JsonReporter::new()),
+    }
+}
+
+/// Runs the command line and returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    // Ctrl-C or SIGTERM: stop the running process group and clean up, rather than dying with orphans.
+    let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
+    match run(cli.command, &cancel) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
+    match command {
+        Command::Start {
+            range,
+            pathspec,
+            first_parent,
+            dir,
+            config,
+            report,
+            goods,
+            keep_worktree,
+            clean,
+            no_triage,
+            no_shrink,
+            bundle_dir,
+            message_format,
+        } => {
+            let opts = StartOptions {
+                dir,
+                range,
+                goods,
+                pathspec,
+                first_parent,
+                config,
+                report,
+                keep_worktree,
+                clean,
+                no_triage,
+                no_shrink,
+                bundle_dir,
+            };
+            super::start::run(&opts, reporter(message_format).as_mut(), cancel)
+        }
+        Command::Classify {
+            log,
+            exit_code,
+            signal,
+            timed_out,
+            json,
+        } => {
+            let given = super::classify::GivenExit {
+                code: exit_code,
+                signal,
+                timed_out,
+            };
+            super::classify::run(&log, given, json)
+        }
+        Command::Triage {
+            config,
+            dir,
+            at,
+            json,
+            command,
+        } => super::triage::run(&dir, config.as_deref(), at.as_deref(), command, json, cancel),
+        Command::Shrink {
+            at,
+            dir,
+            config,
+            message_format,
+        } => super::shrink::run(
+            &dir,
+            config.as_deref(),
+            at.as_deref(),
+            reporter(message_format).as_mut(),
+            cancel,
+        ),
+        Command::Harness {
+            model,
+            backend,
+            command,
+        } => {
+            let backend = match backend {
+                BackendArg::Cuda => BackendChoice::Cuda,
+                BackendArg::Cpu => BackendChoice::Cpu,
+                BackendArg::Auto => BackendChoice::Auto,
+            };
+            let pick = |file: Option<PathBuf>| file.or(model.clone());
+            match command {
+                HarnessCommand::Run {
+                    file,
+                    keep,
+                    record,
+                    recording,
+                    no_cache,
+                } => super::harness::run(pick(file), backend, keep, record, recording, no_cache),
+                HarnessCommand::Describe { file, out } => super::harness::describe(pick(file), out),
+                HarnessCommand::Build { file, no_cache } => {
+                    super::harness::build(pick(file), backend, no_cache)
+                }
+                HarnessCommand::Extract {
+                    file,
+                    keep,
+                    recording,
+                    out,
+                } => super::harness::extract(pick(file), &keep, recording, &out),
+            }
+        }
+        Command::Demo { dir } => super::demo::run(dir, cancel),
+    }
+}

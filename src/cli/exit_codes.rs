@@ -1,0 +1,40 @@
+//! The documented exit codes: part of the command-line API, so scripts can rely on them. Each meaning has
+//! its own code; README "Exit codes" is the same table.
+
+/// A first bad commit was found, or a subcommand succeeded.
+pub const OK: u8 = 0;
+/// `harness run`: a node faulted (the status a CUDA program that checks its errors exits with).
+pub const NODE_FAULT: u8 = 1;
+/// Bad usage, config or model: nothing was run or written.
+pub const USAGE: u8 = 2;
+/// `start`: GOOD does not pass or BAD does not reproduce; `shrink`: the model does not fault.
+pub const ENDPOINTS_INVALID: u8 = 3;
+/// `start`: skips left several candidates.
+pub const INCONCLUSIVE: u8 = 4;
+/// `classify`: the log shows a failure; `triage`: a sanitizer tool found the fault.
+pub const FAULT_FOUND: u8 = 5;
+/// No CUDA driver, device or NVRTC could be used (`harness --backend cuda`), or compute-sanitizer is
+/// missing (`triage`).
+pub const UNAVAILABLE: u8 = 6;
+/// Another cudabisect run holds this repository's state directory.
+pub const LOCKED: u8 = 7;
+/// `start`: an endpoint could not be judged because the machine or the clone failed, not the commit.
+pub const INFRA: u8 = 8;
+/// cudabisect itself failed (a bug, or the disk or git failed under it).
+pub const INTERNAL: u8 = 70;
+/// Interrupted by Ctrl-C or SIGTERM (after writing what was found).
+pub const INTERRUPTED: u8 = 130;
+
+/// The table as `--help` shows it.
+pub const HELP: &str = "Exit codes:
+  0    found / success
+  1    harness run: a node faulted
+  2    bad usage, config or model (nothing was run or written)
+  3    start: GOOD does not pass or BAD does not reproduce; shrink: the model does not fault
+  4    start: skipped commits leave several candidates
+  5    classify: the log shows a failure; triage: the fault was found
+  6    no CUDA backend (harness) or no compute-sanitizer (triage)
+  7    another cudabisect run holds this repository's state directory
+  8    start: an endpoint could not be judged (the machine or the clone failed)
+  70   cudabisect itself failed
+  130  interrupted (Ctrl-C or SIGTERM)";

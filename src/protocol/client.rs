@@ -1,0 +1,340 @@
+//! The client side of the harness protocol: runs a harness command (the native harness, the shipped
+//! PyTorch one, or the user's own) for `describe`, `run` and `extract`, behind the [`HarnessClient`] trait
+//! the shrink driver sees.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::classify::Exit;
+use crate::config::{CommandLine, Config, ShrinkSection};
+use crate::harness::BackendChoice;
+use crate::process::{self, ProcessError, RunOutput};
+
+use super::types::{Description, DescriptionError};
+
+/// Why a protocol call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The harness could not be started.
+    #[error(transparent)]
+    Spawn(#[from] ProcessError),
+    /// `describe` wrote nothing readable where it was asked to.
+    #[error("`{command}` wrote no description to {path}: {detail}")]
+    NoDescription {
+        /// The command run.
+        command: String,
+        /// The file it was asked to write.
+        path: PathBuf,
+        /// How it ended and its last line.
+        detail: String,
+    },
+    /// The description is unusable.
+    #[error("`{command}`: {source}")]
+    Description {
+        /// The command run.
+        command: String,
+        /// What is wrong.
+        #[source]
+        source: DescriptionError,
+    },
+    /// `extract` failed.
+    #[error("extract failed: {0}")]
+    Extract(String),
+    /// The shipped harness could not be installed.
+    #[error("cannot install the PyTorch harness in {path}: {source}")]
+    Install {
+        /// Where.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the shrink driver needs from a harness. The process-backed client implements it; tests drive the
+/// shrink with scripted fakes.
+pub trait HarnessClient {
+    /// `describe`: the graph, checked.
+    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError>;
+    /// `run`: the whole model (recording it into `record` when given), or the kept nodes on recorded inputs.
+    fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError>;
+    /// `extract`: the kept nodes as a standalone model in `out`.
+    fn extract(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<(), ProtocolError>;
+    /// The line a maintainer runs to reproduce the kept nodes.
+    fn reproduce_line(&self, minimal_model: Option<&Path>, keep: &[String], recording: &Path)
+        -> String;
+}
+
+/// One `run` request.
+#[derive(Clone, Debug, Default)]
+pub struct RunRequest<'a> {
+    /// Nodes to run (all when `None`).
+    pub keep: Option<&'a [String]>,
+    /// The recording boundary inputs come from.
+    pub recording: Option<&'a Path>,
+    /// Record every node's output here.
+    pub record: Option<&'a Path>,
+}
+
+/// A harness run as a child process, speaking the protocol on its command line.
+pub struct ProcessHarness {
+    prefix: CommandLine,
+    /// The native harness's backend, for the reproduce line.
+    native: Option<BackendChoice>,
+    cwd: PathBuf,
+    env: Vec<(String, String)>,
+    timeout: std::time::Duration,
+    grace: std::time::Duration,
+    /// Where `describe` writes its JSON.
+    scratch: PathBuf,
+}
+
+impl ProcessHarness {
+    /// The configured harness, run in `cwd` (the probe worktree, or the user's checkout). `run_dir` is
+    /// the run's own directory: the shipped PyTorch harness and the description file go there.
+    pub fn from_config(
+        config: &Config,
+        shrink: &ShrinkSection,
+        cwd: &Path,
+        commit: &str,
+        run_dir: &Path,
+    ) -> Result<Self, ProtocolError> {
+        let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
+            (Some(h), _, _) => (h.clone(), None),
+            (None, Some(model), Some(inputs)) => {
+                let script = super::torch::install(run_dir).map_err(|source| {
+                    ProtocolError::Install {
+                        path: run_dir.to_path_buf(),
+                        source,
+                    }
+                })?;
+                (
+                    CommandLine::Argv(vec![
+                        shrink.python.clone(),
+                        script.display().to_string(),
+                        "--model".into(),
+                        model.clone(),
+                        "--example-inputs".into(),
+                        inputs.clone(),
+                        "--device".into(),
+                        shrink.device.clone(),
+                    ]),
+                    None,
+                )
+            }
+            (None, model, _) => {
+                let exe = std::env::current_exe()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "cudabisect".into());
+                (
+                    CommandLine::Argv(vec![
+                        exe,
+                        "harness".into(),
+                        "--model".into(),
+                        model.clone().unwrap_or_default(),
+                        "--backend".into(),
+                        shrink.backend.as_str().into(),
+                    ]),
+                    Some(shrink.backend),
+                )
+            }
+        };
+        let ctx = ChildContext {
+            worktree: cwd,
+            commit,
+            phase: ChildPhase::Shrink,
+            attempt: 1,
+        };
+        let spec = command_spec(
+            config,
+            ChildCommand {
+                command: &prefix,
+                timeout: shrink.timeout,
+                env: &shrink.env,
+            },
+            &ctx,
+        );
+        Ok(Self {
+            prefix,
+            native,
+            cwd: cwd.to_path_buf(),
+            env: spec.env,
+            timeout: shrink.timeout,
+            grace: spec.grace,
+            scratch: run_dir.to_path_buf(),
+        })
+    }
+
+    fn command(&self, args: &[String]) -> CommandLine {
+        match &self.prefix {
+            CommandLine::Argv(v) => CommandLine::Argv(v.iter().chain(args).cloned().collect()),
+            CommandLine::Shell(s) => {
+                let tail: Vec<String> = args.iter().map(|a| quote(a)).collect();
+                CommandLine::Shell(format!("{s} {}", tail.join(" ")))
+            }
+        }
+    }
+
+    fn exec(&self, args: &[String], cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        let spec = process::CommandSpec {
+            command: self.command(args),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            timeout: self.timeout,
+            grace: self.grace,
+        };
+        Ok(process::run(&spec, cancel)?)
+    }
+}
+
+/// Shell-quotes one argument (for shell-line harnesses and the reproduce line).
+pub fn quote(arg: &str) -> String {
+    shlex::try_quote(arg)
+        .map(|q| q.into_owned())
+        .unwrap_or_else(|_| format!("'{}'", arg.replace('\0', "").replace('\'', r"'\''")))
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+}
+
+fn ended(run: &RunOutput) -> String {
+    let how = match run.exit {
+        Exit::Code(c) => format!("exited {c}"),
+        Exit::Signal(s) => format!("killed by signal {s}"),
+        Exit::Timeout => "timed out".into(),
+        Exit::Unknown => "ended".into(),
+    };
+    match last_line(&run.output) {
+        "" => how,
+        last => format!("{how}: {last}"),
+    }
+}
+
+impl HarnessClient for ProcessHarness {
+    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
+        let file = tempfile::Builder::new()
+            .prefix("describe-")
+            .suffix(".json")
+            .tempfile_in(&self.scratch)
+            .or_else(|_| tempfile::NamedTempFile::new())
+            .map_err(|source| ProtocolError::Install {
+                path: self.scratch.clone(),
+                source,
+            })?;
+        let path = file.path().to_path_buf();
+        let args = vec![
+            "describe".to_string(),
+            "--out".into(),
+            path.display().to_string(),
+        ];
+        let command = self.command(&args).display();
+        let run = self.exec(&args, cancel)?;
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        if run.exit != Exit::Code(0) || bytes.is_empty() {
+            return Err(ProtocolError::NoDescription {
+                command,
+                path,
+                detail: ended(&run),
+            });
+        }
+        Description::parse(&bytes).map_err(|source| ProtocolError::Description { command, source })
+    }
+
+    fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        let mut args = vec!["run".to_string()];
+        if let Some(k) = request.keep {
+            args.extend(["--keep".into(), k.join(",")]);
+        }
+        if let Some(i) = request.recording {
+            args.extend(["--recording".into(), i.display().to_string()]);
+        }
+        if let Some(r) = request.record {
+            args.extend(["--record".into(), r.display().to_string()]);
+        }
+        self.exec(&args, cancel)
+    }
+
+    fn extract(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        let args = vec![
+            "extract".into(),
+            "--keep".into(),
+            keep.join(","),
+            "--recording".into(),
+            recording.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        let run = self.exec(&args, cancel)?;
+        match run.exit {
+            Exit::Code(0) => Ok(()),
+            _ => Err(ProtocolError::Extract(ended(&run))),
+        }
+    }
+
+    fn reproduce_line(
+        &self,
+        minimal_model: Option<&Path>,
+        keep: &[String],
+        recording: &Path,
+    ) -> String {
+        if let Some(py) = minimal_model.filter(|m| m.extension().is_some_and(|e| e == "py")) {
+            return format!(
+                "CUDA_LAUNCH_BLOCKING=1 python {}",
+                quote(&py.display().to_string())
+            );
+        }
+        match (self.native, minimal_model) {
+            (Some(backend), Some(m)) => {
+                let backend = match backend {
+                    BackendChoice::Cpu => "cpu",
+                    BackendChoice::Cuda | BackendChoice::Auto => "cuda",
+                };
+                format!(
+                    "CUDA_LAUNCH_BLOCKING=1 cudabisect harness run {} --backend {backend}",
+                    quote(&m.display().to_string())
+                )
+            }
+            _ => {
+                let cmd = self.command(&[
+                    "run".into(),
+                    "--keep".into(),
+                    keep.join(","),
+                    "--recording".into(),
+                    recording.display().to_string(),
+                ]);
+                format!("CUDA_LAUNCH_BLOCKING=1 {}", cmd.display())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_round_trips_through_a_shell_split() {
+        for arg in ["plain", "with space", "it's", "$HOME", "a\"b", ""] {
+            let q = quote(arg);
+            assert_eq!(shlex::split(&q), Some(vec![arg.to_string()]), "{q}");
+        }
+    }
+}

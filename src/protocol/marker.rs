@@ -1,0 +1,105 @@
+//! The `@@cudabisect` node markers a harness prints around every node: one grammar, written by the native
+//! harness, parsed by the classifier and the shrink driver, and mirrored by the shipped PyTorch harness.
+
+/// Whether a marker opens or closes a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkerPhase {
+    /// The node is about to run.
+    Begin,
+    /// The node ran and synchronised without a fault.
+    End,
+}
+
+/// One parsed marker line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marker<'a> {
+    /// The node id.
+    pub node: &'a str,
+    /// The node's op.
+    pub op: &'a str,
+    /// The kernel the node launches (`-` when unknown).
+    pub kernel: &'a str,
+    /// Begin or end.
+    pub phase: MarkerPhase,
+}
+
+/// What every marker line starts with.
+pub const MARKER_PREFIX: &str = "@@cudabisect ";
+
+impl<'a> Marker<'a> {
+    /// Parses `@@cudabisect node=N op=O kernel=K begin|end`; anything else is `None`.
+    pub fn parse(line: &'a str) -> Option<Self> {
+        let rest = line.trim_end().strip_prefix(MARKER_PREFIX)?;
+        let mut words = rest.split_whitespace();
+        let node = words.next()?.strip_prefix("node=")?;
+        let op = words.next()?.strip_prefix("op=")?;
+        let kernel = words.next()?.strip_prefix("kernel=")?;
+        let phase = match words.next()? {
+            "begin" => MarkerPhase::Begin,
+            "end" => MarkerPhase::End,
+            _ => return None,
+        };
+        Some(Self {
+            node,
+            op,
+            kernel,
+            phase,
+        })
+    }
+
+    /// The marker line, without a newline.
+    pub fn format(node: &str, op: &str, kernel: &str, phase: MarkerPhase) -> String {
+        let phase = match phase {
+            MarkerPhase::Begin => "begin",
+            MarkerPhase::End => "end",
+        };
+        format!("{MARKER_PREFIX}node={node} op={op} kernel={kernel} {phase}")
+    }
+}
+
+/// The last marker whose `begin` has no `end`: the node the run died in.
+pub fn open_marker(output: &str) -> Option<Marker<'_>> {
+    let mut open = None;
+    for line in output.lines() {
+        match Marker::parse(line) {
+            Some(m) if m.phase == MarkerPhase::Begin => open = Some(m),
+            Some(_) => open = None,
+            None => {}
+        }
+    }
+    open
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_and_parse_agree() {
+        for phase in [MarkerPhase::Begin, MarkerPhase::End] {
+            let line = Marker::format("b2_lookup", "embedding", "gather_rows", phase);
+            let m = Marker::parse(&line).expect("parses");
+            assert_eq!((m.node, m.op, m.kernel, m.phase), ("b2_lookup", "embedding", "gather_rows", phase));
+        }
+        assert_eq!(Marker::parse("@@cudabisect node=a op=b kernel=c middle"), None);
+        assert_eq!(Marker::parse("@@cudabisect node=a"), None);
+        assert_eq!(Marker::parse("node=a op=b kernel=c begin"), None);
+    }
+
+    #[test]
+    fn the_open_marker_names_the_node_that_died() {
+        let out = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n@@cudabisect node=b op=y kernel=k2 begin\nRuntimeError: CUDA error\n";
+        assert_eq!(open_marker(out).map(|m| m.node), Some("b"));
+        let done = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n";
+        assert_eq!(open_marker(done), None);
+    }
+
+    #[test]
+    fn the_python_harness_writes_the_same_grammar() {
+        let py = include_str!("../../harness/torch_harness.py");
+        assert!(
+            py.contains(r#"MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}""#),
+            "torch_harness.py's MARKER must match Marker::format"
+        );
+    }
+}

@@ -1,0 +1,36 @@
+//! The PyTorch harness shipped inside the binary, installed into the run's own directory when a shrink
+//! needs it (never a shared path another user could swap between the write and the run).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The PyTorch harness's source.
+pub const TORCH_HARNESS: &str = include_str!("../../harness/torch_harness.py");
+
+/// The file name the harness is installed under.
+pub const TORCH_HARNESS_FILE: &str = "torch_harness.py";
+
+/// Writes the harness into `dir` (created when missing) atomically and returns its path.
+pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(TORCH_HARNESS_FILE);
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(TORCH_HARNESS.as_bytes())?;
+    tmp.persist(&path).map_err(|e| e.error)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_harness_is_installed_in_the_given_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = install(&dir.path().join("run")).expect("installs");
+        assert!(path.starts_with(dir.path()));
+        assert_eq!(std::fs::read_to_string(&path).expect("reads"), TORCH_HARNESS);
+        // A second install over the first replaces it in one step.
+        assert_eq!(install(&dir.path().join("run")).expect("again"), path);
+    }
+}

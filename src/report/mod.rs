@@ -1,0 +1,9 @@
+//! Records and their rendering: the typed records a run produces, the event stream, the human and JSON
+//! reporters, the hand-off bundle and the environment it describes.
+
+pub mod bundle;
+pub mod environment;
+pub mod event;
+pub mod human;
+pub mod json;
+pub mod record;

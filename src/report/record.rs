@@ -1,0 +1,330 @@
+//! The records a run produces and every consumer reads (reporters, the bundle, report.json): typed from
+//! end to end, so nothing is read back out of JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::classify::sanitizer::FoldedFinding;
+use crate::classify::{FaultClass, Signature};
+use crate::git::CommitInfo;
+use crate::protocol::types::GraphNode;
+
+/// Version of the JSON report format; bumped on incompatible changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Why a probe was run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeRole {
+    /// Checking that the bad endpoint reproduces (it defines the target).
+    BadEndpoint,
+    /// Checking that a good endpoint passes.
+    GoodEndpoint,
+    /// Checking that a merge base of a good commit and the bad one passes.
+    MergeBase,
+    /// A step of the search.
+    Search,
+}
+
+pub use crate::bisect::Verdict;
+
+/// One probe: checkout, build, repro (with retries), classified.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    /// Full sha.
+    pub commit: String,
+    /// Why it ran.
+    pub role: ProbeRole,
+    /// The verdict fed to the search.
+    pub verdict: Verdict,
+    /// The whole signature.
+    pub signature: Signature,
+    /// Whether the signature is the target bug.
+    pub matched_target: bool,
+    /// Why it was skipped, when it was.
+    pub reason: Option<String>,
+    /// Exit status of the last command run, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal that killed the last command run, when one did.
+    pub signal: Option<i32>,
+    /// Wall time of checkout, build and repro together.
+    pub duration_s: f64,
+    /// Build log, when there was a build.
+    pub build_log: Option<String>,
+    /// Log of the last run (the repro, or the build when it failed).
+    pub log: Option<String>,
+    /// Repro runs made: more than one when an infrastructure failure was retried or a clean run was
+    /// repeated under `[repro] attempts`.
+    pub attempts: u32,
+}
+
+/// How a `start` run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunResult {
+    /// One first bad commit.
+    Found,
+    /// Skips left several candidates.
+    Ambiguous,
+    /// GOOD does not pass or BAD does not reproduce.
+    EndpointsInvalid,
+    /// An endpoint could not be judged: the machine or the clone failed, not the commit.
+    EndpointInfra,
+    /// The run could not finish (interrupted).
+    Inconclusive,
+}
+
+/// A commit named in the result.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CommitRef {
+    /// Full sha.
+    pub commit: String,
+    /// Subject line.
+    pub subject: String,
+}
+
+/// The JSON report.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Report format version.
+    pub format_version: u32,
+    /// cudabisect's version.
+    pub tool_version: String,
+    /// How the run ended.
+    pub result: RunResult,
+    /// One line saying why.
+    pub message: String,
+    /// The good revisions as given, resolved.
+    pub good: Vec<String>,
+    /// The bad revision, resolved.
+    pub bad: String,
+    /// The target signature (what the bad endpoint shows).
+    pub target: Option<Signature>,
+    /// The same-bug policy used.
+    pub match_policy: String,
+    /// Whether `CUDA_LAUNCH_BLOCKING=1` was set for repro runs.
+    pub launch_blocking: bool,
+    /// The first bad commit, when found.
+    pub first_bad: Option<CommitInfo>,
+    /// Its parents (the last good state), when found.
+    pub good_parents: Vec<CommitRef>,
+    /// Commits that may still be the first bad one (one when found).
+    pub candidates: Vec<CommitRef>,
+    /// Every probe, in the order run.
+    pub probes: Vec<ProbeRecord>,
+    /// Commits in the initial search range.
+    pub range_size: usize,
+    /// The run's state directory (logs, config copy).
+    pub run_dir: String,
+    /// The compute-sanitizer triage at the first bad commit, when run.
+    pub triage: Option<TriageResult>,
+    /// The shrink to a minimal subgraph at the first bad commit, when run.
+    pub shrink: Option<ShrinkReport>,
+    /// The hand-off bundle's directory, when one was written.
+    pub bundle: Option<String>,
+    /// What the plan decided that the user should know (merge bases tested, implied goods).
+    pub notes: Vec<String>,
+    /// True when Ctrl-C or SIGTERM stopped the run (during the search or a stage after it).
+    pub interrupted: bool,
+}
+
+/// How a shrink ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShrinkStatus {
+    /// A minimal subgraph was found.
+    Minimal,
+    /// The full model did not fail the expected way under the harness.
+    NotReproduced,
+    /// The harness could not describe or run the model.
+    Failed,
+    /// Ctrl-C or SIGTERM stopped it.
+    Interrupted,
+}
+
+/// A candidate that failed, but differently: rejected, and kept on record.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Rejected {
+    /// Nodes in the candidate.
+    pub nodes: usize,
+    /// The class it failed with.
+    pub class: FaultClass,
+    /// Its summary line.
+    pub summary: String,
+}
+
+/// The final check of a minimal subgraph.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Runs made.
+    pub runs: u32,
+    /// Runs that showed the target.
+    pub reproduced: u32,
+}
+
+/// The minimal subgraph run at the first bad commit's parent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "status", content = "detail", rename_all = "snake_case")]
+pub enum ParentCheck {
+    /// It ran clean at the parent: the subgraph shows what the commit changed.
+    Passed,
+    /// It faulted the same way at the parent too.
+    Reproduced,
+    /// It failed another way (the signature, short form).
+    FailedDifferently(String),
+    /// It could not be run (why).
+    NotRun(String),
+}
+
+impl std::fmt::Display for ParentCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Passed => f.write_str("passed"),
+            Self::Reproduced => f.write_str("reproduced"),
+            Self::FailedDifferently(s) => write!(f, "failed differently: {s}"),
+            Self::NotRun(why) => write!(f, "not run: {why}"),
+        }
+    }
+}
+
+/// Everything a shrink found, for the report and the bundle.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShrinkReport {
+    /// How it ended.
+    pub status: ShrinkStatus,
+    /// One line for humans.
+    pub summary: String,
+    /// The signature kept while shrinking.
+    pub signature: Option<Signature>,
+    /// The node the locating run charged the fault to.
+    pub located_node: Option<String>,
+    /// Nodes in the full model.
+    pub nodes_before: usize,
+    /// Nodes in the minimal subgraph.
+    pub nodes_after: usize,
+    /// The minimal subgraph, in execution order.
+    pub kept: Vec<GraphNode>,
+    /// Ids of the nodes cut.
+    pub removed: Vec<String>,
+    /// Harness runs to reach the minimal subgraph: the locating run and every candidate run.
+    pub runs_to_minimal: usize,
+    /// All harness runs, the final check included (describe and extract not counted).
+    pub harness_runs: usize,
+    /// Distinct candidates tried by the reducer.
+    pub candidates: usize,
+    /// Candidates that failed another way.
+    pub rejected: Vec<Rejected>,
+    /// The final check.
+    pub confirmation: Option<Confirmation>,
+    /// The minimal subgraph at the first bad commit's parent.
+    pub parent_check: Option<ParentCheck>,
+    /// Wall time.
+    pub duration_s: f64,
+    /// Where the recording, the minimal model and the logs are.
+    pub out_dir: String,
+    /// The standalone minimal model, when the harness can extract one.
+    pub minimal_model: Option<String>,
+    /// One line that reproduces the minimal subgraph.
+    pub reproduce: Option<String>,
+}
+
+/// A compute-sanitizer tool, in escalation order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SanitizerTool {
+    /// Out-of-bounds and misaligned accesses, device asserts.
+    Memcheck,
+    /// Shared-memory data races.
+    Racecheck,
+    /// Reads of uninitialised global memory.
+    Initcheck,
+    /// Invalid synchronisation.
+    Synccheck,
+}
+
+impl SanitizerTool {
+    /// Every tool, in the order triage escalates through them.
+    pub const ESCALATION: [SanitizerTool; 4] =
+        [Self::Memcheck, Self::Racecheck, Self::Initcheck, Self::Synccheck];
+
+    /// The name compute-sanitizer's `--tool` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memcheck => "memcheck",
+            Self::Racecheck => "racecheck",
+            Self::Initcheck => "initcheck",
+            Self::Synccheck => "synccheck",
+        }
+    }
+}
+
+impl std::fmt::Display for SanitizerTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What triage concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriageStatus {
+    /// A tool reported the fault.
+    Found,
+    /// No tool found anything.
+    Clean,
+    /// compute-sanitizer is not installed.
+    Unavailable,
+    /// Triage could not run or read its result.
+    Error,
+    /// Ctrl-C or SIGTERM stopped it.
+    Interrupted,
+}
+
+/// A folded finding as the report shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FoldedLine {
+    /// The one-line description.
+    pub line: String,
+    /// The folded records.
+    #[serde(flatten)]
+    pub folded: FoldedFinding,
+}
+
+/// What triage found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TriageResult {
+    /// How it ended.
+    pub status: TriageStatus,
+    /// One line for humans.
+    pub summary: String,
+    /// The tool whose findings are reported.
+    pub tool: Option<SanitizerTool>,
+    /// Tools run, in order.
+    pub tools_run: Vec<SanitizerTool>,
+    /// The signature from the first finding.
+    pub signature: Option<Signature>,
+    /// Findings folded by (kernel, pc, kind).
+    pub findings: Vec<FoldedLine>,
+    /// Errors counted by the sanitizer's summary line.
+    pub error_count: Option<u64>,
+    /// Logs and XML reports written.
+    pub files: Vec<String>,
+    /// The command sanitized.
+    pub command: String,
+}
+
+impl TriageResult {
+    /// A result that says only why triage did not get anywhere.
+    pub fn failed(status: TriageStatus, summary: String, command: String) -> Self {
+        Self {
+            status,
+            summary,
+            tool: None,
+            tools_run: Vec::new(),
+            signature: None,
+            findings: Vec::new(),
+            error_count: None,
+            files: Vec::new(),
+            command,
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! `start GOOD..BAD` end to end: plan, lock, search, the stages at the first bad commit, the report and
+//! the bundle. The result is written as soon as it is known, the report and the `finished` event come
+//! before any fallible cleanup, and cleanup failures are warnings.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use git2::Oid;
+
+use crate::report::bundle::{self, BundleInput};
+use crate::report::environment;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
+
+use super::lock::lock_state_dir;
+use super::plan::{plan, Plan, StartError, StartOptions};
+use super::probe::WorktreeProber;
+use super::search::{search, SearchEnd, SearchInput};
+use super::stages::{run_stages, StageChoice};
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+    move |source| StartError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A run's directory name: time and pid, unique per machine.
+pub fn run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}-{}", now.as_secs(), std::process::id())
+}
+
+/// Writes a file atomically (a temp file in the same directory, renamed over the target).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Runs a whole bisection. `Err` only for problems found before anything ran (bad input, a held lock);
+/// once the search starts, every outcome is in the report.
+pub fn start(
+    opts: &StartOptions,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<Report, StartError> {
+    let mut plan = plan(opts)?;
+    if opts.clean {
+        if let Some(b) = plan.config.build.as_mut() {
+            b.clean = true;
+        }
+    }
+    let state_dir = plan.repo.state_dir();
+    let _lock = lock_state_dir(&state_dir, &format!("start {}", opts.range))?;
+    let run_dir = state_dir.join("runs").join(run_id());
+    let log_dir = run_dir.join("logs");
+    std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+    std::fs::write(run_dir.join("bisect.toml"), &plan.config.text).map_err(io_err(&run_dir))?;
+    let worktree = plan.repo.probe_worktree(&state_dir.join("worktree"))?;
+    let mut prober = WorktreeProber {
+        worktree: &worktree,
+        config: &plan.config,
+        log_dir,
+        cancel,
+    };
+    reporter.event(&Event::RunStarted {
+        candidates: plan.range.len(),
+        run_dir: run_dir.display().to_string(),
+        launch_blocking: plan.config.repro.launch_blocking,
+    });
+    for note in &plan.notes {
+        reporter.event(&Event::Note {
+            message: note.clone(),
+        });
+    }
+    let input = SearchInput {
+        range: &plan.range,
+        bad: (&plan.bad.0, plan.bad.1),
+        goods: &plan.goods,
+        merge_bases: &plan.merge_bases,
+    };
+    let outcome = search(&input, &mut prober, reporter, cancel);
+    let mut report = empty_report(&plan, &run_dir);
+    report.target = outcome.target;
+    report.probes = outcome.probes;
+    let first_bad = fill_result(&plan, &outcome.end, &mut report);
+    // The result is on disk before anything else can fail.
+    save_report(&report, &run_dir, None, reporter);
+    if let Some(oid) = first_bad {
+        let choice = StageChoice {
+            triage: !opts.no_triage,
+            shrink: !opts.no_shrink,
+        };
+        if run_stages(
+            &plan.config,
+            &prober,
+            choice,
+            oid,
+            &run_dir,
+            &mut report,
+            reporter,
+            cancel,
+        ) {
+            report.interrupted = true;
+        }
+        if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
+            let root = bundle_root(&plan, opts.bundle_dir.as_deref());
+            match write_bundle(&plan, &report, &run_dir, root, reporter, cancel) {
+                Ok(dir) => report.bundle = Some(dir.display().to_string()),
+                Err(e) => reporter.event(&Event::Warning {
+                    message: e.to_string(),
+                }),
+            }
+        }
+    }
+    report.interrupted |= cancel.load(Ordering::SeqCst);
+    save_report(&report, &run_dir, opts.report.as_deref(), reporter);
+    reporter.event(&Event::Finished {
+        report: Box::new(report.clone()),
+    });
+    if !opts.keep_worktree {
+        if let Err(e) = plan.repo.remove_worktree(worktree.path()) {
+            reporter.event(&Event::Warning {
+                message: format!("the probe worktree was not removed: {e}"),
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// Writes report.json into the run directory (and `--report` when given); failures are warnings, since
+/// the result is also in the `finished` event.
+fn save_report(report: &Report, run_dir: &Path, extra: Option<&Path>, reporter: &mut dyn Reporter) {
+    let json = match serde_json::to_string_pretty(report) {
+        Ok(j) => j + "\n",
+        Err(e) => {
+            reporter.event(&Event::Warning {
+                message: format!("the report could not be serialised: {e}"),
+            });
+            return;
+        }
+    };
+    for path in std::iter::once(run_dir.join("report.json")).chain(extra.map(Path::to_path_buf)) {
+        if let Err(e) = write_atomic(&path, json.as_bytes()) {
+            reporter.event(&Event::Warning {
+                message: format!("cannot write {}: {e}", path.display()),
+            });
+        }
+    }
+}
+
+/// The bundle root: `--bundle-dir`, else `[bundle] dir` (relative to the repository root), else
+/// `bundles/` in the state directory.
+pub fn bundle_root(plan: &Plan, given: Option<&Path>) -> PathBuf {
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| {
+            plan.config
+                .bundle
+                .dir
+                .as_ref()
+                .map(|d| plan.repo.workdir().join(d))
+        })
+        .unwrap_or_else(|| plan.repo.state_dir().join("bundles"))
+}
+
+fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {
+    CommitRef {
+        commit: oid.to_string(),
+        subject: plan.repo.subject(oid),
+    }
+}
+
+/// Fills the result fields from how the search ended; returns the first bad commit when found.
+fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid> {
+    match end {
+        SearchEnd::Found(oid) => {
+            report.result = RunResult::Found;
+            report.candidates = vec![commit_ref(plan, *oid)];
+            match plan.repo.info(*oid) {
+                Ok(info) => {
+                    report.good_parents = info
+                        .parents
+                        .iter()
+                        .filter_map(|p| Oid::from_str(p).ok())
+                        .map(|p| commit_ref(plan, p))
+                        .collect();
+                    report.message =
+                        format!("first bad commit: {} {}", &info.commit[..12], info.subject);
+                    report.first_bad = Some(info);
+                }
+                Err(e) => {
+                    report.message = format!("first bad commit: {oid} (cannot describe it: {e})")
+                }
+            }
+            Some(*oid)
+        }
+        SearchEnd::Ambiguous(oids) => {
+            report.result = RunResult::Ambiguous;
+            report.candidates = oids.iter().map(|o| commit_ref(plan, *o)).collect();
+            report.message = format!(
+                "skipped commits leave {} candidates; the first bad commit is one of them",
+                oids.len()
+            );
+            None
+        }
+        SearchEnd::EndpointsInvalid(msg) => {
+            report.result = RunResult::EndpointsInvalid;
+            report.message = msg.clone();
+            None
+        }
+        SearchEnd::EndpointInfra(msg) => {
+            report.result = RunResult::EndpointInfra;
+            report.message = msg.clone();
+            None
+        }
+        SearchEnd::Interrupted => {
+            report.result = RunResult::Inconclusive;
+            report.interrupted = true;
+            report.message = "interrupted before the search finished".into();
+            None
+        }
+    }
+}
+
+fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
+    Report {
+        format_version: FORMAT_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        result: RunResult::Inconclusive,
+        message: String::new(),
+        good: plan.all_goods.iter().map(|o| o.to_string()).collect(),
+        bad: plan.bad.1.to_string(),
+        target: None,
+        match_policy: plan.config.match_policy.describe(),
+        launch_blocking: plan.config.repro.launch_blocking,
+        first_bad: None,
+        good_parents: Vec::new(),
+        candidates: Vec::new(),
+        probes: Vec::new(),
+        range_size: plan.range.len(),
+        run_dir: run_dir.display().to_string(),
+        triage: None,
+        shrink: None,
+        bundle: None,
+        notes: plan.notes.clone(),
+        interrupted: false,
+    }
+}
+
+/// The hand-off bundle for a found first bad commit.
+fn write_bundle(
+    plan: &Plan,
+    report: &Report,
+    run_dir: &Path,
+    root: PathBuf,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<PathBuf, bundle::BundleError> {
+    let search_probes = report
+        .probes
+        .iter()
+        .filter(|p| p.role == ProbeRole::Search)
+        .count();
+    let triage_files: Vec<PathBuf> = report
+        .triage
+        .as_ref()
+        .map(|t| t.files.iter().map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let backend = plan
+        .config
+        .shrink
+        .as_ref()
+        .map(|s| s.backend.resolve().as_str().to_string());
+    let input = BundleInput {
+        root,
+        commit: report.first_bad.clone(),
+        good_parents: report.good_parents.clone(),
+        found_by: Some(format!(
+            "bisecting {} commits: {} probes ({search_probes} in the search), CUDA_LAUNCH_BLOCKING={}",
+            report.range_size,
+            report.probes.len(),
+            if report.launch_blocking { 1 } else { 0 }
+        )),
+        target: report.target.clone(),
+        triage: report.triage.as_ref(),
+        shrink: report.shrink.as_ref(),
+        report_json: serde_json::to_value(report).unwrap_or_default(),
+        config_text: &plan.config.text,
+        log_dirs: vec![
+            ("probes", run_dir.join("logs")),
+            ("shrink", run_dir.join("shrink").join("logs")),
+        ],
+        extra_files: triage_files,
+        backend,
+        include_binary: plan.config.bundle.include_binary,
+    };
+    let env = environment::collect(cancel, &mut |what| {
+        reporter.event(&Event::StageStarted {
+            message: format!("bundle: asking {what} about the environment"),
+        })
+    });
+    bundle::write(&input, &env)
+}

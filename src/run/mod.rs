@@ -1,0 +1,12 @@
+//! Orchestration: the plan of a `start` run, the search driver and the probes it runs, the stages after
+//! the search (triage, shrink, the parent check), and the job that ties them together under a lock.
+
+pub mod job;
+pub mod lock;
+pub mod plan;
+pub mod probe;
+pub mod search;
+pub mod shrink;
+pub mod stages;
+pub mod triage;
+pub mod verdict;

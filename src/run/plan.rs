@@ -1,0 +1,278 @@
+//! `start`'s input: the options, and the plan built from them before anything is written — revisions
+//! resolved, the range listed as git sees it, merge bases to check, implied good commits dropped, the
+//! config read and its commands checked. Any problem is a [`StartError`] naming it.
+
+use std::path::{Path, PathBuf};
+
+use git2::Oid;
+
+use crate::config::{CommandLine, Config, ConfigError};
+use crate::git::{GitError, RangeCommit, RangeOptions, Repo};
+
+/// What `start` was asked to do.
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// A directory inside the repository.
+    pub dir: PathBuf,
+    /// `GOOD..BAD`.
+    pub range: String,
+    /// More known-good revisions.
+    pub goods: Vec<String>,
+    /// Only commits touching these paths are probed.
+    pub pathspec: Vec<String>,
+    /// Follow only first parents.
+    pub first_parent: bool,
+    /// Config file; default `bisect.toml` at the repository root (relative paths: against the cwd).
+    pub config: Option<PathBuf>,
+    /// Where to write the JSON report.
+    pub report: Option<PathBuf>,
+    /// Leave the probe worktree registered at the end.
+    pub keep_worktree: bool,
+    /// Clean the worktree before each build, whatever the config says.
+    pub clean: bool,
+    /// Skip the compute-sanitizer triage.
+    pub no_triage: bool,
+    /// Skip shrinking the model at the first bad commit.
+    pub no_shrink: bool,
+    /// Write the bundle under this directory instead of `[bundle] dir`.
+    pub bundle_dir: Option<PathBuf>,
+}
+
+/// Problems that stop `start` before the search: all of them input problems but `Git`/`Io` ones.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Bad command-line input.
+    #[error("{0}")]
+    Usage(String),
+    /// Repository or revision problems.
+    #[error(transparent)]
+    Git(#[from] GitError),
+    /// Config problems.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Another run holds the state directory.
+    #[error(transparent)]
+    Locked(#[from] super::lock::LockError),
+    /// Filesystem trouble in the state directory.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StartError {
+    /// True for errors caused by the user's input.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Self::Usage(_) | Self::Config(_) => true,
+            Self::Git(e) => e.is_usage(),
+            Self::Locked(_) | Self::Io { .. } => false,
+        }
+    }
+}
+
+/// Everything validated before anything is written.
+pub struct Plan {
+    /// The repository.
+    pub repo: Repo,
+    /// The config.
+    pub config: Config,
+    /// Good revisions to probe, as given and resolved (those implied by another good are left out).
+    pub goods: Vec<(String, Oid)>,
+    /// Every good revision, resolved (for the report).
+    pub all_goods: Vec<Oid>,
+    /// Merge bases that must be checked good (goods that are not ancestors of the bad commit).
+    pub merge_bases: Vec<Oid>,
+    /// The bad revision, as given and resolved.
+    pub bad: (String, Oid),
+    /// The candidates.
+    pub range: Vec<RangeCommit>,
+    /// Notes for the user about what the plan did (merge bases, implied goods).
+    pub notes: Vec<String>,
+}
+
+/// Splits `GOOD..BAD`.
+pub fn split_range(range: &str) -> Result<(&str, &str), StartError> {
+    range
+        .split_once("..")
+        .filter(|(g, b)| !g.is_empty() && !b.is_empty() && !b.starts_with('.'))
+        .ok_or_else(|| StartError::Usage(format!("expected GOOD..BAD, got `{range}`")))
+}
+
+/// Resolves a config path: explicit paths are taken as given (relative to the current directory, as
+/// every other path on the command line), the default is `bisect.toml` at the repository root.
+pub fn config_path(repo: &Repo, given: Option<&Path>) -> PathBuf {
+    given
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| repo.workdir().join("bisect.toml"))
+}
+
+/// Checks the input and builds the plan; writes nothing.
+pub fn plan(opts: &StartOptions) -> Result<Plan, StartError> {
+    let (good, bad) = split_range(&opts.range)?;
+    let repo = Repo::open(&opts.dir)?;
+    let bad = (bad.to_string(), repo.resolve(bad)?);
+    let mut given = Vec::new();
+    for rev in std::iter::once(good).chain(opts.goods.iter().map(String::as_str)) {
+        let oid = repo.resolve(rev)?;
+        if oid == bad.1 {
+            return Err(GitError::SameCommit(rev.to_string()).into());
+        }
+        given.push((rev.to_string(), oid));
+    }
+    let mut notes = Vec::new();
+    let mut merge_bases: Vec<Oid> = Vec::new();
+    for (name, oid) in &given {
+        if repo.is_ancestor(*oid, bad.1)? {
+            continue;
+        }
+        if repo.is_ancestor(bad.1, *oid)? {
+            return Err(GitError::Reversed {
+                good: name.clone(),
+                bad: bad.0.clone(),
+            }
+            .into());
+        }
+        let bases = repo.merge_bases(*oid, bad.1)?;
+        if bases.is_empty() {
+            return Err(GitError::Unrelated {
+                good: name.clone(),
+                bad: bad.0.clone(),
+            }
+            .into());
+        }
+        let shorts: Vec<String> = bases.iter().map(|b| b.to_string()[..12].to_string()).collect();
+        notes.push(format!(
+            "good commit {name} is not an ancestor of {}: its merge base{} {} must be good too, and {} tested first",
+            bad.0,
+            if bases.len() == 1 { "" } else { "s" },
+            shorts.join(", "),
+            if bases.len() == 1 { "is" } else { "are" },
+        ));
+        merge_bases.extend(bases);
+    }
+    let all_goods: Vec<Oid> = given.iter().map(|(_, o)| *o).collect();
+    // A good commit that is an ancestor of another good one is implied good: not built and run again.
+    let mut goods = Vec::new();
+    for (name, oid) in &given {
+        let mut implied = false;
+        for (other_name, other) in &given {
+            if other != oid && repo.is_ancestor(*oid, *other)? {
+                notes.push(format!(
+                    "good commit {name} is implied by good commit {other_name}: not probed"
+                ));
+                implied = true;
+                break;
+            }
+        }
+        if !implied && !goods.iter().any(|(_, o)| o == oid) {
+            goods.push((name.clone(), *oid));
+        }
+    }
+    // As git does, a merge base is tested unless it is itself good by implication: given good, or an
+    // ancestor of a good commit on the bad commit's own line of history.
+    let mut checked_bases = Vec::new();
+    for base in merge_bases {
+        let mut implied = all_goods.contains(&base);
+        for g in &all_goods {
+            if implied {
+                break;
+            }
+            implied = repo.is_ancestor(*g, bad.1)? && repo.is_ancestor(base, *g)?;
+        }
+        if !implied && !checked_bases.contains(&base) {
+            checked_bases.push(base);
+        }
+    }
+    let range_opts = RangeOptions {
+        first_parent: opts.first_parent,
+        pathspec: opts.pathspec.clone(),
+    };
+    let range = repo.range(&all_goods, bad.1, &range_opts)?;
+    let config = Config::load(&config_path(&repo, opts.config.as_deref()))?;
+    for command in config
+        .build
+        .iter()
+        .map(|b| &b.command)
+        .chain([&config.repro.command])
+    {
+        check_command(&repo, bad.1, command)?;
+    }
+    if let Some(report) = &opts.report {
+        check_writable_file(report, "--report")?;
+    }
+    if let Some(dir) = &opts.bundle_dir {
+        if dir.exists() && !dir.is_dir() {
+            return Err(StartError::Usage(format!(
+                "--bundle-dir {} exists and is not a directory",
+                dir.display()
+            )));
+        }
+    }
+    Ok(Plan {
+        repo,
+        config,
+        goods,
+        all_goods,
+        merge_bases: checked_bases,
+        bad,
+        range,
+        notes,
+    })
+}
+
+/// A file we will write at the end must be writable now: its directory exists and it is not a directory.
+fn check_writable_file(path: &Path, what: &str) -> Result<(), StartError> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if path.is_dir() {
+        return Err(StartError::Usage(format!(
+            "{what} {} is a directory",
+            path.display()
+        )));
+    }
+    if !parent.is_dir() {
+        return Err(StartError::Usage(format!(
+            "{what} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses commands that cannot run: a missing program on PATH, or a relative path that the bad commit
+/// does not have as an executable file. Shell lines are left to the shell.
+fn check_command(repo: &Repo, bad: Oid, command: &CommandLine) -> Result<(), StartError> {
+    let CommandLine::Argv(argv) = command else {
+        return Ok(());
+    };
+    let program = &argv[0];
+    let problem = if program.starts_with('/') {
+        match std::fs::metadata(program) {
+            Ok(m) if std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0 => None,
+            Ok(_) => Some("is not executable"),
+            Err(_) => Some("does not exist"),
+        }
+    } else if program.contains('/') {
+        match repo.executable_at(bad, program) {
+            Some(true) => None,
+            Some(false) => Some("is not executable at the bad commit"),
+            None => Some("does not exist at the bad commit"),
+        }
+    } else if which::which(program).is_ok() {
+        None
+    } else {
+        Some("is not on PATH")
+    };
+    match problem {
+        Some(p) => Err(StartError::Usage(format!("command `{program}` {p}"))),
+        None => Ok(()),
+    }
+}

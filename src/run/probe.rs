@@ -1,0 +1,359 @@
+//! One probe: check the commit out in the probe worktree, build it, run the repro (retrying infrastructure
+//! failures, rerunning clean runs under `[repro] attempts`), classify the outcome and turn it into a
+//! verdict against the target signature. The search driver sees probes only through [`Probe`].
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use git2::Oid;
+
+use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::classify::{classify, Exit, FaultClass, Signature};
+use crate::config::Config;
+use crate::git::{CheckoutError, ProbeWorktree};
+use crate::process::{self, RunOutput};
+use crate::report::event::{Event, Phase, Reporter};
+use crate::report::record::{ProbeRecord, ProbeRole};
+
+use super::verdict::verdict;
+
+/// Where a probe stands in the search, for progress events and its record.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeContext {
+    /// Probe number, from 1.
+    pub step: usize,
+    /// Why it runs.
+    pub role: ProbeRole,
+    /// Candidates left.
+    pub remaining: usize,
+    /// Probes left, estimated.
+    pub estimated_steps: usize,
+}
+
+/// What one probe produced.
+#[derive(Clone, Debug)]
+pub struct ProbeOutcome {
+    /// The record.
+    pub record: ProbeRecord,
+    /// True when Ctrl-C or SIGTERM stopped it.
+    pub interrupted: bool,
+}
+
+/// What the search driver needs: probe a commit against the target (`None` while probing the bad
+/// endpoint, whose signature becomes the target).
+pub trait Probe {
+    /// Probes `oid` and returns its record.
+    fn probe(
+        &mut self,
+        oid: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome;
+}
+
+/// Why a commit could not be prepared for a stage after the search.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The checkout failed.
+    #[error("checkout of {oid} failed: {source}")]
+    Checkout {
+        /// The commit.
+        oid: Oid,
+        /// Why.
+        #[source]
+        source: CheckoutError,
+    },
+    /// The build could not start.
+    #[error("the build of {commit} could not start: {source}")]
+    BuildStart {
+        /// The commit.
+        commit: String,
+        /// Why.
+        #[source]
+        source: process::ProcessError,
+    },
+    /// The build failed.
+    #[error("the build of {commit} failed ({log})")]
+    Build {
+        /// The commit.
+        commit: String,
+        /// Its log, or why there is none.
+        log: String,
+    },
+}
+
+/// Probes in the probe worktree, with real processes.
+pub struct WorktreeProber<'a> {
+    /// The probe worktree.
+    pub worktree: &'a ProbeWorktree,
+    /// Settings.
+    pub config: &'a Config,
+    /// Where logs go.
+    pub log_dir: PathBuf,
+    /// Set on Ctrl-C.
+    pub cancel: &'a AtomicBool,
+}
+
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}
+
+impl Probe for WorktreeProber<'_> {
+    fn probe(
+        &mut self,
+        oid: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let started = Instant::now();
+        let commit = oid.to_string();
+        let mut record = Finished {
+            ctx,
+            commit: &commit,
+            started,
+            target,
+            config: self.config,
+        };
+        let phase = |reporter: &mut dyn Reporter, phase| {
+            reporter.event(&Event::PhaseStarted {
+                step: ctx.step,
+                commit: commit.clone(),
+                role: ctx.role,
+                phase,
+                remaining: ctx.remaining,
+                estimated_steps: ctx.estimated_steps,
+            })
+        };
+        phase(reporter, Phase::Checkout);
+        if let Err(e) = self.worktree.checkout(oid, self.clean()) {
+            let class = match e {
+                CheckoutError::MissingObject(_) => FaultClass::MissingObject,
+                CheckoutError::Git(_) => FaultClass::Infra,
+            };
+            let sig = Signature::new(class, format!("checkout failed: {e}"));
+            return record.done(sig, None, None, None, 0);
+        }
+        let mut build_log = None;
+        if self.config.build.is_some() {
+            phase(reporter, Phase::Build);
+            match self.build(&commit, ctx.step, "build") {
+                None => {}
+                Some(Err(e)) => {
+                    let sig = Signature::new(FaultClass::ExecFailure, e.to_string());
+                    return record.done(sig, None, None, None, 0);
+                }
+                Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
+                    let sig = build_failure(&run);
+                    return record.done(sig, Some(&run), log.clone(), log, 0);
+                }
+                Some(Ok((_, log))) => build_log = log,
+            }
+        }
+        phase(reporter, Phase::Repro);
+        let repro = &self.config.repro;
+        let mut attempt = 1;
+        let (mut infra_retried, mut clean_runs) = (0, 0);
+        loop {
+            let spec = command_spec(
+                self.config,
+                ChildCommand {
+                    command: &repro.command,
+                    timeout: repro.timeout,
+                    env: &repro.env,
+                },
+                &ChildContext {
+                    worktree: self.worktree.path(),
+                    commit: &commit,
+                    phase: ChildPhase::Repro,
+                    attempt,
+                },
+            );
+            let run = match process::run(&spec, self.cancel) {
+                Ok(run) => run,
+                Err(e) => {
+                    let sig = Signature::new(
+                        FaultClass::ExecFailure,
+                        format!("the repro could not start: {e}"),
+                    );
+                    return record.done(sig, None, build_log, None, attempt);
+                }
+            };
+            let name = if attempt == 1 {
+                "repro".to_string()
+            } else {
+                format!("repro-{attempt}")
+            };
+            let log = self.write_log(ctx.step, &commit, &name, &run);
+            let sig = classify(run.exit, &run.output);
+            if sig.class == FaultClass::Infra
+                && infra_retried < repro.infra_retries
+                && !run.interrupted
+            {
+                infra_retried += 1;
+                attempt += 1;
+                continue;
+            }
+            // A clean run of a flaky fault proves little: run again, up to `attempts` clean runs.
+            if sig.class == FaultClass::None && clean_runs + 1 < repro.attempts && !run.interrupted
+            {
+                clean_runs += 1;
+                attempt += 1;
+                continue;
+            }
+            return record.done(sig, Some(&run), build_log, log, attempt);
+        }
+    }
+}
+
+/// Everything a record needs besides the run itself.
+struct Finished<'r> {
+    ctx: &'r ProbeContext,
+    commit: &'r str,
+    started: Instant,
+    target: Option<&'r Signature>,
+    config: &'r Config,
+}
+
+impl Finished<'_> {
+    fn done(
+        &mut self,
+        signature: Signature,
+        run: Option<&RunOutput>,
+        build_log: Option<String>,
+        log: Option<String>,
+        attempts: u32,
+    ) -> ProbeOutcome {
+        let output = run.map(|r| r.output.as_str()).unwrap_or("");
+        let matched_target = self
+            .target
+            .is_some_and(|t| self.config.match_policy.matches(t, &signature, output));
+        let (verdict, reason) = verdict(&signature, self.target, matched_target);
+        let (exit_code, signal) = match run.map(|r| r.exit) {
+            Some(Exit::Code(c)) => (Some(c), None),
+            Some(Exit::Signal(s)) => (None, Some(s)),
+            _ => (None, None),
+        };
+        ProbeOutcome {
+            record: ProbeRecord {
+                commit: self.commit.to_string(),
+                role: self.ctx.role,
+                verdict,
+                signature,
+                matched_target,
+                reason,
+                exit_code,
+                signal,
+                duration_s: self.started.elapsed().as_secs_f64(),
+                build_log,
+                log,
+                attempts,
+            },
+            interrupted: run.is_some_and(|r| r.interrupted),
+        }
+    }
+}
+
+impl WorktreeProber<'_> {
+    fn clean(&self) -> bool {
+        self.config.build.as_ref().is_some_and(|b| b.clean)
+    }
+
+    /// Checks out and builds `oid` for a stage after the search (triage, shrink, the parent check), so
+    /// those stages never run a binary left over from another probe.
+    pub fn prepare(&self, oid: Oid, name: &str) -> Result<(), PrepareError> {
+        self.worktree
+            .checkout(oid, self.clean())
+            .map_err(|source| PrepareError::Checkout { oid, source })?;
+        let commit = oid.to_string();
+        match self.build(&commit, 0, &format!("{name}-build")) {
+            None => Ok(()),
+            Some(Err(source)) => Err(PrepareError::BuildStart {
+                commit: short(&commit).to_string(),
+                source,
+            }),
+            Some(Ok((run, log))) if run.exit != Exit::Code(0) => Err(PrepareError::Build {
+                commit: short(&commit).to_string(),
+                log: log.unwrap_or_else(|| "no log".into()),
+            }),
+            Some(Ok(_)) => Ok(()),
+        }
+    }
+
+    /// Runs the configured build in the worktree and logs it; `None` when there is no build step.
+    fn build(
+        &self,
+        commit: &str,
+        step_no: usize,
+        log_name: &str,
+    ) -> Option<Result<(RunOutput, Option<String>), process::ProcessError>> {
+        let build = self.config.build.as_ref()?;
+        let spec = command_spec(
+            self.config,
+            ChildCommand {
+                command: &build.command,
+                timeout: build.timeout,
+                env: &build.env,
+            },
+            &ChildContext {
+                worktree: self.worktree.path(),
+                commit,
+                phase: ChildPhase::Build,
+                attempt: 1,
+            },
+        );
+        Some(process::run(&spec, self.cancel).map(|run| {
+            let log = self.write_log(step_no, commit, log_name, &run);
+            (run, log)
+        }))
+    }
+
+    fn write_log(&self, step: usize, commit: &str, name: &str, run: &RunOutput) -> Option<String> {
+        let path = self
+            .log_dir
+            .join(format!("{step:03}-{}-{name}.log", short(commit)));
+        let trailer = match run.exit {
+            Exit::Code(c) => format!("exit={c}"),
+            Exit::Signal(s) => format!("signal={s}"),
+            Exit::Timeout => "timeout".to_string(),
+            Exit::Unknown => "unknown".to_string(),
+        };
+        let text = format!(
+            "{}\n{} {trailer} after {:.2}s\n",
+            run.output.trim_end(),
+            crate::classify::LOG_TRAILER_PREFIX,
+            run.duration.as_secs_f64()
+        );
+        std::fs::write(&path, text).ok()?;
+        Some(path.display().to_string())
+    }
+}
+
+/// The last non-empty line of some output, trimmed.
+pub fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+}
+
+fn build_failure(run: &RunOutput) -> Signature {
+    let what = match run.exit {
+        Exit::Timeout => "build timed out".to_string(),
+        Exit::Signal(s) => format!("build killed by signal {s}"),
+        Exit::Code(c) => format!("build exited {c}"),
+        Exit::Unknown => "build failed".to_string(),
+    };
+    let last = last_line(&run.output);
+    Signature::new(
+        FaultClass::BuildFailure,
+        if last.is_empty() {
+            what
+        } else {
+            format!("{what}: {last}")
+        },
+    )
+}

@@ -1,0 +1,345 @@
+//! Drives a shrink through the harness protocol: describes the graph, locates the faulting node with one
+//! recorded synchronous run, feeds the reduction state machine candidate by candidate (judged by the
+//! same-signature oracle), confirms the result, and extracts the minimal model. The harness is seen only
+//! through [`HarnessClient`], so the driver is tested in-process with scripted fakes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
+use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
+use crate::protocol::marker::open_marker;
+use crate::protocol::types::{with_recorded_shapes, GraphNode};
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{Confirmation, ParentCheck, Rejected, ShrinkReport, ShrinkStatus};
+use crate::shrink::{Reducer, Reduction, Step};
+
+/// What a shrink needs to know besides the harness.
+#[derive(Clone, Debug)]
+pub struct ShrinkSettings<'a> {
+    /// The same-bug policy.
+    pub policy: &'a MatchPolicy,
+    /// Where the recording, logs and minimal model go.
+    pub out_dir: PathBuf,
+    /// The fault to keep (from the bisection); `None`: whatever the harness's full run shows.
+    pub target: Option<Signature>,
+    /// Runs of a candidate before it counts as not reproducing.
+    pub attempts: u32,
+    /// Runs of the minimal subgraph in the final check.
+    pub confirm: u32,
+}
+
+/// Why a shrink stopped early.
+enum Stop {
+    Failed(String),
+    NotReproduced(String),
+    Interrupted,
+}
+
+impl From<ProtocolError> for Stop {
+    fn from(e: ProtocolError) -> Self {
+        Stop::Failed(e.to_string())
+    }
+}
+
+/// Runs a candidate up to `attempts` times; true as soon as one run fails the target's way.
+struct Oracle<'a> {
+    harness: &'a dyn HarnessClient,
+    policy: &'a MatchPolicy,
+    target: Signature,
+    runs: usize,
+    rejected: Vec<Rejected>,
+    log_dir: PathBuf,
+}
+
+impl Oracle<'_> {
+    fn judge(
+        &mut self,
+        keep: &[String],
+        recording: &Path,
+        attempts: u32,
+        cancel: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        for _ in 0..attempts {
+            let request = RunRequest {
+                keep: Some(keep),
+                recording: Some(recording),
+                record: None,
+            };
+            let run = self.harness.run(&request, cancel)?;
+            self.runs += 1;
+            // Logs are for people reading the run afterwards; failing to write one changes no verdict.
+            let _ = std::fs::write(
+                self.log_dir.join(format!("run-{:04}.log", self.runs)),
+                &run.output,
+            );
+            let sig = classify(run.exit, &run.output);
+            if self.policy.matches(&self.target, &sig, &run.output) {
+                return Ok(true);
+            }
+            if sig.class != FaultClass::None {
+                // A different failure is not a success: record it and go on.
+                self.rejected.push(Rejected {
+                    nodes: keep.len(),
+                    class: sig.class,
+                    summary: sig.summary.clone(),
+                });
+            }
+            if cancel.load(Ordering::SeqCst) {
+                break;
+            }
+        }
+        Ok(false)
+    }
+}
+
+fn ids(nodes: &[GraphNode], picks: &[usize]) -> Vec<String> {
+    picks.iter().map(|&i| nodes[i].id.clone()).collect()
+}
+
+fn empty_report(out_dir: &Path) -> ShrinkReport {
+    ShrinkReport {
+        status: ShrinkStatus::Failed,
+        summary: String::new(),
+        signature: None,
+        located_node: None,
+        nodes_before: 0,
+        nodes_after: 0,
+        kept: vec![],
+        removed: vec![],
+        runs_to_minimal: 0,
+        harness_runs: 0,
+        candidates: 0,
+        rejected: vec![],
+        confirmation: None,
+        parent_check: None,
+        duration_s: 0.0,
+        out_dir: out_dir.display().to_string(),
+        minimal_model: None,
+        reproduce: None,
+    }
+}
+
+/// Shrinks the model at one commit. Never fails outright: problems are in the report's status.
+pub fn shrink(
+    harness: &dyn HarnessClient,
+    settings: &ShrinkSettings,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> ShrinkReport {
+    let started = Instant::now();
+    let mut report = empty_report(&settings.out_dir);
+    let (status, summary) = match drive(harness, settings, &mut report, reporter, cancel) {
+        Ok(summary) => (ShrinkStatus::Minimal, summary),
+        Err(Stop::Failed(s)) => (ShrinkStatus::Failed, s),
+        Err(Stop::NotReproduced(s)) => (ShrinkStatus::NotReproduced, s),
+        Err(Stop::Interrupted) => (ShrinkStatus::Interrupted, "interrupted".into()),
+    };
+    report.status = status;
+    report.summary = summary;
+    report.duration_s = started.elapsed().as_secs_f64();
+    reporter.event(&Event::ShrinkFinished {
+        summary: report.summary.clone(),
+    });
+    report
+}
+
+/// The recorded run of the whole model: the target signature and the node it died in.
+fn locate(
+    harness: &dyn HarnessClient,
+    settings: &ShrinkSettings,
+    record: &Path,
+    log_dir: &Path,
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<(Signature, Option<String>), Stop> {
+    for _ in 0..settings.attempts {
+        let request = RunRequest {
+            keep: None,
+            recording: None,
+            record: Some(record),
+        };
+        let run = harness.run(&request, cancel)?;
+        report.harness_runs += 1;
+        let _ = std::fs::write(log_dir.join("locate.log"), &run.output);
+        let sig = classify(run.exit, &run.output);
+        let same = match &settings.target {
+            Some(t) => settings.policy.matches(t, &sig, &run.output),
+            None => !matches!(sig.class, FaultClass::None) && !crate::run::verdict::is_host_problem(sig.class),
+        };
+        if same {
+            let node = open_marker(&run.output).map(|m| m.node.to_string());
+            return Ok((sig, node));
+        }
+        if cancel.load(Ordering::SeqCst) {
+            return Err(Stop::Interrupted);
+        }
+        report.signature = Some(sig);
+    }
+    let seen = report
+        .signature
+        .as_ref()
+        .map_or("nothing".to_string(), |s| s.short());
+    let want = settings
+        .target
+        .as_ref()
+        .map_or("a fault".to_string(), |t| t.short());
+    Err(Stop::NotReproduced(format!(
+        "the harness's full run showed {seen}, not {want}"
+    )))
+}
+
+fn drive(
+    harness: &dyn HarnessClient,
+    settings: &ShrinkSettings,
+    report: &mut ShrinkReport,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<String, Stop> {
+    let record = settings.out_dir.join("record");
+    let log_dir = settings.out_dir.join("logs");
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|e| Stop::Failed(format!("cannot create {}: {e}", log_dir.display())))?;
+    let description = harness
+        .describe(cancel)
+        .map_err(|e| Stop::Failed(format!("harness describe: {e}")))?;
+    let nodes = description.nodes;
+    report.nodes_before = nodes.len();
+    reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
+
+    let (target, blamed) = locate(harness, settings, &record, &log_dir, report, cancel)?;
+    report.signature = Some(target.clone());
+    let Some(fault) = blamed.and_then(|id| nodes.iter().position(|n| n.id == id)) else {
+        return Err(Stop::Failed(format!(
+            "the harness run failed ({}) but no node marker names where",
+            target.short()
+        )));
+    };
+    let nodes = with_recorded_shapes(nodes, &record);
+    report.located_node = Some(nodes[fault].id.clone());
+    reporter.event(&Event::ShrinkLocated {
+        node: nodes[fault].id.clone(),
+        signature: target.short(),
+    });
+
+    let mut oracle = Oracle {
+        harness,
+        policy: settings.policy,
+        target: target.clone(),
+        runs: 0,
+        rejected: vec![],
+        log_dir,
+    };
+    let mut reducer = Reducer::new(nodes.len(), fault);
+    let result = loop {
+        if cancel.load(Ordering::SeqCst) {
+            report.harness_runs += oracle.runs;
+            return Err(Stop::Interrupted);
+        }
+        match reducer.next_step() {
+            Step::Done(result) => break result,
+            Step::Run(candidate) => {
+                let stage = reducer.stage();
+                let keep = ids(&nodes, &candidate);
+                let fails = oracle
+                    .judge(&keep, &record, settings.attempts, cancel)
+                    .inspect_err(|_| report.harness_runs += oracle.runs)?;
+                reducer.mark(&candidate, fails);
+                reporter.event(&Event::ShrinkCandidate {
+                    run: reducer.runs(),
+                    stage,
+                    nodes: candidate.len(),
+                    reproduced: fails,
+                });
+            }
+        }
+    };
+    report.candidates = reducer.runs();
+    report.runs_to_minimal = report.harness_runs + oracle.runs;
+    let keep = ids(&nodes, &result);
+
+    // The final check: the same signature on every one of N runs, each a single attempt.
+    let mut reproduced = 0;
+    for _ in 0..settings.confirm {
+        if cancel.load(Ordering::SeqCst) {
+            report.harness_runs += oracle.runs;
+            return Err(Stop::Interrupted);
+        }
+        if oracle.judge(&keep, &record, 1, cancel).unwrap_or(false) {
+            reproduced += 1;
+        }
+    }
+    report.confirmation = Some(Confirmation {
+        runs: settings.confirm,
+        reproduced,
+    });
+    report.harness_runs += oracle.runs;
+    report.rejected = std::mem::take(&mut oracle.rejected);
+    report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
+    report.removed = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !result.contains(i))
+        .map(|(_, n)| n.id.clone())
+        .collect();
+    report.nodes_after = result.len();
+
+    let minimal = settings.out_dir.join("minimal");
+    // The native harness writes model.toml, the PyTorch harness repro.py.
+    if harness.extract(&keep, &record, &minimal, cancel).is_ok() {
+        report.minimal_model = ["model.toml", "repro.py"]
+            .iter()
+            .map(|f| minimal.join(f))
+            .find(|p| p.is_file())
+            .map(|p| p.display().to_string());
+    }
+    report.reproduce = Some(harness.reproduce_line(
+        report.minimal_model.as_deref().map(Path::new),
+        &keep,
+        &record,
+    ));
+    Ok(format!(
+        "{} of {} nodes ({}) still fail with {}; minimal after {} harness run{}; confirmed {reproduced}/{}",
+        result.len(),
+        nodes.len(),
+        keep.join(", "),
+        target.short(),
+        report.runs_to_minimal,
+        if report.runs_to_minimal == 1 { "" } else { "s" },
+        settings.confirm
+    ))
+}
+
+/// Runs the minimal subgraph once more through another harness (at the first bad commit's parent) and
+/// says whether it passed there.
+pub fn check_parent(
+    harness: &dyn HarnessClient,
+    report: &ShrinkReport,
+    policy: &MatchPolicy,
+    cancel: &AtomicBool,
+) -> ParentCheck {
+    let Some(target) = &report.signature else {
+        return ParentCheck::NotRun("no signature".into());
+    };
+    let record = Path::new(&report.out_dir).join("record");
+    let keep: Vec<String> = report.kept.iter().map(|n| n.id.clone()).collect();
+    let request = RunRequest {
+        keep: Some(&keep),
+        recording: Some(&record),
+        record: None,
+    };
+    match harness.run(&request, cancel) {
+        Err(e) => ParentCheck::NotRun(e.to_string()),
+        Ok(run) => {
+            let sig = classify(run.exit, &run.output);
+            if policy.matches(target, &sig, &run.output) {
+                ParentCheck::Reproduced
+            } else if sig.class == FaultClass::None {
+                ParentCheck::Passed
+            } else {
+                ParentCheck::FailedDifferently(sig.short())
+            }
+        }
+    }
+}

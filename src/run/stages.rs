@@ -1,0 +1,114 @@
+//! The stages at the first bad commit, after the search: build it, triage under compute-sanitizer, shrink
+//! the model, and run the minimal subgraph at the parent. Each stage's failure is recorded, never fatal.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use git2::Oid;
+
+use crate::config::Config;
+use crate::protocol::client::ProcessHarness;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{ParentCheck, Report, ShrinkStatus, TriageStatus};
+
+use super::probe::WorktreeProber;
+use super::shrink::{check_parent, shrink, ShrinkSettings};
+
+/// Which stages to run.
+#[derive(Clone, Copy, Debug)]
+pub struct StageChoice {
+    /// Run compute-sanitizer triage.
+    pub triage: bool,
+    /// Shrink the model.
+    pub shrink: bool,
+}
+
+/// Runs the chosen stages at `oid`, filling `report`. Returns true when Ctrl-C stopped one of them.
+pub fn run_stages(
+    config: &Config,
+    prober: &WorktreeProber,
+    choice: StageChoice,
+    oid: Oid,
+    run_dir: &Path,
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> bool {
+    let triage = config.triage.enabled && choice.triage;
+    let section = config.shrink.as_ref().filter(|s| s.enabled && choice.shrink);
+    if !triage && section.is_none() {
+        return false;
+    }
+    if let Err(e) = prober.prepare(oid, "first-bad") {
+        reporter.event(&Event::Warning {
+            message: format!("cannot prepare the first bad commit for triage and shrink: {e}"),
+        });
+        return cancel.load(Ordering::SeqCst);
+    }
+    if triage && !cancel.load(Ordering::SeqCst) {
+        reporter.event(&Event::StageStarted {
+            message: "triage: rerunning the first bad commit under compute-sanitizer".into(),
+        });
+        let result =
+            super::triage::at_commit(config, prober.worktree, oid, run_dir, cancel, reporter);
+        let stopped = result.status == TriageStatus::Interrupted;
+        report.triage = Some(result);
+        if stopped {
+            return true;
+        }
+    }
+    let Some(section) = section else {
+        return cancel.load(Ordering::SeqCst);
+    };
+    if cancel.load(Ordering::SeqCst) {
+        return true;
+    }
+    let commit = oid.to_string();
+    let harness =
+        match ProcessHarness::from_config(config, section, prober.worktree.path(), &commit, run_dir)
+        {
+            Ok(h) => h,
+            Err(e) => {
+                reporter.event(&Event::Warning {
+                    message: format!("shrink: {e}"),
+                });
+                return false;
+            }
+        };
+    let settings = ShrinkSettings {
+        policy: &config.match_policy,
+        out_dir: run_dir.join("shrink"),
+        target: report.target.clone(),
+        attempts: section.attempts,
+        confirm: section.confirm,
+    };
+    let mut result = shrink(&harness, &settings, reporter, cancel);
+    if result.status == ShrinkStatus::Minimal
+        && section.check_parent
+        && !cancel.load(Ordering::SeqCst)
+    {
+        let parent = report
+            .good_parents
+            .first()
+            .and_then(|p| Oid::from_str(&p.commit).ok());
+        result.parent_check = Some(match parent {
+            None => ParentCheck::NotRun("the first bad commit has no parent in the range".into()),
+            Some(p) => match prober.prepare(p, "parent") {
+                Err(e) => ParentCheck::NotRun(e.to_string()),
+                Ok(()) => match ProcessHarness::from_config(
+                    config,
+                    section,
+                    prober.worktree.path(),
+                    &p.to_string(),
+                    run_dir,
+                ) {
+                    Ok(h) => check_parent(&h, &result, &config.match_policy, cancel),
+                    Err(e) => ParentCheck::NotRun(e.to_string()),
+                },
+            },
+        });
+    }
+    let stopped = result.status == ShrinkStatus::Interrupted;
+    report.shrink = Some(result);
+    stopped || cancel.load(Ordering::SeqCst)
+}
