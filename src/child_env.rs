@@ -63,7 +63,11 @@ pub struct ChildContext<'a> {
 pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String)> {
     let mut vars = Vec::new();
     if ctx.phase != ChildPhase::Build {
-        let blocking = if config.repro.launch_blocking { "1" } else { "0" };
+        let blocking = if config.repro.launch_blocking {
+            "1"
+        } else {
+            "0"
+        };
         vars.push(("CUDA_LAUNCH_BLOCKING".into(), blocking.into()));
     }
     vars.push(("CUDABISECT_COMMIT".into(), ctx.commit.to_string()));

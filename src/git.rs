@@ -268,7 +268,9 @@ impl Repo {
         let text = run_git(&self.workdir(), &argv)?;
         let mut listed: Vec<(Oid, Vec<Oid>)> = Vec::new();
         for line in text.lines() {
-            let mut words = line.split_whitespace().filter_map(|w| Oid::from_str(w).ok());
+            let mut words = line
+                .split_whitespace()
+                .filter_map(|w| Oid::from_str(w).ok());
             if let Some(oid) = words.next() {
                 listed.push((oid, words.collect()));
             }
@@ -392,7 +394,15 @@ impl Repo {
             let p = path.display().to_string();
             run_git(
                 &self.workdir(),
-                &["worktree", "add", "--detach", "--force", "--no-checkout", &p, &start],
+                &[
+                    "worktree",
+                    "add",
+                    "--detach",
+                    "--force",
+                    "--no-checkout",
+                    &p,
+                    &start,
+                ],
             )?;
         }
         Ok(ProbeWorktree {
@@ -403,16 +413,15 @@ impl Repo {
     /// Unregisters the worktree at `path` and deletes its files; nothing to do when it is not there.
     pub fn remove_worktree(&self, path: &Path) -> Result<(), GitError> {
         let p = path.display().to_string();
-        if path.exists() {
-            if run_git(&self.workdir(), &["worktree", "remove", "--force", &p]).is_err() {
-                // Not a registered worktree (a leftover directory): delete it by hand.
-                if path.exists() {
-                    std::fs::remove_dir_all(path).map_err(|source| GitError::Io {
-                        path: path.to_path_buf(),
-                        source,
-                    })?;
-                }
-            }
+        // Not a registered worktree (a leftover directory): delete it by hand.
+        if path.exists()
+            && run_git(&self.workdir(), &["worktree", "remove", "--force", &p]).is_err()
+            && path.exists()
+        {
+            std::fs::remove_dir_all(path).map_err(|source| GitError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         }
         run_git(&self.workdir(), &["worktree", "prune"])?;
         Ok(())
@@ -450,25 +459,34 @@ impl ProbeWorktree {
         if run_git(&self.path, &["cat-file", "-e", &tree]).is_err() {
             return Err(CheckoutError::MissingObject(oid));
         }
-        run_git(&self.path, &["checkout", "--detach", "--force", "--quiet", &sha]).map_err(
-            |e| match &e {
-                GitError::Command { message, .. }
-                    if message.contains("unable to read")
-                        || message.contains("missing")
-                        || message.contains("bad object") =>
-                {
-                    CheckoutError::MissingObject(oid)
-                }
-                _ => CheckoutError::Git(e),
-            },
-        )?;
+        run_git(
+            &self.path,
+            &["checkout", "--detach", "--force", "--quiet", &sha],
+        )
+        .map_err(|e| match &e {
+            GitError::Command { message, .. }
+                if message.contains("unable to read")
+                    || message.contains("missing")
+                    || message.contains("bad object") =>
+            {
+                CheckoutError::MissingObject(oid)
+            }
+            _ => CheckoutError::Git(e),
+        })?;
         if clean {
             run_git(&self.path, &["clean", "-ffdxq"])?;
         }
         if self.path.join(".gitmodules").is_file() {
             run_git(
                 &self.path,
-                &["submodule", "update", "--init", "--recursive", "--force", "--quiet"],
+                &[
+                    "submodule",
+                    "update",
+                    "--init",
+                    "--recursive",
+                    "--force",
+                    "--quiet",
+                ],
             )?;
         }
         Ok(())

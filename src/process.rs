@@ -6,7 +6,7 @@ use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crate::classify::Exit;
@@ -18,6 +18,62 @@ const HEAD_BYTES: usize = 256 * 1024;
 const TAIL_BYTES: usize = 1024 * 1024;
 /// How often the waiting loop looks at the deadline and the cancel flag while output is still open.
 const POLL: Duration = Duration::from_millis(20);
+
+/// How long to wait for the output pipe after killing escaped descendants.
+const ESCAPE_GRACE: Duration = Duration::from_secs(2);
+
+static SUBREAPER: Once = Once::new();
+
+/// Makes this process the subreaper of everything it starts (Linux), so a descendant that leaves the
+/// process group with `setsid` is re-parented here instead of to init, and can still be found and killed.
+fn become_subreaper() {
+    SUBREAPER.call_once(|| {
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only sets a flag on the calling process.
+        unsafe {
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        }
+    });
+}
+
+/// Kills and reaps the descendants that escaped their process group into a session of their own and were
+/// re-parented to this process (the subreaper).
+fn kill_orphans() {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command name (which may hold spaces): state, ppid, pgrp, session.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let (ppid, session) = match (fields.get(1), fields.get(3)) {
+            (Some(p), Some(s)) => (p.parse::<u32>().ok(), s.parse::<i32>().ok()),
+            _ => continue,
+        };
+        // An escaped descendant leads a session of its own (setsid) and was re-parented to us; the commands
+        // we start ourselves stay in our session, so a run in flight on another thread is never touched.
+        if ppid == Some(me) && session == Some(pid) {
+            // SAFETY: signalling a process group we own, then reaping our own child; both are plain syscalls.
+            unsafe {
+                libc::killpg(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
 
 /// Everything needed to run one command.
 #[derive(Clone, Debug)]
@@ -113,6 +169,7 @@ impl BoundedCapture {
 
 /// Runs `spec` to completion, timeout or cancellation. `cancel` is polled; when set, the group is stopped.
 pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
+    become_subreaper();
     let started = Instant::now();
     let program = spec.command.display();
     let (mut prog, args) = spec.command.argv();
@@ -140,29 +197,36 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     })?);
     let pgid = handle.pids().first().map(|&p| p as i32);
 
-    let (done_tx, done_rx) = mpsc::channel();
+    // The capture is shared with the reader thread, so what was read is kept even when a descendant that
+    // escaped the group holds the pipe open and EOF never comes.
+    let shared = Arc::new(Mutex::new(BoundedCapture::default()));
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let reader = Arc::clone(&handle);
+    let sink = Arc::clone(&shared);
     std::thread::spawn(move || {
-        let mut capture = BoundedCapture::default();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             match (&*reader).read(&mut buf) {
                 Ok(0) | Err(_) => break,
-                Ok(n) => capture.push(&buf[..n]),
+                Ok(n) => {
+                    if let Ok(mut c) = sink.lock() {
+                        c.push(&buf[..n]);
+                    }
+                }
             }
         }
-        let _ = done_tx.send(capture);
+        let _ = done_tx.send(());
     });
 
     let deadline = started + spec.timeout;
     let mut timed_out = false;
     let mut interrupted = false;
-    let mut capture = None;
+    let mut eof = false;
     let status = loop {
         // Output EOF usually means the child is done: waking on it (not on a timer) keeps short runs fast.
-        if capture.is_none() {
+        if !eof {
             match done_rx.recv_timeout(POLL) {
-                Ok(c) => capture = Some(c),
+                Ok(()) => eof = true,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(POLL),
             }
@@ -184,11 +248,13 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     };
     // The leader is gone; anything it left behind in its group goes too, and releases the output pipe.
     signal_group(pgid, libc::SIGKILL);
-    let capture = capture.unwrap_or_else(|| {
-        done_rx
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_default()
-    });
+    if !eof {
+        // Descendants that left the group (setsid, daemons) still hold the pipe: as this process is the
+        // subreaper of everything it started, they are its children now; kill them so none survives.
+        kill_orphans();
+        let _ = done_rx.recv_timeout(ESCAPE_GRACE);
+    }
+    let capture = std::mem::take(&mut *shared.lock().unwrap_or_else(|e| e.into_inner()));
     let exit = if timed_out {
         Exit::Timeout
     } else if let Some(sig) = status.signal() {
@@ -266,6 +332,32 @@ mod tests {
             !marker.exists(),
             "the background child survived the timeout"
         );
+    }
+
+    #[test]
+    fn output_survives_a_descendant_that_escapes_the_group_and_the_escapee_dies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("escaped.pid");
+        let script = format!(
+            "echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; setsid sh -c 'echo $$ > {}; exec sleep 120' & while [ ! -s {} ]; do :; done; exit 1",
+            pidfile.display(),
+            pidfile.display()
+        );
+        let out = sh(&script, 60_000);
+        assert_eq!(out.exit, Exit::Code(1));
+        assert!(
+            out.output.contains("illegal memory access"),
+            "the capture was lost: {:?}",
+            out.output
+        );
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .expect("pid written")
+            .trim()
+            .parse()
+            .expect("a pid");
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "the escaped process {pid} survived the run");
     }
 
     #[test]

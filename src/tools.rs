@@ -5,12 +5,9 @@ use std::path::PathBuf;
 
 /// Finds `program` on PATH, else at the first of `usual` that exists.
 pub fn find_program(program: &str, usual: &[&str]) -> Option<PathBuf> {
-    which::which(program).ok().or_else(|| {
-        usual
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-    })
+    which::which(program)
+        .ok()
+        .or_else(|| usual.iter().map(PathBuf::from).find(|p| p.is_file()))
 }
 
 /// Where to find compute-sanitizer: the configured path (which must exist), else PATH, else the CUDA

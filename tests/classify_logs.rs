@@ -1,9 +1,9 @@
 //! The classifier against every real log recorded on the H200 (fixtures/logs), table-driven, and the
 //! sanitizer XML parser against the recorded memcheck report.
 
-use cudabisect::report::record::SanitizerTool;
 use cudabisect::classify::sanitizer::{self, FindingKind};
 use cudabisect::classify::{classify, Exit, FaultClass};
+use cudabisect::report::record::SanitizerTool;
 
 fn log(name: &str) -> (Exit, String) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

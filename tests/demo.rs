@@ -128,7 +128,11 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
     let mut opts = git2::StatusOptions::new();
     opts.include_untracked(true).include_ignored(true);
     let statuses = repo.statuses(Some(&mut opts)).unwrap();
-    assert_eq!(statuses.iter().count(), 0, "git status shows nothing, ignored files included");
+    assert_eq!(
+        statuses.iter().count(),
+        0,
+        "git status shows nothing, ignored files included"
+    );
     // Nothing in the bundle points back into the checkout or the state directory.
     assert!(!md.contains(".git/cudabisect"), "{md}");
 

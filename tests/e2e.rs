@@ -160,15 +160,37 @@ fn snapshot(path: &Path) -> Vec<(String, Vec<u8>)> {
             std::fs::read(git.join(name)).unwrap_or_default(),
         ));
     }
-    for entry in std::fs::read_dir(path).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_file() {
-            out.push((
-                entry.file_name().to_string_lossy().into(),
-                std::fs::read(entry.path()).unwrap(),
-            ));
+    // Every file and directory of the working tree, recursively, ignored ones included; and every ref,
+    // log and config file of the git directory except cudabisect's own state directory.
+    fn walk(root: &Path, dir: &Path, skip: &[&Path], out: &mut Vec<(String, Vec<u8>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let p = entry.path();
+            if skip.iter().any(|s| p.starts_with(s)) {
+                continue;
+            }
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                out.push((format!("{rel}/"), Vec::new()));
+                walk(root, &p, skip, out);
+            } else if kind.is_file() {
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
         }
     }
+    // The objects may gain nothing either, but packs and loose objects are not compared byte for byte:
+    // git itself may repack. Worktree bookkeeping (`.git/worktrees`) must be gone after the run.
+    walk(
+        path,
+        path,
+        &[&git.join("cudabisect"), &git.join("objects")],
+        &mut out,
+    );
     out.sort();
     let repo = git2::Repository::open(path).unwrap();
     let branches: Vec<String> = repo
@@ -748,4 +770,165 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
         "0",
         "an orphan of the repro survived"
     );
+}
+
+#[test]
+fn a_second_run_in_the_same_clone_is_refused_while_the_first_holds_the_lock() {
+    let repo = linear(&modes(6, |i| {
+        if i >= 3 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let state = repo.path.join(".git/cudabisect");
+    std::fs::create_dir_all(&state).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(state.join("lock"))
+        .unwrap();
+    lock.try_lock().unwrap();
+    std::fs::write(state.join("lock"), "pid 1: cudabisect start a..b\n").unwrap();
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 7, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("another cudabisect run holds"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("start a..b"), "{}", run.stderr);
+    assert_eq!(run.stderr.trim().lines().count(), 1, "{}", run.stderr);
+    drop(lock);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[3].to_string());
+}
+
+#[test]
+fn a_user_branch_named_like_an_old_temporary_branch_is_left_alone() {
+    let repo = linear(&modes(6, |i| {
+        if i >= 3 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let r = git2::Repository::open(&repo.path).unwrap();
+    let c = r.find_commit(repo.commits[1]).unwrap();
+    r.branch("cudabisect-probe-tmp", &c, false).unwrap();
+    let before = snapshot(&repo.path);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(snapshot(&repo.path), before);
+}
+
+/// GOOD on a release branch that is not an ancestor of BAD: its merge base is tested first, as git does.
+#[test]
+fn a_good_commit_on_another_branch_is_bisected_from_the_merge_base() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let mut main = vec![b.commit(&[], &files("clean", true, 0), "base").unwrap()];
+    for i in 1..12 {
+        let mode = if i >= 7 { "fault" } else { "clean" };
+        let next = b
+            .commit(
+                &[*main.last().unwrap()],
+                &files(mode, true, i),
+                &format!("main {i}"),
+            )
+            .unwrap();
+        main.push(next);
+    }
+    // The release branch forks at main 3 and stays clean.
+    let mut release = main[3];
+    for i in 0..3 {
+        release = b
+            .commit(
+                &[release],
+                &files("clean", true, 100 + i),
+                &format!("release {i}"),
+            )
+            .unwrap();
+    }
+    b.set_branch("main", *main.last().unwrap()).unwrap();
+    b.set_branch("release", release).unwrap();
+    b.checkout_main().unwrap();
+    let run = cudabisect(&path, &["release..main"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
+    assert_eq!(first_bad(&run), main[7].to_string());
+    let report = run.report.as_ref().unwrap();
+    let roles: Vec<&str> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["role"].as_str().unwrap())
+        .collect();
+    assert!(roles.contains(&"merge_base"), "{roles:?}");
+    assert!(
+        report["notes"][0].as_str().unwrap().contains("merge base"),
+        "{report:#}"
+    );
+
+    // A merge base that shows the bug: the bug was fixed on the good commit's branch.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let path2 = tmp2.path().join("repo");
+    let mut b = RepoBuilder::init(&path2).unwrap();
+    let base = b
+        .commit(&[], &files("fault", true, 0), "base (faulty)")
+        .unwrap();
+    let fixed = b
+        .commit(&[base], &files("clean", true, 1), "fix on release")
+        .unwrap();
+    let bad = b.commit(&[base], &files("fault", true, 2), "main").unwrap();
+    b.set_branch("main", bad).unwrap();
+    b.set_branch("release", fixed).unwrap();
+    b.checkout_main().unwrap();
+    let run = cudabisect(&path2, &["release..main"]);
+    assert_eq!(run.code, 3, "{}\n{}", run.stderr, run.stdout);
+    assert!(
+        run.stdout
+            .contains("is bad: the bug was fixed between it and the good commit"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn a_pathspec_probes_only_the_commits_that_touch_it() {
+    // src.txt changes in every commit, mode.txt only where the fault starts (commit 11).
+    let repo = linear(&modes(20, |i| {
+        if i >= 11 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let report = repo.path.parent().unwrap().join("pathspec.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", repo.commits[0]), "-C"])
+        .arg(&repo.path)
+        .arg("--report")
+        .arg(&report)
+        .args(["--", "mode.txt"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["first_bad"]["commit"], repo.commits[11].to_string());
+    assert_eq!(
+        report["range_size"], 2,
+        "only commit 11 and the bad endpoint: {report:#}"
+    );
+    // With --first-parent on a linear history, the whole range again.
+    let run = cudabisect(
+        &repo.path,
+        &[&format!("{}..main", repo.commits[0]), "--first-parent"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[11].to_string());
+    assert_eq!(run.report.as_ref().unwrap()["range_size"], 19);
 }

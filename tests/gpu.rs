@@ -1,22 +1,11 @@
-//! GPU tests, run only when CUDABISECT_GPU_TESTS=1 (they need an NVIDIA GPU, nvcc and compute-sanitizer):
+//! GPU tests, ignored unless asked for (`cargo test -- --include-ignored`, on a machine with an NVIDIA GPU,
+//! nvcc, compute-sanitizer and torch), so a skipped one is counted as ignored, never as passed:
 //! planted faults of each kind go through `cudabisect triage` and must come out with the right class,
 //! kernel and access. Paths can be overridden with CUDABISECT_BIN and CUDABISECT_ROOT when the binaries
 //! were built on another machine.
 
 use std::path::PathBuf;
 use std::process::Command;
-
-fn enabled() -> bool {
-    std::env::var("CUDABISECT_GPU_TESTS").as_deref() == Ok("1")
-}
-
-/// True (after saying so) when GPU tests are not enabled.
-fn skipped() -> bool {
-    if !enabled() {
-        eprintln!("skipped: set CUDABISECT_GPU_TESTS=1 on a machine with a GPU (and nvcc, compute-sanitizer, torch)");
-    }
-    !enabled()
-}
 
 fn root() -> PathBuf {
     std::env::var_os("CUDABISECT_ROOT")
@@ -40,10 +29,8 @@ fn nvcc() -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn planted_faults_are_triaged_with_class_kernel_and_access() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let exe = tmp.path().join("planted_faults");
     let status = Command::new(nvcc())
@@ -153,10 +140,8 @@ fn model(name: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn every_zoo_op_on_cuda_matches_the_cpu_reference() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let (gpu, cpu) = (tmp.path().join("gpu"), tmp.path().join("cpu"));
     for (backend, dir) in [("cuda", &gpu), ("cpu", &cpu)] {
@@ -198,10 +183,8 @@ fn every_zoo_op_on_cuda_matches_the_cpu_reference() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn planted_out_of_bounds_kernels_are_blamed_on_their_node() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     for (file, node, kernel) in [
         ("shrink_one_node.toml", "b2_lookup", "embedding_gather"),
@@ -233,10 +216,8 @@ fn planted_out_of_bounds_kernels_are_blamed_on_their_node() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn the_kernel_cache_is_hit_on_the_second_run() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let (c1, first) = harness(
@@ -284,10 +265,8 @@ fn git_repo_with(dir: &std::path::Path, files: &[(&str, String)]) {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     for (file, want) in [
         ("shrink_one_node.toml", vec!["b2_lookup"]),
@@ -348,10 +327,8 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn the_demo_runs_on_cuda_with_sanitizer_triage() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
     let out = Command::new(bin())
@@ -498,10 +475,8 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
-    if skipped() {
-        return;
-    }
     let mut failures = Vec::new();
     for (fixture, want) in [
         ("resnet_triton.py", vec!["triton_relu"]),
@@ -515,10 +490,8 @@ fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(
         root().join("fixtures/torch/untraceable.py"),
@@ -611,10 +584,8 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
-    if skipped() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(model("mlp.toml"))
         .unwrap()

@@ -295,21 +295,28 @@ fn values_files_are_read_as_numpy_arrays() {
 }
 
 #[test]
-fn without_a_driver_cuda_is_refused_and_auto_says_it_fell_back() {
-    if cudabisect::harness::cuda::probe().is_ok() {
-        eprintln!("skipped: this machine has CUDA");
-        return;
-    }
-    let (code, out, _) = harness(&["run", s(&model("mlp.toml")), "--backend", "cuda"]);
+fn without_a_usable_device_cuda_is_refused_and_auto_says_it_fell_back() {
+    // No driver here; on a GPU machine an empty CUDA_VISIBLE_DEVICES hides every device: either way
+    // nothing is usable, so the test means the same on every machine.
+    let hidden = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .arg("harness")
+            .args(args)
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .output()
+            .expect("runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = hidden(&["run", s(&model("mlp.toml")), "--backend", "cuda"]);
     assert_eq!(code, 6, "{out}");
-    assert!(out.contains("error: no CUDA driver found"), "{out}");
+    assert!(out.starts_with("error: "), "{out}");
     assert_eq!(classify(Exit::Code(code), &out).class, FaultClass::Infra);
-    let (code, out, _) = harness(&["run", s(&model("mlp.toml")), "--backend", "auto"]);
+    let (code, out) = hidden(&["run", s(&model("mlp.toml")), "--backend", "auto"]);
     assert_eq!(code, 0);
-    assert!(
-        out.starts_with("harness: backend auto -> cpu (no CUDA driver found"),
-        "{out}"
-    );
+    assert!(out.starts_with("harness: backend auto -> cpu ("), "{out}");
 }
 
 #[test]

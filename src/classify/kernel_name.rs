@@ -37,7 +37,6 @@ fn matching_open(s: &str, open: char, close: char) -> Option<usize> {
     None
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +57,4 @@ mod tests {
         );
         assert_eq!(short_kernel_name("write_oob(float *, int)"), "write_oob");
     }
-
 }

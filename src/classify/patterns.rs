@@ -12,8 +12,8 @@ use regex::Regex;
 
 use super::kernel_name::short_kernel_name;
 use super::sanitizer;
-use crate::protocol::marker::{Marker, MarkerPhase};
 use super::signature::{Exit, FaultClass, Signature};
+use crate::protocol::marker::{Marker, MarkerPhase};
 
 /// CUDA error names with their codes and classes, for both the driver and the runtime spelling.
 const CODE_NAMES: &[(&str, &str, u32, FaultClass)] = &[

@@ -30,7 +30,9 @@ pub fn run(log: &str, given: GivenExit, json: bool) -> CommandResult {
     .map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?;
     let text = String::from_utf8_lossy(&bytes);
     let (exit, body) = match given {
-        GivenExit { timed_out: true, .. } => (Exit::Timeout, text.as_ref()),
+        GivenExit {
+            timed_out: true, ..
+        } => (Exit::Timeout, text.as_ref()),
         GivenExit {
             signal: Some(s), ..
         } => (Exit::Signal(s), text.as_ref()),

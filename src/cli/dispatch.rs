@@ -93,7 +93,14 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             at,
             json,
             command,
-        } => super::triage::run(&dir, config.as_deref(), at.as_deref(), command, json, cancel),
+        } => super::triage::run(
+            &dir,
+            config.as_deref(),
+            at.as_deref(),
+            command,
+            json,
+            cancel,
+        ),
         Command::Shrink {
             at,
             dir,

@@ -109,7 +109,9 @@ pub fn extract(
 ) -> CommandResult {
     let model = load(model)?;
     let x = harness::extract::extract(&model, &ids(keep), recording.as_deref(), out)?;
-    print_stdout(&format!("{}\n", serde_json::to_string(&x).unwrap_or_default()));
+    print_stdout(&format!(
+        "{}\n",
+        serde_json::to_string(&x).unwrap_or_default()
+    ));
     Ok(exit_codes::OK)
 }
-

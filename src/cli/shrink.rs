@@ -41,8 +41,9 @@ pub fn run(
     };
     let run_dir = state_dir.join("runs").join(format!("shrink-{}", run_id()));
     let log_dir = run_dir.join("logs");
-    std::fs::create_dir_all(&log_dir)
-        .map_err(|e| CommandError::new(ErrorKind::Internal, format!("{}: {e}", log_dir.display())))?;
+    std::fs::create_dir_all(&log_dir).map_err(|e| {
+        CommandError::new(ErrorKind::Internal, format!("{}: {e}", log_dir.display()))
+    })?;
     let _ = std::fs::write(run_dir.join("bisect.toml"), &config.text);
     let worktree = match oid {
         Some(_) => Some(repo.probe_worktree(&state_dir.join("worktree"))?),
@@ -126,7 +127,10 @@ pub fn run(
             shrink: Some(&report),
             report_json: serde_json::to_value(&report).unwrap_or_default(),
             config_text: &config.text,
-            log_dirs: vec![("probes", log_dir.clone()), ("shrink", run_dir.join("shrink").join("logs"))],
+            log_dirs: vec![
+                ("probes", log_dir.clone()),
+                ("shrink", run_dir.join("shrink").join("logs")),
+            ],
             extra_files: vec![],
             backend: Some(section.backend.resolve().as_str().to_string()),
             include_binary: config.bundle.include_binary,

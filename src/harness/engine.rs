@@ -8,10 +8,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::model::{Model, ModelError};
-use crate::protocol::marker::{Marker, MarkerPhase};
-use crate::protocol::types::PROTOCOL_VERSION;
 use super::tensor::{Data, Tensor};
 use super::{cpu, cuda, kernels};
+use crate::protocol::marker::{Marker, MarkerPhase};
+use crate::protocol::types::PROTOCOL_VERSION;
 
 /// Which backend runs the nodes: one enum for the config, the command line and the harness.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -364,8 +364,7 @@ pub fn run(
     let mut nodes_run = 0;
     for &i in &plan.nodes {
         let node = &model.nodes[i];
-        let marker =
-            |phase| Marker::format(&node.id, node.op.as_str(), &node.kernel, phase);
+        let marker = |phase| Marker::format(&node.id, node.op.as_str(), &node.kernel, phase);
         line(out, &marker(MarkerPhase::Begin));
         nodes_run += 1;
         if let Err(message) = engine.run(model, i) {

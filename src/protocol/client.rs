@@ -68,8 +68,12 @@ pub trait HarnessClient {
         cancel: &AtomicBool,
     ) -> Result<(), ProtocolError>;
     /// The line a maintainer runs to reproduce the kept nodes.
-    fn reproduce_line(&self, minimal_model: Option<&Path>, keep: &[String], recording: &Path)
-        -> String;
+    fn reproduce_line(
+        &self,
+        minimal_model: Option<&Path>,
+        keep: &[String],
+        recording: &Path,
+    ) -> String;
 }
 
 /// One `run` request.
@@ -109,12 +113,11 @@ impl ProcessHarness {
         let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
             (Some(h), _, _) => (h.clone(), None),
             (None, Some(model), Some(inputs)) => {
-                let script = super::torch::install(run_dir).map_err(|source| {
-                    ProtocolError::Install {
+                let script =
+                    super::torch::install(run_dir).map_err(|source| ProtocolError::Install {
                         path: run_dir.to_path_buf(),
                         source,
-                    }
-                })?;
+                    })?;
                 (
                     CommandLine::Argv(vec![
                         shrink.python.clone(),

@@ -79,9 +79,15 @@ mod tests {
         for phase in [MarkerPhase::Begin, MarkerPhase::End] {
             let line = Marker::format("b2_lookup", "embedding", "gather_rows", phase);
             let m = Marker::parse(&line).expect("parses");
-            assert_eq!((m.node, m.op, m.kernel, m.phase), ("b2_lookup", "embedding", "gather_rows", phase));
+            assert_eq!(
+                (m.node, m.op, m.kernel, m.phase),
+                ("b2_lookup", "embedding", "gather_rows", phase)
+            );
         }
-        assert_eq!(Marker::parse("@@cudabisect node=a op=b kernel=c middle"), None);
+        assert_eq!(
+            Marker::parse("@@cudabisect node=a op=b kernel=c middle"),
+            None
+        );
         assert_eq!(Marker::parse("@@cudabisect node=a"), None);
         assert_eq!(Marker::parse("node=a op=b kernel=c begin"), None);
     }
@@ -90,7 +96,8 @@ mod tests {
     fn the_open_marker_names_the_node_that_died() {
         let out = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n@@cudabisect node=b op=y kernel=k2 begin\nRuntimeError: CUDA error\n";
         assert_eq!(open_marker(out).map(|m| m.node), Some("b"));
-        let done = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n";
+        let done =
+            "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n";
         assert_eq!(open_marker(done), None);
     }
 

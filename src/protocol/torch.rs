@@ -29,7 +29,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = install(&dir.path().join("run")).expect("installs");
         assert!(path.starts_with(dir.path()));
-        assert_eq!(std::fs::read_to_string(&path).expect("reads"), TORCH_HARNESS);
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("reads"),
+            TORCH_HARNESS
+        );
         // A second install over the first replaces it in one step.
         assert_eq!(install(&dir.path().join("run")).expect("again"), path);
     }

@@ -187,7 +187,11 @@ mod tests {
         let filled = with_recorded_shapes(nodes, dir.path());
         assert_eq!(filled[0].inputs[0].shape, vec![32]);
         assert_eq!(filled[0].inputs[0].dtype.as_deref(), Some("int64"));
-        assert_eq!(filled[0].inputs[1].shape, vec![7], "a described shape stays");
+        assert_eq!(
+            filled[0].inputs[1].shape,
+            vec![7],
+            "a described shape stays"
+        );
         assert_eq!(filled[0].outputs[0].shape, vec![32, 128]);
     }
 }

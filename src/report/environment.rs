@@ -58,7 +58,8 @@ pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environme
     };
     let cancelled = || cancel.load(std::sync::atomic::Ordering::SeqCst);
     progress("nvidia-smi");
-    if let Some(smi) = find_program("nvidia-smi", &["/usr/bin/nvidia-smi"]).filter(|_| !cancelled()) {
+    if let Some(smi) = find_program("nvidia-smi", &["/usr/bin/nvidia-smi"]).filter(|_| !cancelled())
+    {
         let smi = smi.display().to_string();
         if let Some(q) = capture(
             &[

@@ -51,7 +51,11 @@ impl HumanReporter {
         match (&self.bar, self.started) {
             (Some(bar), _) => bar.println(text),
             (None, Some(t)) => {
-                let _ = writeln!(self.progress, "[{:>7.1}s] {text}", t.elapsed().as_secs_f64());
+                let _ = writeln!(
+                    self.progress,
+                    "[{:>7.1}s] {text}",
+                    t.elapsed().as_secs_f64()
+                );
             }
             (None, None) => {
                 let _ = writeln!(self.progress, "{text}");

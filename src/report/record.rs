@@ -243,8 +243,12 @@ pub enum SanitizerTool {
 
 impl SanitizerTool {
     /// Every tool, in the order triage escalates through them.
-    pub const ESCALATION: [SanitizerTool; 4] =
-        [Self::Memcheck, Self::Racecheck, Self::Initcheck, Self::Synccheck];
+    pub const ESCALATION: [SanitizerTool; 4] = [
+        Self::Memcheck,
+        Self::Racecheck,
+        Self::Initcheck,
+        Self::Synccheck,
+    ];
 
     /// The name compute-sanitizer's `--tool` takes.
     pub fn as_str(self) -> &'static str {

@@ -16,7 +16,7 @@ use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, StartError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search, SearchEnd, SearchInput};
-use super::stages::{run_stages, StageChoice};
+use super::stages::{run_stages, StageChoice, StageContext};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
     move |source| StartError::Io {
@@ -100,16 +100,13 @@ pub fn start(
             triage: !opts.no_triage,
             shrink: !opts.no_shrink,
         };
-        if run_stages(
-            &plan.config,
-            &prober,
-            choice,
-            oid,
-            &run_dir,
-            &mut report,
-            reporter,
+        let ctx = StageContext {
+            config: &plan.config,
+            prober: &prober,
+            run_dir: &run_dir,
             cancel,
-        ) {
+        };
+        if run_stages(&ctx, choice, oid, &mut report, reporter) {
             report.interrupted = true;
         }
         if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {

@@ -145,7 +145,10 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, StartError> {
             }
             .into());
         }
-        let shorts: Vec<String> = bases.iter().map(|b| b.to_string()[..12].to_string()).collect();
+        let shorts: Vec<String> = bases
+            .iter()
+            .map(|b| b.to_string()[..12].to_string())
+            .collect();
         notes.push(format!(
             "good commit {name} is not an ancestor of {}: its merge base{} {} must be good too, and {} tested first",
             bad.0,

@@ -166,7 +166,10 @@ fn locate(
         let sig = classify(run.exit, &run.output);
         let same = match &settings.target {
             Some(t) => settings.policy.matches(t, &sig, &run.output),
-            None => !matches!(sig.class, FaultClass::None) && !crate::run::verdict::is_host_problem(sig.class),
+            None => {
+                !matches!(sig.class, FaultClass::None)
+                    && !crate::run::verdict::is_host_problem(sig.class)
+            }
         };
         if same {
             let node = open_marker(&run.output).map(|m| m.node.to_string());

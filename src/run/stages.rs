@@ -23,19 +23,37 @@ pub struct StageChoice {
     pub shrink: bool,
 }
 
+/// Where the stages run.
+pub struct StageContext<'a> {
+    /// The config.
+    pub config: &'a Config,
+    /// Builds commits in the probe worktree.
+    pub prober: &'a WorktreeProber<'a>,
+    /// The run's directory (logs, recordings, the harness).
+    pub run_dir: &'a Path,
+    /// Set on Ctrl-C.
+    pub cancel: &'a AtomicBool,
+}
+
 /// Runs the chosen stages at `oid`, filling `report`. Returns true when Ctrl-C stopped one of them.
 pub fn run_stages(
-    config: &Config,
-    prober: &WorktreeProber,
+    ctx: &StageContext,
     choice: StageChoice,
     oid: Oid,
-    run_dir: &Path,
     report: &mut Report,
     reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
 ) -> bool {
+    let StageContext {
+        config,
+        prober,
+        run_dir,
+        cancel,
+    } = *ctx;
     let triage = config.triage.enabled && choice.triage;
-    let section = config.shrink.as_ref().filter(|s| s.enabled && choice.shrink);
+    let section = config
+        .shrink
+        .as_ref()
+        .filter(|s| s.enabled && choice.shrink);
     if !triage && section.is_none() {
         return false;
     }
@@ -64,17 +82,21 @@ pub fn run_stages(
         return true;
     }
     let commit = oid.to_string();
-    let harness =
-        match ProcessHarness::from_config(config, section, prober.worktree.path(), &commit, run_dir)
-        {
-            Ok(h) => h,
-            Err(e) => {
-                reporter.event(&Event::Warning {
-                    message: format!("shrink: {e}"),
-                });
-                return false;
-            }
-        };
+    let harness = match ProcessHarness::from_config(
+        config,
+        section,
+        prober.worktree.path(),
+        &commit,
+        run_dir,
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            reporter.event(&Event::Warning {
+                message: format!("shrink: {e}"),
+            });
+            return false;
+        }
+    };
     let settings = ShrinkSettings {
         policy: &config.match_policy,
         out_dir: run_dir.join("shrink"),

@@ -275,7 +275,12 @@ mod tests {
     #[test]
     fn the_program_side_is_read_without_sanitizer_lines() {
         let out = "========= Invalid __global__ write of size 4 bytes\n=========     at k+0x10\n========= \nRuntimeError: CUDA error: unspecified launch failure\n";
-        let i = interpret(SanitizerTool::Memcheck, Exit::Code(SANITIZER_ERROR_EXIT), out, None);
+        let i = interpret(
+            SanitizerTool::Memcheck,
+            Exit::Code(SANITIZER_ERROR_EXIT),
+            out,
+            None,
+        );
         assert_eq!(i.program.class, FaultClass::LaunchFailure);
         assert_eq!(i.signature.unwrap().class, FaultClass::IllegalAddress);
         assert_eq!(i.findings[0].count, 1);

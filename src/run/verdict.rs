@@ -14,7 +14,11 @@ pub fn is_host_problem(class: FaultClass) -> bool {
 
 /// Maps a signature to a verdict. `target` is `None` while the bad endpoint itself is probed; `matched` says
 /// whether the signature is the target bug under the configured policy.
-pub fn verdict(sig: &Signature, target: Option<&Signature>, matched: bool) -> (Verdict, Option<String>) {
+pub fn verdict(
+    sig: &Signature,
+    target: Option<&Signature>,
+    matched: bool,
+) -> (Verdict, Option<String>) {
     match (sig.class, target) {
         (FaultClass::None, _) => (Verdict::Good, None),
         (c, _) if is_host_problem(c) => (Verdict::Skip, Some(format!("{c}: {}", sig.summary))),

@@ -23,6 +23,7 @@ pub enum Stage {
     Window,
     /// Delta debugging of the nodes left inside the window.
     Ddmin,
+    /// The reduction is over.
     Done,
 }
 
@@ -68,6 +69,7 @@ pub struct Reducer {
 }
 
 impl Reducer {
+    /// A reduction of `n` nodes in execution order, starting from node `fault`, where the recorded run died.
     pub fn new(n: usize, fault: usize) -> Self {
         assert!(fault < n, "the blamed node is one of the nodes");
         let mut cache = HashMap::new();
@@ -82,6 +84,7 @@ impl Reducer {
         }
     }
 
+    /// The stage the next candidate comes from.
     pub fn stage(&self) -> Stage {
         match self.state {
             State::Alone => Stage::Alone,
@@ -314,6 +317,7 @@ pub struct PlainDdmin {
 }
 
 impl PlainDdmin {
+    /// Plain delta debugging over all `n` nodes (the baseline benchmarks compare against).
     pub fn new(n: usize) -> Self {
         let mut cache = HashMap::new();
         cache.insert((0..n).collect(), true);
