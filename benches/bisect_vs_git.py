@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Benchmark: `cudabisect start` against `git bisect run` on generated histories, same build and repro.
 
-Usage: python3 benches/bisect_vs_git.py [path/to/cudabisect]   (default: target/release/cudabisect)
+Usage: python3 benches/bisect_vs_git.py [path/to/cudabisect] [SIZE,SIZE...]
+       (defaults: target/release/cudabisect, 1000)
 
-For each history (1000-commit linear; merge-heavy with a side branch merged every 5 commits) it plants a
-culprit, runs both tools from a fresh clone, and prints probes and wall time side by side. Every probe runs
-the same `build.sh` and `repro.sh` (a 20 ms stand-in for a real build and GPU run).
+For each size and history (linear; merge-heavy with a 3-commit side branch merged every 8 commits) it plants
+a culprit, runs both tools from a fresh clone, and prints probes, wall time and peak RSS (the largest process
+of the run, from /usr/bin/time) side by side. Every probe runs the same `build.sh` and `repro.sh` (a 20 ms
+stand-in for a real build and GPU run).
 """
 import json, os, shutil, subprocess, sys, tempfile, time
 
@@ -65,44 +67,58 @@ def merge_heavy(n, culprit_side):
     return commits
 
 
+def timed(argv, **kw):
+    """Runs argv under /usr/bin/time; returns (CompletedProcess, peak RSS in MiB)."""
+    rss = tempfile.mktemp()
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss] + argv, capture_output=True, text=True, **kw)
+    peak = int(open(rss).read().split()[-1]) / 1024
+    os.unlink(rss)
+    return out, peak
+
+
 def run_git(path):
     root = subprocess.run(["git", "-C", path, "rev-list", "--max-parents=0", "main"], capture_output=True, text=True).stdout.split()[0]
     counter = os.path.join(path, ".git", "probe-count")
     script = f"echo x >> {counter}; ./build.sh && ./repro.sh"
     t = time.monotonic()
-    subprocess.run(["git", "-C", path, "bisect", "start", "main", root], check=True, capture_output=True)
-    out = subprocess.run(["git", "-C", path, "bisect", "run", "sh", "-c", script], capture_output=True, text=True)
+    _, peak1 = timed(["git", "-C", path, "bisect", "start", "main", root], check=True)
+    out, peak2 = timed(["git", "-C", path, "bisect", "run", "sh", "-c", script])
     wall = time.monotonic() - t
     first = [l for l in out.stdout.splitlines() if "is the first bad commit" in l]
     subprocess.run(["git", "-C", path, "bisect", "reset"], capture_output=True)
     probes = sum(1 for _ in open(counter))
-    return probes, wall, first[0].split()[0] if first else None
+    return probes, wall, max(peak1, peak2), first[0].split()[0] if first else None
 
 
 def run_cudabisect(binary, path):
     root = subprocess.run(["git", "-C", path, "rev-list", "--max-parents=0", "main"], capture_output=True, text=True).stdout.split()[0]
     report = os.path.join(path, "..", "report.json")
     t = time.monotonic()
-    subprocess.run([binary, "start", f"{root}..main", "-C", path, "--report", report], capture_output=True)
+    _, peak = timed([binary, "start", f"{root}..main", "-C", path, "--report", report])
     wall = time.monotonic() - t
     r = json.load(open(report))
     search = sum(1 for p in r["probes"] if p["role"] == "search")
-    return len(r["probes"]), search, wall, r["first_bad"]["commit"] if r["first_bad"] else None
+    return len(r["probes"]), search, wall, peak, r["first_bad"]["commit"] if r["first_bad"] else None
 
 
 def main():
     binary = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "target/release/cudabisect")
-    print(f"{'history':<28} {'tool':<12} {'probes':>14} {'wall s':>8}  culprit")
-    for name, commits in [("linear, 1000 commits", linear(1000, 617)), ("merge-heavy, 1000 commits", merge_heavy(1000, 77))]:
+    sizes = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "1000").split(",")]
+    print(f"{'history':<30} {'tool':<12} {'probes':>14} {'wall s':>8} {'peak MiB':>9}  culprit")
+    histories = []
+    for n in sizes:
+        histories.append((f"linear, {n} commits", linear(n, n * 617 // 1000)))
+        histories.append((f"merge-heavy, {n} commits", merge_heavy(n, n * 77 // 1000)))
+    for name, commits in histories:
         tmp = tempfile.mkdtemp()
         try:
             a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
             fast_import(a, commits)
             shutil.copytree(a, b)
-            gp, gw, gc = run_git(a)
-            total, search, cw, cc = run_cudabisect(binary, b)
-            print(f"{name:<28} {'git bisect':<12} {gp:>14} {gw:>8.2f}  {gc[:12] if gc else '-'}")
-            print(f"{'':<28} {'cudabisect':<12} {f'{search} (+{total - search} ends)':>14} {cw:>8.2f}  {cc[:12] if cc else '-'}")
+            gp, gw, gm, gc = run_git(a)
+            total, search, cw, cm, cc = run_cudabisect(binary, b)
+            print(f"{name:<30} {'git bisect':<12} {gp:>14} {gw:>8.2f} {gm:>9.1f}  {gc[:12] if gc else '-'}")
+            print(f"{'':<30} {'cudabisect':<12} {f'{search} (+{total - search} ends)':>14} {cw:>8.2f} {cm:>9.1f}  {cc[:12] if cc else '-'}", flush=True)
         finally:
             shutil.rmtree(tmp)
 

@@ -113,3 +113,129 @@ proptest! {
         }
     }
 }
+
+/// The search as first written, with one full ancestor set per commit (quadratic memory): the reference the
+/// linear-memory search must agree with, probe for probe.
+struct Reference {
+    ancestors: Vec<Vec<bool>>,
+    candidates: Vec<bool>,
+    skipped: Vec<bool>,
+    bad: usize,
+    rng: u64,
+}
+
+impl Reference {
+    fn new(parents: &[Vec<usize>]) -> Self {
+        let n = parents.len();
+        let ancestors: Vec<Vec<bool>> = (0..n).map(|c| ancestors(parents, c)).collect();
+        Self {
+            candidates: ancestors[n - 1].clone(),
+            ancestors,
+            skipped: vec![false; n],
+            bad: n - 1,
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    fn count(&self, c: usize) -> usize {
+        (0..self.candidates.len())
+            .filter(|&i| self.candidates[i] && self.ancestors[c][i])
+            .count()
+    }
+
+    fn mark(&mut self, c: usize, v: Verdict) {
+        if !self.candidates[c] {
+            return;
+        }
+        match v {
+            Verdict::Bad => {
+                for i in 0..self.candidates.len() {
+                    self.candidates[i] &= self.ancestors[c][i];
+                }
+                self.bad = c;
+            }
+            Verdict::Good => {
+                for i in 0..self.candidates.len() {
+                    self.candidates[i] &= !self.ancestors[c][i];
+                }
+            }
+            Verdict::Skip => self.skipped[c] = true,
+        }
+    }
+
+    fn next(&mut self) -> Option<usize> {
+        let n = self.candidates.len();
+        let total = self.candidates.iter().filter(|&&x| x).count();
+        let everyone: Vec<usize> = (0..n)
+            .filter(|&c| self.candidates[c] && c != self.bad)
+            .collect();
+        let open: Vec<usize> = everyone
+            .iter()
+            .copied()
+            .filter(|&c| !self.skipped[c])
+            .collect();
+        if open.is_empty() {
+            return None;
+        }
+        let score = |s: &Self, c: usize| {
+            let x = s.count(c);
+            x.min(total - x)
+        };
+        let best = *everyone
+            .iter()
+            .max_by_key(|&&c| (score(self, c), std::cmp::Reverse(c)))
+            .unwrap();
+        if !self.skipped[best] {
+            return Some(best);
+        }
+        let mut ranked = open.clone();
+        ranked.sort_by_key(|&c| (std::cmp::Reverse(score(self, c)), c));
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let r = (x >> 11) as f64 / (1u64 << 53) as f64;
+        let index = ((ranked.len() as f64) * r * r.sqrt()) as usize;
+        Some(ranked[index.min(ranked.len() - 1)])
+    }
+}
+
+proptest! {
+    #[test]
+    fn probes_are_the_same_as_the_quadratic_reference(
+        parents in (2usize..80).prop_flat_map(dag),
+        pick in any::<prop::sample::Index>(),
+        skipped in proptest::collection::btree_set(0usize..80, 0..12),
+    ) {
+        let n = parents.len();
+        let culprit = pick.index(n);
+        let bad: Vec<bool> = (0..n).map(|c| ancestors(&parents, c)[culprit]).collect();
+        prop_assume!(bad[n - 1]);
+        let oracle = |c: usize| {
+            if skipped.contains(&c) && c != n - 1 {
+                Verdict::Skip
+            } else if bad[c] {
+                Verdict::Bad
+            } else {
+                Verdict::Good
+            }
+        };
+        let mut fast = Bisector::new(&parents);
+        let mut slow = Reference::new(&parents);
+        loop {
+            let expected = slow.next();
+            match fast.next_step() {
+                NextStep::Evaluate(c) => {
+                    prop_assert_eq!(Some(c), expected);
+                    fast.mark(c, oracle(c));
+                    slow.mark(c, oracle(c));
+                }
+                NextStep::Done(_) => {
+                    prop_assert_eq!(None, expected);
+                    break;
+                }
+                NextStep::Wait => prop_assert!(false, "sequential search waited"),
+            }
+        }
+    }
+}

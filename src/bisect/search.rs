@@ -42,14 +42,66 @@ pub enum NextStep {
 }
 
 /// The search state. It never runs anything: the caller probes and reports back through [`Bisector::mark`].
+///
+/// Memory is linear in the number of commits: the DAG as flat parent lists, three bit sets and a few
+/// counters per commit. Ancestor counts are computed when a step is asked for, as git does: a commit with
+/// one parent among the candidates counts one more than that parent; a merge is counted by a walk, and only
+/// when its bounds say it could beat the best commit found so far.
 #[derive(Clone, Debug)]
 pub struct Bisector {
-    ancestors: Vec<BitSet>,
+    /// `parents[offsets[i]..offsets[i + 1]]` are the parents of commit `i` (all smaller than `i`).
+    offsets: Vec<u32>,
+    parents: Vec<u32>,
     candidates: BitSet,
     skipped: BitSet,
     in_flight: BitSet,
     bad: usize,
     rng: u64,
+}
+
+/// What is known of a commit's ancestor count within the candidates during one step.
+#[derive(Clone, Copy, Debug, Default)]
+struct Count {
+    low: u32,
+    high: u32,
+}
+
+/// Scratch space for walks: a visit stamp per commit, so a walk needs no clearing.
+struct Walker {
+    stamp: Vec<u32>,
+    epoch: u32,
+    stack: Vec<u32>,
+}
+
+impl Walker {
+    fn new(n: usize) -> Self {
+        Self {
+            stamp: vec![0; n],
+            epoch: 0,
+            stack: Vec::new(),
+        }
+    }
+
+    /// Visits `from` and its ancestors within `within` (every ancestor of a candidate that is a candidate
+    /// is reached through candidates), calling `visit` once for each.
+    fn walk(&mut self, b: &Bisector, from: usize, within: &BitSet, mut visit: impl FnMut(usize)) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.stamp.iter_mut().for_each(|s| *s = 0);
+            self.epoch = 1;
+        }
+        self.stack.clear();
+        self.stack.push(from as u32);
+        while let Some(c) = self.stack.pop() {
+            let c = c as usize;
+            if self.stamp[c] == self.epoch || !within.contains(c) {
+                continue;
+            }
+            self.stamp[c] = self.epoch;
+            visit(c);
+            self.stack.extend(b.parents_of(c).iter().copied());
+        }
+    }
 }
 
 impl Bisector {
@@ -64,25 +116,35 @@ impl Bisector {
             "a search range holds at least the bad commit"
         );
         let n = parents.len();
-        let mut ancestors: Vec<BitSet> = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(n + 1);
+        let mut flat = Vec::with_capacity(n);
+        offsets.push(0);
         for (i, ps) in parents.iter().enumerate() {
-            let mut set = BitSet::new(n);
-            set.insert(i);
-            for &p in ps.iter().filter(|&&p| p < i) {
-                set.union_with(&ancestors[p]);
-            }
-            ancestors.push(set);
+            flat.extend(ps.iter().filter(|&&p| p < i).map(|&p| p as u32));
+            offsets.push(flat.len() as u32);
         }
-        // Only ancestors of the bad endpoint can be the first bad commit.
-        let candidates = ancestors[n - 1].clone();
-        Self {
-            ancestors,
-            candidates,
+        let mut b = Self {
+            offsets,
+            parents: flat,
+            candidates: BitSet::new(n),
             skipped: BitSet::new(n),
             in_flight: BitSet::new(n),
             bad: n - 1,
             rng: 0x9e37_79b9_7f4a_7c15,
+        };
+        // Only ancestors of the bad endpoint can be the first bad commit.
+        let mut everything = BitSet::new(n);
+        for i in 0..n {
+            everything.insert(i);
         }
+        let mut reach = BitSet::new(n);
+        Walker::new(n).walk(&b, n - 1, &everything, |c| reach.insert(c));
+        b.candidates = reach;
+        b
+    }
+
+    fn parents_of(&self, c: usize) -> &[u32] {
+        &self.parents[self.offsets[c] as usize..self.offsets[c + 1] as usize]
     }
 
     /// Number of commits that may still be the first bad one, the current bad commit included.
@@ -110,12 +172,19 @@ impl Bisector {
         if !self.candidates.contains(commit) {
             return;
         }
+        let n = self.offsets.len() - 1;
         match verdict {
             Verdict::Bad => {
-                self.candidates.intersect_with(&self.ancestors[commit]);
+                let mut keep = BitSet::new(n);
+                Walker::new(n).walk(self, commit, &self.candidates, |c| keep.insert(c));
+                self.candidates = keep;
                 self.bad = commit;
             }
-            Verdict::Good => self.candidates.subtract(&self.ancestors[commit]),
+            Verdict::Good => {
+                let mut gone = BitSet::new(n);
+                Walker::new(n).walk(self, commit, &self.candidates, |c| gone.insert(c));
+                self.candidates.subtract(&gone);
+            }
             Verdict::Skip => self.skipped.insert(commit),
         }
     }
@@ -145,29 +214,101 @@ impl Bisector {
         }
     }
 
-    /// How well probing `commit` halves the candidates: min(X, N − X).
-    fn score(&self, commit: usize, total: usize) -> usize {
-        let below = self.ancestors[commit].count_common(&self.candidates);
-        below.min(total - below)
+    /// Ancestor counts X within the candidates for every candidate, in topological order. With `prune`,
+    /// a merge whose bounds cannot beat the best min(X, N − X) seen so far among `eligible` keeps its
+    /// bounds instead of being walked, and the pass stops at a perfect halving; without, every count is
+    /// exact. Returns the counts (exact where `low == high`).
+    fn counts(&self, eligible: &BitSet, prune: bool) -> Vec<Count> {
+        let n = self.offsets.len() - 1;
+        let total = self.candidates.count() as u32;
+        let mut counts = vec![Count::default(); n];
+        let mut walker = Walker::new(n);
+        let mut best = 0u32;
+        let best_possible = |c: Count| {
+            // The largest min(x, N − x) for x in [low, high].
+            let half = total / 2;
+            if c.low <= half && half <= c.high {
+                half
+            } else if c.high < half {
+                c.high
+            } else {
+                total - c.low
+            }
+        };
+        for c in self.candidates.iter() {
+            let mut in_range = self
+                .parents_of(c)
+                .iter()
+                .map(|&p| p as usize)
+                .filter(|&p| self.candidates.contains(p));
+            let first = in_range.next();
+            let second = in_range.next();
+            let propagated = match (first, second) {
+                (None, _) => Count { low: 1, high: 1 },
+                (Some(p), None) => Count {
+                    low: counts[p].low + 1,
+                    high: counts[p].high + 1,
+                },
+                (Some(_), Some(_)) => {
+                    let ps = self
+                        .parents_of(c)
+                        .iter()
+                        .map(|&p| p as usize)
+                        .filter(|&p| self.candidates.contains(p));
+                    let (low, sum) = ps.fold((0, 0), |(low, sum), p| {
+                        (low.max(counts[p].low), sum + counts[p].high)
+                    });
+                    Count {
+                        low: low + 1,
+                        high: (sum + 1).min(total),
+                    }
+                }
+            };
+            let needed = if prune {
+                eligible.contains(c) && best_possible(propagated) > best
+            } else {
+                true
+            };
+            let count = if propagated.low != propagated.high && needed {
+                let mut x = 0u32;
+                walker.walk(self, c, &self.candidates, |_| x += 1);
+                Count { low: x, high: x }
+            } else {
+                propagated
+            };
+            counts[c] = count;
+            if eligible.contains(c) && count.low == count.high {
+                best = best.max(count.low.min(total - count.low));
+                if prune && best == total / 2 {
+                    // Nothing later can do better than a perfect halving, and ties go to the earlier commit.
+                    break;
+                }
+            }
+        }
+        counts
     }
 
     fn pick(&mut self, open: &BitSet) -> usize {
-        let total = self.candidates.count();
+        let total = self.candidates.count() as u32;
         let mut everyone = self.candidates.clone();
         everyone.remove(self.bad);
         everyone.subtract(&self.in_flight);
+        let score = |c: Count| c.low.min(total - c.low);
         // Best over all candidates, skipped ones included: when that is testable take it, as git does.
+        let counts = self.counts(&everyone, true);
         let best = everyone
             .iter()
-            .max_by_key(|&c| (self.score(c, total), std::cmp::Reverse(c)))
+            .filter(|&c| counts[c].low == counts[c].high)
+            .max_by_key(|&c| (score(counts[c]), std::cmp::Reverse(c)))
             .unwrap_or(self.bad);
         if open.contains(best) {
             return best;
         }
         // The best commit was skipped: its neighbours probably break the same way, so pick among the others
         // with a bias towards good halving but away from the top of the list (git's count·r·√r).
+        let counts = self.counts(open, false);
         let mut ranked: Vec<usize> = open.iter().collect();
-        ranked.sort_by_key(|&c| (std::cmp::Reverse(self.score(c, total)), c));
+        ranked.sort_by_cached_key(|&c| (std::cmp::Reverse(score(counts[c])), c));
         let r = self.next_random();
         let index = ((ranked.len() as f64) * r * r.sqrt()) as usize;
         ranked[index.min(ranked.len() - 1)]

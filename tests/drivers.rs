@@ -1,0 +1,541 @@
+//! In-process tests of the two drivers through their trait seams, with scripted fakes (as jj tests its
+//! bisect): the search driver over `Probe`, the shrink driver over `HarnessClient`. No git, no processes.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cudabisect::bisect::Verdict;
+use cudabisect::classify::{Exit, FaultClass, MatchPolicy, Signature};
+use cudabisect::git::RangeCommit;
+use cudabisect::process::RunOutput;
+use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
+use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
+use cudabisect::report::event::{Event, Reporter};
+use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
+use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome};
+use cudabisect::run::search::{search, SearchEnd, SearchInput};
+use cudabisect::run::shrink::{shrink, ShrinkSettings};
+use cudabisect::run::verdict::verdict;
+use git2::Oid;
+
+/// Collects events.
+#[derive(Default)]
+struct Events(Vec<Event>);
+
+impl Reporter for Events {
+    fn event(&mut self, event: &Event) {
+        self.0.push(event.clone());
+    }
+}
+
+fn oid(i: usize) -> Oid {
+    Oid::from_str(&format!("{:040x}", i + 1)).unwrap()
+}
+
+fn index(o: Oid) -> usize {
+    usize::from_str_radix(&o.to_string(), 16).unwrap() - 1
+}
+
+fn fault(kernel: &str) -> Signature {
+    let mut s = Signature::new(
+        FaultClass::IllegalAddress,
+        "CUDA error: an illegal memory access",
+    );
+    s.kernel = Some(kernel.into());
+    s
+}
+
+/// A prober that answers from a script: commit index → what the repro shows; interrupts at one commit.
+struct Scripted {
+    shows: Box<dyn Fn(usize) -> Signature>,
+    interrupt_at: Option<usize>,
+    cancel: &'static AtomicBool,
+    asked: Vec<(usize, ProbeRole)>,
+}
+
+impl Probe for Scripted {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        _reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let i = index(commit);
+        self.asked.push((i, ctx.role));
+        let interrupted = self.interrupt_at == Some(i);
+        if interrupted {
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+        let signature = (self.shows)(i);
+        let policy = MatchPolicy::parse("class+kernel").unwrap();
+        let matched = target.is_some_and(|t| policy.matches(t, &signature, ""));
+        let (verdict, reason) = verdict(&signature, target, matched);
+        ProbeOutcome {
+            record: ProbeRecord {
+                commit: commit.to_string(),
+                role: ctx.role,
+                verdict,
+                signature,
+                matched_target: matched,
+                reason,
+                exit_code: None,
+                signal: None,
+                duration_s: 0.0,
+                build_log: None,
+                log: None,
+                attempts: 1,
+            },
+            interrupted,
+        }
+    }
+}
+
+fn linear(n: usize) -> Vec<RangeCommit> {
+    (0..n)
+        .map(|i| RangeCommit {
+            oid: oid(i + 1),
+            parents: if i == 0 { vec![] } else { vec![i - 1] },
+        })
+        .collect()
+}
+
+struct Run {
+    end: SearchEnd,
+    asked: Vec<(usize, ProbeRole)>,
+    records: Vec<ProbeRecord>,
+}
+
+/// Commit 0 is the good endpoint; the range holds commits 1..=n; `shows(i)` for each commit index.
+fn run_search(
+    n: usize,
+    merge_bases: &[usize],
+    shows: impl Fn(usize) -> Signature + 'static,
+    interrupt_at: Option<usize>,
+) -> Run {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let range = linear(n);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let bases: Vec<Oid> = merge_bases.iter().map(|&i| oid(i)).collect();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(n)),
+        goods: &goods,
+        merge_bases: &bases,
+    };
+    let mut prober = Scripted {
+        shows: Box::new(shows),
+        interrupt_at,
+        cancel,
+        asked: vec![],
+    };
+    let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
+    Run {
+        end: outcome.end,
+        asked: prober.asked,
+        records: outcome.probes,
+    }
+}
+
+fn clean() -> Signature {
+    Signature::new(FaultClass::None, "exited 0")
+}
+
+#[test]
+fn the_bad_endpoint_goes_first_then_the_goods_then_the_search() {
+    let run = run_search(
+        16,
+        &[],
+        |i| if i >= 11 { fault("gather") } else { clean() },
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(11)));
+    assert_eq!(run.asked[0], (16, ProbeRole::BadEndpoint));
+    assert_eq!(run.asked[1], (0, ProbeRole::GoodEndpoint));
+    assert!(run.asked[2..].iter().all(|(_, r)| *r == ProbeRole::Search));
+    assert!(run.asked.len() - 2 <= 5, "{:?}", run.asked);
+}
+
+#[test]
+fn endpoint_failures_end_the_search_with_their_own_result() {
+    let run = run_search(8, &[], |_| clean(), None);
+    assert!(
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("bad commit main does not reproduce"))
+    );
+    let run = run_search(8, &[], |_| fault("gather"), None);
+    assert!(
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("good commit v1 does not pass"))
+    );
+    let run = run_search(
+        8,
+        &[],
+        |i| {
+            if i == 8 {
+                Signature::new(FaultClass::Infra, "no CUDA-capable device is detected")
+            } else {
+                clean()
+            }
+        },
+        None,
+    );
+    assert!(matches!(&run.end, SearchEnd::EndpointInfra(m) if m.contains("could not be judged")));
+    let run = run_search(
+        8,
+        &[],
+        |i| {
+            if i == 0 {
+                Signature::new(FaultClass::ExecFailure, "the repro could not start")
+            } else {
+                fault("gather")
+            }
+        },
+        None,
+    );
+    assert!(
+        matches!(run.end, SearchEnd::EndpointInfra(_)),
+        "{:?}",
+        run.end
+    );
+}
+
+#[test]
+fn a_merge_base_is_checked_after_the_goods_and_a_bad_one_stops_the_search() {
+    // Commit 20 stands for a merge base off the range: good in one script, bad in the other.
+    let run = run_search(
+        8,
+        &[20],
+        |i| {
+            if (4..=8).contains(&i) {
+                fault("k")
+            } else {
+                clean()
+            }
+        },
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(4)));
+    assert_eq!(run.asked[2], (20, ProbeRole::MergeBase));
+    let run = run_search(
+        8,
+        &[20],
+        |i| if i >= 4 { fault("k") } else { clean() },
+        None,
+    );
+    assert!(
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("bug was fixed")),
+        "{:?}",
+        run.end
+    );
+}
+
+#[test]
+fn another_bug_and_build_breaks_are_skipped_never_blamed() {
+    // 5..=7 fault in another kernel, 9 does not build, the target starts at 12.
+    let run = run_search(
+        16,
+        &[],
+        |i| match i {
+            5..=7 => fault("route"),
+            9 => Signature::new(FaultClass::BuildFailure, "build exited 2"),
+            i if i >= 12 => fault("gather"),
+            _ => clean(),
+        },
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(12)));
+    for r in &run.records {
+        if r.signature.kernel.as_deref() == Some("route")
+            || r.signature.class == FaultClass::BuildFailure
+        {
+            assert_eq!(r.verdict, Verdict::Skip, "{r:?}");
+            assert!(r.reason.is_some());
+        }
+    }
+}
+
+#[test]
+fn skips_around_the_culprit_leave_an_ambiguous_set() {
+    let run = run_search(
+        16,
+        &[],
+        |i| match i {
+            10 | 11 => Signature::new(FaultClass::Hang, "ran past its timeout"),
+            i if i >= 11 => fault("gather"),
+            _ => clean(),
+        },
+        None,
+    );
+    match run.end {
+        SearchEnd::Ambiguous(c) => assert_eq!(c, vec![oid(10), oid(11), oid(12)]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_interrupt_stops_the_search_and_keeps_every_probe_run() {
+    let run = run_search(
+        32,
+        &[],
+        |i| if i >= 20 { fault("gather") } else { clean() },
+        Some(16),
+    );
+    assert_eq!(run.end, SearchEnd::Interrupted);
+    assert_eq!(run.records.len(), run.asked.len());
+    assert_eq!(run.asked.last().unwrap().0, 16);
+    let run = run_search(
+        32,
+        &[],
+        |i| if i >= 20 { fault("gather") } else { clean() },
+        Some(32),
+    );
+    assert_eq!(run.end, SearchEnd::Interrupted);
+    assert_eq!(
+        run.asked.len(),
+        1,
+        "nothing runs after an interrupted bad endpoint"
+    );
+}
+
+// ---- the shrink driver --------------------------------------------------------------------------------
+
+/// A harness over a chain of nodes n0..n{len}: the model faults in `faulty` when every node of `needs` is
+/// kept; a candidate holding `other` fails there with another bug.
+struct FakeHarness {
+    len: usize,
+    faulty: usize,
+    needs: Vec<usize>,
+    other: Option<usize>,
+    describe_fails: bool,
+    clean_model: bool,
+    runs: RefCell<usize>,
+    cancel_after: Option<(usize, &'static AtomicBool)>,
+}
+
+fn out(exit: i32, text: String) -> RunOutput {
+    RunOutput {
+        exit: Exit::Code(exit),
+        duration: Duration::from_millis(1),
+        output: text,
+        total_bytes: 0,
+        interrupted: false,
+    }
+}
+
+fn marker(i: usize, phase: &str) -> String {
+    format!("@@cudabisect node=n{i} op=gather kernel=gather_rows {phase}\n")
+}
+
+impl HarnessClient for FakeHarness {
+    fn describe(&self, _: &AtomicBool) -> Result<Description, ProtocolError> {
+        if self.describe_fails {
+            return Err(ProtocolError::Extract(
+                "describe: model.toml: no such file".into(),
+            ));
+        }
+        let nodes = (0..self.len)
+            .map(|i| GraphNode {
+                id: format!("n{i}"),
+                op: "gather".into(),
+                kernel: Some("gather_rows".into()),
+                inputs: vec![GraphTensor {
+                    name: format!("t{i}"),
+                    shape: vec![4],
+                    dtype: None,
+                    producer: (i > 0).then(|| format!("n{}", i - 1)),
+                }],
+                outputs: vec![],
+            })
+            .collect();
+        Ok(Description {
+            protocol: PROTOCOL_VERSION,
+            harness: Some("fake".into()),
+            nodes,
+        })
+    }
+
+    fn run(&self, request: &RunRequest, _: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        *self.runs.borrow_mut() += 1;
+        if let Some((after, cancel)) = self.cancel_after {
+            if *self.runs.borrow() >= after {
+                cancel.store(true, Ordering::SeqCst);
+            }
+        }
+        let kept: Vec<usize> = match request.keep {
+            None => (0..self.len).collect(),
+            Some(ids) => ids.iter().map(|id| id[1..].parse().unwrap()).collect(),
+        };
+        let mut text = String::new();
+        for &i in &kept {
+            text += &marker(i, "begin");
+            if Some(i) == self.other {
+                text += "RuntimeError: CUDA error: misaligned address\n";
+                return Ok(out(1, text));
+            }
+            if i == self.faulty && !self.clean_model && self.needs.iter().all(|n| kept.contains(n))
+            {
+                text += "RuntimeError: CUDA error: an illegal memory access was encountered\n";
+                return Ok(out(1, text));
+            }
+            text += &marker(i, "end");
+        }
+        Ok(out(0, text))
+    }
+
+    fn extract(
+        &self,
+        _: &[String],
+        _: &Path,
+        _: &Path,
+        _: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        Ok(())
+    }
+
+    fn reproduce_line(&self, _: Option<&Path>, keep: &[String], _: &Path) -> String {
+        format!("fake run --keep {}", keep.join(","))
+    }
+}
+
+fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
+    FakeHarness {
+        len,
+        faulty,
+        needs,
+        other: None,
+        describe_fails: false,
+        clean_model: false,
+        runs: RefCell::new(0),
+        cancel_after: None,
+    }
+}
+
+fn run_shrink(
+    h: &FakeHarness,
+    cancel: &AtomicBool,
+) -> (cudabisect::report::record::ShrinkReport, Events) {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let settings = ShrinkSettings {
+        policy: &policy,
+        out_dir: dir.path().join("shrink"),
+        target: None,
+        attempts: 1,
+        confirm: 3,
+    };
+    let mut events = Events::default();
+    let report = shrink(h, &settings, &mut events, cancel);
+    (report, events)
+}
+
+#[test]
+fn a_shrink_keeps_exactly_the_needed_nodes_and_confirms_them() {
+    let h = harness(40, 30, vec![3, 30]);
+    let (r, events) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(kept, ["n3", "n30"]);
+    assert_eq!(r.located_node.as_deref(), Some("n30"));
+    assert_eq!(r.confirmation.as_ref().unwrap().reproduced, 3);
+    assert_eq!(r.nodes_before, 40);
+    assert_eq!(r.removed.len(), 38);
+    assert_eq!(r.reproduce.as_deref(), Some("fake run --keep n3,n30"));
+    assert!(events
+        .0
+        .iter()
+        .any(|e| matches!(e, Event::ShrinkLocated { node, .. } if node == "n30")));
+    assert_eq!(r.harness_runs, *h.runs.borrow());
+}
+
+#[test]
+fn a_candidate_that_fails_another_way_is_rejected_not_kept() {
+    // Another bug in node 12 runs before the target in node 15: with the target given, the full run
+    // does not show it, and nothing is shrunk towards the other bug.
+    let mut h = harness(20, 15, vec![15]);
+    h.other = Some(12);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let mut target = Signature::new(FaultClass::IllegalAddress, "x");
+    target.kernel = Some("gather_rows".into());
+    let settings = ShrinkSettings {
+        policy: &policy,
+        out_dir: dir.path().join("shrink"),
+        target: Some(target),
+        attempts: 1,
+        confirm: 2,
+    };
+    let r = shrink(
+        &h,
+        &settings,
+        &mut Events::default(),
+        &AtomicBool::new(false),
+    );
+    // The full run dies in node 12 with a misaligned address: not the target.
+    assert_eq!(r.status, ShrinkStatus::NotReproduced, "{}", r.summary);
+    assert!(r.summary.contains("misaligned_address"), "{}", r.summary);
+
+    // With the other bug after the target, candidates that include it are rejected, never kept.
+    let mut h = harness(20, 8, vec![2, 8]);
+    h.other = Some(17);
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(kept, ["n2", "n8"]);
+    assert!(
+        r.rejected
+            .iter()
+            .all(|x| x.class == FaultClass::MisalignedAddress),
+        "{:?}",
+        r.rejected
+    );
+}
+
+#[test]
+fn a_model_that_does_not_fault_or_cannot_be_described_says_so() {
+    let mut h = harness(10, 5, vec![5]);
+    h.clean_model = true;
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::NotReproduced);
+    assert!(r.summary.contains("showed none"), "{}", r.summary);
+    let mut h = harness(10, 5, vec![5]);
+    h.describe_fails = true;
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::Failed);
+    assert!(r.summary.starts_with("harness describe:"), "{}", r.summary);
+    assert_eq!(*h.runs.borrow(), 0);
+}
+
+#[test]
+fn an_interrupt_during_the_reduction_ends_it_as_interrupted() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let mut h = harness(64, 40, vec![1, 40]);
+    h.cancel_after = Some((3, cancel));
+    let (r, _) = run_shrink(&h, cancel);
+    assert_eq!(r.status, ShrinkStatus::Interrupted);
+    assert!(
+        *h.runs.borrow() <= 4,
+        "ran on after the interrupt: {}",
+        h.runs.borrow()
+    );
+}
+
+#[test]
+fn per_commit_maps_are_deterministic() {
+    // Two runs of the same script ask for the same commits in the same order.
+    let a = run_search(
+        200,
+        &[],
+        |i| if i >= 77 { fault("g") } else { clean() },
+        None,
+    )
+    .asked;
+    let b = run_search(
+        200,
+        &[],
+        |i| if i >= 77 { fault("g") } else { clean() },
+        None,
+    )
+    .asked;
+    assert_eq!(a, b);
+}
