@@ -932,3 +932,183 @@ fn a_pathspec_probes_only_the_commits_that_touch_it() {
     assert_eq!(first_bad(&run), repo.commits[11].to_string());
     assert_eq!(run.report.as_ref().unwrap()["range_size"], 19);
 }
+
+#[test]
+fn a_commit_whose_objects_are_missing_is_a_skip_of_its_own_kind() {
+    let repo = linear(&modes(6, |i| {
+        if i >= 4 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    // The first probe of c0..c5 is c2 (it halves c1..c5 best, earliest first); take its tree out of the
+    // object store.
+    let r = git2::Repository::open(&repo.path).unwrap();
+    let tree = r
+        .find_commit(repo.commits[2])
+        .unwrap()
+        .tree_id()
+        .to_string();
+    std::fs::remove_file(
+        repo.path
+            .join(".git/objects")
+            .join(&tree[..2])
+            .join(&tree[2..]),
+    )
+    .unwrap();
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    let report = run
+        .report
+        .as_ref()
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    let probe = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["commit"] == repo.commits[2].to_string())
+        .unwrap_or_else(|| panic!("c2 was not probed: {report:#}"));
+    assert_eq!(probe["signature"]["class"], "missing_object", "{probe:#}");
+    assert_eq!(probe["verdict"], "skip");
+    assert_eq!(first_bad(&run), repo.commits[4].to_string());
+}
+
+fn git_in(global: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .env("GIT_CONFIG_GLOBAL", global)
+        .args(["-c", "user.name=T", "-c", "user.email=t@x"])
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A submodule whose URL is HTTPS: the probe checks it out with the user's git config (here a URL rewrite
+/// to a local copy in the user's global config, as a mirror or credential helper would be set up), at
+/// every probed commit's pointer.
+#[test]
+fn https_submodules_check_out_with_the_users_git_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sub = tmp.path().join("sub");
+    let url = "https://git.example.invalid/team/sub.git";
+    let global = tmp.path().join("gitconfig");
+    std::fs::write(
+        &global,
+        format!(
+            "[url \"{}\"]\n\tinsteadOf = {url}\n[protocol \"file\"]\n\tallow = always\n",
+            sub.display()
+        ),
+    )
+    .unwrap();
+    let g = |dir: &Path, args: &[&str]| git_in(&global, dir, args);
+    std::fs::create_dir_all(&sub).unwrap();
+    g(&sub, &["init", "-q", "-b", "main"]);
+    let mut sub_commits = Vec::new();
+    for v in ["1", "2"] {
+        std::fs::write(sub.join("value.txt"), v).unwrap();
+        g(&sub, &["add", "value.txt"]);
+        g(&sub, &["commit", "-q", "-m", v]);
+        sub_commits.push(g(&sub, &["rev-parse", "HEAD"]));
+    }
+    let main = tmp.path().join("main");
+    std::fs::create_dir_all(&main).unwrap();
+    g(&main, &["init", "-q", "-b", "main"]);
+    std::fs::write(
+        main.join("repro.sh"),
+        "#!/bin/sh\nif grep -q 2 sub/value.txt; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; exit 1; fi\necho ok\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        main.join("repro.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(
+        main.join("bisect.toml"),
+        "[repro]\ncommand = [\"./repro.sh\"]\n[triage]\nenabled = false\n",
+    )
+    .unwrap();
+    g(&main, &["submodule", "add", "-q", url, "sub"]);
+    g(&main.join("sub"), &["checkout", "-q", &sub_commits[0]]);
+    g(&main, &["add", "-A"]);
+    g(&main, &["commit", "-q", "-m", "c0"]);
+    g(&main, &["tag", "v1"]);
+    for (i, pointer) in [0, 0, 1, 1, 1].iter().enumerate() {
+        std::fs::write(main.join("notes.txt"), format!("{i}")).unwrap();
+        g(
+            &main.join("sub"),
+            &["checkout", "-q", &sub_commits[*pointer]],
+        );
+        g(&main, &["add", "-A"]);
+        g(&main, &["commit", "-q", "-m", &format!("c{}", i + 1)]);
+    }
+    let culprit = g(&main, &["rev-parse", "HEAD~2"]);
+    let before = snapshot(&main);
+    let report = tmp.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .env("GIT_CONFIG_GLOBAL", &global)
+        .args(["start", "v1..main", "-C"])
+        .arg(&main)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["first_bad"]["commit"], culprit);
+    let skipped: Vec<&Value> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["verdict"] == "skip")
+        .collect();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert_eq!(snapshot(&main), before);
+}
+
+/// `git replace --graft` rewrites history for every git command; the range is the one git sees.
+#[test]
+fn replace_refs_shape_the_range_as_they_do_for_git() {
+    let repo = linear(&modes(10, |i| {
+        if i >= 6 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let global = repo.path.parent().unwrap().join("gitconfig");
+    std::fs::write(&global, "").unwrap();
+    // c5's parent becomes c2: c3 and c4 leave the history.
+    git_in(
+        &global,
+        &repo.path,
+        &[
+            "replace",
+            "--graft",
+            &repo.commits[5].to_string(),
+            &repo.commits[2].to_string(),
+        ],
+    );
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[6].to_string());
+    let report = run.report.as_ref().unwrap();
+    assert_eq!(report["range_size"], 7, "c1 c2 c5 c6 c7 c8 c9: {report:#}");
+    let probed: Vec<&str> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["commit"].as_str().unwrap())
+        .collect();
+    for gone in [3, 4] {
+        assert!(!probed.contains(&repo.commits[gone].to_string().as_str()));
+    }
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ops::{Op, Params};
-use super::tensor::{DType, SplitMix64, Tensor};
+use super::tensor::{element_count, DType, SplitMix64, Tensor, MAX_ELEMENTS};
 
 /// A model that failed to load; the message names the node or tensor and the field.
 #[derive(Debug, thiserror::Error)]
@@ -304,6 +304,13 @@ impl Model {
                 }
             }
         }
+        // Ordering reads an in-place node's first input, so that must exist before ordering.
+        if let Some(n) = nodes.iter().find(|n| n.inplace && n.inputs.is_empty()) {
+            return Err(err(format!(
+                "node {:?}: inplace = true needs an input: the tensor it writes in place",
+                n.id
+            )));
+        }
         let order = topological_order(&nodes, &info).map_err(err)?;
         // Shapes, in execution order so every input's shape is known.
         for &i in &order {
@@ -332,6 +339,16 @@ impl Model {
                     .expect("outputs registered above");
                 t.shape = shape;
                 t.dtype = dtype;
+            }
+        }
+        // Every tensor must be allocatable: an element count that overflows or exceeds the limit is an
+        // input error here, not a wrapped count or an aborted allocation later.
+        for (name, t) in &info {
+            if element_count(&t.shape).is_none() {
+                return Err(err(format!(
+                    "tensor {name:?}: shape {:?} has more than {MAX_ELEMENTS} elements",
+                    t.shape
+                )));
             }
         }
         for (k, out) in raw.model.outputs.iter().enumerate() {
@@ -406,7 +423,8 @@ fn tensor_decl(t: RawTensor, dir: &Path) -> Result<TensorDecl, String> {
         ));
     }
     let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-    let count: usize = shape.iter().product();
+    let count = element_count(&shape)
+        .ok_or_else(|| format!("shape: {:?} has more than {MAX_ELEMENTS} elements", t.shape))?;
     let need = |v: Option<f64>, field: &str| {
         v.ok_or_else(|| format!("{field}: init = {:?} needs it", t.init))
     };
@@ -628,6 +646,33 @@ outputs = ["h0"]
         assert_eq!(order, ["mm", "bias", "act"]);
         assert_eq!(m.info["y"].shape, vec![4, 3]);
         assert_eq!(m.nodes[2].kernel, "matmul_f32");
+    }
+
+    #[test]
+    fn hostile_shapes_and_inplace_nodes_without_inputs_are_input_errors_not_panics() {
+        let wraps = MLP.replace("shape = [4, 8]", "shape = [4294967296, 4294967296]");
+        assert!(parse(&wraps).unwrap_err().contains("has more than"));
+        let huge = MLP.replace("shape = [4, 8]", "shape = [1000000, 1000000]");
+        assert!(parse(&huge).unwrap_err().contains("has more than"));
+        // Each factor is allowed, the product of a matmul is not.
+        let product = MLP
+            .replace("shape = [4, 8]", "shape = [4000000, 1]")
+            .replace("shape = [8, 3]", "shape = [1, 4000000]")
+            .replace("shape = [3]", "shape = [4000000]");
+        assert!(
+            parse(&product).unwrap_err().contains("has more than"),
+            "{:?}",
+            parse(&product).err()
+        );
+        let inplace =
+            format!("{MLP}\n[[node]]\nid = \"w\"\nop = \"scatter\"\ninplace = true\ninputs = []\n");
+        assert!(
+            parse(&inplace)
+                .unwrap_err()
+                .contains("inplace = true needs an input"),
+            "{:?}",
+            parse(&inplace).err()
+        );
     }
 
     #[test]

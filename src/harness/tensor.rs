@@ -7,6 +7,17 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+/// The most elements one tensor may have (16 GiB of f32): beyond it a model is refused, not allocated.
+pub const MAX_ELEMENTS: usize = 1 << 32;
+
+/// The number of elements of `shape`, or `None` when it overflows or exceeds [`MAX_ELEMENTS`].
+pub fn element_count(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&c| c <= MAX_ELEMENTS)
+}
+
 /// Element types the harness knows. Both are four bytes, so device kernels can move either as words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -195,7 +206,8 @@ impl Tensor {
                     .map_err(|_| format!("bad shape {shape_text:?}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let count: usize = shape.iter().product();
+        let count = element_count(&shape)
+            .ok_or_else(|| format!("shape {shape:?} has more than {MAX_ELEMENTS} elements"))?;
         let body = &bytes[start + header_len..];
         let width = match descr {
             "<f4" | "<i4" => 4,
