@@ -36,9 +36,10 @@ fn become_subreaper() {
     });
 }
 
-/// Kills and reaps the descendants that escaped their process group into a session of their own and were
-/// re-parented to this process (the subreaper).
-fn kill_orphans() {
+/// Kills and reaps this process's children that a finished command left behind: members of its group
+/// `pgid`, and descendants that escaped into a session of their own (setsid) and were re-parented here.
+/// Commands in flight on other threads stay in this process's session and their own groups: untouched.
+fn reap_leftovers(pgid: Option<i32>) {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
@@ -58,17 +59,29 @@ fn kill_orphans() {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
             continue;
         };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (ppid, session) = match (fields.get(1), fields.get(3)) {
-            (Some(p), Some(s)) => (p.parse::<u32>().ok(), s.parse::<i32>().ok()),
-            _ => continue,
+        let fields: Vec<i64> = rest
+            .split_whitespace()
+            .skip(1)
+            .take(3)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let [ppid, pgrp, session] = fields[..] else {
+            continue;
         };
-        // An escaped descendant leads a session of its own (setsid) and was re-parented to us; the commands
-        // we start ourselves stay in our session, so a run in flight on another thread is never touched.
-        if ppid == Some(me) && session == Some(pid) {
-            // SAFETY: signalling a process group we own, then reaping our own child; both are plain syscalls.
+        if ppid != i64::from(me) {
+            continue;
+        }
+        let escaped = session == i64::from(pid);
+        let leftover = pgid.is_some_and(|g| pgrp == i64::from(g));
+        if escaped || leftover {
+            // SAFETY: signalling a group or process that is our own child, then reaping that child; plain
+            // syscalls with no memory handed over.
             unsafe {
-                libc::killpg(pid, libc::SIGKILL);
+                if escaped {
+                    libc::killpg(pid, libc::SIGKILL);
+                } else {
+                    libc::kill(pid, libc::SIGKILL);
+                }
                 libc::waitpid(pid, std::ptr::null_mut(), 0);
             }
         }
@@ -248,10 +261,11 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     };
     // The leader is gone; anything it left behind in its group goes too, and releases the output pipe.
     signal_group(pgid, libc::SIGKILL);
+    // As the subreaper, this process inherited what the leader left: its group's leftovers and any
+    // descendant that escaped into a session of its own. Kill and reap them, so none survives the run
+    // and no zombie piles up over a long bisection.
+    reap_leftovers(pgid);
     if !eof {
-        // Descendants that left the group (setsid, daemons) still hold the pipe: as this process is the
-        // subreaper of everything it started, they are its children now; kill them so none survives.
-        kill_orphans();
         let _ = done_rx.recv_timeout(ESCAPE_GRACE);
     }
     let capture = std::mem::take(&mut *shared.lock().unwrap_or_else(|e| e.into_inner()));
@@ -320,17 +334,43 @@ mod tests {
         assert_eq!(sh("kill -SEGV $$", 10_000).exit, Exit::Signal(11));
     }
 
+    /// The pid in `file`, once the script has written it.
+    fn pid_in(file: &std::path::Path) -> i32 {
+        std::fs::read_to_string(file)
+            .expect("pid written")
+            .trim()
+            .parse()
+            .expect("a pid")
+    }
+
+    /// True when `pid` is gone: no process, or a zombie nobody will run again.
+    fn gone(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }
+
     #[test]
-    fn a_timeout_kills_the_whole_group() {
-        let marker = std::env::temp_dir().join(format!("cudabisect-orphan-{}", std::process::id()));
-        let script = format!("(sleep 1; touch {}) & sleep 30", marker.display());
-        let out = sh(&script, 300);
+    fn a_timeout_kills_the_whole_group_and_reaps_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("bg.pid");
+        // The background child writes its pid before the script starts waiting, so the timeout always
+        // finds it running.
+        let script = format!(
+            "sh -c 'echo $$ > {p}; exec sleep 30' & while [ ! -s {p} ]; do :; done; sleep 30",
+            p = pidfile.display()
+        );
+        let out = sh(&script, 1_000);
         assert_eq!(out.exit, Exit::Timeout);
-        assert!(out.duration < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(1500));
+        let pid = pid_in(&pidfile);
+        assert!(gone(pid), "the background child {pid} survived the timeout");
         assert!(
-            !marker.exists(),
-            "the background child survived the timeout"
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the background child {pid} was left a zombie"
         );
     }
 
@@ -350,14 +390,8 @@ mod tests {
             "the capture was lost: {:?}",
             out.output
         );
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .expect("pid written")
-            .trim()
-            .parse()
-            .expect("a pid");
-        // SAFETY: signal 0 only asks whether the process exists.
-        let alive = unsafe { libc::kill(pid, 0) } == 0;
-        assert!(!alive, "the escaped process {pid} survived the run");
+        let pid = pid_in(&pidfile);
+        assert!(gone(pid), "the escaped process {pid} survived the run");
     }
 
     #[test]

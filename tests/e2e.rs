@@ -20,7 +20,7 @@ case "$mode" in
   segv) echo "about to crash"; kill -SEGV $$ ;;
   abort) kill -ABRT $$ ;;
   hang) sleep 60 & sleep 60; wait ;;
-  hang-long) sleep 61 & sleep 61; wait ;;
+  hang-long) sleep 61 & echo $! > "$PID_DIR/bg.pid"; echo $$ > "$PID_DIR/main.pid"; sleep 61; wait ;;
   infra-then-fault)
     if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
     show native_oob_sync.log; exit 42 ;;
@@ -41,9 +41,21 @@ fn fixtures() -> PathBuf {
 
 fn config(extra: &str) -> String {
     format!(
-        "[build]\ncommand = [\"./build.sh\"]\ntimeout = \"30s\"\n\n[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"2s\"\ngrace-period = \"200ms\"\nenv = {{ FIXTURES = \"{}\" }}\n\n[triage]\nenabled = false\n{extra}",
+        "[build]\ncommand = [\"./build.sh\"]\ntimeout = \"30s\"\n\n[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"60s\"\ngrace-period = \"200ms\"\nenv = {{ FIXTURES = \"{}\" }}\n\n[triage]\nenabled = false\n{extra}",
         fixtures().display()
     )
+}
+
+/// A config whose repro times out after 2 s, for tests whose hangs must end quickly (the committed
+/// bisect.toml gives clean probes a generous 60 s, so a loaded machine never turns them into hangs).
+fn short_timeout_config(repo: &TestRepo) -> String {
+    let path = repo.path.parent().unwrap().join("short.toml");
+    std::fs::write(
+        &path,
+        config("").replace("timeout = \"60s\"\ngrace", "timeout = \"2s\"\ngrace"),
+    )
+    .unwrap();
+    path.display().to_string()
 }
 
 fn files(mode: &str, builds: bool, i: usize) -> Files {
@@ -329,7 +341,11 @@ fn build_breaks_other_bugs_crashes_and_hangs_are_skipped_not_blamed() {
         30.. => ("fault", true),
         _ => ("clean", true),
     }));
-    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    let short = short_timeout_config(&repo);
+    let run = cudabisect(
+        &repo.path,
+        &[&format!("{}..main", repo.commits[0]), "--config", &short],
+    );
     assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
     assert_eq!(first_bad(&run), repo.commits[30].to_string());
     let report = run.report.unwrap();
@@ -358,7 +374,11 @@ fn crashes_hangs_and_build_breaks_report_their_own_outcomes() {
         ("oom", true),
         ("fault", true),
     ]);
-    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    let short = short_timeout_config(&repo);
+    let run = cudabisect(
+        &repo.path,
+        &[&format!("{}..main", repo.commits[0]), "--config", &short],
+    );
     assert_eq!(run.code, 4, "{}", run.stderr);
     let report = run.report.unwrap();
     assert_eq!(report["result"], "ambiguous");
@@ -725,17 +745,32 @@ fn triage_without_compute_sanitizer_says_what_is_missing() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
+/// True while `pid` runs (a zombie waiting for its reaper is not running).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
 #[test]
 fn ctrl_c_stops_the_process_group_and_cleans_up() {
     let repo = linear(&[("clean", true), ("hang-long", true)]);
     let dir = repo.path.parent().unwrap();
+    let pids = dir.join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
     let config_path = dir.join("slow.toml");
     std::fs::write(
         &config_path,
-        config("").replace("timeout = \"2s\"", "timeout = \"60s\""),
+        config("").replace(
+            "env = {",
+            &format!("env = {{ PID_DIR = \"{}\", ", pids.display()),
+        ),
     )
     .unwrap();
-    let started = std::time::Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args(["start", &format!("{}..main", repo.commits[0]), "--config"])
         .arg(&config_path)
@@ -745,7 +780,20 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Wait until the repro (the bad endpoint's, which hangs) has started both its processes.
+    let read_pid = |name: &str| -> Option<i32> {
+        std::fs::read_to_string(pids.join(name))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while read_pid("bg.pid").is_none() || read_pid("main.pid").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the repro never started"
+        );
+        std::thread::yield_now();
+    }
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
@@ -755,21 +803,15 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(20));
     let r = git2::Repository::open(&repo.path).unwrap();
     assert!(
         r.worktrees().unwrap().is_empty(),
         "the worktree was left registered"
     );
-    let ps = Command::new("sh")
-        .args(["-c", "ps -eo args | grep -c '[s]leep 61' || true"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&ps.stdout).trim(),
-        "0",
-        "an orphan of the repro survived"
-    );
+    for name in ["bg.pid", "main.pid"] {
+        let pid = read_pid(name).unwrap();
+        assert!(!alive(pid), "{name} {pid} of the repro survived");
+    }
 }
 
 #[test]
