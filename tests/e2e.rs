@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cudabisect::report::event::Event;
+use cudabisect::report::json::Envelope;
+use cudabisect::report::record::{Report, RunResult};
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
@@ -632,18 +635,39 @@ fn json_lines_stream_has_versioned_events() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+    // Every line is one typed event in its envelope.
+    let events: Vec<Envelope> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
-    assert!(events.iter().all(|e| e["format_version"] == 1));
-    assert_eq!(events[0]["type"], "run_started");
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "finished");
+    assert!(events.iter().all(|e| e.format_version == 1));
+    assert!(matches!(
+        events[0].event,
+        Event::RunStarted { candidates: 7, .. }
+    ));
+    let finished: Vec<&Report> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Finished { report } => Some(report.as_ref()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished.len(), 1, "one finished event");
+    assert!(matches!(
+        events.last().unwrap().event,
+        Event::Finished { .. }
+    ));
+    let report = finished[0];
+    assert_eq!(report.result, RunResult::Found);
     assert_eq!(
-        last["data"]["report"]["first_bad"]["commit"],
+        report.first_bad.as_ref().unwrap().commit,
         repo.commits[5].to_string()
     );
+    let probes = events
+        .iter()
+        .filter(|e| matches!(e.event, Event::ProbeFinished { .. }))
+        .count();
+    assert_eq!(probes, report.probes.len());
 }
 
 /// A stand-in for compute-sanitizer that replays a recorded H200 report for the tool it is asked for:
@@ -1153,4 +1177,40 @@ fn replace_refs_shape_the_range_as_they_do_for_git() {
     for gone in [3, 4] {
         assert!(!probed.contains(&repo.commits[gone].to_string().as_str()));
     }
+}
+
+/// Replaces what changes from run to run (shas, times, temp paths, dates) with placeholders.
+fn redact(text: &str, repo: &Path) -> String {
+    let text = text.replace(&repo.display().to_string(), "<repo>");
+    let rules = [
+        (r"[0-9a-f]{40}", "<sha>"),
+        (r"\b[0-9a-f]{12}\b", "<short>"),
+        (r"\[\s*[0-9]+\.[0-9]s\]", "[<t>]"),
+        (r"[0-9]+\.[0-9]+s\b", "<d>s"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<date>"),
+        (r"runs/[0-9]+-[0-9]+", "runs/<id>"),
+    ];
+    rules.iter().fold(text, |t, (re, to)| {
+        regex::Regex::new(re).unwrap().replace_all(&t, *to).into_owned()
+    })
+}
+
+#[test]
+fn human_output_reads_the_same_run_after_run() {
+    let repo = linear(&modes(12, |i| match i {
+        4 => ("mismatch", true),
+        6 => ("clean", false),
+        i if i >= 8 => ("fault", true),
+        _ => ("clean", true),
+    }));
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", repo.commits[0]), "-C"])
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = redact(&String::from_utf8_lossy(&out.stdout), &repo.path);
+    let stderr = redact(&String::from_utf8_lossy(&out.stderr), &repo.path);
+    insta::assert_snapshot!("human_summary", stdout);
+    insta::assert_snapshot!("human_progress", stderr);
 }

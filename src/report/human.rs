@@ -115,8 +115,9 @@ impl Reporter for HumanReporter {
                     Phase::Repro => "repro",
                 };
                 let msg = format!(
-                    "step {step} ({}) · {remaining} candidates left (~{estimated_steps} steps) · {} · {phase}",
+                    "step {step} ({}) · {remaining} candidates left (~{estimated_steps} {}) · {} · {phase}",
                     role_name(*role),
+                    if *estimated_steps == 1 { "step" } else { "steps" },
                     &commit[..12.min(commit.len())]
                 );
                 match &self.bar {
