@@ -2,7 +2,7 @@
 //! numpy and PyTorch read, so recorded node outputs can be inspected with the tools users already have.
 
 use std::fmt;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -39,13 +39,6 @@ impl DType {
             "f32" | "float32" => Some(Self::F32),
             "i32" | "int32" => Some(Self::I32),
             _ => None,
-        }
-    }
-
-    fn npy_descr(self) -> &'static str {
-        match self {
-            Self::F32 => "<f4",
-            Self::I32 => "<i4",
         }
     }
 }
@@ -121,38 +114,37 @@ impl Tensor {
         Self { shape, data }
     }
 
-    /// Writes the tensor as a version-1 `.npy` file.
+    /// Writes the tensor as a `.npy` file (through a temp file, so a reader never sees half of one).
     pub fn write_npy(&self, path: &Path) -> std::io::Result<()> {
-        let shape = match self.shape.as_slice() {
-            [one] => format!("({one},)"),
-            dims => format!(
-                "({})",
-                dims.iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let mut header = format!(
-            "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
-            self.dtype().npy_descr()
-        );
-        // The whole preamble (magic 6 + version 2 + length 2 + header + newline) is padded to 64 bytes.
-        let unpadded = 10 + header.len() + 1;
-        header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
-        header.push('\n');
-        let mut bytes = Vec::with_capacity(10 + header.len() + self.len() * 4);
-        bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
-        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        bytes.extend_from_slice(header.as_bytes());
-        for w in self.to_words() {
-            bytes.extend_from_slice(&w.to_le_bytes());
+        use npyz::WriterBuilder;
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        let shape: Vec<u64> = self.shape.iter().map(|&d| d as u64).collect();
+        {
+            let file = std::io::BufWriter::new(tmp.as_file_mut());
+            match &self.data {
+                Data::F32(v) => {
+                    let mut w = npyz::WriteOptions::<f32>::new()
+                        .default_dtype()
+                        .shape(&shape)
+                        .writer(file)
+                        .begin_nd()?;
+                    w.extend(v.iter().copied())?;
+                    w.finish()?;
+                }
+                Data::I32(v) => {
+                    let mut w = npyz::WriteOptions::<i32>::new()
+                        .default_dtype()
+                        .shape(&shape)
+                        .writer(file)
+                        .begin_nd()?;
+                    w.extend(v.iter().copied())?;
+                    w.finish()?;
+                }
+            }
         }
-        let tmp = path.with_extension("npy.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        drop(f);
-        std::fs::rename(tmp, path)
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok(())
     }
 
     /// Reads a little-endian, C-order `.npy` file of float32 or int32 (int64 is narrowed when it fits).
@@ -164,52 +156,33 @@ impl Tensor {
         Self::parse_npy(&bytes).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// Parses `.npy` bytes; the header's claims (shape, size) are checked against the data before any
+    /// allocation, so a hostile file is an error, never a huge allocation.
     pub fn parse_npy(bytes: &[u8]) -> Result<Self, String> {
         if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
             return Err("not a .npy file".into());
         }
-        let (header_len, start) = match bytes[6] {
-            1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-            2 | 3 if bytes.len() >= 12 => (
-                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-                12,
-            ),
-            v => return Err(format!("unsupported .npy version {v}")),
+        let mut body: &[u8] = bytes;
+        let (shape, descr, order) = {
+            let npy = npyz::NpyFile::new(&mut body).map_err(|e| format!("bad .npy header: {e}"))?;
+            let descr = match npy.dtype() {
+                npyz::DType::Plain(ts) => ts.to_string(),
+                other => return Err(format!("unsupported dtype {} (use float32 or int32)", other.descr())),
+            };
+            (npy.shape().to_vec(), descr, npy.order())
         };
-        let header = bytes
-            .get(start..start + header_len)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .ok_or("truncated .npy header")?;
-        let field = |key: &str| -> Option<&str> {
-            let at = header.find(&format!("'{key}'"))? + key.len() + 2;
-            Some(header[at..].trim_start().strip_prefix(':')?.trim_start())
-        };
-        let descr = field("descr")
-            .and_then(|s| s.strip_prefix('\''))
-            .and_then(|s| s.split('\'').next())
-            .ok_or("no descr in .npy header")?;
-        if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
+        if order == npyz::Order::Fortran {
             return Err(
                 "Fortran-order arrays are not supported; save with np.ascontiguousarray".into(),
             );
         }
-        let shape_text = field("shape")
-            .and_then(|s| s.strip_prefix('('))
-            .and_then(|s| s.split(')').next())
-            .ok_or("no shape in .npy header")?;
-        let shape = shape_text
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.parse::<usize>()
-                    .map_err(|_| format!("bad shape {shape_text:?}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let shape: Vec<usize> = shape
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("bad shape {shape:?}")))
+            .collect::<Result<_, _>>()?;
         let count = element_count(&shape)
             .ok_or_else(|| format!("shape {shape:?} has more than {MAX_ELEMENTS} elements"))?;
-        let body = &bytes[start + header_len..];
-        let width = match descr {
+        let width = match descr.as_str() {
             "<f4" | "<i4" => 4,
             "<i8" => 8,
             other => {
@@ -224,28 +197,19 @@ impl Tensor {
                 body.len()
             ));
         }
-        let word = |i: usize| {
-            u32::from_le_bytes([
-                body[i * 4],
-                body[i * 4 + 1],
-                body[i * 4 + 2],
-                body[i * 4 + 3],
-            ])
-        };
-        Ok(match descr {
-            "<f4" => Self::f32(shape, (0..count).map(|i| f32::from_bits(word(i))).collect()),
-            "<i4" => Self::i32(shape, (0..count).map(|i| word(i) as i32).collect()),
+        let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("bad .npy header: {e}"))?;
+        let bad = |e: std::io::Error| format!("bad .npy data: {e}");
+        Ok(match descr.as_str() {
+            "<f4" => Self::f32(shape, npy.into_vec::<f32>().map_err(bad)?),
+            "<i4" => Self::i32(shape, npy.into_vec::<i32>().map_err(bad)?),
             _ => {
-                let mut values = Vec::with_capacity(count);
-                for i in 0..count {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(&body[i * 8..i * 8 + 8]);
-                    let v = i64::from_le_bytes(b);
-                    values.push(
-                        i32::try_from(v)
-                            .map_err(|_| format!("int64 value {v} does not fit int32"))?,
-                    );
-                }
+                let wide = npy.into_vec::<i64>().map_err(bad)?;
+                let values = wide
+                    .into_iter()
+                    .map(|v| {
+                        i32::try_from(v).map_err(|_| format!("int64 value {v} does not fit int32"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
                 Self::i32(shape, values)
             }
         })
@@ -306,7 +270,15 @@ mod tests {
         let len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
         assert_eq!((10 + len) % 64, 0);
         let header = std::str::from_utf8(&bytes[10..10 + len]).unwrap();
-        assert!(header.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"));
+        // A Python dict literal numpy's header parser accepts: `(3, )` is the tuple `(3,)`.
+        assert!(
+            header.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3, ), }"),
+            "{header:?}"
+        );
+        assert_eq!(Tensor::read_npy(&p).unwrap(), Tensor::f32(vec![3], vec![0.0; 3]));
+        let ints = Tensor::i32(vec![2, 3], vec![1, -2, 3, -4, 5, i32::MAX]);
+        ints.write_npy(&p).unwrap();
+        assert_eq!(Tensor::read_npy(&p).unwrap(), ints);
         assert!(header.ends_with('\n'));
     }
 
