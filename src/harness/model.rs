@@ -17,62 +17,74 @@ pub struct ModelError {
     pub message: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawModel {
+pub(crate) struct RawModel {
     #[serde(default)]
-    model: RawHeader,
-    #[serde(default)]
-    tensor: Vec<RawTensor>,
-    #[serde(default)]
-    node: Vec<RawNode>,
+    pub(crate) model: RawHeader,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) tensor: Vec<RawTensor>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) node: Vec<RawNode>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-struct RawHeader {
-    name: Option<String>,
-    description: Option<String>,
-    #[serde(default)]
-    kernels: Vec<String>,
-    #[serde(default)]
-    outputs: Vec<String>,
+pub(crate) struct RawHeader {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) description: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) kernels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) outputs: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-struct RawTensor {
-    name: String,
-    shape: Vec<i64>,
+pub(crate) struct RawTensor {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<i64>,
     #[serde(default = "default_dtype")]
-    dtype: String,
-    init: String,
-    seed: Option<u64>,
-    low: Option<f64>,
-    high: Option<f64>,
-    value: Option<f64>,
-    start: Option<f64>,
-    step: Option<f64>,
-    file: Option<String>,
-    values: Option<Vec<f64>>,
+    pub(crate) dtype: String,
+    pub(crate) init: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) low: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) high: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) value: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) start: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) step: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) values: Option<Vec<f64>>,
 }
 
 fn default_dtype() -> String {
     "f32".into()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawNode {
-    id: String,
-    op: String,
-    inputs: Vec<String>,
-    #[serde(default)]
-    outputs: Vec<String>,
-    kernel: Option<String>,
-    eps: Option<f64>,
-    #[serde(default)]
-    inplace: bool,
+pub(crate) struct RawNode {
+    pub(crate) id: String,
+    pub(crate) op: String,
+    pub(crate) inputs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) outputs: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) kernel: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) eps: Option<f64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) inplace: bool,
 }
 
 /// How a declared tensor gets its values.
