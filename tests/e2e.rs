@@ -1191,7 +1191,10 @@ fn redact(text: &str, repo: &Path) -> String {
         (r"runs/[0-9]+-[0-9]+", "runs/<id>"),
     ];
     rules.iter().fold(text, |t, (re, to)| {
-        regex::Regex::new(re).unwrap().replace_all(&t, *to).into_owned()
+        regex::Regex::new(re)
+            .unwrap()
+            .replace_all(&t, *to)
+            .into_owned()
     })
 }
 

@@ -68,38 +68,16 @@ impl fmt::Display for CommandError {
     }
 }
 
-impl From<cudabisect::run::plan::StartError> for CommandError {
-    fn from(e: cudabisect::run::plan::StartError) -> Self {
-        use cudabisect::run::plan::StartError;
+impl From<cudabisect::run::plan::RunError> for CommandError {
+    fn from(e: cudabisect::run::plan::RunError) -> Self {
+        use cudabisect::run::plan::RunError;
         let kind = match &e {
-            StartError::Locked(_) => ErrorKind::Locked,
+            RunError::Locked(_) => ErrorKind::Locked,
+            RunError::Unavailable(_) => ErrorKind::Unavailable,
             e if e.is_usage() => ErrorKind::Usage,
             _ => ErrorKind::Internal,
         };
         Self::new(kind, e)
-    }
-}
-
-impl From<cudabisect::run::lock::LockError> for CommandError {
-    fn from(e: cudabisect::run::lock::LockError) -> Self {
-        Self::new(ErrorKind::Locked, e)
-    }
-}
-
-impl From<cudabisect::git::GitError> for CommandError {
-    fn from(e: cudabisect::git::GitError) -> Self {
-        let kind = if e.is_usage() {
-            ErrorKind::Usage
-        } else {
-            ErrorKind::Internal
-        };
-        Self::new(kind, e)
-    }
-}
-
-impl From<cudabisect::config::ConfigError> for CommandError {
-    fn from(e: cudabisect::config::ConfigError) -> Self {
-        Self::new(ErrorKind::Usage, e)
     }
 }
 

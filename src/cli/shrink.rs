@@ -1,24 +1,16 @@
-//! `cudabisect shrink`: the shrink stage on its own, in the checkout as it is or at a revision built in
-//! the probe worktree (then also checked at the revision's parent).
+//! `cudabisect shrink`: runs the shrink job and maps its result to an exit code.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use cudabisect::protocol::client::ProcessHarness;
-use cudabisect::report::bundle::{self, BundleInput};
-use cudabisect::report::environment;
-use cudabisect::report::event::{Event, Reporter};
-use cudabisect::report::record::{ParentCheck, ShrinkStatus};
-use cudabisect::run::job::run_id;
-use cudabisect::run::lock::lock_state_dir;
-use cudabisect::run::probe::WorktreeProber;
-use cudabisect::run::shrink::{check_parent, shrink, ShrinkSettings};
+use cudabisect::report::event::Reporter;
+use cudabisect::report::record::ShrinkStatus;
+use cudabisect::run::shrink_job::shrink_job;
 
-use super::common::{bundle_root, load_config};
-use super::error::{CommandError, CommandResult, ErrorKind};
+use super::error::CommandResult;
 use super::exit_codes;
 
-/// Runs the shrink; exit 0 minimal subgraph found, 3 the model does not fault, 70 the harness failed.
+/// Exit 0 minimal subgraph found, 3 the model does not fault, 70 the harness failed, 130 interrupted.
 pub fn run(
     dir: &Path,
     config: Option<&Path>,
@@ -26,130 +18,7 @@ pub fn run(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> CommandResult {
-    let (repo, config) = load_config(dir, config)?;
-    let section = config.shrink.clone().ok_or_else(|| {
-        CommandError::usage(format!(
-            "{}: no [shrink] section: name a model (native harness) or a harness command",
-            config.path.display()
-        ))
-    })?;
-    let oid = at.map(|rev| repo.resolve(rev)).transpose()?;
-    let state_dir = repo.state_dir();
-    let _lock = match at {
-        Some(rev) => Some(lock_state_dir(&state_dir, &format!("shrink --at {rev}"))?),
-        None => None,
-    };
-    let run_dir = state_dir.join("runs").join(format!("shrink-{}", run_id()));
-    let log_dir = run_dir.join("logs");
-    std::fs::create_dir_all(&log_dir).map_err(|e| {
-        CommandError::new(ErrorKind::Internal, format!("{}: {e}", log_dir.display()))
-    })?;
-    let _ = std::fs::write(run_dir.join("bisect.toml"), &config.text);
-    let worktree = match oid {
-        Some(_) => Some(repo.probe_worktree(&state_dir.join("worktree"))?),
-        None => None,
-    };
-    let prober = worktree.as_ref().map(|w| WorktreeProber {
-        worktree: w,
-        config: &config,
-        log_dir: log_dir.clone(),
-        cancel,
-    });
-    let cleanup = |reporter: &mut dyn Reporter| {
-        if let Some(w) = &worktree {
-            if let Err(e) = repo.remove_worktree(w.path()) {
-                reporter.event(&Event::Warning {
-                    message: format!("the probe worktree was not removed: {e}"),
-                });
-            }
-        }
-    };
-    let (cwd, commit) = match (&prober, oid) {
-        (Some(p), Some(oid)) => {
-            if let Err(e) = p.prepare(oid, "shrink") {
-                cleanup(reporter);
-                return Err(CommandError::new(ErrorKind::Internal, e));
-            }
-            (p.worktree.path().to_path_buf(), oid.to_string())
-        }
-        _ => (repo.workdir(), String::new()),
-    };
-    let harness = ProcessHarness::from_config(&config, &section, &cwd, &commit, &run_dir)
-        .map_err(|e| CommandError::new(ErrorKind::Internal, e))?;
-    let settings = ShrinkSettings {
-        policy: &config.match_policy,
-        out_dir: run_dir.join("shrink"),
-        target: None,
-        attempts: section.attempts,
-        confirm: section.confirm,
-    };
-    let mut report = shrink(&harness, &settings, reporter, cancel);
-    if report.status == ShrinkStatus::Minimal && section.check_parent {
-        let parent = oid
-            .and_then(|o| repo.parents(o).ok())
-            .and_then(|p| p.first().copied());
-        report.parent_check = Some(match (&prober, parent) {
-            (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
-                Err(e) => ParentCheck::NotRun(e.to_string()),
-                Ok(()) => match ProcessHarness::from_config(
-                    &config,
-                    &section,
-                    p.worktree.path(),
-                    &parent.to_string(),
-                    &run_dir,
-                ) {
-                    Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
-                    Err(e) => ParentCheck::NotRun(e.to_string()),
-                },
-            },
-            (None, _) => ParentCheck::NotRun("no --at revision".into()),
-            (Some(_), None) => ParentCheck::NotRun("the revision has no parent".into()),
-        });
-    }
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
-    reporter.event(&Event::ShrinkDone {
-        report: Box::new(report.clone()),
-    });
-    if report.status == ShrinkStatus::Minimal && config.bundle.enabled {
-        let head = oid.or_else(|| repo.resolve("HEAD").ok());
-        let input = BundleInput {
-            root: bundle_root(&repo, &config),
-            commit: head.and_then(|o| repo.info(o).ok()),
-            good_parents: vec![],
-            found_by: Some(if at.is_some() {
-                "cudabisect shrink --at".into()
-            } else {
-                "cudabisect shrink in the checkout".into()
-            }),
-            target: report.signature.clone(),
-            triage: None,
-            shrink: Some(&report),
-            report_json: serde_json::to_value(&report).unwrap_or_default(),
-            config_text: &config.text,
-            log_dirs: vec![
-                ("probes", log_dir.clone()),
-                ("shrink", run_dir.join("shrink").join("logs")),
-            ],
-            extra_files: vec![],
-            backend: Some(section.backend.resolve().as_str().to_string()),
-            include_binary: config.bundle.include_binary,
-        };
-        let env = environment::collect(cancel, &mut |what| {
-            reporter.event(&Event::StageStarted {
-                message: format!("bundle: asking {what} about the environment"),
-            })
-        });
-        match bundle::write(&input, &env) {
-            Ok(dir) => reporter.event(&Event::Note {
-                message: format!("bundle: {}", dir.display()),
-            }),
-            Err(e) => reporter.event(&Event::Warning {
-                message: e.to_string(),
-            }),
-        }
-    }
-    cleanup(reporter);
+    let report = shrink_job(dir, config, at, reporter, cancel)?;
     Ok(match report.status {
         ShrinkStatus::Minimal => exit_codes::OK,
         ShrinkStatus::NotReproduced => exit_codes::ENDPOINTS_INVALID,

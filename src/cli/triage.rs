@@ -1,22 +1,18 @@
-//! `cudabisect triage`: compute-sanitizer triage on its own, in the checkout or at a revision.
+//! `cudabisect triage`: runs the triage job, prints what it found and maps it to an exit code.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use cudabisect::config::{CommandLine, Config};
-use cudabisect::git::Repo;
-use cudabisect::report::bundle::{self, BundleInput};
-use cudabisect::report::environment;
+use cudabisect::config::CommandLine;
+use cudabisect::report::human::HumanReporter;
 use cudabisect::report::record::TriageStatus;
-use cudabisect::run::lock::lock_state_dir;
-use cudabisect::run::probe::WorktreeProber;
-use cudabisect::run::triage;
+use cudabisect::run::triage_job::triage_job;
 
-use super::common::{bundle_root, load_config};
-use super::error::{CommandError, CommandResult, ErrorKind};
+use super::common::print_stdout;
+use super::error::CommandResult;
 use super::exit_codes;
 
-/// Runs triage and prints what it found: exit 5 found, 0 clean, 6 no compute-sanitizer, 70 error.
+/// Exit 5 found, 0 clean, 6 no compute-sanitizer, 70 error, 130 interrupted.
 pub fn run(
     dir: &Path,
     config: Option<&Path>,
@@ -25,112 +21,10 @@ pub fn run(
     json: bool,
     cancel: &AtomicBool,
 ) -> CommandResult {
-    let given = (!command.is_empty()).then_some(CommandLine::Argv(command));
-    let (repo, config) = match (load_config(dir, config), &given) {
-        (Ok((r, c)), _) => (Some(r), c),
-        // With `-- command` and no config at all, triage needs neither a repository nor a bisect.toml.
-        (Err(_), Some(cmd)) if config.is_none() && at.is_none() => {
-            let text = format!("[repro]\ncommand = {}\n", toml_command(cmd));
-            let c = Config::parse(Path::new("<command line>"), &text)?;
-            (Repo::open(dir).ok(), c)
-        }
-        (Err(e), _) => return Err(e),
-    };
-    let command = given.unwrap_or_else(|| {
-        config
-            .triage
-            .command
-            .clone()
-            .unwrap_or_else(|| config.repro.command.clone())
-    });
-    let configured = config.triage.sanitizer.as_deref();
-    if triage::find_sanitizer(configured).is_none() {
-        return Err(CommandError::new(
-            ErrorKind::Unavailable,
-            triage::missing_message(configured),
-        ));
-    }
-    let scratch;
-    let out_dir = match &repo {
-        Some(r) => r
-            .state_dir()
-            .join("triage")
-            .join(cudabisect::run::job::run_id()),
-        None => {
-            scratch = tempfile::Builder::new()
-                .prefix("cudabisect-triage-")
-                .tempdir()
-                .map_err(|e| CommandError::new(ErrorKind::Internal, e))?;
-            scratch.path().to_path_buf()
-        }
-    };
-    std::fs::create_dir_all(&out_dir).map_err(|e| {
-        CommandError::new(ErrorKind::Internal, format!("{}: {e}", out_dir.display()))
-    })?;
-    let result = match (at, &repo) {
-        (None, _) => {
-            let cwd = repo
-                .as_ref()
-                .map(|r| r.workdir())
-                .unwrap_or_else(|| dir.to_path_buf());
-            triage::run(&config, &cwd, &command, "", &out_dir, cancel)
-        }
-        (Some(_), None) => return Err(CommandError::usage("--at needs a git repository")),
-        (Some(rev), Some(repo)) => {
-            let oid = repo.resolve(rev)?;
-            let state_dir = repo.state_dir();
-            let _lock = lock_state_dir(&state_dir, &format!("triage --at {rev}"))?;
-            let worktree = repo.probe_worktree(&state_dir.join("worktree"))?;
-            let prober = WorktreeProber {
-                worktree: &worktree,
-                config: &config,
-                log_dir: out_dir.clone(),
-                cancel,
-            };
-            let prepared = prober.prepare(oid, "triage");
-            let result = prepared.map(|()| {
-                triage::run(
-                    &config,
-                    worktree.path(),
-                    &command,
-                    &oid.to_string(),
-                    &out_dir,
-                    cancel,
-                )
-            });
-            if let Err(e) = repo.remove_worktree(worktree.path()) {
-                eprintln!("warning: the probe worktree was not removed: {e}");
-            }
-            result.map_err(|e| CommandError::new(ErrorKind::Internal, e))?
-        }
-    };
-    if let (Some(repo), TriageStatus::Found, true) = (&repo, result.status, config.bundle.enabled) {
-        let oid = at
-            .and_then(|rev| repo.resolve(rev).ok())
-            .or_else(|| repo.resolve("HEAD").ok());
-        let input = BundleInput {
-            root: bundle_root(repo, &config),
-            commit: oid.and_then(|o| repo.info(o).ok()),
-            good_parents: vec![],
-            found_by: Some("cudabisect triage".into()),
-            target: result.signature.clone(),
-            triage: Some(&result),
-            shrink: None,
-            report_json: serde_json::to_value(&result).unwrap_or_default(),
-            config_text: &config.text,
-            log_dirs: vec![],
-            extra_files: result.files.iter().map(PathBuf::from).collect(),
-            backend: None,
-            include_binary: false,
-        };
-        let env = environment::collect(cancel, &mut |what| {
-            eprintln!("bundle: asking {what} about the environment")
-        });
-        match bundle::write(&input, &env) {
-            Ok(dir) => eprintln!("bundle: {}", dir.display()),
-            Err(e) => eprintln!("warning: {e}"),
-        }
-    }
+    let command = (!command.is_empty()).then_some(CommandLine::Argv(command));
+    // Progress (bundle, warnings) on stderr; the result on stdout.
+    let mut progress = HumanReporter::new();
+    let result = triage_job(dir, config, at, command, &mut progress, cancel)?;
     let mut out = String::new();
     if json {
         out = serde_json::to_string_pretty(&result).unwrap_or_default() + "\n";
@@ -146,7 +40,7 @@ pub fn run(
             out.push_str(&format!("  log: {file}\n"));
         }
     }
-    super::common::print_stdout(&out);
+    print_stdout(&out);
     Ok(match result.status {
         TriageStatus::Found => exit_codes::FAULT_FOUND,
         TriageStatus::Clean => exit_codes::OK,
@@ -154,14 +48,4 @@ pub fn run(
         TriageStatus::Interrupted => exit_codes::INTERRUPTED,
         TriageStatus::Error => exit_codes::INTERNAL,
     })
-}
-
-/// Writes a command back as TOML, for the built-in config of a bare `triage -- cmd`.
-fn toml_command(cmd: &CommandLine) -> String {
-    match cmd {
-        CommandLine::Argv(v) => {
-            toml::Value::Array(v.iter().cloned().map(toml::Value::String).collect()).to_string()
-        }
-        CommandLine::Shell(s) => toml::Value::String(s.clone()).to_string(),
-    }
 }

@@ -117,7 +117,10 @@ impl Tensor {
     /// Writes the tensor as a `.npy` file (through a temp file, so a reader never sees half of one).
     pub fn write_npy(&self, path: &Path) -> std::io::Result<()> {
         use npyz::WriterBuilder;
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
         let shape: Vec<u64> = self.shape.iter().map(|&d| d as u64).collect();
         {
@@ -167,7 +170,12 @@ impl Tensor {
             let npy = npyz::NpyFile::new(&mut body).map_err(|e| format!("bad .npy header: {e}"))?;
             let descr = match npy.dtype() {
                 npyz::DType::Plain(ts) => ts.to_string(),
-                other => return Err(format!("unsupported dtype {} (use float32 or int32)", other.descr())),
+                other => {
+                    return Err(format!(
+                        "unsupported dtype {} (use float32 or int32)",
+                        other.descr()
+                    ))
+                }
             };
             (npy.shape().to_vec(), descr, npy.order())
         };
@@ -275,7 +283,10 @@ mod tests {
             header.starts_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3, ), }"),
             "{header:?}"
         );
-        assert_eq!(Tensor::read_npy(&p).unwrap(), Tensor::f32(vec![3], vec![0.0; 3]));
+        assert_eq!(
+            Tensor::read_npy(&p).unwrap(),
+            Tensor::f32(vec![3], vec![0.0; 3])
+        );
         let ints = Tensor::i32(vec![2, 3], vec![1, -2, 3, -4, 5, i32::MAX]);
         ints.write_npy(&p).unwrap();
         assert_eq!(Tensor::read_npy(&p).unwrap(), ints);

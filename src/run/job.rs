@@ -12,14 +12,17 @@ use crate::report::environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
 
+use crate::config::Config;
+use crate::git::Repo;
+
 use super::lock::lock_state_dir;
-use super::plan::{plan, Plan, StartError, StartOptions};
+use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search, SearchEnd, SearchInput};
 use super::stages::{run_stages, StageChoice, StageContext};
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StartError + '_ {
-    move |source| StartError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
+    move |source| RunError::Io {
         path: path.to_path_buf(),
         source,
     }
@@ -52,7 +55,7 @@ pub fn start(
     opts: &StartOptions,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
-) -> Result<Report, StartError> {
+) -> Result<Report, RunError> {
     let mut plan = plan(opts)?;
     if opts.clean {
         if let Some(b) = plan.config.build.as_mut() {
@@ -110,7 +113,7 @@ pub fn start(
             report.interrupted = true;
         }
         if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
-            let root = bundle_root(&plan, opts.bundle_dir.as_deref());
+            let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
             match write_bundle(&plan, &report, &run_dir, root, reporter, cancel) {
                 Ok(dir) => report.bundle = Some(dir.display().to_string()),
                 Err(e) => reporter.event(&Event::Warning {
@@ -156,18 +159,26 @@ fn save_report(report: &Report, run_dir: &Path, extra: Option<&Path>, reporter: 
 }
 
 /// The bundle root: `--bundle-dir`, else `[bundle] dir` (relative to the repository root), else
-/// `bundles/` in the state directory.
-pub fn bundle_root(plan: &Plan, given: Option<&Path>) -> PathBuf {
+/// `bundles/` in the state directory under the git directory, never the working tree.
+pub fn bundle_root(repo: &Repo, config: &Config, given: Option<&Path>) -> PathBuf {
     given
         .map(Path::to_path_buf)
-        .or_else(|| {
-            plan.config
-                .bundle
-                .dir
-                .as_ref()
-                .map(|d| plan.repo.workdir().join(d))
+        .or_else(|| config.bundle.dir.as_ref().map(|d| repo.workdir().join(d)))
+        .unwrap_or_else(|| repo.state_dir().join("bundles"))
+}
+
+/// Collects the environment (announcing each probe as a stage, stopping on Ctrl-C) and writes the bundle.
+pub fn write_bundle_with_env(
+    input: &BundleInput,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<PathBuf, bundle::BundleError> {
+    let env = environment::collect(cancel, &mut |what| {
+        reporter.event(&Event::StageStarted {
+            message: format!("bundle: asking {what} about the environment"),
         })
-        .unwrap_or_else(|| plan.repo.state_dir().join("bundles"))
+    });
+    bundle::write(input, &env)
 }
 
 fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {
@@ -301,10 +312,5 @@ fn write_bundle(
         backend,
         include_binary: plan.config.bundle.include_binary,
     };
-    let env = environment::collect(cancel, &mut |what| {
-        reporter.event(&Event::StageStarted {
-            message: format!("bundle: asking {what} about the environment"),
-        })
-    });
-    bundle::write(&input, &env)
+    write_bundle_with_env(&input, reporter, cancel)
 }

@@ -1,12 +1,15 @@
 //! Orchestration: the plan of a `start` run, the search driver and the probes it runs, the stages after
 //! the search (triage, shrink, the parent check), and the job that ties them together under a lock.
 
+pub mod error;
 pub mod job;
 pub mod lock;
 pub mod plan;
 pub mod probe;
 pub mod search;
 pub mod shrink;
+pub mod shrink_job;
 pub mod stages;
 pub mod triage;
+pub mod triage_job;
 pub mod verdict;

@@ -1,12 +1,12 @@
 //! `start`'s input: the options, and the plan built from them before anything is written — revisions
 //! resolved, the range listed as git sees it, merge bases to check, implied good commits dropped, the
-//! config read and its commands checked. Any problem is a [`StartError`] naming it.
+//! config read and its commands checked. Any problem is a [`RunError`] naming it.
 
 use std::path::{Path, PathBuf};
 
 use git2::Oid;
 
-use crate::config::{CommandLine, Config, ConfigError};
+use crate::config::{CommandLine, Config};
 use crate::git::{GitError, RangeCommit, RangeOptions, Repo};
 
 /// What `start` was asked to do.
@@ -38,42 +38,7 @@ pub struct StartOptions {
     pub bundle_dir: Option<PathBuf>,
 }
 
-/// Problems that stop `start` before the search: all of them input problems but `Git`/`Io` ones.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// Bad command-line input.
-    #[error("{0}")]
-    Usage(String),
-    /// Repository or revision problems.
-    #[error(transparent)]
-    Git(#[from] GitError),
-    /// Config problems.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// Another run holds the state directory.
-    #[error(transparent)]
-    Locked(#[from] super::lock::LockError),
-    /// Filesystem trouble in the state directory.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path involved.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl StartError {
-    /// True for errors caused by the user's input.
-    pub fn is_usage(&self) -> bool {
-        match self {
-            Self::Usage(_) | Self::Config(_) => true,
-            Self::Git(e) => e.is_usage(),
-            Self::Locked(_) | Self::Io { .. } => false,
-        }
-    }
-}
+pub use super::error::RunError;
 
 /// Everything validated before anything is written.
 pub struct Plan {
@@ -96,11 +61,11 @@ pub struct Plan {
 }
 
 /// Splits `GOOD..BAD`.
-pub fn split_range(range: &str) -> Result<(&str, &str), StartError> {
+pub fn split_range(range: &str) -> Result<(&str, &str), RunError> {
     range
         .split_once("..")
         .filter(|(g, b)| !g.is_empty() && !b.is_empty() && !b.starts_with('.'))
-        .ok_or_else(|| StartError::Usage(format!("expected GOOD..BAD, got `{range}`")))
+        .ok_or_else(|| RunError::Usage(format!("expected GOOD..BAD, got `{range}`")))
 }
 
 /// Resolves a config path: explicit paths are taken as given (relative to the current directory, as
@@ -112,7 +77,7 @@ pub fn config_path(repo: &Repo, given: Option<&Path>) -> PathBuf {
 }
 
 /// Checks the input and builds the plan; writes nothing.
-pub fn plan(opts: &StartOptions) -> Result<Plan, StartError> {
+pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
     let (good, bad) = split_range(&opts.range)?;
     let repo = Repo::open(&opts.dir)?;
     let bad = (bad.to_string(), repo.resolve(bad)?);
@@ -210,7 +175,7 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, StartError> {
     }
     if let Some(dir) = &opts.bundle_dir {
         if dir.exists() && !dir.is_dir() {
-            return Err(StartError::Usage(format!(
+            return Err(RunError::Usage(format!(
                 "--bundle-dir {} exists and is not a directory",
                 dir.display()
             )));
@@ -229,19 +194,19 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, StartError> {
 }
 
 /// A file we will write at the end must be writable now: its directory exists and it is not a directory.
-fn check_writable_file(path: &Path, what: &str) -> Result<(), StartError> {
+fn check_writable_file(path: &Path, what: &str) -> Result<(), RunError> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if path.is_dir() {
-        return Err(StartError::Usage(format!(
+        return Err(RunError::Usage(format!(
             "{what} {} is a directory",
             path.display()
         )));
     }
     if !parent.is_dir() {
-        return Err(StartError::Usage(format!(
+        return Err(RunError::Usage(format!(
             "{what} {}: the directory {} does not exist",
             path.display(),
             parent.display()
@@ -252,7 +217,7 @@ fn check_writable_file(path: &Path, what: &str) -> Result<(), StartError> {
 
 /// Refuses commands that cannot run: a missing program on PATH, or a relative path that the bad commit
 /// does not have as an executable file. Shell lines are left to the shell.
-fn check_command(repo: &Repo, bad: Oid, command: &CommandLine) -> Result<(), StartError> {
+fn check_command(repo: &Repo, bad: Oid, command: &CommandLine) -> Result<(), RunError> {
     let CommandLine::Argv(argv) = command else {
         return Ok(());
     };
@@ -275,7 +240,7 @@ fn check_command(repo: &Repo, bad: Oid, command: &CommandLine) -> Result<(), Sta
         Some("is not on PATH")
     };
     match problem {
-        Some(p) => Err(StartError::Usage(format!("command `{program}` {p}"))),
+        Some(p) => Err(RunError::Usage(format!("command `{program}` {p}"))),
         None => Ok(()),
     }
 }

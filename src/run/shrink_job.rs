@@ -1,0 +1,152 @@
+//! `cudabisect shrink` on its own: the shrink stage in the checkout as it is, or at a revision built in the
+//! probe worktree under the state lock (then also checked at the revision's parent), with its bundle.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use crate::config::Config;
+use crate::git::Repo;
+use crate::protocol::client::ProcessHarness;
+use crate::report::bundle::BundleInput;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
+
+use super::error::RunError;
+use super::job::{bundle_root, run_id, write_bundle_with_env};
+use super::lock::lock_state_dir;
+use super::plan::config_path;
+use super::probe::WorktreeProber;
+use super::shrink::{check_parent, shrink, ShrinkSettings};
+
+/// Opens the repository containing `dir` and its config.
+pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
+    let repo = Repo::open(dir)?;
+    let config = Config::load(&config_path(&repo, config))?;
+    Ok((repo, config))
+}
+
+/// Runs the shrink and returns its report (also written to the run directory and as a `shrink_done`
+/// event); `Err` only for problems before the harness ran.
+pub fn shrink_job(
+    dir: &Path,
+    config: Option<&Path>,
+    at: Option<&str>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ShrinkReport, RunError> {
+    let (repo, config) = load(dir, config)?;
+    let section = config.shrink.clone().ok_or_else(|| {
+        RunError::Usage(format!(
+            "{}: no [shrink] section: name a model (native harness) or a harness command",
+            config.path.display()
+        ))
+    })?;
+    let oid = at.map(|rev| repo.resolve(rev)).transpose()?;
+    let state_dir = repo.state_dir();
+    let _lock = match at {
+        Some(rev) => Some(lock_state_dir(&state_dir, &format!("shrink --at {rev}"))?),
+        None => None,
+    };
+    let run_dir = state_dir.join("runs").join(format!("shrink-{}", run_id()));
+    let log_dir = run_dir.join("logs");
+    std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
+    let _ = std::fs::write(run_dir.join("bisect.toml"), &config.text);
+    let worktree = match oid {
+        Some(_) => Some(repo.probe_worktree(&state_dir.join("worktree"))?),
+        None => None,
+    };
+    let prober = worktree.as_ref().map(|w| WorktreeProber {
+        worktree: w,
+        config: &config,
+        log_dir: log_dir.clone(),
+        cancel,
+    });
+    let result = (|| -> Result<ShrinkReport, RunError> {
+        let (cwd, commit) = match (&prober, oid) {
+            (Some(p), Some(oid)) => {
+                p.prepare(oid, "shrink")?;
+                (p.worktree.path().to_path_buf(), oid.to_string())
+            }
+            _ => (repo.workdir(), String::new()),
+        };
+        let harness = ProcessHarness::from_config(&config, &section, &cwd, &commit, &run_dir)?;
+        let settings = ShrinkSettings {
+            policy: &config.match_policy,
+            out_dir: run_dir.join("shrink"),
+            target: None,
+            attempts: section.attempts,
+            confirm: section.confirm,
+        };
+        let mut report = shrink(&harness, &settings, reporter, cancel);
+        if report.status == ShrinkStatus::Minimal && section.check_parent {
+            let parent = oid
+                .and_then(|o| repo.parents(o).ok())
+                .and_then(|p| p.first().copied());
+            report.parent_check = Some(match (&prober, parent) {
+                (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
+                    Err(e) => ParentCheck::NotRun(e.to_string()),
+                    Ok(()) => match ProcessHarness::from_config(
+                        &config,
+                        &section,
+                        p.worktree.path(),
+                        &parent.to_string(),
+                        &run_dir,
+                    ) {
+                        Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
+                        Err(e) => ParentCheck::NotRun(e.to_string()),
+                    },
+                },
+                (None, _) => ParentCheck::NotRun("no --at revision".into()),
+                (Some(_), None) => ParentCheck::NotRun("the revision has no parent".into()),
+            });
+        }
+        Ok(report)
+    })();
+    if let Some(w) = &worktree {
+        if let Err(e) = repo.remove_worktree(w.path()) {
+            reporter.event(&Event::Warning {
+                message: format!("the probe worktree was not removed: {e}"),
+            });
+        }
+    }
+    let report = result?;
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
+    reporter.event(&Event::ShrinkDone {
+        report: Box::new(report.clone()),
+    });
+    if report.status == ShrinkStatus::Minimal && config.bundle.enabled {
+        let head = oid.or_else(|| repo.resolve("HEAD").ok());
+        let input = BundleInput {
+            root: bundle_root(&repo, &config, None),
+            commit: head.and_then(|o| repo.info(o).ok()),
+            good_parents: vec![],
+            found_by: Some(if at.is_some() {
+                "cudabisect shrink --at".into()
+            } else {
+                "cudabisect shrink in the checkout".into()
+            }),
+            target: report.signature.clone(),
+            triage: None,
+            shrink: Some(&report),
+            report_json: serde_json::to_value(&report).unwrap_or_default(),
+            config_text: &config.text,
+            log_dirs: vec![
+                ("probes", log_dir.clone()),
+                ("shrink", run_dir.join("shrink").join("logs")),
+            ],
+            extra_files: vec![],
+            backend: Some(section.backend.resolve().as_str().to_string()),
+            include_binary: config.bundle.include_binary,
+        };
+        match write_bundle_with_env(&input, reporter, cancel) {
+            Ok(dir) => reporter.event(&Event::Note {
+                message: format!("bundle: {}", dir.display()),
+            }),
+            Err(e) => reporter.event(&Event::Warning {
+                message: e.to_string(),
+            }),
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,140 @@
+//! `cudabisect triage` on its own: the compute-sanitizer escalation in the checkout, at a revision built in
+//! the probe worktree under the state lock, or on a bare `-- command` outside any repository.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use crate::config::{CommandLine, Config};
+use crate::git::Repo;
+use crate::report::bundle::BundleInput;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{TriageResult, TriageStatus};
+
+use super::error::RunError;
+use super::job::{bundle_root, run_id, write_bundle_with_env};
+use super::lock::lock_state_dir;
+use super::probe::WorktreeProber;
+use super::shrink_job::load;
+use super::triage;
+
+/// Writes a command back as TOML, for the built-in config of a bare `triage -- cmd`.
+fn toml_command(cmd: &CommandLine) -> String {
+    match cmd {
+        CommandLine::Argv(v) => {
+            toml::Value::Array(v.iter().cloned().map(toml::Value::String).collect()).to_string()
+        }
+        CommandLine::Shell(s) => toml::Value::String(s.clone()).to_string(),
+    }
+}
+
+/// Runs triage and returns its result; `Err` for problems before any sanitizer ran.
+pub fn triage_job(
+    dir: &Path,
+    config: Option<&Path>,
+    at: Option<&str>,
+    command: Option<CommandLine>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<TriageResult, RunError> {
+    let (repo, config) = match (load(dir, config), &command) {
+        (Ok((r, c)), _) => (Some(r), c),
+        // With `-- command` and no config at all, triage needs neither a repository nor a bisect.toml.
+        (Err(_), Some(cmd)) if config.is_none() && at.is_none() => {
+            let text = format!("[repro]\ncommand = {}\n", toml_command(cmd));
+            let c = Config::parse(Path::new("<command line>"), &text)?;
+            (Repo::open(dir).ok(), c)
+        }
+        (Err(e), _) => return Err(e),
+    };
+    let command = command.unwrap_or_else(|| {
+        config
+            .triage
+            .command
+            .clone()
+            .unwrap_or_else(|| config.repro.command.clone())
+    });
+    let configured = config.triage.sanitizer.as_deref();
+    if triage::find_sanitizer(configured).is_none() {
+        return Err(RunError::Unavailable(triage::missing_message(configured)));
+    }
+    // Outside a repository the logs go to a temporary directory that lives as long as this run.
+    let scratch;
+    let out_dir = match &repo {
+        Some(r) => r.state_dir().join("triage").join(run_id()),
+        None => {
+            scratch = tempfile::Builder::new()
+                .prefix("cudabisect-triage-")
+                .tempdir()
+                .map_err(RunError::io(Path::new("<temp dir>")))?;
+            scratch.path().to_path_buf()
+        }
+    };
+    std::fs::create_dir_all(&out_dir).map_err(RunError::io(&out_dir))?;
+    let result = match (at, &repo) {
+        (None, _) => {
+            let cwd = repo
+                .as_ref()
+                .map(|r| r.workdir())
+                .unwrap_or_else(|| dir.to_path_buf());
+            triage::run(&config, &cwd, &command, "", &out_dir, cancel)
+        }
+        (Some(_), None) => return Err(RunError::Usage("--at needs a git repository".into())),
+        (Some(rev), Some(repo)) => {
+            let oid = repo.resolve(rev)?;
+            let state_dir = repo.state_dir();
+            let _lock = lock_state_dir(&state_dir, &format!("triage --at {rev}"))?;
+            let worktree = repo.probe_worktree(&state_dir.join("worktree"))?;
+            let prober = WorktreeProber {
+                worktree: &worktree,
+                config: &config,
+                log_dir: out_dir.clone(),
+                cancel,
+            };
+            let result = prober.prepare(oid, "triage").map(|()| {
+                triage::run(
+                    &config,
+                    worktree.path(),
+                    &command,
+                    &oid.to_string(),
+                    &out_dir,
+                    cancel,
+                )
+            });
+            if let Err(e) = repo.remove_worktree(worktree.path()) {
+                reporter.event(&Event::Warning {
+                    message: format!("the probe worktree was not removed: {e}"),
+                });
+            }
+            result?
+        }
+    };
+    if let (Some(repo), TriageStatus::Found, true) = (&repo, result.status, config.bundle.enabled) {
+        let oid = at
+            .and_then(|rev| repo.resolve(rev).ok())
+            .or_else(|| repo.resolve("HEAD").ok());
+        let input = BundleInput {
+            root: bundle_root(repo, &config, None),
+            commit: oid.and_then(|o| repo.info(o).ok()),
+            good_parents: vec![],
+            found_by: Some("cudabisect triage".into()),
+            target: result.signature.clone(),
+            triage: Some(&result),
+            shrink: None,
+            report_json: serde_json::to_value(&result).unwrap_or_default(),
+            config_text: &config.text,
+            log_dirs: vec![],
+            extra_files: result.files.iter().map(PathBuf::from).collect(),
+            backend: None,
+            include_binary: false,
+        };
+        match write_bundle_with_env(&input, reporter, cancel) {
+            Ok(dir) => reporter.event(&Event::Note {
+                message: format!("bundle: {}", dir.display()),
+            }),
+            Err(e) => reporter.event(&Event::Warning {
+                message: e.to_string(),
+            }),
+        }
+    }
+    Ok(result)
+}
