@@ -11,9 +11,6 @@ pub mod child_env;
 pub mod classify;
 pub mod config;
 pub mod git;
-// The native harness's numeric internals (tensors, ops, backends) are documented per module and
-// function; their many plain data fields are not yet, so the lint stays off there alone.
-#[allow(missing_docs)]
 pub mod harness;
 pub mod process;
 pub mod protocol;

@@ -18,17 +18,24 @@ use super::tensor::{DType, Tensor};
 /// What the device is, for messages, reports and the environment record.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
+    /// The device's name.
     pub name: String,
+    /// Compute capability (major, minor).
     pub arch: (i32, i32),
+    /// The driver's CUDA version, as `cuDriverGetVersion` reports it.
     pub driver_version: i32,
+    /// NVRTC's version (major, minor).
     pub nvrtc_version: (i32, i32),
 }
 
 /// How a compile went, per source, for the log and the benchmark.
 #[derive(Clone, Debug)]
 pub struct CompileRecord {
+    /// The kernel source file's name.
     pub source: String,
+    /// True when the cubin came from the cache.
     pub cached: bool,
+    /// Time spent compiling or loading it.
     pub duration: Duration,
 }
 
@@ -40,7 +47,12 @@ pub enum CudaError {
     Unavailable(String),
     /// A kernel source did not compile.
     #[error("kernel compilation failed for {source_name}:\n{log}")]
-    Compile { source_name: String, log: String },
+    Compile {
+        /// The source file.
+        source_name: String,
+        /// NVRTC's log.
+        log: String,
+    },
     /// A driver call failed outside a node (allocation, copy).
     #[error("{0}")]
     Driver(String),
@@ -114,9 +126,13 @@ struct DeviceBuffer {
 
 /// A live context with compiled kernels and the run's tensors.
 pub struct CudaBackend {
+    /// The device in use.
     pub info: DeviceInfo,
+    /// Time to initialise the driver and create the context.
     pub context_time: Duration,
+    /// Time to compile or load every kernel.
     pub compile_time: Duration,
+    /// One record per kernel source.
     pub compiles: Vec<CompileRecord>,
     functions: HashMap<String, sys::CUfunction>,
     buffers: HashMap<String, DeviceBuffer>,
@@ -247,6 +263,7 @@ impl CudaBackend {
         }
     }
 
+    /// Copies the named tensor back to the host.
     pub fn get(&self, name: &str) -> Result<Tensor, CudaError> {
         let b = self
             .buffers

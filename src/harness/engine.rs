@@ -49,6 +49,7 @@ impl BackendChoice {
 /// What to run and what to keep.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// Which backend runs the nodes.
     pub backend: BackendChoice,
     /// Node ids to run (default: all).
     pub keep: Option<Vec<String>>,
@@ -63,6 +64,7 @@ pub struct RunOptions {
 /// Why a run could not happen at all (as opposed to a run that faulted).
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
+    /// The model file is invalid.
     #[error(transparent)]
     Model(#[from] ModelError),
     /// Bad options or missing recorded inputs.
@@ -71,8 +73,10 @@ pub enum HarnessError {
     /// No CUDA driver, device or NVRTC for `--backend cuda`.
     #[error("{0}")]
     Unavailable(String),
+    /// A kernel source did not compile (NVRTC's log).
     #[error("{0}")]
     Compile(String),
+    /// Reading or writing files, or a driver call outside a node, failed.
     #[error("{0}")]
     Io(String),
 }
@@ -81,27 +85,44 @@ pub enum HarnessError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "status")]
 pub enum Outcome {
+    /// Every node ran and synchronised without a fault.
     Clean,
-    Fault { node: String, message: String },
+    /// A node faulted; the run stopped there.
+    Fault {
+        /// The node.
+        node: String,
+        /// What the backend reported.
+        message: String,
+    },
 }
 
 /// Where the time went, for the log and the benchmark.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Timings {
+    /// Driver initialisation and context creation.
     pub context_s: f64,
+    /// Kernel compilation or cache loads.
     pub kernels_s: f64,
+    /// Running the nodes.
     pub nodes_s: f64,
+    /// The whole run.
     pub total_s: f64,
+    /// Kernel sources loaded from the cache.
     pub cached_sources: usize,
+    /// Kernel sources compiled.
     pub compiled_sources: usize,
 }
 
 /// The result of one harness run.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
+    /// The backend that ran (`cuda` or `cpu`).
     pub backend: String,
+    /// Nodes started, the faulting one included.
     pub nodes_run: usize,
+    /// How it ended.
     pub outcome: Outcome,
+    /// Where the time went.
     pub timings: Timings,
 }
 
@@ -118,7 +139,9 @@ pub enum Origin {
 /// The nodes a run executes, in order, and the tensors it must provide first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// Node indices to run, in execution order.
     pub nodes: Vec<usize>,
+    /// Where each tensor the kept nodes read but do not make comes from.
     pub loads: BTreeMap<String, Origin>,
 }
 

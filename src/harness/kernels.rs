@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 pub struct Source {
     /// A short name for messages: the file name.
     pub name: String,
+    /// The source text.
     pub text: String,
 }
 

@@ -13,7 +13,9 @@ use super::tensor::{element_count, DType, SplitMix64, Tensor, MAX_ELEMENTS};
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", path.display())]
 pub struct ModelError {
+    /// The model file.
     pub path: PathBuf,
+    /// What is wrong, naming the node or tensor and the field.
     pub message: String,
 }
 
@@ -93,24 +95,33 @@ pub(crate) struct RawNode {
 pub enum Init {
     /// Uniform in [low, high) from a seeded generator (integers: low..high).
     Random {
+        /// Generator seed.
         seed: u64,
+        /// Lowest value.
         low: f64,
+        /// Highest value (exclusive).
         high: f64,
     },
+    /// Every element the same.
     Constant {
+        /// The value.
         value: f64,
     },
     /// `start + i * step`.
     Range {
+        /// The first element.
         start: f64,
+        /// The difference between neighbours.
         step: f64,
     },
     /// Inline values, row-major.
     Values {
+        /// The values.
         values: Vec<f64>,
     },
     /// A `.npy` file, relative to the model file.
     File {
+        /// The file, resolved against the model file's directory.
         path: PathBuf,
     },
 }
@@ -118,22 +129,33 @@ pub enum Init {
 /// A tensor declared in the model file (weights, inputs, buffers).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TensorDecl {
+    /// Its name, as nodes read it.
     pub name: String,
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its element type.
     pub dtype: DType,
+    /// How its values are made.
     pub init: Init,
 }
 
 /// A validated node.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Node {
+    /// Unique id, as `--keep` names it.
     pub id: String,
+    /// The zoo op.
     #[serde(serialize_with = "op_name")]
     pub op: Op,
+    /// Tensors read, in the op's argument order.
     pub inputs: Vec<String>,
+    /// Tensors written (none for in-place ops).
     pub outputs: Vec<String>,
+    /// The kernel launched (the op's zoo kernel unless the file names one).
     pub kernel: String,
+    /// Layernorm's epsilon.
     pub eps: f32,
+    /// Writes its first input in place (scatter, index_add).
     pub inplace: bool,
 }
 
@@ -144,7 +166,9 @@ fn op_name<S: serde::Serializer>(op: &Op, s: S) -> Result<S::Ok, S::Error> {
 /// The shape, type and origin of every tensor in the graph.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TensorInfo {
+    /// Its shape, inferred for node outputs.
     pub shape: Vec<usize>,
+    /// Its element type.
     pub dtype: DType,
     /// The node (by index) that produces it; `None` for declared tensors.
     pub producer: Option<usize>,
@@ -153,20 +177,28 @@ pub struct TensorInfo {
 /// A checked model.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// The model file.
     pub path: PathBuf,
+    /// `[model] name`, or the file's stem.
     pub name: String,
+    /// `[model] description`.
     pub description: Option<String>,
     /// The user's own kernel sources, searched before the built-in zoo.
     pub kernels: Vec<PathBuf>,
+    /// Declared tensors.
     pub tensors: Vec<TensorDecl>,
+    /// Nodes, in file order (see `order` for execution order).
     pub nodes: Vec<Node>,
+    /// The model's outputs (default: what no node consumes).
     pub outputs: Vec<String>,
+    /// Shape, type and producer of every tensor.
     pub info: BTreeMap<String, TensorInfo>,
     /// Node indices in execution order.
     pub order: Vec<usize>,
 }
 
 impl Model {
+    /// Reads and checks a model file.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError {
             path: path.to_path_buf(),
@@ -175,6 +207,7 @@ impl Model {
         Model::parse(path, &text)
     }
 
+    /// Checks model text; `path` names it in errors and anchors relative paths.
     pub fn parse(path: &Path, text: &str) -> Result<Model, ModelError> {
         let err = |message: String| ModelError {
             path: path.to_path_buf(),
@@ -406,10 +439,12 @@ impl Model {
         })
     }
 
+    /// The index of the node with this id.
     pub fn node_index(&self, id: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.id == id)
     }
 
+    /// The declaration of a declared tensor.
     pub fn decl(&self, name: &str) -> Option<&TensorDecl> {
         self.tensors.iter().find(|t| t.name == name)
     }

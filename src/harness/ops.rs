@@ -12,6 +12,7 @@ pub enum Op {
     Matmul,
     /// `out[r, :] = x[r, :] + bias`.
     BiasAdd,
+    /// `max(x, 0)`.
     Relu,
     /// The tanh approximation, as GPT-2 uses it.
     Gelu,
@@ -23,6 +24,7 @@ pub enum Op {
     Add,
     /// `[m, n] -> [n, m]`.
     Transpose,
+    /// `out = x`.
     Copy,
     /// `out = base; out[index[i], :] += src[i, :]`.
     IndexAdd,
@@ -44,6 +46,7 @@ pub struct Params {
 }
 
 impl Op {
+    /// Every op, in declaration order.
     pub const ALL: [Op; 14] = [
         Op::Embedding,
         Op::Matmul,
@@ -61,6 +64,7 @@ impl Op {
         Op::Mean,
     ];
 
+    /// The name model files use.
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Embedding => "embedding",
@@ -80,6 +84,7 @@ impl Op {
         }
     }
 
+    /// Parses a model file's op name.
     pub fn parse(name: &str) -> Option<Op> {
         Op::ALL.into_iter().find(|op| op.as_str() == name)
     }

@@ -22,11 +22,14 @@ pub fn element_count(shape: &[usize]) -> Option<usize> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 32-bit signed integer.
     I32,
 }
 
 impl DType {
+    /// The name model files use (`f32`, `i32`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::F32 => "f32",
@@ -34,6 +37,7 @@ impl DType {
         }
     }
 
+    /// Parses a model file's dtype (`f32`/`float32`, `i32`/`int32`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "f32" | "float32" => Some(Self::F32),
@@ -52,18 +56,23 @@ impl fmt::Display for DType {
 /// The elements of a tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
+    /// Float elements.
     F32(Vec<f32>),
+    /// Integer elements.
     I32(Vec<i32>),
 }
 
 /// A host tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
+    /// Its shape.
     pub shape: Vec<usize>,
+    /// Its elements, row-major.
     pub data: Data,
 }
 
 impl Tensor {
+    /// A float tensor.
     pub fn f32(shape: Vec<usize>, values: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), values.len());
         Self {
@@ -72,6 +81,7 @@ impl Tensor {
         }
     }
 
+    /// An integer tensor.
     pub fn i32(shape: Vec<usize>, values: Vec<i32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), values.len());
         Self {
@@ -80,6 +90,7 @@ impl Tensor {
         }
     }
 
+    /// Its element type.
     pub fn dtype(&self) -> DType {
         match self.data {
             Data::F32(_) => DType::F32,
@@ -87,6 +98,7 @@ impl Tensor {
         }
     }
 
+    /// Number of elements.
     pub fn len(&self) -> usize {
         match &self.data {
             Data::F32(v) => v.len(),
@@ -94,6 +106,7 @@ impl Tensor {
         }
     }
 
+    /// True when it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -106,6 +119,7 @@ impl Tensor {
         }
     }
 
+    /// A tensor from 32-bit words as the device holds them.
     pub fn from_words(shape: Vec<usize>, dtype: DType, words: &[u32]) -> Self {
         let data = match dtype {
             DType::F32 => Data::F32(words.iter().map(|&w| f32::from_bits(w)).collect()),
@@ -228,10 +242,12 @@ impl Tensor {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
