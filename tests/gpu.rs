@@ -299,7 +299,7 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .find(|v| v["type"] == "shrink_done")
-            .map(|v| v["report"].clone())
+            .map(|v| v["data"]["report"].clone())
             .unwrap_or_default();
         println!(
             "{file}: exit {:?}: {}",
@@ -395,7 +395,7 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["report"].clone())
+        .map(|v| v["data"]["report"].clone())
         .unwrap_or_default();
     let log = |name: &str| {
         std::fs::read_dir(dir.join(".git/cudabisect/runs"))
@@ -505,7 +505,7 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
             .args([
                 "--model",
                 "toy_model:build",
-                "--inputs",
+                "--example-inputs",
                 "toy_model:example_inputs",
                 "--device",
                 "cpu",
@@ -518,7 +518,8 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
             + &String::from_utf8_lossy(&out.stderr);
         (out.status.code().unwrap_or(-1), text)
     };
-    let (code, text) = py(&["describe"]);
+    let described = tmp.path().join("describe.json");
+    let (code, text) = py(&["describe", "--out", described.to_str().unwrap()]);
     println!(
         "describe: exit {code}; {}",
         text.lines()
@@ -530,9 +531,10 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
         text.contains("falling back to the chain of child modules"),
         "{text}"
     );
-    let json_start = text.find('{').unwrap();
-    let json_end = text.rfind('}').unwrap() + 1;
-    let d: serde_json::Value = serde_json::from_str(&text[json_start..json_end]).unwrap();
+    // The description goes to the file named by --out, apart from anything printed.
+    let d = cudabisect::protocol::types::Description::parse(&std::fs::read(&described).unwrap())
+        .unwrap();
+    let d = serde_json::to_value(&d).unwrap();
     let ids: Vec<&str> = d["nodes"]
         .as_array()
         .unwrap()
@@ -545,7 +547,13 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
     assert_eq!(code, 0, "{text}");
     assert_eq!(text.matches(" end").count(), 3, "{text}");
     assert!(rec.join("act.pt").is_file());
-    let (code, text) = py(&["run", "--keep", "lin2", "--inputs", rec.to_str().unwrap()]);
+    let (code, text) = py(&[
+        "run",
+        "--keep",
+        "lin2",
+        "--recording",
+        rec.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("@@cudabisect node=lin2 op=Linear kernel=Linear end"),
@@ -556,7 +564,7 @@ fn the_pytorch_harness_falls_back_to_child_modules_and_runs_on_the_cpu() {
         "extract",
         "--keep",
         "lin2",
-        "--inputs",
+        "--recording",
         rec.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
