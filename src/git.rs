@@ -405,8 +405,10 @@ impl Repo {
                 ],
             )?;
         }
+        let repo = Repository::open(path)?;
         Ok(ProbeWorktree {
             path: path.to_path_buf(),
+            repo,
         })
     }
 
@@ -431,6 +433,7 @@ impl Repo {
 /// The worktree where probes are built and run.
 pub struct ProbeWorktree {
     path: PathBuf,
+    repo: Repository,
 }
 
 /// Why a checkout failed.
@@ -450,43 +453,40 @@ impl ProbeWorktree {
         &self.path
     }
 
-    /// Checks out `oid` (detached) with submodules at the commit's recorded state, through `git` so the
-    /// user's credentials and config apply. With `clean`, untracked and ignored files go too; otherwise
-    /// build outputs stay so incremental builds stay warm.
+    /// Checks out `oid` (detached) with submodules at the commit's recorded state. The tree is checked out
+    /// in-process (libgit2: no process per probe); submodules go through `git submodule update`, so the
+    /// user's credentials, URL rewrites and config apply to them. With `clean`, untracked and ignored files
+    /// go too; otherwise build outputs stay so incremental builds stay warm.
     pub fn checkout(&self, oid: Oid, clean: bool) -> Result<(), CheckoutError> {
-        let sha = oid.to_string();
-        let tree = format!("{sha}^{{tree}}");
-        if run_git(&self.path, &["cat-file", "-e", &tree]).is_err() {
-            return Err(CheckoutError::MissingObject(oid));
-        }
-        run_git(
-            &self.path,
-            &["checkout", "--detach", "--force", "--quiet", &sha],
-        )
-        .map_err(|e| match &e {
-            GitError::Command { message, .. }
-                if message.contains("unable to read")
-                    || message.contains("missing")
-                    || message.contains("bad object") =>
-            {
+        let missing = |e: git2::Error| {
+            // Is it the clone (objects missing), or something else?
+            let tree_there = self
+                .repo
+                .find_commit(oid)
+                .and_then(|c| c.tree())
+                .is_ok();
+            if tree_there && e.class() != git2::ErrorClass::Odb {
+                CheckoutError::Git(GitError::Git(e))
+            } else {
                 CheckoutError::MissingObject(oid)
             }
-            _ => CheckoutError::Git(e),
-        })?;
+        };
+        let commit = self.repo.find_commit(oid).map_err(missing)?;
+        let mut co = git2::build::CheckoutBuilder::new();
+        co.force();
         if clean {
-            run_git(&self.path, &["clean", "-ffdxq"])?;
+            co.remove_untracked(true).remove_ignored(true);
         }
+        self.repo
+            .checkout_tree(commit.as_object(), Some(&mut co))
+            .map_err(missing)?;
+        self.repo
+            .set_head_detached(oid)
+            .map_err(|e| CheckoutError::Git(e.into()))?;
         if self.path.join(".gitmodules").is_file() {
             run_git(
                 &self.path,
-                &[
-                    "submodule",
-                    "update",
-                    "--init",
-                    "--recursive",
-                    "--force",
-                    "--quiet",
-                ],
+                &["submodule", "update", "--init", "--recursive", "--force", "--quiet"],
             )?;
         }
         Ok(())

@@ -36,22 +36,35 @@ fn become_subreaper() {
     });
 }
 
+/// This process's children: from each thread's `children` list when the kernel keeps one (cheap), else
+/// from a scan of every process.
+fn children() -> Vec<i32> {
+    let from_tasks: Option<Vec<i32>> = std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
+        let mut pids = Vec::new();
+        for task in tasks.flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).ok()?;
+            pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        Some(pids)
+    });
+    from_tasks.unwrap_or_else(|| {
+        std::fs::read_dir("/proc")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
 /// Kills and reaps this process's children that a finished command left behind: members of its group
 /// `pgid`, and descendants that escaped into a session of their own (setsid) and were re-parented here.
 /// Commands in flight on other threads stay in this process's session and their own groups: untouched.
 fn reap_leftovers(pgid: Option<i32>) {
     let me = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
+    for pid in children() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };

@@ -130,7 +130,6 @@ impl Tensor {
 
     /// Writes the tensor as a `.npy` file (through a temp file, so a reader never sees half of one).
     pub fn write_npy(&self, path: &Path) -> std::io::Result<()> {
-        use npyz::WriterBuilder;
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -140,24 +139,8 @@ impl Tensor {
         {
             let file = std::io::BufWriter::new(tmp.as_file_mut());
             match &self.data {
-                Data::F32(v) => {
-                    let mut w = npyz::WriteOptions::<f32>::new()
-                        .default_dtype()
-                        .shape(&shape)
-                        .writer(file)
-                        .begin_nd()?;
-                    w.extend(v.iter().copied())?;
-                    w.finish()?;
-                }
-                Data::I32(v) => {
-                    let mut w = npyz::WriteOptions::<i32>::new()
-                        .default_dtype()
-                        .shape(&shape)
-                        .writer(file)
-                        .begin_nd()?;
-                    w.extend(v.iter().copied())?;
-                    w.finish()?;
-                }
+                Data::F32(v) => write_values(file, &shape, v)?,
+                Data::I32(v) => write_values(file, &shape, v)?,
             }
         }
         tmp.persist(path).map_err(|e| e.error)?;
@@ -236,6 +219,22 @@ impl Tensor {
             }
         })
     }
+}
+
+/// Writes `values` as one `.npy` array of `shape` in the element type's default dtype.
+fn write_values<T: npyz::AutoSerialize + Copy>(
+    file: impl std::io::Write,
+    shape: &[u64],
+    values: &[T],
+) -> std::io::Result<()> {
+    use npyz::WriterBuilder;
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(file)
+        .begin_nd()?;
+    w.extend(values.iter().copied())?;
+    w.finish()
 }
 
 /// A small, fast, seeded generator: the same seed gives the same tensor on every machine.

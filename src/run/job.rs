@@ -167,6 +167,22 @@ pub fn bundle_root(repo: &Repo, config: &Config, given: Option<&Path>) -> PathBu
         .unwrap_or_else(|| repo.state_dir().join("bundles"))
 }
 
+/// Writes the bundle and says where (a note) or why not (a warning): a bundle is never worth failing for.
+pub fn write_bundle_reporting(
+    input: &BundleInput,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) {
+    match write_bundle_with_env(input, reporter, cancel) {
+        Ok(dir) => reporter.event(&Event::Note {
+            message: format!("bundle: {}", dir.display()),
+        }),
+        Err(e) => reporter.event(&Event::Warning {
+            message: e.to_string(),
+        }),
+    }
+}
+
 /// Collects the environment (announcing each probe as a stage, stopping on Ctrl-C) and writes the bundle.
 pub fn write_bundle_with_env(
     input: &BundleInput,

@@ -12,7 +12,7 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, run_id, write_bundle_with_env};
+use super::job::{bundle_root, run_id, write_bundle_reporting};
 use super::lock::lock_state_dir;
 use super::plan::config_path;
 use super::probe::WorktreeProber;
@@ -139,14 +139,7 @@ pub fn shrink_job(
             backend: Some(section.backend.resolve().as_str().to_string()),
             include_binary: config.bundle.include_binary,
         };
-        match write_bundle_with_env(&input, reporter, cancel) {
-            Ok(dir) => reporter.event(&Event::Note {
-                message: format!("bundle: {}", dir.display()),
-            }),
-            Err(e) => reporter.event(&Event::Warning {
-                message: e.to_string(),
-            }),
-        }
+        write_bundle_reporting(&input, reporter, cancel);
     }
     Ok(report)
 }

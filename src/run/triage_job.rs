@@ -11,7 +11,7 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{TriageResult, TriageStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, run_id, write_bundle_with_env};
+use super::job::{bundle_root, run_id, write_bundle_reporting};
 use super::lock::lock_state_dir;
 use super::probe::WorktreeProber;
 use super::shrink_job::load;
@@ -127,14 +127,7 @@ pub fn triage_job(
             backend: None,
             include_binary: false,
         };
-        match write_bundle_with_env(&input, reporter, cancel) {
-            Ok(dir) => reporter.event(&Event::Note {
-                message: format!("bundle: {}", dir.display()),
-            }),
-            Err(e) => reporter.event(&Event::Warning {
-                message: e.to_string(),
-            }),
-        }
+        write_bundle_reporting(&input, reporter, cancel);
     }
     Ok(result)
 }
