@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use crate::backend::BackendChoice;
 use crate::classify::{MatchPolicy, MatchPolicyError};
-use crate::harness::BackendChoice;
 
 /// A command: an argv array run directly, or a string run by `sh -c`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -460,11 +460,7 @@ impl ProbeWorktree {
     pub fn checkout(&self, oid: Oid, clean: bool) -> Result<(), CheckoutError> {
         let missing = |e: git2::Error| {
             // Is it the clone (objects missing), or something else?
-            let tree_there = self
-                .repo
-                .find_commit(oid)
-                .and_then(|c| c.tree())
-                .is_ok();
+            let tree_there = self.repo.find_commit(oid).and_then(|c| c.tree()).is_ok();
             if tree_there && e.class() != git2::ErrorClass::Odb {
                 CheckoutError::Git(GitError::Git(e))
             } else {
@@ -486,7 +482,14 @@ impl ProbeWorktree {
         if self.path.join(".gitmodules").is_file() {
             run_git(
                 &self.path,
-                &["submodule", "update", "--init", "--recursive", "--force", "--quiet"],
+                &[
+                    "submodule",
+                    "update",
+                    "--init",
+                    "--recursive",
+                    "--force",
+                    "--quiet",
+                ],
             )?;
         }
         Ok(())

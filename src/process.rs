@@ -39,14 +39,18 @@ fn become_subreaper() {
 /// This process's children: from each thread's `children` list when the kernel keeps one (cheap), else
 /// from a scan of every process.
 fn children() -> Vec<i32> {
-    let from_tasks: Option<Vec<i32>> = std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
-        let mut pids = Vec::new();
-        for task in tasks.flatten() {
-            let text = std::fs::read_to_string(task.path().join("children")).ok()?;
-            pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-        }
-        Some(pids)
-    });
+    let from_tasks: Option<Vec<i32>> =
+        std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
+            let mut pids = Vec::new();
+            for task in tasks.flatten() {
+                let text = std::fs::read_to_string(task.path().join("children")).ok()?;
+                pids.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
+            }
+            Some(pids)
+        });
     from_tasks.unwrap_or_else(|| {
         std::fs::read_dir("/proc")
             .map(|entries| {

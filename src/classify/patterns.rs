@@ -13,7 +13,7 @@ use regex::Regex;
 use super::kernel_name::short_kernel_name;
 use super::sanitizer;
 use super::signature::{Exit, FaultClass, Signature};
-use crate::protocol::marker::{Marker, MarkerPhase};
+use crate::marker::{Marker, MarkerPhase};
 
 /// CUDA error names with their codes and classes, for both the driver and the runtime spelling.
 const CODE_NAMES: &[(&str, &str, u32, FaultClass)] = &[

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use cudabisect::harness::BackendChoice;
+use cudabisect::backend::BackendChoice;
 use cudabisect::report::event::Reporter;
 use cudabisect::report::human::HumanReporter;
 use cudabisect::report::json::JsonReporter;

@@ -10,39 +10,16 @@ use serde::Serialize;
 use super::model::{Model, ModelError};
 use super::tensor::{Data, Tensor};
 use super::{cpu, cuda, kernels};
-use crate::protocol::marker::{Marker, MarkerPhase};
+pub use crate::backend::BackendChoice;
+use crate::marker::{Marker, MarkerPhase};
 use crate::protocol::types::PROTOCOL_VERSION;
 
-/// Which backend runs the nodes: one enum for the config, the command line and the harness.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    /// The CUDA driver, through NVRTC-compiled kernels.
-    Cuda,
-    /// The bounds-checked CPU reference.
-    Cpu,
-    /// CUDA when a driver, a device and NVRTC are present, else the CPU reference.
-    #[default]
-    Auto,
-}
-
-impl BackendChoice {
-    /// The name the config and the command line use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cuda => "cuda",
-            Self::Cpu => "cpu",
-            Self::Auto => "auto",
-        }
-    }
-
-    /// The backend `auto` resolves to on this machine (a concrete choice stays as it is).
-    pub fn resolve(self) -> Self {
-        match self {
-            Self::Auto if cuda::probe().is_ok() => Self::Cuda,
-            Self::Auto => Self::Cpu,
-            other => other,
-        }
+/// The backend `auto` resolves to on this machine (a concrete choice stays as it is).
+pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
+    match choice {
+        BackendChoice::Auto if cuda::probe().is_ok() => BackendChoice::Cuda,
+        BackendChoice::Auto => BackendChoice::Cpu,
+        other => other,
     }
 }
 

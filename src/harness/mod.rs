@@ -13,7 +13,7 @@ pub mod ops;
 pub mod tensor;
 
 pub use engine::{
-    build, compare, describe, load_boundary, plan, run, BackendChoice, HarnessError, Origin,
-    Outcome, Plan, RunOptions, RunReport, Timings,
+    build, compare, describe, load_boundary, plan, resolve_backend, run, BackendChoice,
+    HarnessError, Origin, Outcome, Plan, RunOptions, RunReport, Timings,
 };
 pub use model::{Model, ModelError};

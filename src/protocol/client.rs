@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+use crate::backend::BackendChoice;
 use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
 use crate::classify::Exit;
 use crate::config::{CommandLine, Config, ShrinkSection};
-use crate::harness::BackendChoice;
 use crate::process::{self, ProcessError, RunOutput};
 
 use super::types::{Description, DescriptionError};

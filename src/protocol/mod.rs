@@ -1,7 +1,6 @@
-//! The harness protocol: the records a harness writes, the node markers it prints, the client that runs
+//! The harness protocol: the records a harness writes, the client that runs
 //! a harness command, and the PyTorch harness shipped inside the binary.
 
 pub mod client;
-pub mod marker;
 pub mod torch;
 pub mod types;

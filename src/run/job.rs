@@ -300,11 +300,11 @@ fn write_bundle(
         .as_ref()
         .map(|t| t.files.iter().map(PathBuf::from).collect())
         .unwrap_or_default();
-    let backend = plan
-        .config
-        .shrink
-        .as_ref()
-        .map(|s| s.backend.resolve().as_str().to_string());
+    let backend = plan.config.shrink.as_ref().map(|s| {
+        crate::harness::resolve_backend(s.backend)
+            .as_str()
+            .to_string()
+    });
     let input = BundleInput {
         root,
         commit: report.first_bad.clone(),

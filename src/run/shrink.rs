@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
+use crate::marker::open_marker;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
-use crate::protocol::marker::open_marker;
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{Confirmation, ParentCheck, Rejected, ShrinkReport, ShrinkStatus};

@@ -136,7 +136,11 @@ pub fn shrink_job(
                 ("shrink", run_dir.join("shrink").join("logs")),
             ],
             extra_files: vec![],
-            backend: Some(section.backend.resolve().as_str().to_string()),
+            backend: Some(
+                crate::harness::resolve_backend(section.backend)
+                    .as_str()
+                    .to_string(),
+            ),
             include_binary: config.bundle.include_binary,
         };
         write_bundle_reporting(&input, reporter, cancel);

@@ -103,7 +103,7 @@ mod tests {
 
     #[test]
     fn the_python_harness_writes_the_same_grammar() {
-        let py = include_str!("../../harness/torch_harness.py");
+        let py = include_str!("../harness/torch_harness.py");
         assert!(
             py.contains(r#"MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}""#),
             "torch_harness.py's MARKER must match Marker::format"
