@@ -412,14 +412,25 @@ impl Repo {
         })
     }
 
-    /// Unregisters the worktree at `path` and deletes its files; nothing to do when it is not there.
+    /// Unregisters the worktree at `path` and deletes its files; nothing to do when it is not there. A
+    /// worktree the user locked (`git worktree lock`) is left alone, and that is an error to report.
     pub fn remove_worktree(&self, path: &Path) -> Result<(), GitError> {
         let p = path.display().to_string();
-        // Not a registered worktree (a leftover directory): delete it by hand.
-        if path.exists()
-            && run_git(&self.workdir(), &["worktree", "remove", "--force", &p]).is_err()
-            && path.exists()
-        {
+        let listed = run_git(&self.workdir(), &["worktree", "list", "--porcelain"])?;
+        let canonical = std::fs::canonicalize(path).ok();
+        let registered = listed
+            .lines()
+            .filter_map(|l| l.strip_prefix("worktree "))
+            .any(|w| {
+                Path::new(w) == path
+                    || std::fs::canonicalize(w)
+                        .ok()
+                        .is_some_and(|c| Some(c) == canonical)
+            });
+        if registered {
+            run_git(&self.workdir(), &["worktree", "remove", "--force", &p])?;
+        } else if path.exists() {
+            // A leftover directory that git no longer knows (a run killed mid-way): ours to delete.
             std::fs::remove_dir_all(path).map_err(|source| GitError::Io {
                 path: path.to_path_buf(),
                 source,

@@ -307,6 +307,8 @@ struct FakeHarness {
     faulty: usize,
     needs: Vec<usize>,
     other: Option<usize>,
+    /// Non-monotone: with this node kept but not the second, the fault hides.
+    hides: Option<(usize, usize)>,
     describe_fails: bool,
     clean_model: bool,
     runs: RefCell<usize>,
@@ -404,6 +406,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         faulty,
         needs,
         other: None,
+        hides: None,
         describe_fails: false,
         clean_model: false,
         runs: RefCell::new(0),
@@ -538,4 +541,22 @@ fn per_commit_maps_are_deterministic() {
     )
     .asked;
     assert_eq!(a, b);
+}
+
+#[test]
+fn a_non_monotone_oracle_still_ends_on_a_subgraph_that_faults() {
+    // Keeping n10 without n20 hides the fault: some candidates between "everything" and "the two needed
+    // nodes" look clean although the full model and the final answer fault.
+    let mut h = harness(32, 25, vec![4, 25]);
+    h.hides = Some((10, 20));
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    let c = r.confirmation.as_ref().unwrap();
+    assert_eq!(c.reproduced, c.runs, "the answer faults every time");
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert!(kept.contains(&"n4") && kept.contains(&"n25"), "{kept:?}");
+    assert!(
+        !(kept.contains(&"n10") && !kept.contains(&"n20")),
+        "{kept:?}"
+    );
 }

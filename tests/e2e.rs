@@ -510,7 +510,24 @@ fn several_good_commits_narrow_the_range() {
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[20].to_string());
-    assert_eq!(run.report.unwrap()["range_size"], 14);
+    let report = run.report.unwrap();
+    assert_eq!(report["range_size"], 14);
+    // c0 is an ancestor of c15: implied good, not built and run again.
+    let good_probes: Vec<&str> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "good_endpoint")
+        .map(|p| p["commit"].as_str().unwrap())
+        .collect();
+    assert_eq!(good_probes, [repo.commits[15].to_string()]);
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("implied by good commit"),
+        "{report:#}"
+    );
 }
 
 #[test]
@@ -1216,4 +1233,84 @@ fn human_output_reads_the_same_run_after_run() {
     let stderr = redact(&String::from_utf8_lossy(&out.stderr), &repo.path);
     insta::assert_snapshot!("human_summary", stdout);
     insta::assert_snapshot!("human_progress", stderr);
+}
+
+/// git's criss-cross shape: GOOD and BAD on two branches that merged each other, so they have two merge
+/// bases; both are tested before the search.
+#[test]
+fn two_merge_bases_are_both_tested_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let root = b.commit(&[], &files("clean", true, 0), "root").unwrap();
+    let a1 = b.commit(&[root], &files("clean", true, 1), "a1").unwrap();
+    let b1 = b.commit(&[root], &files("clean", true, 2), "b1").unwrap();
+    // Each branch merges the other's first commit: a1 and b1 are both merge bases of the tips.
+    let a2 = b
+        .commit(&[a1, b1], &files("clean", true, 3), "a2 (merge b1)")
+        .unwrap();
+    let b2 = b
+        .commit(&[b1, a1], &files("clean", true, 4), "b2 (merge a1)")
+        .unwrap();
+    let b3 = b
+        .commit(&[b2], &files("fault", true, 5), "b3 (the bug)")
+        .unwrap();
+    let b4 = b.commit(&[b3], &files("fault", true, 6), "b4").unwrap();
+    b.set_branch("main", b4).unwrap();
+    b.set_branch("release", a2).unwrap();
+    b.checkout_main().unwrap();
+    let run = cudabisect(&path, &["release..main"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
+    assert_eq!(first_bad(&run), b3.to_string());
+    let report = run.report.as_ref().unwrap();
+    let mut bases: Vec<String> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "merge_base")
+        .map(|p| p["commit"].as_str().unwrap().to_string())
+        .collect();
+    bases.sort();
+    let mut want = vec![a1.to_string(), b1.to_string()];
+    want.sort();
+    assert_eq!(bases, want);
+}
+
+/// A failure after the search (here the probe worktree locked by the user, so it cannot be removed) is a
+/// warning: the result is printed and written all the same.
+#[test]
+fn a_cleanup_failure_after_the_search_never_loses_the_result() {
+    let repo = linear(&modes(8, |i| {
+        if i >= 5 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let range = format!("{}..main", repo.commits[0]);
+    let run = cudabisect(&repo.path, &[&range, "--keep-worktree"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let global = repo.path.parent().unwrap().join("gitconfig");
+    std::fs::write(&global, "").unwrap();
+    let worktree = repo.path.join(".git/cudabisect/worktree");
+    git_in(
+        &global,
+        &repo.path,
+        &["worktree", "lock", worktree.to_str().unwrap()],
+    );
+    let run = cudabisect(&repo.path, &[&range]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[5].to_string());
+    assert!(run.stdout.contains("First bad commit"), "{}", run.stdout);
+    assert!(
+        run.stderr
+            .contains("warning: the probe worktree was not removed"),
+        "{}",
+        run.stderr
+    );
+    git_in(
+        &global,
+        &repo.path,
+        &["worktree", "unlock", worktree.to_str().unwrap()],
+    );
 }

@@ -259,3 +259,91 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert!(r["shrink"].is_null());
 }
+
+/// A chain of `n` relus whose last node gathers with an out-of-range id: a large `describe`.
+fn long_chain(n: usize) -> String {
+    let mut m = String::from(
+        "[model]\nname = \"chain\"\n\n[[tensor]]\nname = \"x0\"\nshape = [4, 8]\ninit = \"random\"\n\n[[tensor]]\nname = \"ids\"\nshape = [2]\ndtype = \"i32\"\ninit = \"values\"\nvalues = [0, 99]\n",
+    );
+    for i in 0..n {
+        m.push_str(&format!(
+            "\n[[node]]\nid = \"relu_{i}\"\nop = \"relu\"\ninputs = [\"x{i}\"]\noutputs = [\"x{}\"]\n",
+            i + 1
+        ));
+    }
+    m.push_str(&format!(
+        "\n[[node]]\nid = \"lookup\"\nop = \"embedding\"\ninputs = [\"x{n}\", \"ids\"]\noutputs = [\"y\"]\n"
+    ));
+    m
+}
+
+#[test]
+fn a_description_of_thousands_of_nodes_goes_through_whole() {
+    // About 2.7 MB of description: far past what the bounded log capture keeps.
+    let (_tmp, dir) = repo_with(
+        &long_chain(6000),
+        "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 1\ncheck-parent = false",
+        &[],
+    );
+    let (code, report, out) = shrink(&dir);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(report["nodes_before"], 6001, "{out}");
+    assert_eq!(kept(&report), ["lookup"]);
+}
+
+/// A harness of the user's own: writes the description where `--out` says, prints noise around it, and
+/// runs by delegating to the native harness.
+fn own_harness(description: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+verb=$1; shift
+if [ "$verb" = describe ]; then
+  echo "warning: }}"; echo "loading {{" >&2
+  [ "$1" = --out ] || {{ echo "no --out"; exit 3; }}
+  cat > "$2" <<'JSON'
+{description}
+JSON
+  exit 0
+fi
+exec "$CUDABISECT_BIN" harness --model model.toml --backend cpu "$verb" "$@"
+"#
+    )
+}
+
+#[test]
+fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
+    let native = Command::new(bin())
+        .args(["harness", "describe"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/shrink_one_node.toml"))
+        .output()
+        .unwrap();
+    let description = String::from_utf8_lossy(&native.stdout).into_owned();
+    let shrink_cfg = format!(
+        "harness = [\"./own_harness.sh\"]\nconfirm = 1\ncheck-parent = false\nenv = {{ CUDABISECT_BIN = \"{}\" }}",
+        bin()
+    );
+    let (_tmp, dir) = repo_with(
+        &fixture("shrink_one_node.toml"),
+        &shrink_cfg,
+        &[("own_harness.sh", &own_harness(&description), true)],
+    );
+    let (code, report, out) = shrink(&dir);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&report), ["b2_lookup"]);
+
+    let old = description.replace("\"protocol\": 2", "\"protocol\": 1");
+    let (_tmp, dir) = repo_with(
+        &fixture("shrink_one_node.toml"),
+        &shrink_cfg,
+        &[("own_harness.sh", &own_harness(&old), true)],
+    );
+    let (code, report, out) = shrink(&dir);
+    assert_eq!(code, 70, "{out}");
+    assert!(
+        report["summary"]
+            .as_str()
+            .unwrap()
+            .contains("the harness speaks protocol 1, cudabisect speaks 2"),
+        "{report:#}"
+    );
+}
