@@ -555,8 +555,5 @@ fn a_non_monotone_oracle_still_ends_on_a_subgraph_that_faults() {
     assert_eq!(c.reproduced, c.runs, "the answer faults every time");
     let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
     assert!(kept.contains(&"n4") && kept.contains(&"n25"), "{kept:?}");
-    assert!(
-        !(kept.contains(&"n10") && !kept.contains(&"n20")),
-        "{kept:?}"
-    );
+    assert!(!kept.contains(&"n10") || kept.contains(&"n20"), "{kept:?}");
 }
