@@ -18,11 +18,11 @@ impl BitSet {
 
     /// Returns the set holding every integer in `0..len`.
     pub fn full(len: usize) -> Self {
-        let mut set = Self::new(len);
-        for i in 0..len {
-            set.insert(i);
+        let mut words = vec![u64::MAX; len / 64];
+        if len % 64 != 0 {
+            words.push((1u64 << (len % 64)) - 1);
         }
-        set
+        Self { words, len }
     }
 
     /// Adds `i` to the set.
@@ -75,9 +75,18 @@ impl BitSet {
             .sum()
     }
 
-    /// Lists the members in increasing order.
+    /// Lists the members in increasing order, a word at a time (empty words cost one test).
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.len).filter(move |&i| self.contains(i))
+        self.words.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut rest = bits;
+            std::iter::from_fn(move || {
+                (rest != 0).then(|| {
+                    let bit = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    w * 64 + bit
+                })
+            })
+        })
     }
 }
 
@@ -103,5 +112,7 @@ mod tests {
         a.remove(0);
         assert!(!a.contains(0) && a.contains(129) && !a.contains(500));
         assert_eq!(BitSet::full(70).count(), 70);
+        assert_eq!(BitSet::full(128).count(), 128);
+        assert_eq!(BitSet::full(70).iter().last(), Some(69));
     }
 }

@@ -133,10 +133,7 @@ impl Bisector {
             rng: 0x9e37_79b9_7f4a_7c15,
         };
         // Only ancestors of the bad endpoint can be the first bad commit.
-        let mut everything = BitSet::new(n);
-        for i in 0..n {
-            everything.insert(i);
-        }
+        let everything = BitSet::full(n);
         let mut reach = BitSet::new(n);
         Walker::new(n).walk(&b, n - 1, &everything, |c| reach.insert(c));
         b.candidates = reach;

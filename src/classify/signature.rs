@@ -117,11 +117,6 @@ impl FaultClass {
         }
     }
 
-    /// Parses a stable identifier.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == name)
-    }
-
     /// The CUDA error code that this class stands for, when there is exactly one.
     pub fn cuda_code(self) -> Option<u32> {
         match self {
