@@ -19,7 +19,7 @@ impl BitSet {
     /// Returns the set holding every integer in `0..len`.
     pub fn full(len: usize) -> Self {
         let mut words = vec![u64::MAX; len / 64];
-        if len % 64 != 0 {
+        if !len.is_multiple_of(64) {
             words.push((1u64 << (len % 64)) - 1);
         }
         Self { words, len }
