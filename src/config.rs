@@ -372,10 +372,21 @@ impl Config {
                     source,
                 })?;
         if raw.repro.attempts == 0 {
+            // Point at the key itself, as a parse error would.
+            let offset = text
+                .match_indices("attempts")
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    text[..i]
+                        .rfind("[repro]")
+                        .is_some_and(|r| !text[r..i].contains("\n["))
+                })
+                .unwrap_or(0);
+            let (line, column) = line_column(text, offset);
             return Err(ConfigError::Parse {
                 path: path.to_path_buf(),
-                line: 1,
-                column: 1,
+                line,
+                column,
                 message: "[repro] attempts must be at least 1".into(),
             });
         }
@@ -437,6 +448,18 @@ mod tests {
         assert_eq!(c.repro.timeout, Duration::from_secs(600));
         assert!(c.repro.launch_blocking);
         assert_eq!(c.match_policy.describe(), "class+kernel");
+    }
+
+    #[test]
+    fn zero_attempts_are_reported_at_the_key() {
+        let text = "[build]\ncommand = \"make\"\n\n[repro]\ncommand = \"./r.sh\"\nattempts = 0\n";
+        let e = Config::parse(Path::new("b.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("b.toml:6:1: [repro] attempts must be at least 1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -357,7 +357,7 @@ impl Repo {
             .unwrap_or_default()
     }
 
-    /// Tells whether the file `path` exists at `oid` with an executable mode.
+    /// Tells whether the file `path` exists at `oid` (`None` when not) and whether it is executable.
     pub fn executable_at(&self, oid: Oid, path: &str) -> Option<bool> {
         let tree = self.repo.find_commit(oid).ok()?.tree().ok()?;
         let entry = tree

@@ -551,7 +551,22 @@ fn bad_input_gets_one_line_code_2_and_writes_nothing() {
         "[repro]\ncommand = [\"cudabisect-no-such-program\"]\n",
     )
     .unwrap();
+    let missing_model = repo.path.parent().unwrap().join("nomodel.toml");
+    std::fs::write(
+        &missing_model,
+        config("\n[shrink]\nmodel = \"models/model.toml\"\n"),
+    )
+    .unwrap();
     let cases: Vec<(Vec<String>, PathBuf, &str)> = vec![
+        (
+            vec![
+                format!("{good}..main"),
+                "--config".into(),
+                missing_model.display().to_string(),
+            ],
+            repo.path.clone(),
+            "[shrink] model `models/model.toml` does not exist at the bad commit",
+        ),
         (
             vec![format!("{good}..nosuchrev")],
             repo.path.clone(),

@@ -170,6 +170,20 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
     {
         check_command(&repo, bad.1, command)?;
     }
+    // A native-harness model must be in the bad commit: found out now, not after a three-hour search.
+    if let Some(shrink) = config
+        .shrink
+        .as_ref()
+        .filter(|s| s.enabled && !opts.no_shrink)
+    {
+        if let (None, Some(model), None) = (&shrink.harness, &shrink.model, &shrink.inputs) {
+            if repo.executable_at(bad.1, model).is_none() {
+                return Err(RunError::Usage(format!(
+                    "[shrink] model `{model}` does not exist at the bad commit (or pass --no-shrink)"
+                )));
+            }
+        }
+    }
     if let Some(report) = &opts.report {
         check_writable_file(report, "--report")?;
     }

@@ -423,8 +423,9 @@ mod tests {
     }
 
     #[test]
-    fn the_first_node_faulting_alone_is_still_checked() {
-        // {0} is the located run itself, already known to fail.
+    fn a_fault_in_the_first_node_needs_no_candidate_run() {
+        // The locating run died in node 0 before any other node ran: that run was {0} alone, on the
+        // recorded inputs, so it is already known to fail and no candidate is run.
         let (result, runs) = drive(Reducer::new(5, 0), |c| c.contains(&0));
         assert_eq!((result, runs), (vec![0], 0));
     }
