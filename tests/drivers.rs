@@ -14,7 +14,7 @@ use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
-use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome};
+use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{search, SearchEnd, SearchInput};
 use cudabisect::run::shrink::{shrink, ShrinkSettings};
 use cudabisect::run::verdict::verdict;
@@ -50,6 +50,9 @@ fn fault(kernel: &str) -> Signature {
 /// A prober that answers from a script: commit index → what the repro shows; interrupts at one commit.
 struct Scripted {
     shows: Box<dyn Fn(usize) -> Signature>,
+    /// What compute-sanitizer would name as the faulting kernel at a commit (`None`: no sanitizer).
+    kernels: Option<Box<dyn Fn(usize) -> Option<String>>>,
+    sanitized: Vec<usize>,
     interrupt_at: Option<usize>,
     cancel: &'static AtomicBool,
     asked: Vec<(usize, ProbeRole)>,
@@ -86,10 +89,32 @@ impl Probe for Scripted {
                 duration_s: 0.0,
                 build_log: None,
                 log: None,
+                sanitizer: None,
                 attempts: 1,
             },
             interrupted,
         }
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        _: &ProbeContext,
+        _: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        let kernels = self.kernels.as_ref()?;
+        let i = index(commit);
+        self.sanitized.push(i);
+        let finding = kernels(i).map(|k| {
+            let mut s = Signature::new(FaultClass::IllegalAddress, "memcheck: OutOfBounds");
+            s.kernel = Some(k);
+            s
+        });
+        Some(Sanitized {
+            finding,
+            summary: "memcheck".into(),
+            duration_s: 0.0,
+        })
     }
 }
 
@@ -106,6 +131,8 @@ struct Run {
     end: SearchEnd,
     asked: Vec<(usize, ProbeRole)>,
     records: Vec<ProbeRecord>,
+    sanitized: Vec<usize>,
+    other_bugs: Vec<cudabisect::report::record::OtherBug>,
 }
 
 /// Commit 0 is the good endpoint; the range holds commits 1..=n; `shows(i)` for each commit index.
@@ -115,18 +142,32 @@ fn run_search(
     shows: impl Fn(usize) -> Signature + 'static,
     interrupt_at: Option<usize>,
 ) -> Run {
+    run_search_with(n, merge_bases, shows, None, interrupt_at)
+}
+
+fn run_search_with(
+    n: usize,
+    merge_bases: &[usize],
+    shows: impl Fn(usize) -> Signature + 'static,
+    kernels: Option<Box<dyn Fn(usize) -> Option<String>>>,
+    interrupt_at: Option<usize>,
+) -> Run {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let range = linear(n);
     let goods = vec![("v1".to_string(), oid(0))];
     let bases: Vec<Oid> = merge_bases.iter().map(|&i| oid(i)).collect();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
     let input = SearchInput {
         range: &range,
         bad: ("main", oid(n)),
         goods: &goods,
         merge_bases: &bases,
+        policy: &policy,
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
+        kernels,
+        sanitized: vec![],
         interrupt_at,
         cancel,
         asked: vec![],
@@ -136,6 +177,8 @@ fn run_search(
         end: outcome.end,
         asked: prober.asked,
         records: outcome.probes,
+        sanitized: prober.sanitized,
+        other_bugs: outcome.other_bugs,
     }
 }
 
@@ -295,6 +338,103 @@ fn an_interrupt_stops_the_search_and_keeps_every_probe_run() {
         run.asked.len(),
         1,
         "nothing runs after an interrupted bad endpoint"
+    );
+}
+
+/// Two bugs of one class that no message tells apart by kernel (both 717, as Triton faults often are).
+fn anonymous(launch: &str) -> Signature {
+    let mut s = Signature::new(
+        FaultClass::InvalidAddressSpace,
+        "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space",
+    );
+    s.launch = Some(launch.into());
+    s.exception = Some("torch.AcceleratorError".into());
+    s
+}
+
+#[test]
+fn another_kernels_bug_with_the_same_class_is_never_the_culprit() {
+    // The other bug (commits 4..=9, later fixed) and the target (from 13) both surface as 717; their
+    // tracebacks end in different functions of the user's code.
+    let run = run_search(
+        16,
+        &[],
+        |i| match i {
+            4..=9 => anonymous("pkg/ops.py:bias_gelu"),
+            i if i >= 13 => anonymous("pkg/embed.py:hash_embed"),
+            _ => clean(),
+        },
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(13)), "{:?}", run.records);
+}
+
+#[test]
+fn a_sanitizer_learns_the_targets_kernel_and_settles_lookalike_faults() {
+    // Same class, same launch function (one wrapper launches both kernels): only the kernel differs, and
+    // only compute-sanitizer can say which.
+    let run = run_search_with(
+        16,
+        &[],
+        |i| match i {
+            4..=9 => anonymous("pkg/model.py:forward"),
+            i if i >= 13 => anonymous("pkg/model.py:forward"),
+            _ => clean(),
+        },
+        Some(Box::new(|i| match i {
+            4..=9 => Some("_bias_gelu_kernel".to_string()),
+            i if i >= 13 => Some("_hash_embed_kernel".to_string()),
+            _ => None,
+        })),
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(13)), "{:?}", run.records);
+    // The bad endpoint first (to learn the kernel), then only probes that faulted like the target.
+    assert_eq!(run.sanitized[0], 16);
+    assert_eq!(run.records[1].role, ProbeRole::EndpointSanitizer);
+    assert!(run.sanitized.len() <= run.asked.len() + 1);
+    for r in &run.records {
+        if r.role == ProbeRole::Search && r.signature.kernel.as_deref() == Some("_bias_gelu_kernel")
+        {
+            assert_eq!(r.verdict, Verdict::Skip);
+            assert!(
+                r.reason.as_deref().unwrap().contains("a different bug"),
+                "{r:?}"
+            );
+        }
+    }
+    // Without a sanitizer the same history would blame the other bug's first commit when it is probed
+    // first; with one, any other-bug probe is recorded.
+    assert!(run
+        .other_bugs
+        .iter()
+        .all(|b| b.signature.kernel.as_deref() == Some("_bias_gelu_kernel")));
+}
+
+#[test]
+fn a_host_that_breaks_mid_search_stops_it_with_the_cause() {
+    let run = run_search(
+        32,
+        &[],
+        |i| match i {
+            32 => fault("gather"),
+            0 => clean(),
+            _ => Signature::new(
+                FaultClass::ExecFailure,
+                "the repro could not start: python3: not found",
+            ),
+        },
+        None,
+    );
+    match &run.end {
+        SearchEnd::HostFailure(m) => assert!(m.contains("could not start"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        run.asked.len(),
+        3,
+        "stopped at the first broken probe: {:?}",
+        run.asked
     );
 }
 

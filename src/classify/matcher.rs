@@ -8,7 +8,9 @@ use super::signature::{FaultClass, Signature};
 /// How strictly a probe's signature must agree with the target.
 #[derive(Clone, Debug)]
 pub enum MatchPolicy {
-    /// Same class, and same kernel when both sides know it (the default).
+    /// Same class, and the most specific identity both sides know agrees: the kernel, else the launch site
+    /// (the innermost function of the user's code), else the exception type (the default, `class+kernel`).
+    /// An `other` failure never matches on class alone.
     ClassAndKernel,
     /// Same class only.
     Class,
@@ -51,23 +53,86 @@ impl MatchPolicy {
 
     /// Tells whether `probe` (with its raw `output`) is the same bug as `target`. A clean run never is.
     pub fn matches(&self, target: &Signature, probe: &Signature, output: &str) -> bool {
+        self.compare(target, probe, output) != Sameness::Different
+    }
+
+    /// Compares `probe` with `target`: the same bug, a different one, or the same as far as the probe's
+    /// signature tells while the target knows its kernel and the probe does not (a sanitizer run of the
+    /// probe can settle that).
+    pub fn compare(&self, target: &Signature, probe: &Signature, output: &str) -> Sameness {
+        let same = |yes: bool| {
+            if yes {
+                Sameness::Same
+            } else {
+                Sameness::Different
+            }
+        };
         if probe.class == FaultClass::None {
-            return false;
+            return Sameness::Different;
         }
         match self {
-            Self::Regex(re) => re.is_match(output),
-            Self::Class => probe.class == target.class,
+            Self::Regex(re) => same(re.is_match(output)),
+            Self::Class => same(probe.class == target.class),
             Self::ClassAndKernel => {
-                probe.class == target.class
+                if probe.class != target.class
                     // Two crashes are one bug only when the same signal killed them.
-                    && (probe.class != FaultClass::Signal || probe.detail == target.detail)
-                    && match (&target.kernel, &probe.kernel) {
-                        (Some(a), Some(b)) => a == b,
-                        _ => true,
+                    || (probe.class == FaultClass::Signal && probe.detail != target.detail)
+                {
+                    return Sameness::Different;
+                }
+                // The most specific identity both sides know decides.
+                if let (Some(a), Some(b)) = (&target.kernel, &probe.kernel) {
+                    return same(a == b);
+                }
+                if let (Some(a), Some(b)) = (&target.launch, &probe.launch) {
+                    if a != b {
+                        return Sameness::Different;
                     }
+                    return if target.kernel.is_some() {
+                        Sameness::Unconfirmed
+                    } else {
+                        Sameness::Same
+                    };
+                }
+                if let (Some(a), Some(b)) = (&target.exception, &probe.exception) {
+                    if a != b {
+                        return Sameness::Different;
+                    }
+                }
+                if target.kernel.is_some() {
+                    return Sameness::Unconfirmed;
+                }
+                if probe.class == FaultClass::Other {
+                    // Nothing but "it failed" in common: an unrelated failure must not steer the search.
+                    return same(
+                        target.exception.is_some() && target.exception == probe.exception
+                            || normalized(&target.summary) == normalized(&probe.summary),
+                    );
+                }
+                Sameness::Same
             }
         }
     }
+}
+
+/// What a comparison of two signatures concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sameness {
+    /// The same bug.
+    Same,
+    /// Another bug (or not a failure).
+    Different,
+    /// The same class and nothing that differs, but the target names a kernel the probe does not: the
+    /// same bug unless a sanitizer run of the probe says otherwise.
+    Unconfirmed,
+}
+
+/// A summary with its numbers blanked: addresses, sizes and times differ between runs of one bug.
+fn normalized(summary: &str) -> String {
+    summary
+        .chars()
+        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -101,6 +166,67 @@ mod tests {
             &sig(FaultClass::IllegalAddress, Some("matmul")),
             ""
         ));
+    }
+
+    #[test]
+    fn launch_site_and_exception_type_tell_two_bugs_of_one_class_apart() {
+        let p = MatchPolicy::ClassAndKernel;
+        let with = |launch: Option<&str>, exception: Option<&str>| {
+            let mut s = sig(FaultClass::InvalidAddressSpace, None);
+            s.launch = launch.map(String::from);
+            s.exception = exception.map(String::from);
+            s
+        };
+        let target = with(
+            Some("pkg/embed.py:hash_embed"),
+            Some("torch.AcceleratorError"),
+        );
+        assert_eq!(
+            p.compare(&target, &with(Some("pkg/embed.py:hash_embed"), None), ""),
+            Sameness::Same
+        );
+        assert_eq!(
+            p.compare(
+                &target,
+                &with(Some("pkg/ops.py:bias_gelu"), Some("torch.AcceleratorError")),
+                ""
+            ),
+            Sameness::Different
+        );
+        // Kernel beats launch site: same kernel from another call site is the same bug.
+        let mut t = with(Some("a.py:f"), None);
+        t.kernel = Some("k".into());
+        let mut q = with(Some("b.py:g"), None);
+        q.kernel = Some("k".into());
+        assert_eq!(p.compare(&t, &q, ""), Sameness::Same);
+        // The target knows its kernel, the probe does not: unconfirmed until a sanitizer says.
+        assert_eq!(
+            p.compare(&t, &with(Some("a.py:f"), None), ""),
+            Sameness::Unconfirmed
+        );
+        assert_eq!(
+            p.compare(&t, &with(Some("c.py:h"), None), ""),
+            Sameness::Different
+        );
+    }
+
+    #[test]
+    fn other_never_matches_other_on_class_alone() {
+        let p = MatchPolicy::ClassAndKernel;
+        let mut assertion = sig(FaultClass::Other, None);
+        assertion.exception = Some("AssertionError".into());
+        let mut import = sig(FaultClass::Other, None);
+        import.exception = Some("ModuleNotFoundError".into());
+        assert_eq!(p.compare(&assertion, &import, ""), Sameness::Different);
+        assert_eq!(
+            p.compare(&assertion, &assertion.clone(), ""),
+            Sameness::Same
+        );
+        let a = Signature::new(FaultClass::Other, "exited 1: step 12 failed");
+        let b = Signature::new(FaultClass::Other, "exited 1: step 30 failed");
+        let c = Signature::new(FaultClass::Other, "exited 1: cannot open dataset");
+        assert!(p.matches(&a, &b, ""));
+        assert!(!p.matches(&a, &c, ""));
     }
 
     #[test]

@@ -8,7 +8,7 @@ pub mod sanitizer;
 mod signature;
 pub mod trailer;
 
-pub use matcher::{MatchPolicy, MatchPolicyError};
+pub use matcher::{MatchPolicy, MatchPolicyError, Sameness};
 pub use patterns::classify;
 pub use signature::{Exit, FaultClass, Signature};
 pub use trailer::LOG_TRAILER_PREFIX;

@@ -269,6 +269,10 @@ fn other(code: i32, context: &Context) -> Signature {
 #[derive(Default)]
 struct Context {
     user_frame: Option<String>,
+    /// The innermost user frame as `path:function`.
+    launch: Option<String>,
+    /// The first exception's type name.
+    exception_type: Option<String>,
     exception: Option<String>,
     panic: Option<String>,
     last_line: Option<String>,
@@ -287,6 +291,7 @@ impl Context {
             } else if let Some(c) = PY_FRAME.captures(trimmed) {
                 if in_first_traceback && is_user_path(&c["path"]) {
                     ctx.user_frame = Some(format!("{}:{}", &c["path"], &c["line"]));
+                    ctx.launch = Some(format!("{}:{}", &c["path"], c["func"].trim()));
                 }
             } else if let Some(c) = PY_EXCEPTION.captures(trimmed) {
                 if in_first_traceback {
@@ -295,6 +300,7 @@ impl Context {
                 }
                 if ctx.exception.is_none() && !c["name"].ends_with("Warning") {
                     ctx.exception = Some(clip(trimmed));
+                    ctx.exception_type = Some(c["name"].to_string());
                 }
             } else if let Some(m) = Marker::parse(trimmed) {
                 ctx.open_node = match m.phase {
@@ -319,6 +325,12 @@ impl Context {
         }
         if let Some(frame) = &self.user_frame {
             s.site.get_or_insert_with(|| frame.clone());
+        }
+        if s.launch.is_none() {
+            s.launch = self.launch.clone();
+        }
+        if s.exception.is_none() {
+            s.exception = self.exception_type.clone();
         }
         if s.framework.is_none() {
             s.framework = detect_framework(lines.iter().copied());

@@ -160,6 +160,13 @@ pub struct Signature {
     pub framework: Option<String>,
     /// Extra detail: assertion text, signal name, NCCL rank, sanitizer access.
     pub detail: Option<String>,
+    /// The launch site: the innermost frame of the user's own code, as `path:function` (the path relative to
+    /// the checkout once [`Signature::relativize`] ran; no line number, since lines move between commits).
+    #[serde(default)]
+    pub launch: Option<String>,
+    /// The exception type, for failures a Python exception reports (`ValueError`, `torch.AcceleratorError`).
+    #[serde(default)]
+    pub exception: Option<String>,
     /// One line saying what happened.
     pub summary: String,
 }
@@ -175,7 +182,23 @@ impl Signature {
             site: None,
             framework: None,
             detail: None,
+            launch: None,
+            exception: None,
             summary: summary.into(),
+        }
+    }
+
+    /// Makes the paths in `site` and `launch` relative to `root` (the probe worktree), so that the same
+    /// place reads the same whichever checkout ran it.
+    pub fn relativize(&mut self, root: &std::path::Path) {
+        let root = root.display().to_string();
+        let root = root.trim_end_matches('/');
+        for field in [&mut self.site, &mut self.launch] {
+            if let Some(v) = field.as_mut() {
+                if let Some(rest) = v.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
+                    *v = rest.to_string();
+                }
+            }
         }
     }
 

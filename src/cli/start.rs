@@ -20,7 +20,7 @@ pub fn run(opts: &StartOptions, reporter: &mut dyn Reporter, cancel: &AtomicBool
     Ok(match report.result {
         RunResult::Found => exit_codes::OK,
         RunResult::EndpointsInvalid => exit_codes::ENDPOINTS_INVALID,
-        RunResult::EndpointInfra => exit_codes::INFRA,
+        RunResult::EndpointInfra | RunResult::HostFailure => exit_codes::INFRA,
         RunResult::Ambiguous | RunResult::Inconclusive => exit_codes::INCONCLUSIVE,
     })
 }

@@ -84,6 +84,7 @@ fn role_name(role: ProbeRole) -> &'static str {
         ProbeRole::BadEndpoint => "bad endpoint",
         ProbeRole::GoodEndpoint => "good endpoint",
         ProbeRole::MergeBase => "merge base",
+        ProbeRole::EndpointSanitizer => "bad endpoint under compute-sanitizer",
         ProbeRole::Search => "probe",
     }
 }
@@ -207,6 +208,14 @@ pub fn summary(report: &Report) -> String {
     }
     if let Some(target) = &report.target {
         out.push_str(&format!("Fault: {} — {}\n", target.short(), target.summary));
+    }
+    for other in &report.other_bugs {
+        out.push_str(&format!(
+            "Another bug on the way: {} {} ({})\n",
+            &other.commit[..12.min(other.commit.len())],
+            other.signature.short(),
+            other.reason
+        ));
     }
     if let Some(triage) = &report.triage {
         out.push_str(&format!("Triage: {}\n", triage.summary));

@@ -21,6 +21,8 @@ pub enum ProbeRole {
     GoodEndpoint,
     /// Checking that a merge base of a good commit and the bad one passes.
     MergeBase,
+    /// The bad endpoint under compute-sanitizer, to learn which kernel the target faults in.
+    EndpointSanitizer,
     /// A step of the search.
     Search,
 }
@@ -52,6 +54,9 @@ pub struct ProbeRecord {
     pub build_log: Option<String>,
     /// Log of the last run (the repro, or the build when it failed).
     pub log: Option<String>,
+    /// What compute-sanitizer said when the probe's fault had to be told apart from the target's.
+    #[serde(default)]
+    pub sanitizer: Option<String>,
     /// Repro runs made: more than one when an infrastructure failure was retried or a clean run was
     /// repeated under `[repro] attempts`.
     pub attempts: u32,
@@ -69,6 +74,9 @@ pub enum RunResult {
     EndpointsInvalid,
     /// An endpoint could not be judged: the machine or the clone failed, not the commit.
     EndpointInfra,
+    /// The host broke during the search (a repro that cannot start, a lost device, a full disk): the
+    /// search stopped rather than skip every commit left.
+    HostFailure,
     /// The run could not finish (interrupted).
     Inconclusive,
 }
@@ -123,6 +131,9 @@ pub struct Report {
     pub bundle: Option<String>,
     /// What the plan decided that the user should know (merge bases tested, implied goods).
     pub notes: Vec<String>,
+    /// Other bugs met on the way: commits that failed with the target's class but elsewhere.
+    #[serde(default)]
+    pub other_bugs: Vec<OtherBug>,
     /// True when Ctrl-C or SIGTERM stopped the run (during the search or a stage after it).
     pub interrupted: bool,
 }
@@ -331,4 +342,15 @@ impl TriageResult {
             command,
         }
     }
+}
+
+/// A bug that is not the target, met during the search.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OtherBug {
+    /// The commit that showed it.
+    pub commit: String,
+    /// Its signature.
+    pub signature: Signature,
+    /// Why it is not the target.
+    pub reason: String,
 }

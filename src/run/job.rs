@@ -90,11 +90,13 @@ pub fn start(
         bad: (&plan.bad.0, plan.bad.1),
         goods: &plan.goods,
         merge_bases: &plan.merge_bases,
+        policy: &plan.config.match_policy,
     };
     let outcome = search(&input, &mut prober, reporter, cancel);
     let mut report = empty_report(&plan, &run_dir);
     report.target = outcome.target;
     report.probes = outcome.probes;
+    report.other_bugs = outcome.other_bugs;
     let first_bad = fill_result(&plan, &outcome.end, &mut report);
     // The result is on disk before anything else can fail.
     save_report(&report, &run_dir, None, reporter);
@@ -247,6 +249,11 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
             report.message = msg.clone();
             None
         }
+        SearchEnd::HostFailure(msg) => {
+            report.result = RunResult::HostFailure;
+            report.message = msg.clone();
+            None
+        }
         SearchEnd::Interrupted => {
             report.result = RunResult::Inconclusive;
             report.interrupted = true;
@@ -277,6 +284,7 @@ fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
         shrink: None,
         bundle: None,
         notes: plan.notes.clone(),
+        other_bugs: Vec::new(),
         interrupted: false,
     }
 }

@@ -40,8 +40,20 @@ pub struct ProbeOutcome {
     pub interrupted: bool,
 }
 
+/// What compute-sanitizer said about a commit's fault.
+#[derive(Clone, Debug)]
+pub struct Sanitized {
+    /// The first finding's signature (its kernel is what tells two bugs of one class apart).
+    pub finding: Option<Signature>,
+    /// One line for the record.
+    pub summary: String,
+    /// Wall time of the sanitizer run.
+    pub duration_s: f64,
+}
+
 /// What the search driver needs: probe a commit against the target (`None` while probing the bad
-/// endpoint, whose signature becomes the target).
+/// endpoint, whose signature becomes the target), and, when a sanitizer is at hand, rerun the commit just
+/// probed under it to learn which kernel faulted.
 pub trait Probe {
     /// Probes `oid` and returns its record.
     fn probe(
@@ -51,6 +63,15 @@ pub trait Probe {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome;
+
+    /// Reruns `oid` (the commit probed last, still built) under compute-sanitizer's memcheck; `None` when
+    /// no sanitizer can be used.
+    fn sanitize(
+        &mut self,
+        oid: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized>;
 }
 
 /// Why a commit could not be prepared for a stage after the search.
@@ -187,7 +208,8 @@ impl Probe for WorktreeProber<'_> {
                 format!("repro-{attempt}")
             };
             let log = self.write_log(ctx.step, &commit, &name, &run);
-            let sig = classify(run.exit, &run.output);
+            let mut sig = classify(run.exit, &run.output);
+            sig.relativize(self.worktree.path());
             if sig.class == FaultClass::Infra
                 && infra_retried < repro.infra_retries
                 && !run.interrupted
@@ -205,6 +227,53 @@ impl Probe for WorktreeProber<'_> {
             }
             return record.done(sig, Some(&run), build_log, log, attempt);
         }
+    }
+
+    fn sanitize(
+        &mut self,
+        oid: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        let config = self.config;
+        if !config.triage.enabled
+            || crate::tools::find_sanitizer(config.triage.sanitizer.as_deref()).is_none()
+        {
+            return None;
+        }
+        reporter.event(&Event::StageStarted {
+            message: format!(
+                "step {}: {} under compute-sanitizer, to learn which kernel faulted",
+                ctx.step,
+                short(&oid.to_string())
+            ),
+        });
+        let started = Instant::now();
+        let out_dir = self.log_dir.join(format!("{:03}-sanitizer", ctx.step));
+        let _ = std::fs::create_dir_all(&out_dir);
+        let command = config
+            .triage
+            .command
+            .clone()
+            .unwrap_or_else(|| config.repro.command.clone());
+        let result = super::triage::run_tools(
+            config,
+            self.worktree.path(),
+            &command,
+            &oid.to_string(),
+            &out_dir,
+            self.cancel,
+            &[crate::report::record::SanitizerTool::Memcheck],
+        );
+        let mut finding = result.signature;
+        if let Some(f) = finding.as_mut() {
+            f.relativize(self.worktree.path());
+        }
+        Some(Sanitized {
+            finding,
+            summary: result.summary,
+            duration_s: started.elapsed().as_secs_f64(),
+        })
     }
 }
 
@@ -249,6 +318,7 @@ impl Finished<'_> {
                 duration_s: self.started.elapsed().as_secs_f64(),
                 build_log,
                 log,
+                sanitizer: None,
                 attempts,
             },
             interrupted: run.is_some_and(|r| r.interrupted),

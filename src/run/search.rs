@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use git2::Oid;
 
 use crate::bisect::{Bisector, NextStep, SearchResult, Verdict};
-use crate::classify::{FaultClass, Signature};
+use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
 use crate::git::RangeCommit;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{ProbeRecord, ProbeRole};
+use crate::report::record::{OtherBug, ProbeRecord, ProbeRole};
 
 use super::probe::{Probe, ProbeContext};
 use super::verdict::is_host_problem;
@@ -26,6 +26,8 @@ pub struct SearchInput<'a> {
     pub goods: &'a [(String, Oid)],
     /// Merge bases of goods that are not ancestors of the bad commit: they must be good too.
     pub merge_bases: &'a [Oid],
+    /// The same-bug policy.
+    pub policy: &'a MatchPolicy,
 }
 
 /// How the search ended.
@@ -39,6 +41,9 @@ pub enum SearchEnd {
     EndpointsInvalid(String),
     /// An endpoint could not be judged because the machine or the clone failed.
     EndpointInfra(String),
+    /// The host broke during the search (the repro cannot start, the device is gone, infrastructure
+    /// failures outlasted their retries): stopped, rather than skip every commit left.
+    HostFailure(String),
     /// Ctrl-C or SIGTERM.
     Interrupted,
 }
@@ -52,6 +57,8 @@ pub struct SearchOutcome {
     pub target: Option<Signature>,
     /// Every probe, in the order run.
     pub probes: Vec<ProbeRecord>,
+    /// Bugs met that are not the target.
+    pub other_bugs: Vec<OtherBug>,
 }
 
 /// A bad endpoint reproduces when it fails in a way that can be a target: not clean, not a build break,
@@ -63,11 +70,24 @@ fn reproduces(sig: &Signature) -> bool {
 struct Driver<'p, 'r> {
     prober: &'p mut dyn Probe,
     reporter: &'r mut dyn Reporter,
+    policy: &'p MatchPolicy,
     probes: Vec<ProbeRecord>,
+    other_bugs: Vec<OtherBug>,
 }
 
 impl Driver<'_, '_> {
-    /// Probes one commit; `None` when the probe was interrupted.
+    fn context(&self, role: ProbeRole, search: &Bisector) -> ProbeContext {
+        ProbeContext {
+            step: self.probes.len() + 1,
+            role,
+            remaining: search.remaining(),
+            estimated_steps: search.estimated_steps(),
+        }
+    }
+
+    /// Probes one commit; `None` when the probe was interrupted. A probe that fails like the target but
+    /// cannot be told apart from it by its own output is rerun under compute-sanitizer (once) when one is
+    /// at hand, and a fault in another kernel is then a skip, recorded as another bug.
     fn probe(
         &mut self,
         oid: Oid,
@@ -75,19 +95,93 @@ impl Driver<'_, '_> {
         search: &Bisector,
         target: Option<&Signature>,
     ) -> Option<ProbeRecord> {
-        let ctx = ProbeContext {
-            step: self.probes.len() + 1,
-            role,
-            remaining: search.remaining(),
-            estimated_steps: search.estimated_steps(),
-        };
+        let ctx = self.context(role, search);
         let out = self.prober.probe(oid, &ctx, target, self.reporter);
+        let mut record = out.record;
+        if let Some(t) = target.filter(|_| record.verdict == Verdict::Bad && !out.interrupted) {
+            if self.policy.compare(t, &record.signature, "") == Sameness::Unconfirmed {
+                self.settle(oid, &ctx, t, &mut record);
+            }
+        }
         self.reporter.event(&Event::ProbeFinished {
             step: ctx.step,
-            record: Box::new(out.record.clone()),
+            record: Box::new(record.clone()),
         });
-        self.probes.push(out.record.clone());
-        (!out.interrupted).then_some(out.record)
+        self.probes.push(record.clone());
+        (!out.interrupted).then_some(record)
+    }
+
+    /// Asks the sanitizer which kernel a probe faulted in and turns a different one into a skip.
+    fn settle(
+        &mut self,
+        oid: Oid,
+        ctx: &ProbeContext,
+        target: &Signature,
+        record: &mut ProbeRecord,
+    ) {
+        let Some(s) = self.prober.sanitize(oid, ctx, self.reporter) else {
+            return;
+        };
+        record.duration_s += s.duration_s;
+        record.sanitizer = Some(s.summary.clone());
+        let (Some(kernel), Some(want)) = (
+            s.finding.as_ref().and_then(|f| f.kernel.clone()),
+            target.kernel.as_deref(),
+        ) else {
+            return;
+        };
+        if kernel == want {
+            record.signature.kernel = Some(kernel);
+            return;
+        }
+        let reason = format!(
+            "a different bug: this commit's fault is in {kernel}, the bad endpoint's in {want}"
+        );
+        record.signature.kernel = Some(kernel);
+        record.verdict = Verdict::Skip;
+        record.matched_target = false;
+        record.reason = Some(reason.clone());
+        self.other_bugs.push(OtherBug {
+            commit: oid.to_string(),
+            signature: record.signature.clone(),
+            reason,
+        });
+    }
+
+    /// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does
+    /// not name one, and records that run as an endpoint check.
+    fn learn_kernel(&mut self, oid: Oid, search: &Bisector, target: &mut Signature) {
+        if target.kernel.is_some() {
+            return;
+        }
+        let ctx = self.context(ProbeRole::EndpointSanitizer, search);
+        let Some(s) = self.prober.sanitize(oid, &ctx, self.reporter) else {
+            return;
+        };
+        let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+        if kernel.is_some() {
+            target.kernel = kernel;
+        }
+        let record = ProbeRecord {
+            commit: oid.to_string(),
+            role: ProbeRole::EndpointSanitizer,
+            verdict: Verdict::Bad,
+            signature: s.finding.unwrap_or_else(|| target.clone()),
+            matched_target: true,
+            reason: None,
+            exit_code: None,
+            signal: None,
+            duration_s: s.duration_s,
+            build_log: None,
+            log: None,
+            sanitizer: Some(s.summary),
+            attempts: 1,
+        };
+        self.reporter.event(&Event::ProbeFinished {
+            step: ctx.step,
+            record: Box::new(record.clone()),
+        });
+        self.probes.push(record);
     }
 
     fn end(self, end: SearchEnd, target: Option<Signature>) -> SearchOutcome {
@@ -95,6 +189,7 @@ impl Driver<'_, '_> {
             end,
             target,
             probes: self.probes,
+            other_bugs: self.other_bugs,
         }
     }
 }
@@ -111,7 +206,9 @@ pub fn search(
     let mut d = Driver {
         prober,
         reporter,
+        policy: input.policy,
         probes: Vec::new(),
+        other_bugs: Vec::new(),
     };
     // The bad endpoint first: what it shows is the target.
     let Some(bad) = d.probe(input.bad.1, ProbeRole::BadEndpoint, &bisector, None) else {
@@ -131,7 +228,11 @@ pub fn search(
         );
         return d.end(SearchEnd::EndpointsInvalid(msg), None);
     }
-    let target = bad.signature.clone();
+    let mut target = bad.signature.clone();
+    d.learn_kernel(input.bad.1, &bisector, &mut target);
+    if cancel.load(Ordering::SeqCst) {
+        return d.end(SearchEnd::Interrupted, Some(target));
+    }
     let checks = input
         .goods
         .iter()
@@ -176,6 +277,20 @@ pub fn search(
                 let Some(rec) = d.probe(oid, ProbeRole::Search, &bisector, Some(&target)) else {
                     return d.end(SearchEnd::Interrupted, Some(target));
                 };
+                // Infrastructure failures were retried inside the probe: what is left says the machine
+                // is broken, and so would every probe after it. A missing object is the clone's, not the
+                // host's: that commit alone is skipped.
+                if matches!(
+                    rec.signature.class,
+                    FaultClass::Infra | FaultClass::ExecFailure
+                ) {
+                    let msg = format!(
+                        "stopped: the host failed at {}: {}",
+                        &rec.commit[..12.min(rec.commit.len())],
+                        rec.signature.summary
+                    );
+                    return d.end(SearchEnd::HostFailure(msg), Some(target));
+                }
                 bisector.mark(i, rec.verdict);
             }
             // One probe at a time is in flight, and it was just marked: the machine always has a step.

@@ -77,6 +77,27 @@ pub fn run(
     out_dir: &Path,
     cancel: &AtomicBool,
 ) -> TriageResult {
+    run_tools(
+        config,
+        cwd,
+        command,
+        commit,
+        out_dir,
+        cancel,
+        &SanitizerTool::ESCALATION,
+    )
+}
+
+/// Runs the given sanitizer tools in order (stopping at the first that finds something) in `cwd`.
+pub fn run_tools(
+    config: &Config,
+    cwd: &Path,
+    command: &CommandLine,
+    commit: &str,
+    out_dir: &Path,
+    cancel: &AtomicBool,
+    tools: &[SanitizerTool],
+) -> TriageResult {
     let mut result = TriageResult::failed(TriageStatus::Clean, String::new(), command.display());
     let configured = config.triage.sanitizer.as_deref();
     let Some(sanitizer) = find_sanitizer(configured) else {
@@ -84,7 +105,7 @@ pub fn run(
         result.summary = missing_message(configured);
         return result;
     };
-    for tool in SanitizerTool::ESCALATION {
+    for &tool in tools {
         if cancel.load(Ordering::SeqCst) {
             result.status = TriageStatus::Interrupted;
             result.summary = "interrupted".into();
