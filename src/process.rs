@@ -158,12 +158,24 @@ pub enum ProcessError {
     },
 }
 
-/// Keeps the first and last bytes of a stream of any length in bounded memory.
+/// Fault lines kept from the dropped middle of the output, at most.
+const KEPT_LINES: usize = 64;
+/// Longest line (or unterminated run of bytes) the middle scan assembles.
+const LONGEST_LINE: usize = 8 * 1024;
+
+/// Keeps the first and last bytes of a stream of any length in bounded memory, and the fault lines of
+/// the bytes in between: a fault printed after the first 256 KiB and before the last 1 MiB is not lost.
 #[derive(Default)]
 struct BoundedCapture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
+    /// The line being assembled from bytes leaving the tail.
+    partial: Vec<u8>,
+    /// Fault lines found in the dropped bytes, in order.
+    kept: Vec<String>,
+    /// Fault lines found beyond `KEPT_LINES`.
+    kept_over: u64,
 }
 
 impl BoundedCapture {
@@ -175,12 +187,38 @@ impl BoundedCapture {
             bytes = &bytes[take..];
         }
         if bytes.len() >= TAIL_BYTES {
-            self.tail.clear();
+            let dropped: Vec<u8> = self.tail.drain(..).collect();
+            self.scan(&dropped);
+            self.scan(&bytes[..bytes.len() - TAIL_BYTES]);
             bytes = &bytes[bytes.len() - TAIL_BYTES..];
         }
         let overflow = (self.tail.len() + bytes.len()).saturating_sub(TAIL_BYTES);
-        self.tail.drain(..overflow);
+        let dropped: Vec<u8> = self.tail.drain(..overflow).collect();
+        self.scan(&dropped);
         self.tail.extend(bytes);
+    }
+
+    /// Reads bytes leaving the capture for good, keeping whole lines that name a fault.
+    fn scan(&mut self, bytes: &[u8]) {
+        let mut rest = bytes;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            if self.partial.len() < LONGEST_LINE {
+                let room = LONGEST_LINE - self.partial.len();
+                self.partial.extend_from_slice(&rest[..nl.min(room)]);
+            }
+            let line = String::from_utf8_lossy(&self.partial).into_owned();
+            self.partial.clear();
+            if crate::classify::is_fault_line(&line) {
+                if self.kept.len() < KEPT_LINES {
+                    self.kept.push(line);
+                } else {
+                    self.kept_over += 1;
+                }
+            }
+            rest = &rest[nl + 1..];
+        }
+        let room = LONGEST_LINE.saturating_sub(self.partial.len());
+        self.partial.extend_from_slice(&rest[..rest.len().min(room)]);
     }
 
     fn render(self) -> String {
@@ -188,8 +226,19 @@ impl BoundedCapture {
         let mut text = String::from_utf8_lossy(&self.head).into_owned();
         if dropped > 0 {
             text.push_str(&format!(
-                "\n[cudabisect: {dropped} bytes of output omitted]\n"
+                "\n[cudabisect: {dropped} bytes of output omitted; {} fault line(s) from them kept]\n",
+                self.kept.len() as u64 + self.kept_over
             ));
+            for line in &self.kept {
+                text.push_str(line);
+                text.push('\n');
+            }
+            if self.kept_over > 0 {
+                text.push_str(&format!(
+                    "[cudabisect: {} more fault lines omitted]\n",
+                    self.kept_over
+                ));
+            }
         }
         let tail: Vec<u8> = self.tail.into_iter().collect();
         text.push_str(&String::from_utf8_lossy(&tail));
@@ -409,6 +458,24 @@ mod tests {
         );
         let pid = pid_in(&pidfile);
         assert!(gone(pid), "the escaped process {pid} survived the run");
+    }
+
+    #[test]
+    fn a_fault_in_the_middle_of_a_huge_output_is_kept() {
+        let out = sh(
+            "head -c 2000000 /dev/zero | tr '\\0' 'x' | fold -w 100; echo 'RuntimeError: CUDA error: misaligned address'; head -c 2000000 /dev/zero | tr '\\0' 'y' | fold -w 100; exit 1",
+            60_000,
+        );
+        assert!(out.output.len() < HEAD_BYTES + TAIL_BYTES + 64 * LONGEST_LINE);
+        assert!(
+            out.output.contains("1 fault line(s) from them kept"),
+            "{}",
+            &out.output[HEAD_BYTES - 200..HEAD_BYTES + 400]
+        );
+        assert_eq!(
+            crate::classify::classify(out.exit, &out.output).class,
+            crate::classify::FaultClass::MisalignedAddress
+        );
     }
 
     #[test]

@@ -9,6 +9,6 @@ mod signature;
 pub mod trailer;
 
 pub use matcher::{MatchPolicy, MatchPolicyError, Sameness};
-pub use patterns::classify;
+pub use patterns::{classify, is_fault_line};
 pub use signature::{Exit, FaultClass, Signature};
 pub use trailer::LOG_TRAILER_PREFIX;

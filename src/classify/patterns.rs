@@ -178,7 +178,17 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             Infra,
-            r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW|\bcuInit\b.*(fail|error)|all CUDA-capable devices are busy or unavailable|uncorrectable ECC error|GPU has fallen off the bus|\bXid\b|Found no NVIDIA driver|NVIDIA driver on your system is too old|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found|NVRTC \(libnvrtc\.so\) could not be loaded|nvidia-smi has failed|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
+            concat!(
+                r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch",
+                r"|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW",
+                r"|\bcuInit\b[^\n]*\b(failed|returned (CUDA_ERROR|[1-9]))|busy or unavailable",
+                r"|uncorrectable ECC error (was )?encountered|GPU has fallen off the bus",
+                r"|NVRM: Xid|\bXid \(PCI:|\bXid[: ]+\d+,|Found no NVIDIA driver|NVIDIA driver on your system is too old",
+                r"|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found",
+                r"|NVRTC \(libnvrtc\.so\) could not be loaded|NVIDIA-SMI has failed because",
+                r"|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b",
+                r"|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
+            ),
         ),
     ]
 });
@@ -209,6 +219,24 @@ static RANK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
 static RUST_PANIC: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^thread '.*' panicked at (?P<site>\S+?):?$").expect("pattern"));
+
+/// True for a line that names a fault the classifier reads (a CUDA error, a device assert, a sanitizer
+/// record, an NCCL or infrastructure failure): the lines worth keeping from the middle of a huge output.
+pub fn is_fault_line(line: &str) -> bool {
+    // One automaton for every pattern: this runs on every line of gigabyte outputs.
+    static ANY_FAULT: LazyLock<regex::RegexSet> = LazyLock::new(|| {
+        let patterns = RULES
+            .iter()
+            .map(|r| r.regex.as_str().to_string())
+            .chain([
+                ASSERT_LINE.as_str().to_string(),
+                GENERIC_CUDA_ERROR.as_str().to_string(),
+                "^========= ".to_string(),
+            ]);
+        regex::RegexSet::new(patterns).expect("built-in patterns compile")
+    });
+    ANY_FAULT.is_match(line)
+}
 
 /// Classifies one run from how it ended and what it printed.
 pub fn classify(exit: Exit, output: &str) -> Signature {
@@ -474,6 +502,47 @@ pub fn signal_name(sig: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn infrastructure_is_claimed_only_on_real_infrastructure_errors() {
+        for clean in [
+            "preflight: Xid events: 0, retired pages: 0",
+            "db: committed transaction xid 4242",
+            "cuInit ok (0 errors)",
+            "checked for uncorrectable ECC error: none",
+            "nvidia-smi has failed? no, it worked",
+        ] {
+            assert_eq!(classify(Exit::Code(0), clean).class, FaultClass::None, "{clean}");
+            assert_ne!(classify(Exit::Code(1), clean).class, FaultClass::Infra, "{clean}");
+        }
+        let real = [
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+            "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            "cuInit failed: CUDA_ERROR_NO_DEVICE",
+        ];
+        for line in real {
+            assert_eq!(classify(Exit::Code(1), line).class, FaultClass::Infra, "{line}");
+        }
+        // A pre-flight line never hides the real fault that follows it.
+        let log = "preflight: Xid events: 0\nRuntimeError: CUDA error: an illegal memory access was encountered\n";
+        assert_eq!(classify(Exit::Code(1), log).class, FaultClass::IllegalAddress);
+    }
+
+    #[test]
+    fn random_bytes_are_not_an_infrastructure_failure() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let bytes: Vec<u8> = (0..1_000_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let text = String::from_utf8_lossy(&bytes);
+        assert_ne!(classify(Exit::Code(1), &text).class, FaultClass::Infra);
+    }
 
     #[test]
     fn a_traceback_that_quotes_cuda_source_is_not_a_fault() {
