@@ -218,7 +218,8 @@ impl BoundedCapture {
             rest = &rest[nl + 1..];
         }
         let room = LONGEST_LINE.saturating_sub(self.partial.len());
-        self.partial.extend_from_slice(&rest[..rest.len().min(room)]);
+        self.partial
+            .extend_from_slice(&rest[..rest.len().min(room)]);
     }
 
     fn render(self) -> String {

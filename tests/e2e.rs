@@ -32,6 +32,31 @@ case "$mode" in
     if [ "$CUDABISECT_ATTEMPT" -ge 2 ]; then show native_oob_sync.log; exit 42; fi
     echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
+  tri-other|tri-target|tri-same-other|tri-same-target)
+    case "$mode" in
+      tri-other) file=pkg/ops.py; func=bias_gelu ;;
+      tri-target) file=pkg/embed.py; func=hash_embed ;;
+      *) file=pkg/model.py; func=forward ;;
+    esac
+    echo "Traceback (most recent call last):"
+    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 40, in <module>"
+    echo "    loss = step(batch)"
+    echo "  File \"$CUDABISECT_WORKTREE/$file\", line $((20 + ${#mode})), in $func"
+    echo "    out = kernel[grid](x, y)"
+    echo "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space"
+    exit 1 ;;
+  import-err)
+    echo "Traceback (most recent call last):"
+    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 3, in <module>"
+    echo "    import fancy_dataloader"
+    echo "ModuleNotFoundError: No module named 'fancy_dataloader'"
+    exit 1 ;;
+  assert-err)
+    echo "Traceback (most recent call last):"
+    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 80, in <module>"
+    echo "    assert loss < 10, loss"
+    echo "AssertionError: 12.5"
+    exit 1 ;;
 esac
 echo "unknown mode $mode"; exit 99
 "#;
@@ -1328,4 +1353,134 @@ fn a_cleanup_failure_after_the_search_never_loses_the_result() {
         &repo.path,
         &["worktree", "unlock", worktree.to_str().unwrap()],
     );
+}
+
+/// A stand-in for compute-sanitizer that runs the repro and reports an out-of-bounds write in the kernel
+/// the probed commit's bug lives in (as memcheck would), by the commit's mode.
+const KERNEL_SANITIZER: &str = r#"#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tool|--save|--print-limit|--error-exitcode) shift 2 ;;
+    --xml) shift ;;
+    *) break ;;
+  esac
+done
+echo "sanitized $(cat mode.txt)" >> "$SANITIZER_CALLS"
+case "$(cat mode.txt)" in
+  tri-same-other) kernel=_bias_gelu_kernel ;;
+  tri-same-target) kernel=_hash_embed_kernel ;;
+  *) "$@"; exit $? ;;
+esac
+echo "========= COMPUTE-SANITIZER"
+echo "========= Invalid __global__ write of size 4 bytes"
+echo "=========     at $kernel+0xe0"
+echo "=========     by thread (0,0,0) in block (2,0,0)"
+echo "=========     Access to 0x7fea9c805620 is out of bounds"
+echo "========= "
+echo "========= ERROR SUMMARY: 1 error"
+"$@" >/dev/null 2>&1
+exit 86
+"#;
+
+fn history(modes: &[&'static str]) -> TestRepo {
+    linear(&modes.iter().map(|m| (*m, true)).collect::<Vec<_>>())
+}
+
+/// Two bugs of one class (both 717, as Triton faults surface in PyTorch): the other one, in another
+/// function of the user's code, comes and goes before the target starts. Its commit must not be named.
+#[test]
+fn another_bug_of_the_same_class_is_never_named_as_the_culprit() {
+    let mut modes = vec!["clean"; 30];
+    for m in modes.iter_mut().take(18).skip(6) {
+        *m = "tri-other";
+    }
+    for m in modes.iter_mut().skip(22) {
+        *m = "tri-target";
+    }
+    let repo = history(&modes);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[22].to_string());
+    let report = run.report.as_ref().unwrap();
+    assert_eq!(
+        report["target"]["launch"], "pkg/embed.py:hash_embed",
+        "{report:#}"
+    );
+    for p in report["probes"].as_array().unwrap() {
+        if p["signature"]["launch"] == "pkg/ops.py:bias_gelu" {
+            assert_eq!(p["verdict"], "skip", "{p:#}");
+        }
+    }
+}
+
+/// The same shape when nothing in the output tells the two apart (one wrapper launches both kernels):
+/// compute-sanitizer learns the target's kernel at the bad endpoint and settles each lookalike probe.
+#[test]
+fn the_sanitizer_tells_lookalike_faults_apart() {
+    let mut modes = vec!["clean"; 30];
+    for m in modes.iter_mut().take(18).skip(6) {
+        *m = "tri-same-other";
+    }
+    for m in modes.iter_mut().skip(22) {
+        *m = "tri-same-target";
+    }
+    let repo = history(&modes);
+    let dir = repo.path.parent().unwrap();
+    let fake = dir.join("compute-sanitizer");
+    std::fs::write(&fake, KERNEL_SANITIZER).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let calls = dir.join("calls.txt");
+    let config_path = dir.join("sanitized.toml");
+    let text = config("").replace("[triage]\nenabled = false\n", "")
+        + &format!(
+            "[triage]\nsanitizer = \"{}\"\nenv = {{ SANITIZER_CALLS = \"{}\" }}\n",
+            fake.display(),
+            calls.display()
+        );
+    std::fs::write(&config_path, text).unwrap();
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+            "--no-shrink",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[22].to_string());
+    let report = run.report.as_ref().unwrap();
+    assert_eq!(
+        report["target"]["kernel"], "_hash_embed_kernel",
+        "{report:#}"
+    );
+    assert_eq!(report["probes"][1]["role"], "endpoint_sanitizer");
+    let others = report["other_bugs"].as_array().unwrap();
+    assert!(!others.is_empty(), "{report:#}");
+    assert!(others
+        .iter()
+        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+    assert!(
+        run.stdout.contains("Another bug on the way"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// An unrelated failure of class `other` (an ImportError for a while) never steers a search for another
+/// `other` failure (an AssertionError).
+#[test]
+fn an_unrelated_other_failure_never_steers_the_search() {
+    // c10..=c15 fail to import (fixed at c16); the assertion starts at c23.
+    let mut modes = vec!["clean"; 30];
+    for m in modes.iter_mut().take(16).skip(10) {
+        *m = "import-err";
+    }
+    for m in modes.iter_mut().skip(23) {
+        *m = "assert-err";
+    }
+    let repo = history(&modes);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[23].to_string());
 }

@@ -8,9 +8,10 @@ use super::signature::{FaultClass, Signature};
 /// How strictly a probe's signature must agree with the target.
 #[derive(Clone, Debug)]
 pub enum MatchPolicy {
-    /// Same class, and the most specific identity both sides know agrees: the kernel, else the launch site
-    /// (the innermost function of the user's code), else the exception type (the default, `class+kernel`).
-    /// An `other` failure never matches on class alone.
+    /// Same class, and the identities both sides know agree: the kernel decides when both name one;
+    /// otherwise a different launch site (the innermost function of the user's code) or a different
+    /// exception type means a different bug (the default, `class+kernel`). An `other` failure never matches
+    /// on class alone.
     ClassAndKernel,
     /// Same class only.
     Class,
@@ -84,30 +85,21 @@ impl MatchPolicy {
                 if let (Some(a), Some(b)) = (&target.kernel, &probe.kernel) {
                     return same(a == b);
                 }
-                if let (Some(a), Some(b)) = (&target.launch, &probe.launch) {
-                    if a != b {
-                        return Sameness::Different;
-                    }
-                    return if target.kernel.is_some() {
-                        Sameness::Unconfirmed
-                    } else {
-                        Sameness::Same
-                    };
-                }
-                if let (Some(a), Some(b)) = (&target.exception, &probe.exception) {
-                    if a != b {
-                        return Sameness::Different;
-                    }
+                // Below the kernel, any identity both sides know and that differs tells two bugs apart.
+                let differs = |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(x), Some(y)) if x != y);
+                if differs(&target.launch, &probe.launch)
+                    || differs(&target.exception, &probe.exception)
+                {
+                    return Sameness::Different;
                 }
                 if target.kernel.is_some() {
                     return Sameness::Unconfirmed;
                 }
-                if probe.class == FaultClass::Other {
+                let shared = |a: &Option<String>, b: &Option<String>| a.is_some() && b.is_some();
+                if probe.class == FaultClass::Other && !shared(&target.exception, &probe.exception)
+                {
                     // Nothing but "it failed" in common: an unrelated failure must not steer the search.
-                    return same(
-                        target.exception.is_some() && target.exception == probe.exception
-                            || normalized(&target.summary) == normalized(&probe.summary),
-                    );
+                    return same(normalized(&target.summary) == normalized(&probe.summary));
                 }
                 Sameness::Same
             }

@@ -225,14 +225,11 @@ static RUST_PANIC: LazyLock<Regex> =
 pub fn is_fault_line(line: &str) -> bool {
     // One automaton for every pattern: this runs on every line of gigabyte outputs.
     static ANY_FAULT: LazyLock<regex::RegexSet> = LazyLock::new(|| {
-        let patterns = RULES
-            .iter()
-            .map(|r| r.regex.as_str().to_string())
-            .chain([
-                ASSERT_LINE.as_str().to_string(),
-                GENERIC_CUDA_ERROR.as_str().to_string(),
-                "^========= ".to_string(),
-            ]);
+        let patterns = RULES.iter().map(|r| r.regex.as_str().to_string()).chain([
+            ASSERT_LINE.as_str().to_string(),
+            GENERIC_CUDA_ERROR.as_str().to_string(),
+            "^========= ".to_string(),
+        ]);
         regex::RegexSet::new(patterns).expect("built-in patterns compile")
     });
     ANY_FAULT.is_match(line)
@@ -512,8 +509,16 @@ mod tests {
             "checked for uncorrectable ECC error: none",
             "nvidia-smi has failed? no, it worked",
         ] {
-            assert_eq!(classify(Exit::Code(0), clean).class, FaultClass::None, "{clean}");
-            assert_ne!(classify(Exit::Code(1), clean).class, FaultClass::Infra, "{clean}");
+            assert_eq!(
+                classify(Exit::Code(0), clean).class,
+                FaultClass::None,
+                "{clean}"
+            );
+            assert_ne!(
+                classify(Exit::Code(1), clean).class,
+                FaultClass::Infra,
+                "{clean}"
+            );
         }
         let real = [
             "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
@@ -522,11 +527,18 @@ mod tests {
             "cuInit failed: CUDA_ERROR_NO_DEVICE",
         ];
         for line in real {
-            assert_eq!(classify(Exit::Code(1), line).class, FaultClass::Infra, "{line}");
+            assert_eq!(
+                classify(Exit::Code(1), line).class,
+                FaultClass::Infra,
+                "{line}"
+            );
         }
         // A pre-flight line never hides the real fault that follows it.
         let log = "preflight: Xid events: 0\nRuntimeError: CUDA error: an illegal memory access was encountered\n";
-        assert_eq!(classify(Exit::Code(1), log).class, FaultClass::IllegalAddress);
+        assert_eq!(
+            classify(Exit::Code(1), log).class,
+            FaultClass::IllegalAddress
+        );
     }
 
     #[test]
