@@ -18,8 +18,23 @@ pub fn short_kernel_name(name: &str) -> String {
             _ => {}
         }
     }
+    // A parameter list a paste cut off before its `)` still starts the parameters.
+    let out = match out.find('(') {
+        Some(i) if !out.starts_with("(anonymous") => &out[..i],
+        _ => out.as_str(),
+    };
     let out = out.trim();
-    out.rsplit(' ').next().unwrap_or(out).to_string()
+    let name = out.rsplit(' ').next().unwrap_or(out);
+    // A Windows-style `file.cc:148:func` location prefix is not part of the name.
+    let name = name
+        .rsplit_once(':')
+        .filter(|(p, _)| p.ends_with(|c: char| c.is_ascii_digit()))
+        .map_or(name, |(_, n)| n);
+    if name.ends_with("operator") {
+        // `operator()` lost its parentheses with the parameter list.
+        return format!("{name}()");
+    }
+    name.to_string()
 }
 
 fn matching_open(s: &str, open: char, close: char) -> Option<usize> {

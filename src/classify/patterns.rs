@@ -138,7 +138,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             IllegalAddress,
-            r"(?i)illegal memory access was encountered|\bCUDA_ERROR_ILLEGAL_ADDRESS\b|\bcudaErrorIllegalAddress\b|Warp Illegal Address",
+            r"(?i)illegal memory access was encountered|\bCUDA_ERROR_ILLEGAL_ADDRESS\b|\bcudaErrorIllegalAddress\b|Warp Illegal Address|Warp Out-of-range Address",
         ),
         rule(
             MisalignedAddress,
@@ -154,11 +154,11 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             HardwareStackError,
-            r"(?i)hardware stack error|\bCUDA_ERROR_HARDWARE_STACK_ERROR\b|\bcudaErrorHardwareStackError\b",
+            r"(?i)hardware stack error|Warp Hardware Stack Overflow|\bCUDA_ERROR_HARDWARE_STACK_ERROR\b|\bcudaErrorHardwareStackError\b",
         ),
         rule(
             LaunchFailure,
-            r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED",
+            r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED|\bcublas\w*\s+(error|status|failure)\W{0,3}13\b|\bcudnn\w*\s+(error|status|failure)\W{0,3}8\b",
         ),
         rule(
             Nccl,
@@ -166,7 +166,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             OutOfMemory,
-            r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
+            r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED|Resource exhausted: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|OutOfResources: out of resource",
         ),
         rule(
             DeviceMismatch,
@@ -174,7 +174,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             Nan,
-            r"(?i)returned nan values|Tensor had (NaN|Inf) values|CheckNumerics|check_numerics|NaN or Inf found|anomaly detected.*nan",
+            r"(?i)returned nan values|Tensor had (NaN|Inf) values|CheckNumerics|check_numerics|NaN or Inf found|anomaly detected.*nan|invalid value \((nan|inf)\) encountered|Invalid (nan|inf) value encountered",
         ),
         rule(
             Infra,
@@ -182,13 +182,21 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 r"(?i)no CUDA-capable device is detected|CUDA driver version is insufficient|driver/library version mismatch",
                 r"|unsupported display driver / cuda driver combination|forward compatibility was attempted on non supported HW",
                 r"|\bcuInit\b[^\n]*\b(failed|returned (CUDA_ERROR|[1-9]))|busy or unavailable",
-                r"|uncorrectable ECC error (was )?encountered|GPU has fallen off the bus",
+                r"|uncorrectable ECC error (was )?encountered|fallen off the bus",
                 r"|NVRM: Xid|\bXid \(PCI:|\bXid[: ]+\d+,|Found no NVIDIA driver|NVIDIA driver on your system is too old",
                 r"|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found",
                 r"|NVRTC \(libnvrtc\.so\) could not be loaded|NVIDIA-SMI has failed because",
                 r"|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b",
                 r"|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
             ),
+        ),
+        rule(
+            Signal,
+            r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error)( \(core dumped\))?$",
+        ),
+        rule(
+            BuildFailure,
+            r"ninja: build stopped: subcommand failed|^nvcc fatal|Error compiling objects for extension|Error building extension|error: command '[^']*nvcc' failed|^CMake Error|^make(\[\d+\])?: \*\*\* .*Error \d+|collect2: error: ld returned|^nvlink error",
         ),
     ]
 });
@@ -199,11 +207,16 @@ static CUDA_FAILURE_CODE: LazyLock<Regex> = LazyLock::new(|| {
 static CODE_NAME: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\b(CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+)\b").expect("pattern"));
 static GENERIC_CUDA_ERROR: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"CUDA error: (.+)|\b(CUDA_ERROR_[A-Z_]+)\b|\bcudaError[A-Z]\w+").expect("pattern")
+    Regex::new(r"CUDA error: (.+)|\b(CUDA_ERROR_[A-Z_]+)\b|\bcudaError[A-Z]\w+|\bCU(DNN|BLAS)_STATUS_[A-Z_]+|cuDNN error").expect("pattern")
 });
 static ASSERT_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?P<file>[^\s:]+):(?P<line>\d+): (?P<func>.*?):? ?block: \[[\d, ]+\], thread: \[[\d, ]+\] Assertion `(?P<expr>.*)` failed")
+    // Windows paths (drive letters, backslashes), no function, a `[with T = …]` clause, no backticks.
+    Regex::new(r"(?P<file>[^\s]+?\.(?:cu|cuh|h|hpp|cpp|cc|c)):(?P<line>\d+): (?:(?P<func>.*?):? )?block: \[[\d, ]+\], thread: \[[\d, ]+\] Assertion (?:`(?P<expr>.*)` )?failed")
         .expect("pattern")
+});
+/// The kernel a debugger names by its launch: `… in void k<float>(int*)<<<(80,64,1),(16,16,1)>>> ()`.
+static LAUNCH_FRAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?:^|\sin |^#\d+\s+)(?P<func>[^<\s][^\n]*?)<<<\(").expect("pattern")
 });
 static PY_FRAME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$"#)
@@ -383,16 +396,64 @@ fn first_text_finding(lines: &[&str]) -> Option<Signature> {
         if let Some(c) = ASSERT_LINE.captures(line) {
             let mut s = Signature::new(FaultClass::DeviceAssert, clip(line.trim()));
             s.site = Some(format!("{}:{}", &c["file"], &c["line"]));
-            s.kernel = Some(short_kernel_name(&c["func"]));
-            s.detail = Some(format!("Assertion `{}` failed", &c["expr"]));
+            s.kernel = c
+                .name("func")
+                .map(|f| strip_template_clause(f.as_str()))
+                .filter(|f| !f.trim().is_empty())
+                .map(|f| short_kernel_name(&f));
+            s.detail = Some(match c.name("expr") {
+                Some(e) => format!("Assertion `{}` failed", e.as_str()),
+                None => "Assertion failed".into(),
+            });
             s.framework = detect_framework(std::iter::once(*line));
             return Some(s);
         }
-        if let Some(s) = classify_line(line) {
+        if let Some(mut s) = classify_line(line) {
+            if is_fallout(&s) {
+                // A peer's collective error or a closed connection is printed first when another rank
+                // faulted: a device fault later in the output is the cause.
+                if let Some(cause) = lines
+                    .iter()
+                    .skip_while(|l| *l != line)
+                    .skip(1)
+                    .filter_map(|l| classify_line(l))
+                    .find(|f| f.class.is_device_fault())
+                {
+                    return Some(cause);
+                }
+            }
+            if s.class.is_device_fault() && s.kernel.is_none() {
+                s.kernel = launch_frame_kernel(lines);
+            }
             return Some(s);
         }
     }
     None
+}
+
+/// Errors other ranks print because one rank faulted: never the cause while a device fault follows.
+fn is_fallout(s: &Signature) -> bool {
+    s.class == FaultClass::Nccl
+}
+
+/// Drops a `[with T = …]` template clause from a demangled signature.
+fn strip_template_clause(func: &str) -> String {
+    match func.find(" [with ") {
+        Some(i) => func[..i].to_string(),
+        None => func.to_string(),
+    }
+}
+
+/// The kernel named by a debugger's frame `… k<float>(int*)<<<(grid),(block)>>> (…)`, if any line has one.
+fn launch_frame_kernel(lines: &[&str]) -> Option<String> {
+    lines.iter().find_map(|l| {
+        let c = LAUNCH_FRAME.captures(l)?;
+        let func = c["func"].trim().trim_start_matches("0x").trim();
+        // "0x0000000000c8c6a0 in void k<float>(…)" keeps what follows " in ".
+        let func = func.rsplit_once(" in ").map_or(func, |(_, f)| f);
+        let name = short_kernel_name(func);
+        (!name.is_empty()).then_some(name)
+    })
 }
 
 fn classify_line(line: &str) -> Option<Signature> {
@@ -433,6 +494,22 @@ fn classify_line(line: &str) -> Option<Signature> {
     }
     if s.class == FaultClass::Nccl {
         s.detail = RANK.captures(line).map(|c| format!("rank {}", &c[1]));
+    }
+    if s.class == FaultClass::Signal {
+        s.detail = Some(
+            if line.contains("Segmentation fault") || line.contains("SIGSEGV") {
+                "SIGSEGV"
+            } else if line.contains("Abort") || line.contains("SIGABRT") {
+                "SIGABRT"
+            } else if line.contains("Bus error") || line.contains("SIGBUS") {
+                "SIGBUS"
+            } else if line.contains("Floating point") || line.contains("SIGFPE") {
+                "SIGFPE"
+            } else {
+                "signal"
+            }
+            .to_string(),
+        );
     }
     s.framework = detect_framework(std::iter::once(line));
     Some(s)

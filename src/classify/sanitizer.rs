@@ -76,10 +76,14 @@ pub struct Finding {
 }
 
 static HEADER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^=+ (Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+) bytes?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|Error: Race reported between .*|Barrier error detected.*|(?P<exception>Trace/breakpoint trap|Warp assert|Warp Illegal Address|Warp Misaligned Address|Warp Illegal Instruction|Warp Out-of-range Address))$").expect("pattern")
+    Regex::new(r"^(?:=+ )?(Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+)(?: bytes?)?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|Error: Race reported between .*|Barrier error detected.*|(?P<exception>Trace/breakpoint trap|Warp assert|Warp Illegal Address|Warp Misaligned Address|Warp Illegal Instruction|Warp Out-of-range Address))$").expect("pattern")
 });
 static AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^=+\s+at (?:0x[0-9a-f]+ in )?(?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?").expect("pattern")
+});
+/// The older `cuda-memcheck` form: `at 0x000002e8 in Kernel(args)` (pc first, no offset).
+static AT_LEGACY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^=+\s+at 0x(?P<pc>[0-9a-f]+) in (?P<func>.+)$").expect("pattern")
 });
 static RACE_AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -98,8 +102,28 @@ static RELATION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"and is (?:(?P<dist>[\d,]+) bytes (?P<side>after|before)|(?P<inside>inside)(?: a (?P<freed>freed))?) (?:the nearest )?allocation at (?P<at>0x[0-9a-f]+) of size (?P<size>[\d,]+) bytes").expect("pattern")
 });
 
+/// Rejoins record lines that a terminal or a paste wrapped: a line without the `=====` prefix between
+/// two that have it continues the one before.
+fn unwrap_records(lines: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let prev_is_record = out.last().is_some_and(|l| l.starts_with("====="));
+        let next_is_record = lines.get(i + 1).is_some_and(|l| l.starts_with("====="));
+        if !line.starts_with('=') && prev_is_record && next_is_record && !line.trim().is_empty() {
+            if let Some(last) = out.last_mut() {
+                last.push_str(line.trim_start());
+                continue;
+            }
+        }
+        out.push((*line).to_string());
+    }
+    out
+}
+
 /// Parses every record of a sanitizer text report.
 pub fn parse_text(lines: &[&str]) -> Vec<Finding> {
+    let joined = unwrap_records(lines);
+    let lines: Vec<&str> = joined.iter().map(String::as_str).collect();
     let mut findings = Vec::new();
     let mut current: Option<Finding> = None;
     for line in lines {
@@ -112,6 +136,8 @@ pub fn parse_text(lines: &[&str]) -> Vec<Finding> {
         if line.trim_start_matches('=').trim().is_empty() || !line.starts_with('=') {
             findings.extend(current.take());
         } else if let Some(c) = AT.captures(line) {
+            set_location(f, &c);
+        } else if let Some(c) = AT_LEGACY.captures(line) {
             set_location(f, &c);
         } else if let Some(c) = THREAD.captures(line) {
             let n = |i: usize| c[i].parse().unwrap_or(0);
