@@ -35,6 +35,6 @@ pub const HELP: &str = "Exit codes:
   5    classify: the log shows a failure; triage: the fault was found
   6    no CUDA backend (harness) or no compute-sanitizer (triage)
   7    another cudabisect run holds this repository's state directory
-  8    start: an endpoint could not be judged (the machine or the clone failed)
+  8    start: an endpoint could not be judged, or the host broke mid-search
   70   cudabisect itself failed
   130  interrupted (Ctrl-C or SIGTERM)";
