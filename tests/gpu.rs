@@ -634,3 +634,93 @@ fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
         "{text}"
     );
 }
+
+/// A small PyTorch package whose two Triton kernels each get an out-of-bounds store in different parts of
+/// its history; both are launched through one helper, so only the kernel tells the bugs apart.
+fn two_bug_files(bias_bug: bool, embed_bug: bool, note: usize) -> cudabisect::sample::repo_builder::Files {
+    use cudabisect::sample::repo_builder::{put, Files};
+    let mut f = Files::new();
+    put(&mut f, "pkg/__init__.py", "", false);
+    put(
+        &mut f,
+        "pkg/launch.py",
+        "def run(kernel, grid, *args, **kw):\n    # Every kernel of the package goes through here: the launch site is the same for all.\n    kernel[grid](*args, **kw)\n",
+        false,
+    );
+    let kernel = |name: &str, body: &str, bug: bool| {
+        format!(
+            "import torch\nimport triton\nimport triton.language as tl\nfrom pkg.launch import run\n\n\n@triton.jit\ndef _{name}_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):\n    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)\n    tl.store(out_ptr + offs, {body}{mask})\n\n\ndef {name}(x):\n    out = torch.empty_like(x)\n    n = x.numel()\n    blocks = {blocks}\n    run(_{name}_kernel, (blocks,), x, out, n, BLOCK=1024)\n    return out\n",
+            mask = if bug { "" } else { ", mask=offs < n" },
+            blocks = if bug { "n * 64  # far too many blocks, and the store is unmasked" } else { "triton.cdiv(n, 1024)" },
+        )
+    };
+    put(&mut f, "pkg/ops.py", kernel("bias_gelu", "x * 0.5", bias_bug), false);
+    put(&mut f, "pkg/embed.py", kernel("hash_embed", "x + 1.0", embed_bug), false);
+    put(
+        &mut f,
+        "pkg/model.py",
+        "from pkg.embed import hash_embed\nfrom pkg.ops import bias_gelu\n\n\ndef forward(x):\n    return hash_embed(bias_gelu(x))\n",
+        false,
+    );
+    put(
+        &mut f,
+        "train.py",
+        "import torch\nfrom pkg.model import forward\n\nx = torch.randn(1 << 16, device='cuda')\ny = forward(x)\ntorch.cuda.synchronize()\nprint('ok', float(y.sum()))\n",
+        false,
+    );
+    put(
+        &mut f,
+        "bisect.toml",
+        "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"300s\"\n\n[triage]\nenabled = true\ntimeout = \"10m\"\n",
+        false,
+    );
+    put(&mut f, "NOTES.md", format!("revision {note}\n"), false);
+    f
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
+fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
+    use cudabisect::sample::repo_builder::RepoBuilder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("twobugs");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut commits = Vec::new();
+    for i in 0..30 {
+        // The other bug spans the middle of the range, where the first probes land; the target starts at 22.
+        let bias_bug = (10..=19).contains(&i);
+        let embed_bug = i >= 22;
+        let parents: Vec<_> = commits.last().copied().into_iter().collect();
+        commits.push(
+            b.commit(&parents, &two_bug_files(bias_bug, embed_bug, i), &format!("change {i}"))
+                .unwrap(),
+        );
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    let report = tmp.path().join("report.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args(["start", &format!("{}..main", commits[0]), "--no-shrink", "-C"])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    for l in stderr.lines().filter(|l| l.contains("→") || l.contains("compute-sanitizer")) {
+        println!("{l}");
+    }
+    println!("wall {:.1}s", started.elapsed().as_secs_f64());
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    println!("target: {}", r["target"]);
+    println!("other bugs: {}", r["other_bugs"]);
+    assert_eq!(r["first_bad"]["commit"], commits[22].to_string(), "{stdout}\n{stderr}");
+    assert_eq!(r["target"]["kernel"], "_hash_embed_kernel", "{:#}", r["target"]);
+    let others = r["other_bugs"].as_array().unwrap();
+    assert!(!others.is_empty(), "the other bug was never met: {r:#}");
+    assert!(others.iter().all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+}
