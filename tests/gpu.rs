@@ -637,7 +637,11 @@ fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
 
 /// A small PyTorch package whose two Triton kernels each get an out-of-bounds store in different parts of
 /// its history; both are launched through one helper, so only the kernel tells the bugs apart.
-fn two_bug_files(bias_bug: bool, embed_bug: bool, note: usize) -> cudabisect::sample::repo_builder::Files {
+fn two_bug_files(
+    bias_bug: bool,
+    embed_bug: bool,
+    note: usize,
+) -> cudabisect::sample::repo_builder::Files {
     use cudabisect::sample::repo_builder::{put, Files};
     let mut f = Files::new();
     put(&mut f, "pkg/__init__.py", "", false);
@@ -654,8 +658,18 @@ fn two_bug_files(bias_bug: bool, embed_bug: bool, note: usize) -> cudabisect::sa
             blocks = if bug { "n * 64  # far too many blocks, and the store is unmasked" } else { "triton.cdiv(n, 1024)" },
         )
     };
-    put(&mut f, "pkg/ops.py", kernel("bias_gelu", "x * 0.5", bias_bug), false);
-    put(&mut f, "pkg/embed.py", kernel("hash_embed", "x + 1.0", embed_bug), false);
+    put(
+        &mut f,
+        "pkg/ops.py",
+        kernel("bias_gelu", "x * 0.5", bias_bug),
+        false,
+    );
+    put(
+        &mut f,
+        "pkg/embed.py",
+        kernel("hash_embed", "x + 1.0", embed_bug),
+        false,
+    );
     put(
         &mut f,
         "pkg/model.py",
@@ -692,8 +706,12 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
         let embed_bug = i >= 22;
         let parents: Vec<_> = commits.last().copied().into_iter().collect();
         commits.push(
-            b.commit(&parents, &two_bug_files(bias_bug, embed_bug, i), &format!("change {i}"))
-                .unwrap(),
+            b.commit(
+                &parents,
+                &two_bug_files(bias_bug, embed_bug, i),
+                &format!("change {i}"),
+            )
+            .unwrap(),
         );
     }
     b.set_branch("main", *commits.last().unwrap()).unwrap();
@@ -701,7 +719,12 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
     let report = tmp.path().join("report.json");
     let started = std::time::Instant::now();
     let out = Command::new(bin())
-        .args(["start", &format!("{}..main", commits[0]), "--no-shrink", "-C"])
+        .args([
+            "start",
+            &format!("{}..main", commits[0]),
+            "--no-shrink",
+            "-C",
+        ])
         .arg(&dir)
         .arg("--report")
         .arg(&report)
@@ -710,17 +733,31 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    for l in stderr.lines().filter(|l| l.contains("→") || l.contains("compute-sanitizer")) {
+    for l in stderr
+        .lines()
+        .filter(|l| l.contains("→") || l.contains("compute-sanitizer"))
+    {
         println!("{l}");
     }
     println!("wall {:.1}s", started.elapsed().as_secs_f64());
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     println!("target: {}", r["target"]);
     println!("other bugs: {}", r["other_bugs"]);
-    assert_eq!(r["first_bad"]["commit"], commits[22].to_string(), "{stdout}\n{stderr}");
-    assert_eq!(r["target"]["kernel"], "_hash_embed_kernel", "{:#}", r["target"]);
+    assert_eq!(
+        r["first_bad"]["commit"],
+        commits[22].to_string(),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        r["target"]["kernel"], "_hash_embed_kernel",
+        "{:#}",
+        r["target"]
+    );
     let others = r["other_bugs"].as_array().unwrap();
     assert!(!others.is_empty(), "the other bug was never met: {r:#}");
-    assert!(others.iter().all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+    assert!(others
+        .iter()
+        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
 }

@@ -209,12 +209,20 @@ pub fn summary(report: &Report) -> String {
     if let Some(target) = &report.target {
         out.push_str(&format!("Fault: {} — {}\n", target.short(), target.summary));
     }
+    // One line per distinct other bug, however many commits showed it.
+    let mut seen: Vec<(String, usize, &str)> = Vec::new();
     for other in &report.other_bugs {
+        let short = other.signature.short();
+        match seen.iter_mut().find(|(s, ..)| *s == short) {
+            Some(entry) => entry.1 += 1,
+            None => seen.push((short, 1, &other.commit)),
+        }
+    }
+    for (short, count, first) in seen {
         out.push_str(&format!(
-            "Another bug on the way: {} {} ({})\n",
-            &other.commit[..12.min(other.commit.len())],
-            other.signature.short(),
-            other.reason
+            "Another bug on the way: {short}, not the target ({count} commit{}, first {})\n",
+            if count == 1 { "" } else { "s" },
+            &first[..12.min(first.len())]
         ));
     }
     if let Some(triage) = &report.triage {
