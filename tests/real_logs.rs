@@ -69,6 +69,8 @@ fn the_corpus_is_large_and_covers_every_family() {
     for class in [
         "illegal_address",
         "misaligned_address",
+        "illegal_instruction",
+        "device_mismatch",
         "device_assert",
         "hardware_stack_error",
         "launch_failure",

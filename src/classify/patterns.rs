@@ -158,7 +158,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             LaunchFailure,
-            r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED|\bcublas\w*\s+(error|status|failure)\W{0,3}13\b|\bcudnn\w*\s+(error|status|failure)\W{0,3}8\b",
+            r"(?i)unspecified launch failure|\bCUDA_ERROR_LAUNCH_FAILED\b|\bcudaErrorLaunchFailure\b|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED|\bcublas\w*\s+(error|status|failure)\W{0,3}13\b|\bcudnn\w*\s+(error|status|failure)\W{0,3}8\b|kernel execution error\. \(.*\berror: 13\)",
         ),
         rule(
             Nccl,
