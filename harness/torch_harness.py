@@ -9,8 +9,15 @@ VERB is one of
                                               each; save node outputs to DIR/<node>.pt
     run --keep A,B --inputs DIR               run only the kept nodes; values made by other nodes come
                                               from DIR/<node>.pt (recorded, never random)
-    extract --keep A,B --inputs DIR --out DIR write a standalone repro.py (+ repro_data.pt) that needs
+    extract --keep A,B --recording DIR --out DIR
+                                              write a standalone repro.py (+ repro_data.pt) that needs
                                               nothing but torch (and triton, if a kept op uses it)
+
+Bundles are safe to open: repro_data.pt holds tensors, plain values and module state dicts, loaded with
+`weights_only=True`; repro.py rebuilds torch.nn modules from code. Only modules of the user's own classes
+are pickled whole (repro_modules.pt), and then repro.py says NOT STANDALONE. Custom ops (`torch.ops.<ns>`)
+are called by their op name; repro.py carries a Python custom op's registration and kernels (Triton ones
+too), or imports the compiled extension that defines it. repro.py is compiled before it is written.
 
 The model is traced with torch.fx; when tracing fails the chain of child modules is used instead, and the
 harness says so. Nothing here needs a package index beyond the user's own torch. The code generation part
@@ -18,15 +25,18 @@ imports torch lazily, so it can be tested without torch.
 """
 
 import argparse
+import ast
 import builtins
+import collections
 import importlib
 import inspect
 import json
-import operator
 import os
 import sys
 import textwrap
 import traceback
+from dataclasses import dataclass, field
+from typing import Optional
 
 PROTOCOL_VERSION = 2
 MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}"
@@ -98,15 +108,8 @@ def build_graph(model, example):
     refs = {}
 
     def conv(a):
-        if isinstance(a, torch.fx.Node):
-            return refs[a.name]
-        if isinstance(a, (list, tuple)):
-            return type(a)(conv(x) for x in a)
-        if isinstance(a, dict):
-            return {k: conv(v) for k, v in a.items()}
-        if isinstance(a, slice):
-            return slice(conv(a.start), conv(a.stop), conv(a.step))
-        return a
+        # FX's own walk: tuples (named ones too), lists, dicts and slices.
+        return torch.fx.node.map_aggregate(a, lambda x: refs[x.name] if isinstance(x, torch.fx.Node) else x)
 
     modules = dict(gm.named_modules())
     for node in gm.graph.nodes:
@@ -164,7 +167,8 @@ def refs_in(a):
 
 def describe(steps, placeholders):
     def tensors(args):
-        return [{"name": r.name, "shape": [], "producer": r.producer} for r in refs_in(args)]
+        # The shape is unknown until the model runs (the recording's shapes.json fills it in).
+        return [{"name": r.name, "shape": None, "producer": r.producer} for r in refs_in(args)]
 
     return {
         "protocol": PROTOCOL_VERSION,
@@ -173,7 +177,7 @@ def describe(steps, placeholders):
         "nodes": [
             {"id": s.name, "op": s.op, "kernel": s.kernel,
              "inputs": tensors((s.args, s.kwargs)),
-             "outputs": [{"name": s.name, "shape": [], "producer": s.name}]}
+             "outputs": [{"name": s.name, "shape": None, "producer": s.name}]}
             for s in steps
         ],
     }
@@ -184,15 +188,9 @@ def describe(steps, placeholders):
 
 
 def resolve(a, env):
-    if isinstance(a, Ref):
-        return env[a.name]
-    if isinstance(a, (list, tuple)):
-        return type(a)(resolve(x, env) for x in a)
-    if isinstance(a, dict):
-        return {k: resolve(v, env) for k, v in a.items()}
-    if isinstance(a, slice):
-        return slice(resolve(a.start, env), resolve(a.stop, env), resolve(a.step, env))
-    return a
+    """`a` with every Ref replaced by its value (FX's walk keeps namedtuples and slices intact)."""
+    from torch.fx.node import map_aggregate
+    return map_aggregate(a, lambda x: env[x.name] if isinstance(x, Ref) else x)
 
 
 def call(step, root, env):
@@ -207,13 +205,8 @@ def call(step, root, env):
 
 def to_device(v, device):
     import torch
-    if isinstance(v, torch.Tensor):
-        return v.to(device)
-    if isinstance(v, (list, tuple)):
-        return type(v)(to_device(x, device) for x in v)
-    if isinstance(v, dict):
-        return {k: to_device(x, device) for k, x in v.items()}
-    return v
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, v)
 
 
 def needed_refs(steps):
@@ -261,9 +254,21 @@ def run(steps, root, env, device, record=None):
     return 0
 
 
+def load_recorded(path):
+    """A recorded value. Plain tensors and containers load with `weights_only=True`; only a value of a
+    type torch does not allow there (a user class the model returned) needs a full unpickle, and these
+    recordings are our own, written by `run --record` in the run directory."""
+    import pickle
+
+    import torch
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        return torch.load(path, weights_only=False)
+
+
 def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
     """The values kept steps read but no kept step makes: inputs, attributes, recordings."""
-    import torch
     made = {s.name for s in kept}
     env = {}
     for name in sorted(needed_refs(kept) - made):
@@ -277,7 +282,7 @@ def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
             path = os.path.join(inputs_dir, f"{name}.pt")
             if not os.path.exists(path):
                 raise SystemExit(f"error: --inputs: no recording {path} for value {name!r}")
-            env[name] = torch.load(path, weights_only=False)
+            env[name] = load_recorded(path)
     return {k: to_device(v, device) for k, v in env.items()}
 
 
@@ -308,70 +313,289 @@ def literal(a, names):
     raise ValueError(f"cannot write {a!r} ({type(a).__name__}) into repro.py")
 
 
-def function_ref(fn, user_sources):
-    """How repro.py names a function: torch and the standard library by import path; the user's own code by
-    the source copied into repro.py."""
+# Where torch itself defines ops: nothing to carry for these.
+TORCH_NAMESPACES = {"aten", "prims", "prim", "quantized", "_quantized", "c10d", "_c10d_functional",
+                    "_c10d_functional_autograd", "_dtensor", "higher_order", "profiler", "rngprims",
+                    "debugprims", "inductor", "_inductor_test", "mkldnn", "onednn", "_test"}
+# Packages a repro may import by name: torch and triton are its only requirements.
+IMPORTABLE = ("torch", "triton", "math", "operator", "builtins", "_operator")
+
+
+class ExtractError(Exception):
+    """What keeps repro.py from being standalone: names the op or function."""
+
+
+@dataclass
+class Needs:
+    """What the kept steps call beyond torch: gathered while writing the calls, rendered after."""
+    user_fns: list = field(default_factory=list)     # the user's Python functions, copied as source
+    custom_ops: dict = field(default_factory=dict)   # "ns::op" -> the op's Python definition (a CustomOpDef)
+    imports: set = field(default_factory=set)        # extra import lines
+    notes: list = field(default_factory=list)        # what the repro needs beyond torch and triton
+    missing: list = field(default_factory=list)      # what could not be carried, for the extract error
+
+
+def op_path(fn):
+    """(namespace, op, overload or None) of a `torch.ops` callable, else None."""
+    kind = type(fn).__name__
+    if kind == "OpOverload":
+        qual, overload = fn._schema.name, fn._overloadname
+    elif kind == "OpOverloadPacket":
+        qual, overload = fn._qualified_op_name, None
+    else:
+        return None
+    ns, _, op = qual.partition("::")
+    return ns, op, overload
+
+
+def python_custom_op(qualname):
+    """The CustomOpDef behind a `torch.library.custom_op`, when the op was defined in Python."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    return OPDEFS.get(qualname)
+
+
+def extension_for(ns):
+    """Import lines for the compiled extension that defines ops in namespace `ns`: a loaded extension
+    module named after it, or the package that loaded a library through `torch.ops.load_library`."""
+    found = []
+    libs = []
+    try:
+        import torch
+        libs = [os.path.realpath(p) for p in getattr(torch.ops, "loaded_libraries", ())]
+    except ImportError:
+        pass
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None) or ""
+        top = name.split(".")[0]
+        if not path or top in IMPORTABLE or top.startswith("_"):
+            continue
+        if path.endswith((".so", ".pyd")) and ns in name.split("."):
+            found.append(f"import {name}")
+        elif path.endswith("__init__.py") and "." not in name:
+            pkg_dir = os.path.dirname(os.path.realpath(path)) + os.sep
+            if any(lib.startswith(pkg_dir) for lib in libs) and (ns == name or ns.startswith(name)):
+                found.append(f"import {name}")
+    return sorted(set(found))
+
+
+def function_ref(fn, needs):
+    """How repro.py names a callable: torch and the standard library by import path, `torch.ops` by op
+    name, the user's own Python code by the source copied into repro.py, a compiled extension's function by
+    importing the extension."""
+    path = op_path(fn)
+    if path:
+        ns, op, overload = path
+        if ns not in TORCH_NAMESPACES:
+            qual = f"{ns}::{op}"
+            opdef = python_custom_op(qual)
+            if opdef is not None:
+                needs.custom_ops[qual] = opdef
+            else:
+                lines = extension_for(ns)
+                if lines:
+                    needs.imports.update(lines)
+                    needs.notes.append(f"{qual} comes from a compiled extension: "
+                                       f"{', '.join(line.split()[-1] for line in lines)} must be importable")
+                else:
+                    needs.missing.append(f"custom op {qual}: neither a torch.library.custom_op defined in "
+                                         "Python nor a loaded compiled extension that defines it")
+        return f"torch.ops.{ns}.{op}" + (f".{overload}" if overload else "")
     mod = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if fn in vars(builtins).values():
-        return name, None
+        return name
     if mod in ("_operator", "operator"):
-        return f"operator.{fn.__name__}", "operator"
+        needs.imports.add("import operator")
+        return f"operator.{fn.__name__}"
     if mod.startswith("torch") or mod == "math":
-        top = mod.split(".")[0]
-        return f"{mod}.{name}", mod if top != "torch" else "torch"
-    user_sources.append(fn)
-    return fn.__name__, None
+        needs.imports.add(f"import {mod}" if mod.split(".")[0] != "torch" else "import torch")
+        return f"{mod}.{name}"
+    if (inspect.isbuiltin(fn) or type(fn).__name__ == "builtin_function_or_method") and mod:
+        # A function of a compiled extension: there is no Python source to copy.
+        needs.imports.add(f"import {mod}")
+        needs.notes.append(f"{mod}.{name} comes from a compiled extension: {mod} must be importable")
+        return f"{mod}.{name}"
+    needs.user_fns.append(fn)
+    return fn.__name__
 
 
-def user_source(fns):
+def strip_decorators(code):
+    """`code` (one def or class) from its `def`/`class` line on: repro.py writes registrations itself."""
+    try:
+        node = ast.parse(code).body[0]
+    except (SyntaxError, IndexError):
+        return code
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.decorator_list:
+        return "".join(code.splitlines(keepends=True)[node.lineno - 1:])
+    return code
+
+
+def source_of(fn):
+    """The dedented source of a function, a class or a Triton kernel, or None when it cannot be read."""
+    target = getattr(fn, "fn", fn)  # a triton JITFunction wraps the Python function
+    try:
+        return textwrap.dedent(inspect.getsource(target))
+    except (OSError, TypeError):
+        src = getattr(fn, "src", None)  # Triton keeps the kernel's text even when the file is gone
+        return textwrap.dedent(src) if isinstance(src, str) else None
+
+
+def is_triton_kernel(fn):
+    return type(fn).__name__ in ("JITFunction", "Autotuner", "Heuristics")
+
+
+def user_source(fns, missing=None):
     """Source of the user's functions the kept steps call, and of the globals they use that are functions,
-    classes or Triton kernels from the same file: enough to run without the user's package."""
+    classes, Triton kernels or plain constants from the user's code: enough to run without the user's
+    package. What cannot be read is appended to `missing`."""
+    missing = [] if missing is None else missing
     out, seen, imports = [], set(), set()
-    queue = [(fn, None) for fn in fns]
+    queue = [f if isinstance(f, tuple) else (f, None) for f in fns]
     while queue:
         fn, alias = queue.pop(0)
-        key = id(fn)
-        if key in seen:
+        if id(fn) in seen:
             continue
-        seen.add(key)
-        target = getattr(fn, "fn", fn)  # a triton JITFunction wraps the Python function
-        src = getattr(fn, "src", None) if type(fn).__name__ == "JITFunction" else None
-        try:
-            code = inspect.getsource(target)
-        except (OSError, TypeError):
+        seen.add(id(fn))
+        target = getattr(fn, "fn", fn)
+        code = source_of(fn)
+        if code is None:
+            missing.append(f"function {getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}: "
+                           "its source cannot be read")
             continue
-        if type(fn).__name__ == "JITFunction":
+        if is_triton_kernel(fn):
             imports.update({"import triton", "import triton.language as tl"})
-            code = textwrap.dedent(code)
             if not code.lstrip().startswith("@"):
                 code = "@triton.jit\n" + code
-        code = textwrap.dedent(code)
         if alias and alias != getattr(target, "__name__", alias):
             # The caller names it differently (`kernel = triton.jit(store_kernel)`): keep that name too.
             code += f"\n\n{alias} = {target.__name__}\n"
         out.append(code)
-        globs = getattr(target, "__globals__", {})
-        for name in getattr(getattr(target, "__code__", None), "co_names", ()):
-            g = globs.get(name)
-            if g is None:
-                continue
-            if inspect.ismodule(g):
-                if g.__name__.split(".")[0] in ("torch", "triton", "math", "numpy"):
-                    imports.add(f"import {g.__name__} as {name}" if g.__name__ != name else f"import {name}")
-                continue
-            if type(g).__name__ == "JITFunction" or inspect.isfunction(g) or inspect.isclass(g):
-                if getattr(g, "__module__", "").split(".")[0] in ("torch", "triton", "builtins"):
-                    continue
-                queue.append((g, name))
-        del src
+        queue.extend(globals_used(target, imports))
     return sorted(imports), out
 
 
-def render_repro(kept, boundary_names, module_names, attr_names, title, device="cuda"):
+def globals_used(target, imports):
+    """The user-code globals a function reads, as (value, name) to copy; imports for the library ones."""
+    found = []
+    globs = getattr(target, "__globals__", {})
+    for name in getattr(getattr(target, "__code__", None), "co_names", ()):
+        if name not in globs:
+            continue
+        g = globs[name]
+        if inspect.ismodule(g):
+            if g.__name__.split(".")[0] in ("torch", "triton", "math", "numpy"):
+                imports.add(f"import {g.__name__} as {name}" if g.__name__ != name else f"import {name}")
+            continue
+        if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
+            mod = getattr(g, "__module__", "") or ""
+            if mod.split(".")[0] in ("torch", "triton", "builtins", "math", "typing", "dataclasses"):
+                # A library function the user imported by name (`from torch.library import wrap_triton`).
+                real = getattr(g, "__name__", name)
+                imports.add(f"from {mod} import {real}" + (f" as {name}" if real != name else ""))
+                continue
+            found.append((g, name))
+        elif isinstance(g, (bool, int, float, str)) or g is None:
+            imports.add(f"{name} = {g!r}")
+    return found
+
+
+def custom_op_source(qual, opdef, missing):
+    """repro.py's definition of a Python custom op: its kernels' source without decorators, registered
+    again under the same name and schema, so `torch.ops.<ns>.<op>` means the same thing."""
+    init = opdef._init_fn
+    code = source_of(init)
+    if code is None:
+        missing.append(f"custom op {qual}: the source of {getattr(init, '__qualname__', init)} cannot be read")
+        return None, []
+    var = init.__name__
+    schema = str(opdef._opoverload._schema)
+    schema = schema[schema.index("("):]
+    mutates = tuple(a.name for a in opdef._opoverload._schema.arguments
+                    if a.alias_info is not None and a.alias_info.is_write)
+    backends = dict(getattr(opdef, "_backend_fns", {}) or {})
+    devices = sorted((d for d, f in backends.items() if f is init and d is not None), key=str)
+    device_types = None if not backends or None in backends else (devices or None)
+    parts = [strip_decorators(code),
+             f"{var} = torch.library.custom_op({qual!r}, mutates_args={mutates!r}, "
+             f"device_types={device_types!r}, schema={schema!r})({var})"]
+    deps = [init]
+    for device, fn in sorted(backends.items(), key=lambda kv: str(kv[0])):
+        if fn is init or device is None:
+            continue
+        src = source_of(fn)
+        if src is None:
+            missing.append(f"custom op {qual}: the source of its {device} kernel cannot be read")
+            continue
+        parts += [strip_decorators(src), f"{var}.register_kernel({device!r}, {fn.__name__})"]
+        deps.append(fn)
+    fake = getattr(opdef, "_abstract_fn", None)
+    fake_src = source_of(fake) if fake is not None else None
+    if fake_src is not None and fake.__name__ != "<lambda>":
+        # Only tracing needs the fake; carried so the repro also works under torch.compile.
+        parts += [strip_decorators(fake_src), f"{var}.register_fake({fake.__name__})"]
+    return "\n\n".join(parts) + "\n", deps
+
+
+@dataclass
+class ModuleSpec:
+    """A module the kept steps call: built from code (`ctor`) with its state dict, or pickled whole."""
+    name: str
+    ctor: Optional[str]
+
+
+def module_ctor(m, nn):
+    """Python source that builds a module of the same class and configuration as `m` (not its weights),
+    for torch.nn leaf modules whose repr is their constructor call and for Sequential/ModuleList of those;
+    None otherwise."""
+    cls = type(m)
+    if getattr(nn, cls.__name__, None) is not cls:
+        return None
+    children = list(m.named_children())
+    if cls.__name__ in ("Sequential", "ModuleList"):
+        parts = [module_ctor(c, nn) for _, c in children]
+        if any(p is None for p in parts):
+            return None
+        if [n for n, _ in children] == [str(i) for i in range(len(children))]:
+            inner = ", ".join(parts)
+            if cls.__name__ == "Sequential":
+                return f"torch.nn.Sequential({inner})"
+            return f"torch.nn.ModuleList([{inner}])"
+        if cls.__name__ == "Sequential":
+            pairs = ", ".join(f"({n!r}, {p})" for (n, _), p in zip(children, parts))
+            return f"torch.nn.Sequential(collections.OrderedDict([{pairs}]))"
+        return None
+    if children:
+        return None
+    text = repr(m)
+    if "\n" in text or not text.startswith(cls.__name__ + "("):
+        return None
+    return "torch.nn." + text
+
+
+def checked_ctor(m, torch):
+    """`module_ctor`, kept only when what it builds has `m`'s class, repr and state-dict layout."""
+    ctor = module_ctor(m, torch.nn)
+    if ctor is None:
+        return None
+    try:
+        built = eval(ctor, {"__builtins__": {}, "torch": torch, "collections": collections})  # noqa: S307 - our own text
+    except Exception:  # noqa: BLE001 - any failure means: this module is pickled instead
+        return None
+    want = {k: (tuple(v.shape), v.dtype) for k, v in m.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+    if type(built) is not type(m) or repr(built) != repr(m) or got != {k: s for k, (s, _) in want.items()}:
+        return None
+    return ctor
+
+
+def render_repro(kept, boundary_names, modules, title, device="cuda"):
     """repro.py's text: markers and a synchronise around every node, like the harness, so the classifier
-    reads it the same way."""
-    user_fns, lines, imports = [], [], {"import os", "import sys", "import torch"}
+    reads it the same way. Raises ExtractError naming what it could not carry."""
+    needs = Needs(imports={"import os", "import sys", "import torch", "import torch.utils._pytree"})
+    lines = []
     for s in kept:
         args = ", ".join([literal(a, None) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
                          + [f"{k}={literal(v, None)}" for k, v in s.kwargs.items()])
@@ -380,44 +604,57 @@ def render_repro(kept, boundary_names, module_names, attr_names, title, device="
         elif s.kind == "call_method":
             expr = f"{literal(s.args[0], None)}.{s.target}({args})"
         else:
-            ref, imp = function_ref(s.target, user_fns)
-            if imp:
-                imports.add(f"import {imp}")
-            expr = f"{ref}({args})"
+            expr = f"{function_ref(s.target, needs)}({args})"
         begin = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin")
         end = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end")
         lines.append(f"    print({begin!r}, flush=True)\n"
                      f"    env[{s.name!r}] = {expr}\n"
                      f"    sync()\n"
                      f"    print({end!r}, flush=True)")
-    extra_imports, sources = user_source(user_fns)
-    imports.update(extra_imports)
+    op_sources, op_deps = [], []
+    for qual, opdef in needs.custom_ops.items():
+        src, deps = custom_op_source(qual, opdef, needs.missing)
+        if src:
+            op_sources.append(src)
+            # What the op's kernels call (Triton kernels, helpers, constants), copied like any user code.
+            for fn in deps:
+                op_deps.extend(globals_used(fn, needs.imports))
+    # (value, name) pairs keep the names the op's kernels use (`kernel = triton.jit(...)`).
+    extra_imports, sources = user_source(op_deps + needs.user_fns, needs.missing)
+    if needs.missing:
+        raise ExtractError("; ".join(dict.fromkeys(needs.missing)))
+    needs.imports.update(extra_imports)
+    if any(s.ctor and "collections." in s.ctor for s in modules):
+        needs.imports.add("import collections")
+    pickled = [s.name for s in modules if s.ctor is None]
+    triton = any("triton" in i for i in needs.imports)
+    notes = "".join(f"\n        Needs: {n}." for n in needs.notes)
     head = textwrap.dedent(f'''\
         #!/usr/bin/env python3
         """{title}
 
-        Generated by cudabisect. Needs only torch{" and triton" if any("triton" in i for i in imports) else ""}.
+        Generated by cudabisect. Needs only torch{" and triton" if triton else ""}.{notes}
         Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it reproduced)
-        The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins.
+        The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;
+        it loads with weights_only=True (no code runs when it is opened).
         """
+        from __future__ import annotations
         ''')
-    body = "\n".join(sorted(imports)) + "\n\n"
-    if sources:
+    plain = sorted(i for i in needs.imports if i.startswith(("import ", "from ")))
+    consts = sorted(i for i in needs.imports if not i.startswith(("import ", "from ")))
+    body = "\n".join(plain) + "\n\n"
+    if consts:
+        body += "\n".join(consts) + "\n\n"
+    if sources or op_sources:
         body += "# --- the model's own code that the kept nodes call, copied from its source ---\n\n"
-        body += "\n\n".join(sources) + "\n\n"
+        body += "\n\n".join(sources + op_sources) + "\n\n"
     body += textwrap.dedent(f'''\
         DEVICE = os.environ.get("REPRO_DEVICE", {device!r})
         HERE = os.path.dirname(os.path.abspath(__file__))
 
 
         def to_device(v):
-            if isinstance(v, torch.Tensor):
-                return v.to(DEVICE)
-            if isinstance(v, (list, tuple)):
-                return type(v)(to_device(x) for x in v)
-            if isinstance(v, dict):
-                return {{k: to_device(x) for k, x in v.items()}}
-            return v
+            return torch.utils._pytree.tree_map(lambda x: x.to(DEVICE) if isinstance(x, torch.Tensor) else x, v)
 
 
         def sync():
@@ -426,12 +663,26 @@ def render_repro(kept, boundary_names, module_names, attr_names, title, device="
 
 
         def main():
-            data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=False)
+            data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)
             # Inputs of the kept nodes that cut nodes made: {sorted(boundary_names)}
             env = to_device(data["values"])
-            # Modules the kept nodes call (torch.nn modules with their exact parameters): {sorted(module_names)}
-            modules = {{k: m.to(DEVICE) for k, m in data["modules"].items()}}
+
+            def build(name, module):
+                # The module's exact parameters and buffers, in their own dtypes.
+                module.load_state_dict(data["states"][name], assign=True)
+                return module.train(data["training"][name]).to(DEVICE)
+
+            modules = {{}}
         ''')
+    for spec in modules:
+        if spec.ctor:
+            body += f"    modules[{spec.name!r}] = build({spec.name!r}, {spec.ctor})\n"
+    if pickled:
+        body += ("    # NOT STANDALONE: the model's own module classes, pickled whole; opening this file runs\n"
+                 "    # code from their package, which must be importable.\n"
+                 "    pickled = torch.load(os.path.join(HERE, \"repro_modules.pt\"), weights_only=False)\n")
+        for name in pickled:
+            body += f"    modules[{name!r}] = pickled[{name!r}].to(DEVICE)\n"
     body += "\n".join(lines) + "\n"
     body += textwrap.dedent('''\
             print("repro: ran clean", flush=True)
@@ -445,34 +696,52 @@ def render_repro(kept, boundary_names, module_names, attr_names, title, device="
                 traceback.print_exc(file=sys.stdout)
                 sys.exit(1)
         ''')
-    del attr_names
-    return head + body
+    text = head + body
+    try:
+        compile(text, "repro.py", "exec")
+    except SyntaxError as e:
+        raise ExtractError(f"the written repro.py does not compile: {e}") from e
+    return text
 
 
 def extract(kept, root, env, out_dir, title, device):
+    """Writes repro.py, repro_data.pt (safe to open) and, only for the model's own module classes,
+    repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer."""
     import torch
-    os.makedirs(out_dir, exist_ok=True)
-    modules = {}
-    foreign = []
+    specs, states, training, pickled = [], {}, {}, {}
     for s in kept:
-        if s.kind == "call_module":
-            m = root.get_submodule(s.target).cpu()
-            modules[s.target] = m
-            if not type(m).__module__.startswith("torch."):
-                foreign.append(f"{type(m).__module__}.{type(m).__name__}")
+        if s.kind != "call_module" or s.target in states or s.target in pickled:
+            continue
+        m = root.get_submodule(s.target).cpu()
+        ctor = checked_ctor(m, torch)
+        specs.append(ModuleSpec(s.target, ctor))
+        if ctor:
+            states[s.target] = m.state_dict()
+            training[s.target] = m.training
+        else:
+            pickled[s.target] = m
+    foreign = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in pickled.values()})
     if foreign:
-        # Pickled by reference: loading them needs the user's package. Said in repro.py and on stderr.
         title += ("\n\nNOT STANDALONE: it unpickles the model's own module classes "
-                  f"({', '.join(sorted(set(foreign)))}), so their package must be importable.")
-        print(f"harness: repro.py needs the model's package for {', '.join(sorted(set(foreign)))}", file=sys.stderr)
+                  f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable.")
+        print(f"harness: repro.py needs the model's package for {', '.join(foreign)}", file=sys.stderr)
     names = sorted(env)
-    data = {"values": {k: to_device(env[k], "cpu") for k in names}, "modules": modules}
-    torch.save(data, os.path.join(out_dir, "repro_data.pt"))
-    text = render_repro(kept, names, list(modules), [], title, device)
+    text = render_repro(kept, names, specs, title, device)
+    os.makedirs(out_dir, exist_ok=True)
+    data = {"values": {k: to_device(env[k], "cpu") for k in names}, "states": states, "training": training}
+    data_path = os.path.join(out_dir, "repro_data.pt")
+    torch.save(data, data_path)
+    try:
+        torch.load(data_path, weights_only=True)
+    except Exception as e:  # whatever torch refuses, the bundle would not open safely
+        raise ExtractError(f"a recorded value cannot be saved in a safe form: {e}") from e
+    if pickled:
+        torch.save(pickled, os.path.join(out_dir, "repro_modules.pt"))
     path = os.path.join(out_dir, "repro.py")
     with open(path, "w") as f:
         f.write(text)
-    print(json.dumps({"repro": path, "nodes": [s.name for s in kept]}))
+    return {"repro": path, "nodes": [s.name for s in kept], "standalone": not pickled,
+            "pickled_modules": sorted(pickled)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -530,7 +799,12 @@ def main(argv=None):
         env = boundary_env(kept, placeholders, example, attrs, getattr(a, "recording", None), a.device)
         if a.verb == "extract":
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {a.model} ({', '.join(s.name for s in kept)})"
-            extract(kept, root, env, a.out, title, a.device)
+            try:
+                written = extract(kept, root, env, a.out, title, a.device)
+            except ExtractError as e:
+                print(f"error: extract: {e}", file=sys.stderr, flush=True)
+                return 2
+            print(json.dumps(written), flush=True)
             return 0
         if a.record:
             os.makedirs(a.record, exist_ok=True)

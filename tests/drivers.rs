@@ -450,6 +450,7 @@ struct FakeHarness {
     /// Non-monotone: with this node kept but not the second, the fault hides.
     hides: Option<(usize, usize)>,
     describe_fails: bool,
+    extract_fails: Option<String>,
     clean_model: bool,
     runs: RefCell<usize>,
     cancel_after: Option<(usize, &'static AtomicBool)>,
@@ -483,7 +484,7 @@ impl HarnessClient for FakeHarness {
                 kernel: Some("gather_rows".into()),
                 inputs: vec![GraphTensor {
                     name: format!("t{i}"),
-                    shape: vec![4],
+                    shape: Some(vec![4]),
                     dtype: None,
                     producer: (i > 0).then(|| format!("n{}", i - 1)),
                 }],
@@ -532,7 +533,10 @@ impl HarnessClient for FakeHarness {
         _: &Path,
         _: &AtomicBool,
     ) -> Result<(), ProtocolError> {
-        Ok(())
+        match &self.extract_fails {
+            Some(why) => Err(ProtocolError::Extract(why.clone())),
+            None => Ok(()),
+        }
     }
 
     fn reproduce_line(&self, _: Option<&Path>, keep: &[String], _: &Path) -> String {
@@ -548,6 +552,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         other: None,
         hides: None,
         describe_fails: false,
+        extract_fails: None,
         clean_model: false,
         runs: RefCell::new(0),
         cancel_after: None,
@@ -589,6 +594,21 @@ fn a_shrink_keeps_exactly_the_needed_nodes_and_confirms_them() {
         .iter()
         .any(|e| matches!(e, Event::ShrinkLocated { node, .. } if node == "n30")));
     assert_eq!(r.harness_runs, *h.runs.borrow());
+    assert_eq!(r.extract_error, None);
+}
+
+#[test]
+fn a_minimal_subgraph_that_cannot_be_extracted_keeps_its_result_and_says_why() {
+    let mut h = harness(12, 7, vec![7]);
+    h.extract_fails =
+        Some("exited 2: error: extract: custom op mylib::fused: no definition".into());
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    assert_eq!(r.located_node.as_deref(), Some("n7"));
+    assert_eq!(r.minimal_model, None);
+    let why = r.extract_error.as_deref().unwrap_or_default();
+    assert!(why.contains("mylib::fused"), "{why}");
+    assert_eq!(r.reproduce.as_deref(), Some("fake run --keep n7"));
 }
 
 #[test]

@@ -31,15 +31,26 @@ pub struct GraphNode {
 pub struct GraphTensor {
     /// Its name in the recording.
     pub name: String,
-    /// Its shape; empty when the harness does not know it before running.
+    /// Its shape; `None` (JSON `null` or absent) when the harness does not know it before running. An
+    /// empty list is a known shape: a scalar.
     #[serde(default)]
-    pub shape: Vec<u64>,
+    pub shape: Option<Vec<u64>>,
     /// Its element type, when known.
     #[serde(default)]
     pub dtype: Option<String>,
     /// The node that writes it; `None` for model inputs and parameters.
     #[serde(default)]
     pub producer: Option<String>,
+}
+
+impl GraphTensor {
+    /// The shape as people read it: `[32, 128]`, or `unknown` when it was never produced or recorded.
+    pub fn shape_text(&self) -> String {
+        match &self.shape {
+            Some(dims) => format!("{dims:?}"),
+            None => "unknown".to_string(),
+        }
+    }
 }
 
 /// What `describe` writes.
@@ -117,8 +128,8 @@ pub fn with_recorded_shapes(mut nodes: Vec<GraphNode>, record: &Path) -> Vec<Gra
         .iter_mut()
         .flat_map(|n| n.inputs.iter_mut().chain(n.outputs.iter_mut()))
     {
-        if let Some(r) = shapes.get(&t.name).filter(|_| t.shape.is_empty()) {
-            t.shape = r.shape.clone();
+        if let Some(r) = shapes.get(&t.name).filter(|_| t.shape.is_none()) {
+            t.shape = Some(r.shape.clone());
             t.dtype = t.dtype.take().or_else(|| r.dtype.clone());
         }
     }
@@ -129,7 +140,7 @@ pub fn with_recorded_shapes(mut nodes: Vec<GraphNode>, record: &Path) -> Vec<Gra
 mod tests {
     use super::*;
 
-    fn tensor(name: &str, shape: Vec<u64>) -> GraphTensor {
+    fn tensor(name: &str, shape: Option<Vec<u64>>) -> GraphTensor {
         GraphTensor {
             name: name.into(),
             shape,
@@ -172,12 +183,12 @@ mod tests {
             id: "wpe".into(),
             op: "Embedding".into(),
             kernel: None,
-            inputs: vec![tensor("pos", vec![]), tensor("known", vec![7])],
-            outputs: vec![tensor("wpe", vec![])],
+            inputs: vec![tensor("pos", None), tensor("known", Some(vec![7]))],
+            outputs: vec![tensor("wpe", None)],
         }];
         assert_eq!(
-            with_recorded_shapes(nodes.clone(), dir.path())[0].inputs[0].shape,
-            Vec::<u64>::new()
+            with_recorded_shapes(nodes.clone(), dir.path())[0].inputs[0].shape_text(),
+            "unknown"
         );
         std::fs::write(
             dir.path().join("shapes.json"),
@@ -185,13 +196,13 @@ mod tests {
         )
         .expect("write");
         let filled = with_recorded_shapes(nodes, dir.path());
-        assert_eq!(filled[0].inputs[0].shape, vec![32]);
+        assert_eq!(filled[0].inputs[0].shape, Some(vec![32]));
         assert_eq!(filled[0].inputs[0].dtype.as_deref(), Some("int64"));
         assert_eq!(
             filled[0].inputs[1].shape,
-            vec![7],
+            Some(vec![7]),
             "a described shape stays"
         );
-        assert_eq!(filled[0].outputs[0].shape, vec![32, 128]);
+        assert_eq!(filled[0].outputs[0].shape_text(), "[32, 128]");
     }
 }

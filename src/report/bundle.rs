@@ -278,7 +278,7 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             for n in &s.kept {
                 let tensors = |ts: &[GraphTensor]| {
                     ts.iter()
-                        .map(|t| format!("`{}` {:?}", t.name, t.shape))
+                        .map(|t| format!("`{}` {}", t.name, t.shape_text()))
                         .collect::<Vec<_>>()
                         .join(", ")
                 };
@@ -363,7 +363,7 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
         (Some(line), _) if needs_user_package(input) => {
             let _ = writeln!(
                 md,
-                "From this directory:\n\n```\n{line}\n```\n\nNot standalone: `repro.py` unpickles the model's own module classes, so their package must be importable (see the top of `repro.py`).\n"
+                "From this directory:\n\n```\n{line}\n```\n\nNot standalone: `repro.py` unpickles the model's own module classes from `minimal/repro_modules.pt` (a full pickle: opening it runs code, so open it only from a source you trust), and their package must be importable (see the top of `repro.py`). Everything else (`minimal/repro_data.pt`) loads with `weights_only=True`.\n"
             );
         }
         (Some(line), _) => {
@@ -373,7 +373,12 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             );
         }
         (None, Some(line)) => {
-            let _ = writeln!(md, "The harness could not write a standalone model; from the repository at the first bad commit:\n\n```\n{line}\n```\n");
+            let why = input
+                .shrink
+                .and_then(|s| s.extract_error.as_deref())
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default();
+            let _ = writeln!(md, "The harness could not write a standalone model{why}; from the repository at the first bad commit:\n\n```\n{line}\n```\n");
         }
         (None, None) => {
             let _ = writeln!(md, "No minimal repro was made; the repro command is in `bisect.toml`, the failing run's log in `logs/`.\n");
@@ -383,7 +388,7 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
     let _ = writeln!(md, "\n## Files\n\n- `report.json`: the whole run, machine-readable\n- `bisect.toml`: the config used\n- `logs/`: probe, shrink and sanitizer logs\n- `environment.json`: the environment above");
     if reproduce.is_some() {
         if dir_has_repro_py(input) {
-            let _ = writeln!(md, "- `minimal/repro.py`, `minimal/repro_data.pt`: the standalone PyTorch repro and its saved tensors and modules\n- `reproduce.sh`: runs it");
+            let _ = writeln!(md, "- `minimal/repro.py`, `minimal/repro_data.pt`: the standalone PyTorch repro, and its saved tensors and module state dicts (loads with `weights_only=True`: opening it runs no code)\n- `reproduce.sh`: runs it");
         } else {
             let _ = writeln!(md, "- `minimal/`: the minimal model and its recorded inputs (`.npy`, loadable with numpy)\n- `reproduce.sh`: the reproduce script (it runs `bin/cudabisect` when the bundle carries one, else cudabisect from PATH)");
         }

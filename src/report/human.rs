@@ -270,12 +270,12 @@ fn subgraph_lines(r: &ShrinkReport) -> String {
             let ins: Vec<String> = n
                 .inputs
                 .iter()
-                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .map(|t| format!("{}{}", t.name, t.shape_text()))
                 .collect();
             let outs: Vec<String> = n
                 .outputs
                 .iter()
-                .map(|t| format!("{}{:?}", t.name, t.shape))
+                .map(|t| format!("{}{}", t.name, t.shape_text()))
                 .collect();
             out.push_str(&format!(
                 "    {} {}({}) -> {}\n",
@@ -302,6 +302,9 @@ pub fn shrink_summary(r: &ShrinkReport) -> String {
     }
     if let Some(m) = &r.minimal_model {
         out.push_str(&format!("Minimal model: {m}\n"));
+    }
+    if let Some(e) = &r.extract_error {
+        out.push_str(&format!("No standalone model: {e}\n"));
     }
     if let Some(line) = &r.reproduce {
         out.push_str(&format!("Reproduce: {line}\n"));

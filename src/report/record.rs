@@ -236,6 +236,10 @@ pub struct ShrinkReport {
     pub minimal_model: Option<String>,
     /// One line that reproduces the minimal subgraph.
     pub reproduce: Option<String>,
+    /// Why the harness could not write a standalone minimal model (a custom op or function whose
+    /// definition it cannot carry, a value it cannot save safely).
+    #[serde(default)]
+    pub extract_error: Option<String>,
 }
 
 /// A compute-sanitizer tool, in escalation order.

@@ -118,6 +118,7 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         out_dir: out_dir.display().to_string(),
         minimal_model: None,
         reproduce: None,
+        extract_error: None,
     }
 }
 
@@ -290,12 +291,16 @@ fn drive(
 
     let minimal = settings.out_dir.join("minimal");
     // The native harness writes model.toml, the PyTorch harness repro.py.
-    if harness.extract(&keep, &record, &minimal, cancel).is_ok() {
-        report.minimal_model = ["model.toml", "repro.py"]
-            .iter()
-            .map(|f| minimal.join(f))
-            .find(|p| p.is_file())
-            .map(|p| p.display().to_string());
+    match harness.extract(&keep, &record, &minimal, cancel) {
+        Ok(()) => {
+            report.minimal_model = ["model.toml", "repro.py"]
+                .iter()
+                .map(|f| minimal.join(f))
+                .find(|p| p.is_file())
+                .map(|p| p.display().to_string());
+        }
+        // The shrink result stands; the report says why there is no standalone model.
+        Err(e) => report.extract_error = Some(e.to_string()),
     }
     report.reproduce = Some(harness.reproduce_line(
         report.minimal_model.as_deref().map(Path::new),

@@ -1,0 +1,214 @@
+"""The PyTorch harness's code generation, without torch: repro.py's text for hand-built steps, Python custom
+ops carried with their registration and kernels, what cannot be carried named in an extract error.
+
+Runs under pytest, or alone (`python3 harness/tests/test_codegen.py`), which is how `cargo test` runs it.
+"""
+
+import importlib.util
+import operator
+import os
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("torch_harness", os.path.join(HERE, "..", "torch_harness.py"))
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+
+tl = types.SimpleNamespace(constexpr=int)  # only for the annotation below; triton is not needed here
+BLOCK_SIZE = 1024
+
+
+class JITFunction:
+    """What triton.jit returns, as far as the harness looks."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def store_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+
+kernel = JITFunction(store_kernel)
+
+
+def faulty_copy(x):
+    out = torch.empty_like(x)  # noqa: F821 - torch is repro.py's import, not this test's
+    kernel[(4096,)](x, out, x.numel(), BLOCK=BLOCK_SIZE)
+    return out
+
+
+def scale_rows(x, scale: float):
+    """The custom op's Python kernel."""
+    out = x.clone()
+    kernel[(64,)](x, out, x.numel(), BLOCK=BLOCK_SIZE)
+    return out * scale
+
+
+def scale_rows_fake(x, scale):
+    return x.new_empty(x.shape)
+
+
+class FakeSchema:
+    def __init__(self, text, arguments):
+        self.text, self.arguments = text, arguments
+        self.name = text.split("(")[0]
+
+    def __str__(self):
+        return self.text
+
+
+class OpOverload:
+    """What `torch.ops.ns.op.default` is, as far as the harness looks."""
+
+    def __init__(self, qual, overload="default"):
+        self._schema = FakeSchema(qual + "(Tensor x, float scale) -> Tensor", [])
+        self._overloadname = overload
+
+
+def fake_opdef():
+    arg = types.SimpleNamespace(name="x", alias_info=None)
+    schema = FakeSchema("mylib::scale_rows(Tensor x, float scale) -> Tensor", [arg])
+    return types.SimpleNamespace(_init_fn=scale_rows, _opoverload=types.SimpleNamespace(_schema=schema),
+                                 _backend_fns={None: scale_rows}, _abstract_fn=scale_rows_fake)
+
+
+R = h.Ref
+
+
+def raises(fn):
+    try:
+        fn()
+    except h.ExtractError as e:
+        return str(e)
+    raise AssertionError("no ExtractError")
+
+
+def test_repro_has_markers_calls_and_the_models_own_kernels():
+    steps = [
+        h.Step("relu", "ReLU", "ReLU", (R("x", None),), {}, "layer1.relu", "call_module"),
+        h.Step("copy", "faulty_copy", "faulty_copy", (R("relu", "relu"),), {}, faulty_copy, "call_function"),
+        h.Step("view", "Tensor.view", "view", (R("copy", "copy"), -1, slice(None, 4, None)), {}, "view",
+               "call_method"),
+        h.Step("add", "add", "add", (R("view", "view"), 1.5), {"alpha": 2}, operator.add, "call_function"),
+    ]
+    modules = [h.ModuleSpec("layer1.relu", "torch.nn.ReLU(inplace=False)")]
+    text = h.render_repro(steps, ["x"], modules, "Minimal repro: test")
+    for want in [
+        "@@cudabisect node=copy op=faulty_copy kernel=faulty_copy begin",
+        "env['copy'] = faulty_copy(env['relu'])",
+        "env['view'] = env['copy'].view(-1, slice(None, 4, None))",
+        "env['add'] = operator.add(env['view'], 1.5, alpha=2)",
+        "env['relu'] = modules['layer1.relu'](env['x'])",
+        "modules['layer1.relu'] = build('layer1.relu', torch.nn.ReLU(inplace=False))",
+        "def store_kernel(", "@triton.jit", "def faulty_copy(", "kernel = store_kernel",
+        "BLOCK_SIZE = 1024",
+        "import triton", "import triton.language as tl", "import operator",
+        'torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)',
+        "sync()", "sys.exit(1)",
+    ]:
+        assert want in text, (want, text)
+    assert "weights_only=False" not in text and "NOT STANDALONE" not in text, text
+    assert "import h" not in text and "spec_from_file_location" not in text, text
+
+
+def test_modules_of_the_users_own_classes_are_pickled_and_flagged():
+    steps = [h.Step("blk", "Block", "Block", (R("x", None),), {}, "blk", "call_module")]
+    text = h.render_repro(steps, ["x"], [h.ModuleSpec("blk", None)], "t")
+    assert "NOT STANDALONE" in text and "repro_modules.pt" in text, text
+    assert "modules['blk'] = pickled['blk'].to(DEVICE)" in text, text
+
+
+def test_a_python_custom_op_is_called_by_name_and_carried_with_its_registration():
+    saved = h.python_custom_op
+    h.python_custom_op = lambda qual: fake_opdef() if qual == "mylib::scale_rows" else None
+    try:
+        steps = [h.Step("scaled", "scale_rows", "scale_rows", (R("x", None), 2.0), {},
+                        OpOverload("mylib::scale_rows"), "call_function")]
+        text = h.render_repro(steps, ["x"], [], "t")
+    finally:
+        h.python_custom_op = saved
+    for want in [
+        "env['scaled'] = torch.ops.mylib.scale_rows.default(env['x'], 2.0)",
+        "def scale_rows(x, scale: float):",
+        "scale_rows = torch.library.custom_op('mylib::scale_rows', mutates_args=(), device_types=None, "
+        "schema='(Tensor x, float scale) -> Tensor')(scale_rows)",
+        "scale_rows.register_fake(scale_rows_fake)",
+        "def store_kernel(", "kernel = store_kernel", "from __future__ import annotations",
+    ]:
+        assert want in text, (want, text)
+    assert "torch._ops" not in text, text
+
+
+def test_an_op_with_no_definition_to_carry_is_an_extract_error_naming_it():
+    steps = [h.Step("y", "fused", "fused", (R("x", None),), {}, OpOverload("nowhere_lib::fused"), "call_function")]
+    message = raises(lambda: h.render_repro(steps, ["x"], [], "t"))
+    assert "nowhere_lib::fused" in message, message
+
+
+def test_ops_of_torch_itself_need_nothing():
+    steps = [h.Step("y", "add", "add", (R("x", None), 1), {}, OpOverload("aten::add", "Tensor"), "call_function")]
+    text = h.render_repro(steps, ["x"], [], "t")
+    assert "torch.ops.aten.add.Tensor(env['x'], 1)" in text, text
+
+
+def test_a_function_without_readable_source_is_an_extract_error_naming_it():
+    namespace = {}
+    exec("def made_at_runtime(x):\n    return x\n", namespace)  # noqa: S102 - no file behind it, on purpose
+    fn = namespace["made_at_runtime"]
+    steps = [h.Step("y", "made_at_runtime", "made_at_runtime", (R("x", None),), {}, fn, "call_function")]
+    message = raises(lambda: h.render_repro(steps, ["x"], [], "t"))
+    assert "made_at_runtime" in message and "source cannot be read" in message, message
+
+
+def test_decorators_are_stripped_from_copied_definitions():
+    code = "@torch.library.custom_op('a::b', mutates_args=())\n@other\ndef b(x):\n    return x\n"
+    assert h.strip_decorators(code) == "def b(x):\n    return x\n"
+    assert h.strip_decorators("def c():\n    pass\n") == "def c():\n    pass\n"
+
+
+def test_torch_nn_constructors_are_rebuilt_from_repr_only_for_torch_nn_classes():
+    class Linear:
+        def named_children(self):
+            return iter(())
+
+        def __repr__(self):
+            return "Linear(in_features=4, out_features=8, bias=True)"
+
+    class Sequential:
+        def __init__(self, *children):
+            self.children = children
+
+        def named_children(self):
+            return ((str(i), c) for i, c in enumerate(self.children))
+
+    nn = types.SimpleNamespace(Linear=Linear, Sequential=Sequential)
+    assert h.module_ctor(Linear(), nn) == "torch.nn.Linear(in_features=4, out_features=8, bias=True)"
+    assert h.module_ctor(Sequential(Linear(), Linear()), nn) == (
+        "torch.nn.Sequential(torch.nn.Linear(in_features=4, out_features=8, bias=True), "
+        "torch.nn.Linear(in_features=4, out_features=8, bias=True))")
+
+    class Mine(Linear):
+        pass
+
+    assert h.module_ctor(Mine(), nn) is None
+    assert h.module_ctor(Sequential(Linear(), Mine()), nn) is None
+
+
+def test_unknown_shapes_are_unknown_not_empty():
+    steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, "relu", "call_method")]
+    d = h.describe(steps, ["x"])
+    assert d["nodes"][0]["inputs"][0]["shape"] is None
+    assert d["nodes"][0]["outputs"][0]["shape"] is None
+
+
+if __name__ == "__main__":
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    for name, fn in tests:
+        fn()
+        print(f"ok {name}")
+    print(f"{len(tests)} passed")
+    sys.exit(0)
