@@ -19,8 +19,12 @@ are pickled whole (repro_modules.pt), and then repro.py says NOT STANDALONE. Cus
 are called by their op name; repro.py carries a Python custom op's registration and kernels (Triton ones
 too), or imports the compiled extension that defines it. repro.py is compiled before it is written.
 
-The model is traced with torch.fx; when tracing fails the chain of child modules is used instead, and the
-harness says so. Nothing here needs a package index beyond the user's own torch. The code generation part
+The model is traced with torch.fx, descending layer by layer: a module whose own forward FX cannot trace
+(Python control flow on tensor values, data-dependent shapes) is kept whole as one node, and everything
+around it, above and beside it, is traced op by op; so the fault is pinned to that module or finer, not to
+a top-level child. Only when the top-level forward itself cannot be traced is the chain of child modules
+used, and the harness says so. The description says which modules were kept whole (`graph`).
+Nothing here needs a package index beyond the user's own torch. The code generation part
 imports torch lazily, so it can be tested without torch.
 """
 
@@ -98,12 +102,18 @@ def build_graph(model, example):
     import torch
     import torch.fx
 
+    opaque = untraceable_modules(model)
     try:
-        gm = torch.fx.symbolic_trace(model)
+        gm = torch.fx.GraphModule(model, LeafTracer(opaque).trace(model))
     except Exception as e:  # noqa: BLE001 - any tracing failure means: use the child chain
         print(f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
               "falling back to the chain of child modules", file=sys.stderr, flush=True)
         return chain_graph(model)
+    traced_by = "fx"
+    if opaque:
+        names = sorted(n for n, m in model.named_modules() if id(m) in opaque)
+        traced_by = f"fx; kept whole, their forward cannot be traced: {', '.join(names)}"
+        print(f"harness: {traced_by}", file=sys.stderr, flush=True)
     steps, placeholders, attrs = [], [], {}
     refs = {}
 
@@ -137,7 +147,47 @@ def build_graph(model, example):
                 kernel = node.target
             steps.append(Step(node.name, op, kernel, conv(node.args), conv(node.kwargs), node.target, node.op))
             refs[node.name] = Ref(node.name, node.name)
-    return steps, placeholders, attrs, ("fx", gm)
+    return steps, placeholders, attrs, (traced_by, gm)
+
+
+def _leaf_tracer_class():
+    import torch.fx
+
+    class Tracer(torch.fx.Tracer):
+        """FX's tracer, with the modules that cannot be traced kept as single call_module nodes."""
+
+        def __init__(self, opaque):
+            super().__init__()
+            self.opaque = opaque
+
+        def is_leaf_module(self, m, qualname):
+            return id(m) in self.opaque or super().is_leaf_module(m, qualname)
+
+    return Tracer
+
+
+def LeafTracer(opaque):
+    return _leaf_tracer_class()(opaque)
+
+
+def untraceable_modules(model):
+    """ids of the user-defined submodules whose own forward FX cannot trace, found bottom-up: each module is
+    traced with its already-untraceable descendants as leaves, so only the innermost culprits and the
+    ancestors that fail for their own reasons are kept whole."""
+    opaque = set()
+
+    def visit(m, is_root):
+        for child in m.children():
+            visit(child, False)
+        if is_root or type(m).__module__.startswith("torch.nn"):
+            return  # torch.nn modules are FX leaves already; the root is traced by the caller
+        try:
+            LeafTracer(opaque).trace(m)
+        except Exception:  # noqa: BLE001 - any tracing failure means: keep this module whole
+            opaque.add(id(m))
+
+    visit(model, True)
+    return opaque
 
 
 def chain_graph(model):
@@ -165,7 +215,7 @@ def refs_in(a):
         yield from refs_in((a.start, a.stop, a.step))
 
 
-def describe(steps, placeholders):
+def describe(steps, placeholders, graph=None):
     def tensors(args):
         # The shape is unknown until the model runs (the recording's shapes.json fills it in).
         return [{"name": r.name, "shape": None, "producer": r.producer} for r in refs_in(args)]
@@ -174,6 +224,7 @@ def describe(steps, placeholders):
         "protocol": PROTOCOL_VERSION,
         "harness": "torch",
         "inputs": placeholders,
+        "graph": graph,
         "nodes": [
             {"id": s.name, "op": s.op, "kernel": s.kernel,
              "inputs": tensors((s.args, s.kwargs)),
@@ -478,10 +529,41 @@ def user_source(fns, missing=None):
 
 
 def globals_used(target, imports):
-    """The user-code globals a function reads, as (value, name) to copy; imports for the library ones."""
+    """The user-code globals a function (or each method and base of a class) reads, as (value, name) to
+    copy; imports for the library ones."""
+    if inspect.isclass(target):
+        found = []
+        for v in vars(target).values():
+            fn = getattr(v, "__func__", v)
+            if inspect.isfunction(fn):
+                found.extend(globals_used(fn, imports))
+        module = sys.modules.get(target.__module__)
+        code = source_of(target)
+        if module is not None and code is not None:
+            found.extend(named_globals(base_names(code), vars(module), imports))
+        return found
+    names = getattr(getattr(target, "__code__", None), "co_names", ())
+    return named_globals(names, getattr(target, "__globals__", {}), imports)
+
+
+def base_names(class_code):
+    """The root names of a class statement's bases (`nn` for `nn.Module`)."""
+    try:
+        node = ast.parse(class_code).body[0]
+    except (SyntaxError, IndexError):
+        return []
+    out = []
+    for base in getattr(node, "bases", []):
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        if isinstance(base, ast.Name):
+            out.append(base.id)
+    return out
+
+
+def named_globals(names, globs, imports):
     found = []
-    globs = getattr(target, "__globals__", {})
-    for name in getattr(getattr(target, "__code__", None), "co_names", ()):
+    for name in names:
         if name not in globs:
             continue
         g = globs[name]
@@ -541,9 +623,31 @@ def custom_op_source(qual, opdef, missing):
 
 @dataclass
 class ModuleSpec:
-    """A module the kept steps call: built from code (`ctor`) with its state dict, or pickled whole."""
+    """A module the kept steps call: built from code (`ctor`) with its state dict, or pickled whole. For a
+    module of the user's own class, `cls` is that class, whose source repro.py carries."""
     name: str
     ctor: Optional[str]
+    cls: Optional[type] = None
+
+
+PLAIN = (bool, int, float, str, type(None))
+
+
+def revived_ctor(name, m):
+    """For a leaf module of the user's own class whose attributes are plain values: source that makes an
+    instance without running its __init__ (whose arguments are unknown), sets those attributes and
+    registers its parameters and buffers from the saved state dict. None when that cannot be done."""
+    if list(m.children()) or source_of(type(m)) is None:
+        return None
+    attrs = {k: v for k, v in vars(m).items() if not k.startswith("_") and k != "training"}
+    plain = all(isinstance(v, PLAIN) or (isinstance(v, tuple) and all(isinstance(x, PLAIN) for x in v))
+                for v in attrs.values())
+    if not plain:
+        return None
+    params = [k for k, v in m._parameters.items() if v is not None]
+    buffers = [k for k, v in m._buffers.items() if v is not None]
+    return (f"revive({type(m).__name__}, {attrs!r}, {params!r}, {buffers!r}, "
+            f"data['states'][{name!r}])")
 
 
 def module_ctor(m, nn):
@@ -611,6 +715,8 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
                      f"    env[{s.name!r}] = {expr}\n"
                      f"    sync()\n"
                      f"    print({end!r}, flush=True)")
+    # The user's own module classes that repro.py revives from code.
+    needs.user_fns.extend(s.cls for s in modules if s.ctor and s.cls is not None)
     op_sources, op_deps = [], []
     for qual, opdef in needs.custom_ops.items():
         src, deps = custom_op_source(qual, opdef, needs.missing)
@@ -660,6 +766,19 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
         def sync():
             if DEVICE.startswith("cuda"):
                 torch.cuda.synchronize()
+
+
+        def revive(cls, attrs, params, buffers, state):
+            # A module of the model's own class, without its __init__: plain attributes, then its tensors.
+            module = cls.__new__(cls)
+            torch.nn.Module.__init__(module)
+            for k, v in attrs.items():
+                setattr(module, k, v)
+            for k in params:
+                module.register_parameter(k, torch.nn.Parameter(state[k]))
+            for k in buffers:
+                module.register_buffer(k, state[k])
+            return module
 
 
         def main():
@@ -714,7 +833,11 @@ def extract(kept, root, env, out_dir, title, device):
             continue
         m = root.get_submodule(s.target).cpu()
         ctor = checked_ctor(m, torch)
-        specs.append(ModuleSpec(s.target, ctor))
+        own = None
+        if ctor is None:
+            ctor = revived_ctor(s.target, m)
+            own = type(m) if ctor else None
+        specs.append(ModuleSpec(s.target, ctor, own))
         if ctor:
             states[s.target] = m.state_dict()
             training[s.target] = m.training
@@ -777,7 +900,8 @@ def main(argv=None):
     steps, placeholders, attrs, (traced_by, root) = build_graph(model, example)
     root = root.to(a.device)
     if a.verb == "describe":
-        text = json.dumps(describe(steps, placeholders), indent=1)
+        graph = traced_by if traced_by != "chain" else "chain of child modules (the model's forward cannot be traced)"
+        text = json.dumps(describe(steps, placeholders, graph), indent=1)
         if a.out:
             tmp = a.out + ".tmp"
             with open(tmp, "w") as f:
@@ -794,7 +918,8 @@ def main(argv=None):
         kept = [s for s in steps if s.name in keep]
     else:
         kept = steps
-    say(f"harness: torch {torch.__version__}, {traced_by} graph, {len(kept)} of {len(steps)} nodes on {a.device}")
+    how = traced_by.split(";")[0]
+    say(f"harness: torch {torch.__version__}, {how} graph, {len(kept)} of {len(steps)} nodes on {a.device}")
     with torch.no_grad():
         env = boundary_env(kept, placeholders, example, attrs, getattr(a, "recording", None), a.device)
         if a.verb == "extract":

@@ -494,6 +494,7 @@ impl HarnessClient for FakeHarness {
         Ok(Description {
             protocol: PROTOCOL_VERSION,
             harness: Some("fake".into()),
+            graph: Some("fx".into()),
             nodes,
         })
     }
@@ -595,6 +596,11 @@ fn a_shrink_keeps_exactly_the_needed_nodes_and_confirms_them() {
         .any(|e| matches!(e, Event::ShrinkLocated { node, .. } if node == "n30")));
     assert_eq!(r.harness_runs, *h.runs.borrow());
     assert_eq!(r.extract_error, None);
+    assert_eq!(
+        r.graph.as_deref(),
+        Some("fx"),
+        "the harness's word on its graph is kept"
+    );
 }
 
 #[test]

@@ -432,7 +432,10 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
         .as_array()
         .map(|a| a.iter().filter_map(|n| n["op"].as_str()).collect())
         .unwrap_or_default();
-    println!("{fixture}: kept {kept:?} ops {kept_ops:?}");
+    println!(
+        "{fixture}: kept {kept:?} ops {kept_ops:?}; graph: {}",
+        report["graph"]
+    );
     let shapes: Vec<String> = report["kept"][0]["inputs"]
         .as_array()
         .map(|a| {
@@ -507,6 +510,7 @@ fn pytorch_models_shrink_to_the_faulty_layer_and_repro_py_reproduces_alone() {
         ("resnet_triton.py", vec!["triton_relu"]),
         ("gpt2_gather.py", vec!["wpe"]),
         ("custom_op_triton.py", vec!["gather_rows"]),
+        ("resnet_deep_control_flow.py", vec!["layer3_1_relu"]),
     ] {
         if let Err(e) = torch_case(fixture, &want) {
             failures.push(e);

@@ -198,6 +198,31 @@ def test_torch_nn_constructors_are_rebuilt_from_repr_only_for_torch_nn_classes()
     assert h.module_ctor(Sequential(Linear(), Mine()), nn) is None
 
 
+class Module:
+    """Stands in for torch.nn.Module: the user's class below derives from it."""
+
+
+nn = types.SimpleNamespace(Module=Module)
+
+
+class GatedRelu(nn.Module):
+    def forward(self, x):
+        if self.flag and x.is_cuda:
+            return faulty_copy(x)
+        return x
+
+
+def test_a_users_own_module_class_is_revived_from_its_source():
+    spec = h.ModuleSpec("layer3.1.relu", "revive(GatedRelu, {'flag': True}, [], [], data['states']['layer3.1.relu'])",
+                        GatedRelu)
+    steps = [h.Step("g", "GatedRelu", "GatedRelu", (R("x", None),), {}, "layer3.1.relu", "call_module")]
+    text = h.render_repro(steps, ["x"], [spec], "t")
+    for want in ["class GatedRelu(nn.Module):", "def faulty_copy(", "def store_kernel(", "def revive(",
+                 "modules['layer3.1.relu'] = build('layer3.1.relu', revive(GatedRelu, {'flag': True}"]:
+        assert want in text, (want, text)
+    assert "NOT STANDALONE" not in text and "weights_only=False" not in text, text
+
+
 def test_unknown_shapes_are_unknown_not_empty():
     steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, "relu", "call_method")]
     d = h.describe(steps, ["x"])

@@ -61,6 +61,10 @@ pub struct Description {
     /// Which harness wrote it (`native`, `torch`, or the user's own).
     #[serde(default)]
     pub harness: Option<String>,
+    /// How the harness obtained the graph, when it says (the PyTorch harness: `fx`, which modules it kept
+    /// whole because their forward cannot be traced, or the chain of child modules).
+    #[serde(default)]
+    pub graph: Option<String>,
     /// Nodes in execution order.
     pub nodes: Vec<GraphNode>,
 }

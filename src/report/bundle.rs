@@ -311,6 +311,9 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
                     String::new()
                 }
             );
+            if let Some(g) = &s.graph {
+                let _ = writeln!(md, "\nGraph: {g}.");
+            }
             let kept: Vec<&str> = s.kept.iter().map(|n| n.id.as_str()).collect();
             let boundary: Vec<String> = s
                 .kept

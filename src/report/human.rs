@@ -294,6 +294,9 @@ fn subgraph_lines(r: &ShrinkReport) -> String {
 pub fn shrink_summary(r: &ShrinkReport) -> String {
     let mut out = format!("Shrink: {}\n", r.summary);
     out.push_str(&subgraph_lines(r));
+    if let Some(g) = &r.graph {
+        out.push_str(&format!("Graph: {g}\n"));
+    }
     if let Some(c) = &r.confirmation {
         out.push_str(&format!("Reproduced: {}/{} runs\n", c.reproduced, c.runs));
     }

@@ -236,6 +236,9 @@ pub struct ShrinkReport {
     pub minimal_model: Option<String>,
     /// One line that reproduces the minimal subgraph.
     pub reproduce: Option<String>,
+    /// How the harness obtained the graph it shrank, when it says.
+    #[serde(default)]
+    pub graph: Option<String>,
     /// Why the harness could not write a standalone minimal model (a custom op or function whose
     /// definition it cannot carry, a value it cannot save safely).
     #[serde(default)]

@@ -119,6 +119,7 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         minimal_model: None,
         reproduce: None,
         extract_error: None,
+        graph: None,
     }
 }
 
@@ -209,6 +210,7 @@ fn drive(
         .describe(cancel)
         .map_err(|e| Stop::Failed(format!("harness describe: {e}")))?;
     let nodes = description.nodes;
+    report.graph = description.graph;
     report.nodes_before = nodes.len();
     reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
 
