@@ -198,6 +198,10 @@ pub struct ShrinkSection {
     /// Runs of the minimal subgraph in the final check.
     #[serde(default = "default_confirm")]
     pub confirm: u32,
+    /// Confirmation runs at once (they are independent). A run that shows an out-of-memory while others
+    /// share the GPU is run again alone, so running them together never changes the verdict.
+    #[serde(default = "one")]
+    pub confirm_jobs: u32,
     /// Also run the minimal subgraph at the first bad commit's parent, where it should pass.
     #[serde(default = "yes")]
     pub check_parent: bool,
@@ -408,8 +412,8 @@ impl Config {
             {
                 return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
             }
-            if shrink.attempts == 0 || shrink.confirm == 0 {
-                return Err(err("attempts and confirm must be at least 1"));
+            if shrink.attempts == 0 || shrink.confirm == 0 || shrink.confirm_jobs == 0 {
+                return Err(err("attempts, confirm and confirm-jobs must be at least 1"));
             }
         }
         Ok(Self {

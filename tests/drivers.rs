@@ -1,9 +1,9 @@
 //! In-process tests of the two drivers through their trait seams, with scripted fakes (as jj tests its
 //! bisect): the search driver over `Probe`, the shrink driver over `HarnessClient`. No git, no processes.
 
-use std::cell::RefCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use cudabisect::bisect::Verdict;
@@ -452,8 +452,69 @@ struct FakeHarness {
     describe_fails: bool,
     extract_fails: Option<String>,
     clean_model: bool,
-    runs: RefCell<usize>,
+    runs: AtomicUsize,
     cancel_after: Option<(usize, &'static AtomicBool)>,
+    /// Confirmation runs meet here: see [`Gate`].
+    gate: Option<Gate>,
+}
+
+/// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
+/// own tries), each waits (bounded) until `want` are in flight, so the test sees how many ran at once
+/// without timing anything; with `oom_when_shared`, a run that shared the GPU with another fails with an
+/// out-of-memory.
+struct Gate {
+    want: usize,
+    skip: usize,
+    oom_when_shared: bool,
+    state: Mutex<GateState>,
+    met: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    entries: usize,
+    in_flight: usize,
+    most: usize,
+    ooms: usize,
+}
+
+impl Gate {
+    fn new(want: usize, skip: usize, oom_when_shared: bool) -> Self {
+        Gate {
+            want,
+            skip,
+            oom_when_shared,
+            state: Mutex::new(GateState::default()),
+            met: Condvar::new(),
+        }
+    }
+
+    /// Enters; true when this run should fail with an out-of-memory.
+    fn enter(&self) -> bool {
+        let mut st = self.state.lock().unwrap();
+        st.entries += 1;
+        if st.entries <= self.skip {
+            return false;
+        }
+        st.in_flight += 1;
+        st.most = st.most.max(st.in_flight);
+        self.met.notify_all();
+        // Bounded, so a driver that runs them one by one fails the assertion instead of hanging.
+        let (mut st, _) = self
+            .met
+            .wait_timeout_while(st, Duration::from_secs(10), |st| st.most < self.want)
+            .unwrap();
+        let oom = self.oom_when_shared && st.in_flight > 1 && st.ooms == 0;
+        if oom {
+            st.ooms += 1;
+        }
+        oom
+    }
+
+    fn leave(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.in_flight = st.in_flight.saturating_sub(1);
+    }
 }
 
 fn out(exit: i32, text: String) -> RunOutput {
@@ -500,9 +561,9 @@ impl HarnessClient for FakeHarness {
     }
 
     fn run(&self, request: &RunRequest, _: &AtomicBool) -> Result<RunOutput, ProtocolError> {
-        *self.runs.borrow_mut() += 1;
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some((after, cancel)) = self.cancel_after {
-            if *self.runs.borrow() >= after {
+            if n >= after {
                 cancel.store(true, Ordering::SeqCst);
             }
         }
@@ -511,6 +572,16 @@ impl HarnessClient for FakeHarness {
             Some(ids) => ids.iter().map(|id| id[1..].parse().unwrap()).collect(),
         };
         let mut text = String::new();
+        // Only the final check runs the minimal subgraph with nothing cut before the fault but needs.
+        let confirming = request.keep.is_some() && kept.len() == self.needs.len();
+        if let Some(gate) = self.gate.as_ref().filter(|_| confirming) {
+            let oom = gate.enter();
+            gate.leave();
+            if oom {
+                text += "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n";
+                return Ok(out(1, text));
+            }
+        }
         for &i in &kept {
             text += &marker(i, "begin");
             if Some(i) == self.other {
@@ -555,14 +626,23 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         describe_fails: false,
         extract_fails: None,
         clean_model: false,
-        runs: RefCell::new(0),
+        runs: AtomicUsize::new(0),
         cancel_after: None,
+        gate: None,
     }
 }
 
 fn run_shrink(
     h: &FakeHarness,
     cancel: &AtomicBool,
+) -> (cudabisect::report::record::ShrinkReport, Events) {
+    run_shrink_jobs(h, cancel, 1)
+}
+
+fn run_shrink_jobs(
+    h: &FakeHarness,
+    cancel: &AtomicBool,
+    confirm_jobs: u32,
 ) -> (cudabisect::report::record::ShrinkReport, Events) {
     let dir = tempfile::tempdir().unwrap();
     let policy = MatchPolicy::parse("class+kernel").unwrap();
@@ -572,6 +652,7 @@ fn run_shrink(
         target: None,
         attempts: 1,
         confirm: 3,
+        confirm_jobs,
     };
     let mut events = Events::default();
     let report = shrink(h, &settings, &mut events, cancel);
@@ -594,13 +675,47 @@ fn a_shrink_keeps_exactly_the_needed_nodes_and_confirms_them() {
         .0
         .iter()
         .any(|e| matches!(e, Event::ShrinkLocated { node, .. } if node == "n30")));
-    assert_eq!(r.harness_runs, *h.runs.borrow());
+    assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
     assert_eq!(r.extract_error, None);
     assert_eq!(
         r.graph.as_deref(),
         Some("fx"),
         "the harness's word on its graph is kept"
     );
+}
+
+#[test]
+fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is_run_again_alone() {
+    // One at a time (the default), they never overlap; this run also counts the reducer's own tries of
+    // the minimal subgraph, which come before the final check.
+    let mut h = harness(12, 7, vec![7]);
+    h.gate = Some(Gate::new(1, 0, false));
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    let st = h.gate.as_ref().unwrap().state.lock().unwrap();
+    assert_eq!(st.most, 1);
+    let skip = st.entries - 3;
+    drop(st);
+
+    let mut h = harness(12, 7, vec![7]);
+    h.gate = Some(Gate::new(3, skip, false));
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    assert_eq!(h.gate.as_ref().unwrap().state.lock().unwrap().most, 3);
+
+    let mut h = harness(12, 7, vec![7]);
+    h.gate = Some(Gate::new(3, skip, true));
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    assert_eq!(
+        r.confirmation.as_ref().map(|c| (c.reproduced, c.runs)),
+        Some((3, 3)),
+        "an out-of-memory from sharing the GPU does not count against the repro"
+    );
+    assert!(r
+        .rejected
+        .iter()
+        .any(|x| x.class == FaultClass::OutOfMemory));
+    assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
 }
 
 #[test]
@@ -633,6 +748,7 @@ fn a_candidate_that_fails_another_way_is_rejected_not_kept() {
         target: Some(target),
         attempts: 1,
         confirm: 2,
+        confirm_jobs: 1,
     };
     let r = shrink(
         &h,
@@ -672,7 +788,7 @@ fn a_model_that_does_not_fault_or_cannot_be_described_says_so() {
     let (r, _) = run_shrink(&h, &AtomicBool::new(false));
     assert_eq!(r.status, ShrinkStatus::Failed);
     assert!(r.summary.starts_with("harness describe:"), "{}", r.summary);
-    assert_eq!(*h.runs.borrow(), 0);
+    assert_eq!(h.runs.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -683,9 +799,9 @@ fn an_interrupt_during_the_reduction_ends_it_as_interrupted() {
     let (r, _) = run_shrink(&h, cancel);
     assert_eq!(r.status, ShrinkStatus::Interrupted);
     assert!(
-        *h.runs.borrow() <= 4,
+        h.runs.load(Ordering::SeqCst) <= 4,
         "ran on after the interrupt: {}",
-        h.runs.borrow()
+        h.runs.load(Ordering::SeqCst)
     );
 }
 

@@ -54,7 +54,7 @@ pub enum ProtocolError {
 
 /// What the shrink driver needs from a harness. The process-backed client implements it; tests drive the
 /// shrink with scripted fakes.
-pub trait HarnessClient {
+pub trait HarnessClient: Sync {
     /// `describe`: the graph, checked.
     fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError>;
     /// `run`: the whole model (recording it into `record` when given), or the kept nodes on recorded inputs.

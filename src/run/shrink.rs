@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
 use crate::marker::open_marker;
+use crate::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};
@@ -28,6 +29,8 @@ pub struct ShrinkSettings<'a> {
     pub attempts: u32,
     /// Runs of the minimal subgraph in the final check.
     pub confirm: u32,
+    /// How many of those run at once.
+    pub confirm_jobs: u32,
 }
 
 /// Why a shrink stopped early.
@@ -68,29 +71,83 @@ impl Oracle<'_> {
                 record: None,
             };
             let run = self.harness.run(&request, cancel)?;
-            self.runs += 1;
-            // Logs are for people reading the run afterwards; failing to write one changes no verdict.
-            let _ = std::fs::write(
-                self.log_dir.join(format!("run-{:04}.log", self.runs)),
-                &run.output,
-            );
-            let sig = classify(run.exit, &run.output);
-            if self.policy.matches(&self.target, &sig, &run.output) {
+            if self.account(keep, &run).0 {
                 return Ok(true);
-            }
-            if sig.class != FaultClass::None {
-                // A different failure is not a success: record it and go on.
-                self.rejected.push(Rejected {
-                    nodes: keep.len(),
-                    class: sig.class,
-                    summary: sig.summary.clone(),
-                });
             }
             if cancel.load(Ordering::SeqCst) {
                 break;
             }
         }
         Ok(false)
+    }
+
+    /// Logs one run and judges it: (the target's fault, an out-of-memory).
+    fn account(&mut self, keep: &[String], run: &RunOutput) -> (bool, bool) {
+        self.runs += 1;
+        // Logs are for people reading the run afterwards; failing to write one changes no verdict.
+        let _ = std::fs::write(
+            self.log_dir.join(format!("run-{:04}.log", self.runs)),
+            &run.output,
+        );
+        let sig = classify(run.exit, &run.output);
+        if self.policy.matches(&self.target, &sig, &run.output) {
+            return (true, false);
+        }
+        if sig.class != FaultClass::None {
+            // A different failure is not a success: record it and go on.
+            self.rejected.push(Rejected {
+                nodes: keep.len(),
+                class: sig.class,
+                summary: sig.summary.clone(),
+            });
+        }
+        (false, sig.class == FaultClass::OutOfMemory)
+    }
+
+    /// The final check: `runs` single-attempt runs, up to `jobs` at once (they are independent). A run that
+    /// ran out of memory beside others is run again alone, so sharing the GPU never changes the verdict.
+    /// Returns how many showed the target's fault.
+    fn confirm(
+        &mut self,
+        keep: &[String],
+        recording: &Path,
+        runs: u32,
+        jobs: u32,
+        cancel: &AtomicBool,
+    ) -> u32 {
+        let harness = self.harness;
+        let request = RunRequest {
+            keep: Some(keep),
+            recording: Some(recording),
+            record: None,
+        };
+        let mut reproduced = 0;
+        let mut left = runs;
+        while left > 0 && !cancel.load(Ordering::SeqCst) {
+            let batch = left.min(jobs.max(1));
+            left -= batch;
+            let outputs: Vec<Option<RunOutput>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..batch)
+                    .map(|_| s.spawn(|| harness.run(&request, cancel).ok()))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().ok().flatten())
+                    .collect()
+            });
+            for run in outputs.into_iter().flatten() {
+                let (hit, oom) = self.account(keep, &run);
+                if hit {
+                    reproduced += 1;
+                } else if oom
+                    && batch > 1
+                    && self.judge(keep, recording, 1, cancel).unwrap_or(false)
+                {
+                    reproduced += 1;
+                }
+            }
+        }
+        reproduced
     }
 }
 
@@ -266,15 +323,16 @@ fn drive(
     let keep = ids(&nodes, &result);
 
     // The final check: the same signature on every one of N runs, each a single attempt.
-    let mut reproduced = 0;
-    for _ in 0..settings.confirm {
-        if cancel.load(Ordering::SeqCst) {
-            report.harness_runs += oracle.runs;
-            return Err(Stop::Interrupted);
-        }
-        if oracle.judge(&keep, &record, 1, cancel).unwrap_or(false) {
-            reproduced += 1;
-        }
+    let reproduced = oracle.confirm(
+        &keep,
+        &record,
+        settings.confirm,
+        settings.confirm_jobs,
+        cancel,
+    );
+    if cancel.load(Ordering::SeqCst) {
+        report.harness_runs += oracle.runs;
+        return Err(Stop::Interrupted);
     }
     report.confirmation = Some(Confirmation {
         runs: settings.confirm,

@@ -76,6 +76,7 @@ pub fn shrink_job(
             target: None,
             attempts: section.attempts,
             confirm: section.confirm,
+            confirm_jobs: section.confirm_jobs,
         };
         let mut report = shrink(&harness, &settings, reporter, cancel);
         if report.status == ShrinkStatus::Minimal && section.check_parent {

@@ -103,6 +103,7 @@ pub fn run_stages(
         target: report.target.clone(),
         attempts: section.attempts,
         confirm: section.confirm,
+        confirm_jobs: section.confirm_jobs,
     };
     let mut result = shrink(&harness, &settings, reporter, cancel);
     if result.status == ShrinkStatus::Minimal
