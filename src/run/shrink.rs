@@ -137,12 +137,12 @@ impl Oracle<'_> {
             });
             for run in outputs.into_iter().flatten() {
                 let (hit, oom) = self.account(keep, &run);
-                if hit {
-                    reproduced += 1;
-                } else if oom
+                // An out-of-memory beside other runs says nothing about the repro: run it alone.
+                let alone = !hit
+                    && oom
                     && batch > 1
-                    && self.judge(keep, recording, 1, cancel).unwrap_or(false)
-                {
+                    && self.judge(keep, recording, 1, cancel).unwrap_or(false);
+                if hit || alone {
                     reproduced += 1;
                 }
             }
