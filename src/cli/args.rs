@@ -137,6 +137,34 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Hand-off bundles.
+    Bundle {
+        #[command(subcommand)]
+        command: BundleCommand,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) generated from this CLI.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) generated from this CLI.
+    Man,
+}
+
+/// `bundle` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum BundleCommand {
+    /// Pack a bundle directory into a .tar.gz to attach to an issue, and print its path and size.
+    Pack {
+        /// The bundle directory (the one holding REPORT.md).
+        dir: PathBuf,
+        /// Where to write the archive (default: <DIR>.tar.gz beside the bundle).
+        #[arg(long, short = 'o')]
+        out: Option<PathBuf>,
+        /// Also pack bin/ (the cudabisect binary a native-harness bundle may carry).
+        #[arg(long)]
+        include_binary: bool,
+    },
 }
 
 /// The `--backend` values.

@@ -14,7 +14,7 @@ use cudabisect::report::human::HumanReporter;
 use cudabisect::report::json::JsonReporter;
 use cudabisect::run::plan::StartOptions;
 
-use super::args::{BackendArg, Cli, Command, HarnessCommand, MessageFormat};
+use super::args::{BackendArg, BundleCommand, Cli, Command, HarnessCommand, MessageFormat};
 use super::error::CommandResult;
 
 fn reporter(format: MessageFormat) -> Box<dyn Reporter> {
@@ -145,5 +145,15 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             }
         }
         Command::Demo { dir } => super::demo::run(dir, cancel),
+        Command::Bundle {
+            command:
+                BundleCommand::Pack {
+                    dir,
+                    out,
+                    include_binary,
+                },
+        } => super::bundle::pack(&dir, out.as_deref(), include_binary),
+        Command::Completions { shell } => super::shell::completions(shell),
+        Command::Man => super::shell::man(),
     }
 }

@@ -2,6 +2,7 @@
 //! and the documented exit codes. The library never imports any of it.
 
 mod args;
+mod bundle;
 mod classify;
 mod common;
 mod demo;
@@ -9,6 +10,7 @@ mod dispatch;
 mod error;
 mod exit_codes;
 mod harness;
+mod shell;
 mod shrink;
 mod start;
 mod triage;

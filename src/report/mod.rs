@@ -1,9 +1,10 @@
 //! Records and their rendering: the typed records a run produces, the event stream, the human and JSON
-//! reporters, the hand-off bundle and the environment it describes.
+//! reporters, the hand-off bundle, its packed archive and the environment it describes.
 
 pub mod bundle;
 pub mod environment;
 pub mod event;
 pub mod human;
 pub mod json;
+pub mod pack;
 pub mod record;

@@ -1,0 +1,71 @@
+//! The real binary's tool commands: shell completions and the man page from the CLI definition, and
+//! `bundle pack` on a bundle directory.
+
+use std::process::Command;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cudabisect")
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin()).args(args).output().expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_cli_definition() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = run(&["completions", shell]);
+        assert_eq!(code, Some(0), "{shell}: {err}");
+        for word in [
+            "cudabisect",
+            "first-parent",
+            "message-format",
+            "include-binary",
+        ] {
+            assert!(out.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    let (code, _, err) = run(&["completions", "tcsh"]);
+    assert_eq!(code, Some(2), "an unknown shell is a usage error: {err}");
+    let (code, out, err) = run(&["man"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with(".ie") || out.contains(".TH cudabisect"),
+        "{out}"
+    );
+    assert!(out.contains("start") && out.contains("shrink") && out.contains("bundle"));
+}
+
+#[test]
+fn bundle_pack_writes_an_archive_beside_the_bundle_and_refuses_other_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = tmp.path().join("0a1b2c3");
+    std::fs::create_dir_all(b.join("bin")).unwrap();
+    std::fs::write(b.join("REPORT.md"), "# First bad commit\n").unwrap();
+    std::fs::write(b.join("reproduce.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::write(b.join("bin/cudabisect"), vec![0u8; 4096]).unwrap();
+    let (code, out, err) = run(&["bundle", "pack", b.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let archive = tmp.path().join("0a1b2c3.tar.gz");
+    assert!(archive.is_file());
+    assert!(
+        out.starts_with(archive.to_str().unwrap())
+            && out.contains("2 files")
+            && out.contains("KiB"),
+        "{out}"
+    );
+    assert!(!out.contains("with the binary"), "{out}");
+
+    let other = tmp.path().join("not-a-bundle");
+    std::fs::create_dir_all(&other).unwrap();
+    let (code, out, err) = run(&["bundle", "pack", other.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a cudabisect bundle"), "{err}");
+    assert!(!tmp.path().join("not-a-bundle.tar.gz").exists());
+}
