@@ -91,6 +91,7 @@ impl Probe for Scripted {
                 log: None,
                 sanitizer: None,
                 attempts: 1,
+                reused: false,
             },
             interrupted,
         }

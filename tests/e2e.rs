@@ -1484,3 +1484,138 @@ fn an_unrelated_other_failure_never_steers_the_search() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[23].to_string());
 }
+
+/// A repro wrapper that counts its runs and, on the run named in `kill_at.txt`, SIGKILLs cudabisect (its
+/// parent) as a preempted runner would, mid-probe.
+const KILLING_REPRO: &str = r#"#!/bin/sh
+n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
+echo "$n" > "$STATE/count.txt"
+if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
+exec ./repro.sh
+"#;
+
+fn killing_setup(repo: &TestRepo) -> (PathBuf, PathBuf) {
+    let state = repo.path.parent().unwrap().join("kill-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let wrapper = state.join("wrapper.sh");
+    std::fs::write(&wrapper, KILLING_REPRO).unwrap();
+    let cfg = state.join("kill.toml");
+    std::fs::write(
+        &cfg,
+        config("")
+            .replace(
+                "command = [\"./repro.sh\"]",
+                &format!(
+                    "command = [\"sh\", \"{}\"]\nenv = {{ STATE = \"{}\", FIXTURES = \"{}\" }}",
+                    wrapper.display(),
+                    state.display(),
+                    fixtures().display()
+                ),
+            )
+            .replace(
+                &format!("env = {{ FIXTURES = \"{}\" }}\n", fixtures().display()),
+                "",
+            ),
+    )
+    .unwrap();
+    (state, cfg)
+}
+
+fn runs_so_far(state: &Path) -> usize {
+    std::fs::read_to_string(state.join("count.txt"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_run_killed_at_any_probe_resumes_with_at_most_that_probe_redone() {
+    let shape = |i: usize| {
+        if i >= 11 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    };
+    // The uninterrupted run: how many repro runs the whole search takes.
+    let reference = linear(&modes(24, shape));
+    let (state, cfg) = killing_setup(&reference);
+    let good = reference.commits[0].to_string();
+    let range = format!("{good}..main");
+    let args = ["--config", cfg.to_str().unwrap(), &range, "--no-shrink"];
+    let full = cudabisect(&reference.path, &args);
+    assert_eq!(full.code, 0, "{}", full.stderr);
+    let expected = first_bad(&full);
+    let total = runs_so_far(&state);
+    assert!(total >= 4, "{total}");
+
+    for kill_at in 1..=total {
+        let repo = linear(&modes(24, shape));
+        let (state, cfg) = killing_setup(&repo);
+        let good = repo.commits[0].to_string();
+        let range = format!("{good}..main");
+        let args = ["--config", cfg.to_str().unwrap(), &range, "--no-shrink"];
+        std::fs::write(state.join("kill_at.txt"), kill_at.to_string()).unwrap();
+        let before = snapshot(&repo.path);
+        let killed = cudabisect(&repo.path, &args);
+        assert_ne!(killed.code, 0, "killed at run {kill_at}: {}", killed.stderr);
+        assert_eq!(runs_so_far(&state), kill_at);
+        let resumed = cudabisect(&repo.path, &args);
+        assert_eq!(
+            resumed.code, 0,
+            "after a kill at run {kill_at}: {}",
+            resumed.stderr
+        );
+        assert_eq!(first_bad(&resumed), expected, "killed at run {kill_at}");
+        let redone = runs_so_far(&state) - kill_at;
+        assert!(
+            kill_at + redone <= total + 1,
+            "killed at run {kill_at}: {redone} runs after the kill, {total} for the whole search"
+        );
+        let probes = resumed.report.as_ref().unwrap()["probes"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let reused = probes.iter().filter(|p| p["reused"] == true).count();
+        assert_eq!(
+            reused,
+            kill_at - 1,
+            "killed at run {kill_at}: every finished probe is reused"
+        );
+        assert!(resumed.stderr.contains("[reused from the journal]") || kill_at == 1);
+        // The user's checkout is as it was before the killed run: the resume also removes the probe
+        // worktree the killed run left registered.
+        assert_eq!(snapshot(&repo.path), before, "killed at run {kill_at}");
+    }
+}
+
+#[test]
+fn start_fresh_ignores_the_journal() {
+    let repo = linear(&modes(12, |i| {
+        if i >= 5 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let good = repo.commits[0].to_string();
+    let range = format!("{good}..main");
+    let first = cudabisect(&repo.path, &[&range, "--no-shrink"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let again = cudabisect(&repo.path, &[&range, "--no-shrink"]);
+    let probes = |r: &Run| {
+        r.report.as_ref().unwrap()["probes"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        probes(&again).iter().all(|p| p["reused"] == true),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(first_bad(&again), first_bad(&first));
+    let fresh = cudabisect(&repo.path, &[&range, "--no-shrink", "--fresh"]);
+    assert!(probes(&fresh).iter().all(|p| p["reused"] == false));
+    assert_eq!(first_bad(&fresh), first_bad(&first));
+}

@@ -60,6 +60,10 @@ pub enum Command {
         /// Do not shrink the model at the first bad commit.
         #[arg(long)]
         no_shrink: bool,
+        /// Probe every commit again, ignoring the journal of earlier runs with the same config (after
+        /// changing something the config does not name: a driver, a library, the machine's setup).
+        #[arg(long)]
+        fresh: bool,
         /// Write the hand-off bundle under this directory (default: [bundle] dir, else the state directory).
         #[arg(long)]
         bundle_dir: Option<PathBuf>,

@@ -54,6 +54,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             clean,
             no_triage,
             no_shrink,
+            fresh,
             bundle_dir,
             message_format,
         } => {
@@ -69,6 +70,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 clean,
                 no_triage,
                 no_shrink,
+                fresh,
                 bundle_dir,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)

@@ -46,6 +46,27 @@ fn capture(argv: &[&str], timeout: Duration, cancel: &AtomicBool) -> Option<Stri
     (run.exit == Exit::Code(0)).then(|| run.output.trim().to_string())
 }
 
+/// One line naming the machine's GPUs and driver (and the devices the run may see), cheap enough to ask
+/// at every start: a journaled verdict is reused only on a machine with the same line.
+pub fn fingerprint(cancel: &AtomicBool) -> String {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "all".into());
+    let gpus = find_program("nvidia-smi", &["/usr/bin/nvidia-smi"])
+        .and_then(|smi| {
+            capture(
+                &[
+                    &smi.display().to_string(),
+                    "--query-gpu=name,driver_version",
+                    "--format=csv,noheader",
+                ],
+                Duration::from_secs(20),
+                cancel,
+            )
+        })
+        .map(|q| q.lines().map(str::trim).collect::<Vec<_>>().join("; "))
+        .unwrap_or_else(|| "no GPU seen".into());
+    format!("{gpus} | visible: {visible}")
+}
+
 /// Collects the environment. Each probe is bounded in time and announced through `progress` (some take
 /// a minute); what is missing is left out, and once `cancel` is set the rest is skipped.
 pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environment {

@@ -140,6 +140,9 @@ impl Reporter for HumanReporter {
                 if let Some(reason) = &record.reason {
                     text.push_str(&format!(": skipped, {reason}"));
                 }
+                if record.reused {
+                    text.push_str(" [reused from the journal]");
+                }
                 self.line(&text);
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),

@@ -60,6 +60,10 @@ pub struct ProbeRecord {
     /// Repro runs made: more than one when an infrastructure failure was retried or a clean run was
     /// repeated under `[repro] attempts`.
     pub attempts: u32,
+    /// Taken from the probe journal of an earlier, killed or interrupted run with the same config and
+    /// machine, not run again.
+    #[serde(default)]
+    pub reused: bool,
 }
 
 /// How a `start` run ended.

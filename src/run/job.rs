@@ -15,6 +15,7 @@ use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERS
 use crate::config::Config;
 use crate::git::Repo;
 
+use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
@@ -92,7 +93,49 @@ pub fn start(
         merge_bases: &plan.merge_bases,
         policy: &plan.config.match_policy,
     };
-    let outcome = search(&input, &mut prober, reporter, cancel);
+    // The journal of earlier runs killed before they finished: what they learned is reused.
+    let journal_path = state_dir.join("journal.jsonl");
+    let fingerprint = journal::fingerprint(&plan.config.text, &environment::fingerprint(cancel));
+    let opened = if opts.fresh {
+        Ok((Journal::empty(&journal_path, &fingerprint), Vec::new()))
+    } else {
+        Journal::open(&journal_path, &fingerprint)
+    };
+    let outcome = match opened {
+        Ok((journal, warnings)) => {
+            for message in warnings {
+                reporter.event(&Event::Warning { message });
+            }
+            if !journal.is_empty() {
+                reporter.event(&Event::Note {
+                    message: format!(
+                        "resuming: {} journaled result(s) from an earlier run with this config can be reused",
+                        journal.len()
+                    ),
+                });
+            }
+            let mut journaled = JournaledProbe {
+                inner: &mut prober,
+                journal,
+                warnings: Vec::new(),
+                cancel,
+            };
+            let outcome = search(&input, &mut journaled, reporter, cancel);
+            for message in journaled.warnings {
+                reporter.event(&Event::Warning { message });
+            }
+            outcome
+        }
+        Err(e) => {
+            reporter.event(&Event::Warning {
+                message: format!(
+                    "{}: the probe journal cannot be read ({e}); this run starts from scratch",
+                    journal_path.display()
+                ),
+            });
+            search(&input, &mut prober, reporter, cancel)
+        }
+    };
     let mut report = empty_report(&plan, &run_dir);
     report.target = outcome.target;
     report.probes = outcome.probes;

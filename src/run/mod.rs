@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod job;
+pub mod journal;
 pub mod lock;
 pub mod plan;
 pub mod probe;

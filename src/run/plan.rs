@@ -34,6 +34,8 @@ pub struct StartOptions {
     pub no_triage: bool,
     /// Skip shrinking the model at the first bad commit.
     pub no_shrink: bool,
+    /// Ignore the probe journal of earlier runs (probe every commit again).
+    pub fresh: bool,
     /// Write the bundle under this directory instead of `[bundle] dir`.
     pub bundle_dir: Option<PathBuf>,
 }

@@ -320,6 +320,7 @@ impl Finished<'_> {
                 log,
                 sanitizer: None,
                 attempts,
+                reused: false,
             },
             interrupted: run.is_some_and(|r| r.interrupted),
         }

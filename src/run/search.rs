@@ -176,6 +176,7 @@ impl Driver<'_, '_> {
             log: None,
             sanitizer: Some(s.summary),
             attempts: 1,
+            reused: false,
         };
         self.reporter.event(&Event::ProbeFinished {
             step: ctx.step,
