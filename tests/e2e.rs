@@ -1619,3 +1619,72 @@ fn start_fresh_ignores_the_journal() {
     assert!(probes(&fresh).iter().all(|p| p["reused"] == false));
     assert_eq!(first_bad(&fresh), first_bad(&first));
 }
+
+#[test]
+fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
+    let repo = linear(&modes(20, |i| {
+        if i >= 13 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let good = repo.commits[0].to_string();
+    let run = cudabisect(&repo.path, &[&format!("{good}..main"), "--no-shrink"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let expected = first_bad(&run);
+    let log = |format: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .args(["log", "--format", format, "-C"])
+            .arg(&repo.path)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let probes = run.report.as_ref().unwrap()["probes"]
+        .as_array()
+        .unwrap()
+        .len();
+    let human = log("human");
+    assert_eq!(human.lines().count(), probes + 1, "{human}");
+    let json: Value = serde_json::from_str(&log("json")).unwrap();
+    assert_eq!(json["first_bad"]["commit"], expected.as_str());
+    // The git form, replayed by git itself in the (test) repository.
+    let file = repo.path.parent().unwrap().join("bisect.log");
+    std::fs::write(&file, log("git")).unwrap();
+    let replay = Command::new("git")
+        .arg("-C")
+        .arg(&repo.path)
+        .args(["bisect", "replay"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&replay.stdout).into_owned()
+        + &String::from_utf8_lossy(&replay.stderr);
+    assert!(
+        text.contains(&format!("{expected} is the first bad commit")),
+        "{text}\n{}",
+        std::fs::read_to_string(&file).unwrap()
+    );
+    let _ = Command::new("git")
+        .arg("-C")
+        .arg(&repo.path)
+        .args(["bisect", "reset"])
+        .output();
+
+    // No run at all: one line, exit 2.
+    let empty = linear(&modes(2, |_| ("clean", true)));
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["log", "-C"])
+        .arg(&empty.path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}

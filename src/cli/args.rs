@@ -141,6 +141,17 @@ pub enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Print a finished run's probes: for people, as JSON, or as a log `git bisect replay` accepts.
+    Log {
+        /// The run (its directory name under .git/cudabisect/runs, or a path to it); default the latest.
+        run: Option<String>,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// human, json (the run's report.json), or git (for `git bisect replay`).
+        #[arg(long, value_enum, default_value = "human")]
+        format: LogFormat,
+    },
     /// Hand-off bundles.
     Bundle {
         #[command(subcommand)]
@@ -153,6 +164,17 @@ pub enum Command {
     },
     /// Print the man page (roff) generated from this CLI.
     Man,
+}
+
+/// `log --format` values.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per probe.
+    Human,
+    /// The run's report.json.
+    Json,
+    /// `git bisect start/good/bad/skip` lines for `git bisect replay`.
+    Git,
 }
 
 /// `bundle` subcommands.

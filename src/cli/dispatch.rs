@@ -155,6 +155,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                     include_binary,
                 },
         } => super::bundle::pack(&dir, out.as_deref(), include_binary),
+        Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),
         Command::Man => super::shell::man(),
     }
