@@ -1688,3 +1688,103 @@ fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
+
+/// (failures, errors, tests, the failure's message and body) from a JUnit file, parsed.
+fn junit_counts(path: &Path) -> (String, String, String, Option<(String, String)>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "testsuites");
+    let case = root
+        .descendants()
+        .find(|n| n.has_tag_name("testcase"))
+        .expect("a test case");
+    assert_eq!(case.attribute("classname"), Some("cudabisect"));
+    let failure = case
+        .children()
+        .find(|n| n.has_tag_name("failure"))
+        .map(|f| {
+            (
+                f.attribute("message").unwrap_or("").to_string(),
+                f.text().unwrap_or("").to_string(),
+            )
+        });
+    (
+        root.attribute("failures").unwrap_or("").to_string(),
+        root.attribute("errors").unwrap_or("").to_string(),
+        root.attribute("tests").unwrap_or("").to_string(),
+        failure,
+    )
+}
+
+#[test]
+fn junit_and_the_step_summary_say_what_ci_needs() {
+    let repo = linear(&modes(10, |i| {
+        if i >= 6 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let good = repo.commits[0].to_string();
+    let dir = repo.path.parent().unwrap();
+    let junit = dir.join("junit.xml");
+    let summary = dir.join("summary.md");
+    std::fs::write(&summary, "earlier step\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{good}..main"), "--no-shrink", "--junit"])
+        .arg(&junit)
+        .arg("-C")
+        .arg(&repo.path)
+        .env("GITHUB_STEP_SUMMARY", &summary)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (failures, errors, tests, failure) = junit_counts(&junit);
+    assert_eq!(
+        (failures.as_str(), errors.as_str(), tests.as_str()),
+        ("1", "0", "1")
+    );
+    let (message, body) = failure.expect("a failure");
+    assert!(
+        message.contains(&repo.commits[6].to_string()[..12]),
+        "{message}"
+    );
+    assert!(
+        body.contains("First bad commit") || body.contains(&repo.commits[6].to_string()),
+        "{body}"
+    );
+    let md = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        md.starts_with("earlier step\n"),
+        "appended, not replaced: {md}"
+    );
+    assert!(md.contains(&repo.commits[6].to_string()[..12]), "{md}");
+
+    // A range whose bad end does not reproduce: an error, not a failure.
+    let clean = linear(&modes(4, |_| ("clean", true)));
+    let good = clean.commits[0].to_string();
+    let junit = clean.path.parent().unwrap().join("junit.xml");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{good}..main"), "--junit"])
+        .arg(&junit)
+        .arg("-C")
+        .arg(&clean.path)
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (failures, errors, _, failure) = junit_counts(&junit);
+    assert_eq!((failures.as_str(), errors.as_str()), ("0", "1"));
+    assert!(failure.is_none());
+}

@@ -64,6 +64,10 @@ pub enum Command {
         /// changing something the config does not name: a driver, a library, the machine's setup).
         #[arg(long)]
         fresh: bool,
+        /// Write the result as JUnit XML here (a first bad commit is a failed test case whose body is
+        /// REPORT.md).
+        #[arg(long)]
+        junit: Option<PathBuf>,
         /// Write the hand-off bundle under this directory (default: [bundle] dir, else the state directory).
         #[arg(long)]
         bundle_dir: Option<PathBuf>,

@@ -55,6 +55,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             no_triage,
             no_shrink,
             fresh,
+            junit,
             bundle_dir,
             message_format,
         } => {
@@ -71,6 +72,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 no_triage,
                 no_shrink,
                 fresh,
+                junit,
                 bundle_dir,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)

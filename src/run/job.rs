@@ -10,6 +10,7 @@ use git2::Oid;
 use crate::report::bundle::{self, BundleInput};
 use crate::report::environment;
 use crate::report::event::{Event, Reporter};
+use crate::report::junit::junit_xml;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
 
 use crate::config::Config;
@@ -169,6 +170,7 @@ pub fn start(
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
     save_report(&report, &run_dir, opts.report.as_deref(), reporter);
+    ci_outputs(&report, &plan.config, opts.junit.as_deref(), reporter);
     reporter.event(&Event::Finished {
         report: Box::new(report.clone()),
     });
@@ -198,6 +200,39 @@ fn save_report(report: &Report, run_dir: &Path, extra: Option<&Path>, reporter: 
         if let Err(e) = write_atomic(&path, json.as_bytes()) {
             reporter.event(&Event::Warning {
                 message: format!("cannot write {}: {e}", path.display()),
+            });
+        }
+    }
+}
+
+/// What CI systems read: JUnit XML (`--junit`), and the Markdown summary appended to
+/// `$GITHUB_STEP_SUMMARY` when that is set. Failures are warnings: the result is already on disk.
+fn ci_outputs(report: &Report, config: &Config, junit: Option<&Path>, reporter: &mut dyn Reporter) {
+    let body = report
+        .bundle
+        .as_ref()
+        .and_then(|b| std::fs::read_to_string(Path::new(b).join("REPORT.md")).ok());
+    if let Some(path) = junit {
+        let written = junit_xml(report, &config.repro.command.display(), body.as_deref())
+            .map_err(std::io::Error::other)
+            .and_then(|xml| write_atomic(path, xml.as_bytes()));
+        if let Err(e) = written {
+            reporter.event(&Event::Warning {
+                message: format!("cannot write {}: {e}", path.display()),
+            });
+        }
+    }
+    if let Some(summary) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) {
+        use std::io::Write;
+        let text = body.unwrap_or_else(|| format!("## cudabisect\n\n{}\n", report.message));
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&summary)
+            .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()));
+        if let Err(e) = appended {
+            reporter.event(&Event::Warning {
+                message: format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
             });
         }
     }

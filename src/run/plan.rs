@@ -36,6 +36,8 @@ pub struct StartOptions {
     pub no_shrink: bool,
     /// Ignore the probe journal of earlier runs (probe every commit again).
     pub fresh: bool,
+    /// Write the result as JUnit XML here.
+    pub junit: Option<PathBuf>,
     /// Write the bundle under this directory instead of `[bundle] dir`.
     pub bundle_dir: Option<PathBuf>,
 }
