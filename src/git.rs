@@ -175,6 +175,15 @@ impl Repo {
         Ok(Self { repo })
     }
 
+    /// The branch the checkout is on, when it is on one.
+    pub fn current_branch(&self) -> Option<String> {
+        let head = self.repo.head().ok()?;
+        if !head.is_branch() {
+            return None;
+        }
+        head.shorthand().ok().map(str::to_string)
+    }
+
     /// The top of the user's working tree.
     pub fn workdir(&self) -> PathBuf {
         self.repo

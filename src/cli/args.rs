@@ -156,6 +156,39 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "human")]
         format: LogFormat,
     },
+    /// The nightly regression job: test the branch head, bisect a new fault from the last good commit,
+    /// keep the state between nights.
+    #[command(after_help = super::exit_codes::HELP)]
+    Nightly {
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Config file (default: bisect.toml at the repository root).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The branch to test (default: the checkout's current branch).
+        #[arg(long)]
+        branch: Option<String>,
+        /// The state directory (default: nightly/ in cudabisect's state under the git directory; CI passes
+        /// a cached directory).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Write the JSON report here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Write JUnit XML here.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// The last good commit, for the first night.
+        #[arg(long)]
+        since: Option<String>,
+        /// Bisect only: no triage or shrinking at the first bad commit.
+        #[arg(long)]
+        no_stages: bool,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
     /// Hand-off bundles.
     Bundle {
         #[command(subcommand)]

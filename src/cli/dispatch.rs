@@ -157,6 +157,33 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                     include_binary,
                 },
         } => super::bundle::pack(&dir, out.as_deref(), include_binary),
+        Command::Nightly {
+            dir,
+            config,
+            branch,
+            state,
+            report,
+            junit,
+            since,
+            no_stages,
+            message_format,
+        } => {
+            let opts = cudabisect::run::nightly::NightlyOptions {
+                dir,
+                config,
+                branch,
+                state,
+                since,
+                no_stages,
+            };
+            super::nightly::run(
+                &opts,
+                report.as_deref(),
+                junit.as_deref(),
+                reporter(message_format).as_mut(),
+                cancel,
+            )
+        }
         Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),
         Command::Man => super::shell::man(),

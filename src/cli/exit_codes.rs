@@ -20,6 +20,14 @@ pub const UNAVAILABLE: u8 = 6;
 pub const LOCKED: u8 = 7;
 /// `start`: an endpoint could not be judged because the machine or the clone failed, not the commit.
 pub const INFRA: u8 = 8;
+/// `nightly`: the first night's head is clean and became the last good commit.
+pub const BASELINE: u8 = 10;
+/// `nightly`: the head is clean again; the open regression is closed.
+pub const FIXED: u8 = 11;
+/// `nightly`: the head faults with a new bug, and it was bisected.
+pub const REGRESSION: u8 = 12;
+/// `nightly`: the head still faults with the open regression's bug (not bisected again).
+pub const STILL_FAILING: u8 = 13;
 /// cudabisect itself failed (a bug, or the disk or git failed under it).
 pub const INTERNAL: u8 = 70;
 /// Interrupted by Ctrl-C or SIGTERM (after writing what was found).
@@ -31,10 +39,14 @@ pub const HELP: &str = "Exit codes:
   1    harness run: a node faulted
   2    bad usage, config or model (nothing was run or written)
   3    start: GOOD does not pass or BAD does not reproduce; shrink: the model does not fault
-  4    start: skipped commits leave several candidates
+  4    start: skipped commits leave several candidates; nightly: the head could not be judged
   5    classify: the log shows a failure; triage: the fault was found
   6    no CUDA backend (harness) or no compute-sanitizer (triage)
   7    another cudabisect run holds this repository's state directory
   8    start: an endpoint could not be judged, or the host broke mid-search
+  10   nightly: baseline (first clean head recorded)
+  11   nightly: fixed (the open regression's bug is gone)
+  12   nightly: regression (a new bug, bisected)
+  13   nightly: still failing (the open regression's bug, not bisected again)
   70   cudabisect itself failed
   130  interrupted (Ctrl-C or SIGTERM)";

@@ -11,6 +11,7 @@ mod error;
 mod exit_codes;
 mod harness;
 mod log;
+mod nightly;
 mod shell;
 mod shrink;
 mod start;

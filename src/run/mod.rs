@@ -5,6 +5,7 @@ pub mod error;
 pub mod job;
 pub mod journal;
 pub mod lock;
+pub mod nightly;
 pub mod plan;
 pub mod probe;
 pub mod search;

@@ -1,0 +1,188 @@
+//! `cudabisect nightly` night by night on a repository that grows: a baseline, clean nights, a regression
+//! that is bisected, a night that still fails (no new bisection), a fix, and a first night that faults
+//! without a last good commit. State, statuses, exit codes and JUnit (parsed) are checked each night.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use git2::Oid;
+use serde_json::Value;
+
+const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\necho ok\n";
+const CONFIG: &str =
+    "[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"30s\"\n\n[triage]\nenabled = false\n";
+
+struct Grower {
+    _tmp: tempfile::TempDir,
+    path: PathBuf,
+    state: PathBuf,
+    builder: RepoBuilder,
+    commits: Vec<Oid>,
+}
+
+impl Grower {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("repo");
+        let state = tmp.path().join("ci-cache");
+        let builder = RepoBuilder::init(&path).unwrap();
+        Grower {
+            _tmp: tmp,
+            path,
+            state,
+            builder,
+            commits: Vec::new(),
+        }
+    }
+
+    /// Adds commits (each `fault` or `clean`) on main and checks main out.
+    fn grow(&mut self, modes: &[&str]) {
+        for mode in modes {
+            let i = self.commits.len();
+            let mut f = Files::new();
+            put(&mut f, "repro.sh", REPRO, true);
+            put(&mut f, "mode.txt", *mode, false);
+            put(&mut f, "bisect.toml", CONFIG, false);
+            put(&mut f, "src.txt", format!("revision {i}\n"), false);
+            let parents: Vec<Oid> = self.commits.last().copied().into_iter().collect();
+            let c = self
+                .builder
+                .commit(&parents, &f, &format!("night commit {i}"))
+                .unwrap();
+            self.commits.push(c);
+        }
+        self.builder
+            .set_branch("main", *self.commits.last().unwrap())
+            .unwrap();
+        self.builder.checkout_main().unwrap();
+    }
+
+    /// One night: (exit code, report, JUnit (failures, errors), stderr).
+    fn night(&self, extra: &[&str]) -> (i32, Value, (String, String), String) {
+        let dir = self.path.parent().unwrap();
+        let report = dir.join("night.json");
+        let junit = dir.join("night.xml");
+        let _ = std::fs::remove_file(&report);
+        let _ = std::fs::remove_file(&junit);
+        let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .arg("nightly")
+            .arg("-C")
+            .arg(&self.path)
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--report")
+            .arg(&report)
+            .arg("--junit")
+            .arg(&junit)
+            .arg("--no-stages")
+            .args(extra)
+            .env_remove("GITHUB_STEP_SUMMARY")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let report: Value = std::fs::read_to_string(&report)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let counts = std::fs::read_to_string(&junit)
+            .ok()
+            .map(|t| {
+                let doc = roxmltree::Document::parse(&t).unwrap();
+                let root = doc.root_element();
+                (
+                    root.attribute("failures").unwrap_or("").to_string(),
+                    root.attribute("errors").unwrap_or("").to_string(),
+                )
+            })
+            .unwrap_or_default();
+        (out.status.code().unwrap_or(-1), report, counts, stderr)
+    }
+
+    fn sha(&self, i: usize) -> String {
+        self.commits[i].to_string()
+    }
+}
+
+fn zero() -> (String, String) {
+    ("0".into(), "0".into())
+}
+
+#[test]
+fn five_nights_baseline_clean_regression_still_failing_fixed() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean", "clean"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 10, "{err}");
+    assert_eq!(r["nightly"]["status"], "baseline");
+    assert_eq!(r["nightly"]["last_good"], g.sha(2).as_str());
+    assert_eq!(junit, zero());
+
+    g.grow(&["clean", "clean"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["nightly"]["status"], "clean");
+    assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
+    assert_eq!(junit, zero());
+
+    g.grow(&["clean", "fault", "fault"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 12, "{err}");
+    assert_eq!(r["nightly"]["status"], "regression");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(6).as_str(), "{r:#}");
+    assert_eq!(r["nightly"]["open_since"], g.sha(7).as_str());
+    assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
+    assert_eq!(r["bisect"]["result"], "found");
+    assert_eq!(junit, ("1".into(), "0".into()));
+
+    g.grow(&["fault", "fault"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 13, "{err}");
+    assert_eq!(r["nightly"]["status"], "still_failing");
+    assert_eq!(r["nightly"]["nights_failing"], 2);
+    assert_eq!(r["nightly"]["first_bad"], g.sha(6).as_str());
+    assert!(r["bisect"].is_null(), "no new bisection: {r:#}");
+    assert_eq!(junit, ("1".into(), "0".into()));
+
+    g.grow(&["clean"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 11, "{err}");
+    assert_eq!(r["nightly"]["status"], "fixed");
+    assert_eq!(
+        r["nightly"]["fixed_range"],
+        format!("{}..{}", g.sha(9), g.sha(10)).as_str()
+    );
+    assert!(r["nightly"]["first_bad"].is_null());
+    assert_eq!(r["nightly"]["last_good"], g.sha(10).as_str());
+    assert_eq!(junit, zero());
+
+    g.grow(&["clean"]);
+    let (code, r, _, err) = g.night(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["nightly"]["status"], "clean");
+    // The state is one JSON file per branch, config and machine, in the directory CI caches.
+    let files: Vec<PathBuf> = std::fs::read_dir(&g.state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!(state["last_good"], g.sha(11).as_str());
+    assert!(state["open"].is_null());
+}
+
+#[test]
+fn a_first_night_that_faults_needs_since_and_then_bisects_from_it() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean", "fault", "fault"]);
+    let (code, _, _, err) = g.night(&[]);
+    assert_eq!(code, 2, "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("pass --since"), "{err}");
+    assert!(!g.state.exists() || std::fs::read_dir(&g.state).unwrap().count() == 0);
+    let since = g.sha(0);
+    let (code, r, _, err) = g.night(&["--since", &since]);
+    assert_eq!(code, 12, "{err}");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(2).as_str());
+}
