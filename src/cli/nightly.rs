@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::junit::{junit_case, probe_time, Outcome};
-use cudabisect::run::job::write_atomic;
+use cudabisect::run::job::{append_step_summary, write_atomic};
 use cudabisect::run::nightly::{nightly, NightlyOptions, NightlyReport, NightlyStatus};
 
 use super::common::print_stdout;
@@ -52,22 +52,14 @@ pub fn run(
             warn(format!("cannot write {}: {e}", path.display()));
         }
     }
-    if let Some(summary) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) {
-        use std::io::Write;
-        let text = format!(
-            "## cudabisect nightly: {}\n\n{}\n\n{}",
-            status_word(n.status),
-            n.message,
-            body.as_deref().unwrap_or("")
-        );
-        let appended = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&summary)
-            .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()));
-        if let Err(e) = appended {
-            warn(format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"));
-        }
+    let text = format!(
+        "## cudabisect nightly: {}\n\n{}\n\n{}",
+        status_word(n.status),
+        n.message,
+        body.as_deref().unwrap_or("")
+    );
+    if let Err(e) = append_step_summary(&text) {
+        warn(format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"));
     }
     print_stdout(&format!(
         "Nightly: {}: {}\n",

@@ -222,20 +222,26 @@ fn ci_outputs(report: &Report, config: &Config, junit: Option<&Path>, reporter: 
             });
         }
     }
-    if let Some(summary) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) {
-        use std::io::Write;
-        let text = body.unwrap_or_else(|| format!("## cudabisect\n\n{}\n", report.message));
-        let appended = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&summary)
-            .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()));
-        if let Err(e) = appended {
-            reporter.event(&Event::Warning {
-                message: format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
-            });
-        }
+    let text = body.unwrap_or_else(|| format!("## cudabisect\n\n{}\n", report.message));
+    if let Err(e) = append_step_summary(&text) {
+        reporter.event(&Event::Warning {
+            message: format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
+        });
     }
+}
+
+/// Appends Markdown to `$GITHUB_STEP_SUMMARY` when that is set (GitHub Actions shows it on the run's
+/// page); nothing otherwise.
+pub fn append_step_summary(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) else {
+        return Ok(());
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()))
 }
 
 /// The bundle root: `--bundle-dir`, else `[bundle] dir` (relative to the repository root), else
