@@ -69,3 +69,43 @@ fn bundle_pack_writes_an_archive_beside_the_bundle_and_refuses_other_directories
     assert!(err.contains("not a cudabisect bundle"), "{err}");
     assert!(!tmp.path().join("not-a-bundle.tar.gz").exists());
 }
+
+/// The examples' command lines use only options the CLI has (so a renamed flag breaks this test, not a
+/// user's nightly job).
+#[test]
+fn the_examples_use_only_options_the_cli_has() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut checked = 0;
+    for file in ["github/nightly.yml", "systemd/cudabisect-nightly.service"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        // Join continuation lines, then look at every cudabisect invocation.
+        let text = text.replace("\\\n", " ");
+        for line in text.lines() {
+            let Some(at) = line.find("cudabisect ") else {
+                continue;
+            };
+            let words: Vec<&str> = line[at + "cudabisect ".len()..]
+                .split_whitespace()
+                .collect();
+            let Some(sub) = words.first().filter(|w| ["nightly", "bundle"].contains(w)) else {
+                continue;
+            };
+            let help_args: Vec<&str> = if *sub == "bundle" {
+                vec!["bundle", "pack", "--help"]
+            } else {
+                vec![sub, "--help"]
+            };
+            let (code, help, err) = run(&help_args);
+            assert_eq!(code, Some(0), "{err}");
+            for flag in words.iter().filter(|w| w.starts_with('-')) {
+                let flag = flag.split('=').next().unwrap_or(flag);
+                assert!(
+                    help.contains(flag),
+                    "{file}: `{flag}` is not an option of `cudabisect {sub}`"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 6, "only {checked} options checked");
+}
