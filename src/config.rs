@@ -235,6 +235,31 @@ impl Default for BundleSection {
     }
 }
 
+/// `[nightly]`: hooks of the nightly job.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NightlySection {
+    /// Run after a night that ends in `regression` or `fixed` (chat or issue-tracker hooks the team owns),
+    /// with the status and the report's paths in its environment.
+    pub notify: Option<CommandLine>,
+    /// Time allowed for the notify command.
+    #[serde(default = "default_notify_timeout", deserialize_with = "duration")]
+    pub notify_timeout: Duration,
+}
+
+fn default_notify_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+impl Default for NightlySection {
+    fn default() -> Self {
+        Self {
+            notify: None,
+            notify_timeout: default_notify_timeout(),
+        }
+    }
+}
+
 /// `[triage]`: the compute-sanitizer rerun on the first bad commit.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -279,6 +304,8 @@ struct RawConfig {
     shrink: Option<ShrinkSection>,
     #[serde(default)]
     bundle: BundleSection,
+    #[serde(default)]
+    nightly: NightlySection,
 }
 
 /// Checked settings.
@@ -300,6 +327,8 @@ pub struct Config {
     pub shrink: Option<ShrinkSection>,
     /// Bundle settings.
     pub bundle: BundleSection,
+    /// Nightly-job settings.
+    pub nightly: NightlySection,
 }
 
 /// Why a config could not be used.
@@ -425,6 +454,7 @@ impl Config {
             triage: raw.triage,
             shrink: raw.shrink,
             bundle: raw.bundle,
+            nightly: raw.nightly,
         })
     }
 }

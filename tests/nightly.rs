@@ -10,8 +10,17 @@ use git2::Oid;
 use serde_json::Value;
 
 const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\necho ok\n";
-const CONFIG: &str =
-    "[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"30s\"\n\n[triage]\nenabled = false\n";
+/// The notify hook writes what it was told next to the repository.
+const CONFIG: &str = r#"[repro]
+command = ["./repro.sh"]
+timeout = "30s"
+
+[triage]
+enabled = false
+
+[nightly]
+notify = 'echo "$CUDABISECT_NIGHTLY_STATUS $CUDABISECT_FIRST_BAD $CUDABISECT_REPORT" >> ../notified.txt'
+"#;
 
 struct Grower {
     _tmp: tempfile::TempDir,
@@ -134,6 +143,14 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
     assert_eq!(r["bisect"]["result"], "found");
     assert_eq!(junit, ("1".into(), "0".into()));
+    let notes = g.path.parent().unwrap().join("notified.txt");
+    let notified = || std::fs::read_to_string(&notes).unwrap_or_default();
+    let report_path = g.path.parent().unwrap().join("night.json");
+    assert_eq!(
+        notified(),
+        format!("regression {} {}\n", g.sha(6), report_path.display()),
+        "[nightly] notify runs after a regression with its environment"
+    );
 
     g.grow(&["fault", "fault"]);
     let (code, r, junit, err) = g.night(&[]);
@@ -143,6 +160,11 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     assert_eq!(r["nightly"]["first_bad"], g.sha(6).as_str());
     assert!(r["bisect"].is_null(), "no new bisection: {r:#}");
     assert_eq!(junit, ("1".into(), "0".into()));
+    assert_eq!(
+        notified().lines().count(),
+        1,
+        "no notification while still failing"
+    );
 
     g.grow(&["clean"]);
     let (code, r, junit, err) = g.night(&[]);
@@ -155,6 +177,8 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     assert!(r["nightly"]["first_bad"].is_null());
     assert_eq!(r["nightly"]["last_good"], g.sha(10).as_str());
     assert_eq!(junit, zero());
+    let fixed_line = format!("fixed  {}", report_path.display());
+    assert_eq!(notified().lines().last(), Some(fixed_line.as_str()));
 
     g.grow(&["clean"]);
     let (code, r, _, err) = g.night(&[]);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::junit::{junit_case, probe_time, Outcome};
 use cudabisect::run::job::{append_step_summary, write_atomic};
-use cudabisect::run::nightly::{nightly, NightlyOptions, NightlyReport, NightlyStatus};
+use cudabisect::run::nightly::{nightly, notify, NightlyOptions, NightlyReport, NightlyStatus};
 
 use super::common::print_stdout;
 use super::error::CommandResult;
@@ -60,6 +60,17 @@ pub fn run(
     );
     if let Err(e) = append_step_summary(&text) {
         warn(format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"));
+    }
+    if let Some(message) = notify(
+        opts,
+        &night,
+        &[
+            ("CUDABISECT_REPORT", report_path),
+            ("CUDABISECT_JUNIT", junit),
+        ],
+        cancel,
+    ) {
+        warn(message);
     }
     print_stdout(&format!(
         "Nightly: {}: {}\n",

@@ -115,6 +115,68 @@ pub struct NightlyReport {
     pub bisect: Option<Report>,
 }
 
+/// Runs `[nightly] notify` after a `regression` or a `fixed` night, with what happened in its environment:
+/// `CUDABISECT_NIGHTLY_STATUS`, `CUDABISECT_NIGHTLY_MESSAGE`, `CUDABISECT_BRANCH`, `CUDABISECT_HEAD`,
+/// `CUDABISECT_FIRST_BAD`, and the paths `CUDABISECT_REPORT`, `CUDABISECT_JUNIT`, `CUDABISECT_BUNDLE` when
+/// there are such files. Returns a warning when it could not run or failed; nothing otherwise.
+pub fn notify(
+    opts: &NightlyOptions,
+    night: &NightlyReport,
+    files: &[(&str, Option<&Path>)],
+    cancel: &AtomicBool,
+) -> Option<String> {
+    let n = &night.nightly;
+    if !matches!(n.status, NightlyStatus::Regression | NightlyStatus::Fixed) {
+        return None;
+    }
+    let repo = Repo::open(&opts.dir).ok()?;
+    let config = match Config::load(&config_path(&repo, opts.config.as_deref())) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("[nightly] notify: {e}")),
+    };
+    let command = config.nightly.notify.clone()?;
+    let workdir = repo.workdir();
+    let word = serde_json::to_value(n.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let mut env = vec![
+        ("CUDABISECT_NIGHTLY_STATUS".to_string(), word),
+        ("CUDABISECT_NIGHTLY_MESSAGE".to_string(), n.message.clone()),
+        ("CUDABISECT_BRANCH".to_string(), n.branch.clone()),
+        ("CUDABISECT_HEAD".to_string(), n.head.clone()),
+        (
+            "CUDABISECT_FIRST_BAD".to_string(),
+            n.first_bad.clone().unwrap_or_default(),
+        ),
+    ];
+    let bundle = night.bisect.as_ref().and_then(|b| b.bundle.clone());
+    for (name, path) in files {
+        if let Some(p) = path {
+            env.push((name.to_string(), p.display().to_string()));
+        }
+    }
+    if let Some(b) = bundle {
+        env.push(("CUDABISECT_BUNDLE".to_string(), b));
+    }
+    let spec = crate::process::CommandSpec {
+        command,
+        cwd: workdir,
+        env,
+        timeout: config.nightly.notify_timeout,
+        grace: std::time::Duration::from_secs(2),
+    };
+    match crate::process::run(&spec, cancel) {
+        Ok(run) if run.exit == crate::classify::Exit::Code(0) => None,
+        Ok(run) => Some(format!(
+            "[nightly] notify {:?}: {}",
+            run.exit,
+            run.output.lines().last().unwrap_or("")
+        )),
+        Err(e) => Some(format!("[nightly] notify could not run: {e}")),
+    }
+}
+
 fn state_file(dir: &Path, branch: &str, fingerprint: &str) -> PathBuf {
     let safe: String = branch
         .chars()
