@@ -142,6 +142,9 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     assert_eq!(r["nightly"]["open_since"], g.sha(7).as_str());
     assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
     assert_eq!(r["bisect"]["result"], "found");
+    // The night's own probe of the head is the bisection's bad endpoint, taken from the journal.
+    assert_eq!(r["bisect"]["probes"][0]["role"], "bad_endpoint");
+    assert_eq!(r["bisect"]["probes"][0]["reused"], true, "{r:#}");
     assert_eq!(junit, ("1".into(), "0".into()));
     let notes = g.path.parent().unwrap().join("notified.txt");
     let notified = || std::fs::read_to_string(&notes).unwrap_or_default();

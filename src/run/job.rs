@@ -95,7 +95,7 @@ pub fn start(
         policy: &plan.config.match_policy,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
-    let journal_path = state_dir.join("journal.jsonl");
+    let journal_path = journal::journal_path(&state_dir);
     let fingerprint = journal::fingerprint(&plan.config.text, &environment::fingerprint(cancel));
     let opened = if opts.fresh {
         Ok((Journal::empty(&journal_path, &fingerprint), Vec::new()))

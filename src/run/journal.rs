@@ -44,6 +44,11 @@ struct SanitizedEntry {
     duration_s: f64,
 }
 
+/// Where a state directory keeps its journal.
+pub fn journal_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("journal.jsonl")
+}
+
 /// The fingerprint entries must share to be reused: the config text, the machine's GPU/driver line and
 /// cudabisect's version (a new classifier may judge the same output differently).
 pub fn fingerprint(config_text: &str, environment: &str) -> String {

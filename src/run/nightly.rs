@@ -16,7 +16,7 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{ProbeRole, Report, RunResult};
 
 use super::job::{start, write_atomic};
-use super::journal;
+use super::journal::{self, journal_path, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{config_path, RunError, StartOptions};
 use super::probe::{Probe, ProbeContext, WorktreeProber};
@@ -260,7 +260,28 @@ pub fn nightly(
             remaining: 1,
             estimated_steps: 1,
         };
-        let out = prober.probe(head, &ctx, None, reporter);
+        // Through the journal: a night killed after this probe does not redo it, and the bisection that
+        // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
+        let (journal, warnings) = Journal::open(&journal_path(&repo.state_dir()), &fingerprint)
+            .unwrap_or_else(|e| {
+                (
+                    Journal::empty(&journal_path(&repo.state_dir()), &fingerprint),
+                    vec![format!("the probe journal cannot be read ({e})")],
+                )
+            });
+        for message in warnings {
+            reporter.event(&Event::Warning { message });
+        }
+        let mut journaled = JournaledProbe {
+            inner: &mut prober,
+            journal,
+            warnings: Vec::new(),
+            cancel,
+        };
+        let out = journaled.probe(head, &ctx, None, reporter);
+        for message in std::mem::take(&mut journaled.warnings) {
+            reporter.event(&Event::Warning { message });
+        }
         if let Err(e) = repo.remove_worktree(worktree.path()) {
             reporter.event(&Event::Warning {
                 message: format!("the probe worktree was not removed: {e}"),
