@@ -347,3 +347,112 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
         "{report:#}"
     );
 }
+
+/// A harness that delegates to the native one and, on the call named in `kill_at.txt`, SIGKILLs
+/// cudabisect (its parent), as a preempted runner would, in the middle of the shrink stage.
+const KILLING_HARNESS: &str = r#"#!/bin/sh
+n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
+echo "$n" > "$STATE/count.txt"
+if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
+exec "$CUDABISECT_BIN" harness --model model.toml --backend cpu "$@"
+"#;
+
+/// A repository whose change 5 makes the model fault, with the killing harness configured.
+fn regression_with_killing_harness() -> (tempfile::TempDir, PathBuf, PathBuf, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let wrapper = state.join("harness.sh");
+    std::fs::write(&wrapper, KILLING_HARNESS).unwrap();
+    let bad_model = fixture("shrink_one_node.toml");
+    let good_model = bad_model.replace("268435456]", "15]");
+    let shrink_cfg = format!(
+        "harness = [\"sh\", \"{}\"]\nconfirm = 2\nenv = {{ CUDABISECT_BIN = \"{}\", STATE = \"{}\" }}",
+        wrapper.display(),
+        bin(),
+        state.display()
+    );
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut parent = None;
+    let mut culprit = String::new();
+    for i in 0..8 {
+        let mut f = Files::new();
+        put(
+            &mut f,
+            "model.toml",
+            if i < 5 { &good_model } else { &bad_model },
+            false,
+        );
+        put(&mut f, "bisect.toml", config(&shrink_cfg), false);
+        put(&mut f, "notes.txt", format!("change {i}\n"), false);
+        let c = b
+            .commit(parent.as_slice(), &f, &format!("change {i}"))
+            .unwrap();
+        if i == 0 {
+            b.tag("good", c).unwrap();
+        }
+        if i == 5 {
+            culprit = c.to_string();
+        }
+        parent = Some(c);
+    }
+    b.set_branch("main", parent.unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    (tmp, dir, state, culprit)
+}
+
+fn start_json(dir: &Path) -> (Option<i32>, Value) {
+    let report = dir.parent().unwrap().join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(bin())
+        .args(["start", "good..main", "-C"])
+        .arg(dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let r = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code(), r)
+}
+
+fn harness_calls(state: &Path) -> usize {
+    std::fs::read_to_string(state.join("count.txt"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_run_killed_during_the_shrink_resumes_with_the_search_reused_and_the_same_answer() {
+    let (_tmp, dir, state, culprit) = regression_with_killing_harness();
+    let (code, full) = start_json(&dir);
+    assert_eq!(code, Some(0), "{full:#}");
+    assert_eq!(full["first_bad"]["commit"], culprit.as_str());
+    assert_eq!(kept(&full["shrink"]), vec!["b2_lookup"]);
+    let total = harness_calls(&state);
+    assert!(total >= 4, "{total}");
+
+    for kill_at in 1..=total {
+        let (_tmp, dir, state, culprit) = regression_with_killing_harness();
+        std::fs::write(state.join("kill_at.txt"), kill_at.to_string()).unwrap();
+        let (code, _) = start_json(&dir);
+        assert_eq!(code, None, "killed by a signal at harness call {kill_at}");
+        let (code, r) = start_json(&dir);
+        assert_eq!(
+            code,
+            Some(0),
+            "resumed after a kill at harness call {kill_at}: {r:#}"
+        );
+        assert_eq!(r["first_bad"]["commit"], culprit.as_str());
+        assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"], "kill at {kill_at}");
+        let probes = r["probes"].as_array().unwrap();
+        assert!(
+            probes.iter().all(|p| p["reused"] == true),
+            "the search finished before the kill: every probe is reused (kill at {kill_at})"
+        );
+    }
+}
