@@ -164,6 +164,7 @@ fn run_search_with(
         goods: &goods,
         merge_bases: &bases,
         policy: &policy,
+        goods_may_show_other_bugs: false,
     };
     let mut prober = Scripted {
         shows: Box::new(shows),

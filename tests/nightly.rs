@@ -9,7 +9,7 @@ use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
 
-const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\necho ok\n";
+const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\nif [ \"$(cat mode.txt)\" = assert ]; then echo 'RuntimeError: CUDA error: device-side assert triggered'; exit 1; fi\necho ok\n";
 /// The notify hook writes what it was told next to the repository.
 const CONFIG: &str = r#"[repro]
 command = ["./repro.sh"]
@@ -212,4 +212,33 @@ fn a_first_night_that_faults_needs_since_and_then_bisects_from_it() {
     let (code, r, _, err) = g.night(&["--since", &since]);
     assert_eq!(code, 12, "{err}");
     assert_eq!(r["nightly"]["first_bad"], g.sha(2).as_str());
+}
+
+#[test]
+fn another_bug_on_top_of_an_open_one_is_bisected_from_the_last_head_that_showed_only_the_older() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean"]);
+    assert_eq!(g.night(&[]).0, 10);
+    g.grow(&["clean", "fault", "fault"]);
+    let (code, r, _, err) = g.night(&[]);
+    assert_eq!(code, 12, "{err}");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(3).as_str());
+    // Night 3: a device-side assert now fires before the illegal access.
+    g.grow(&["assert", "assert"]);
+    let (code, r, junit, err) = g.night(&[]);
+    assert_eq!(code, 12, "a different bug is a new regression: {err}");
+    assert_eq!(r["nightly"]["status"], "regression");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str(), "{r:#}");
+    assert_eq!(r["nightly"]["signature"]["class"], "device_assert");
+    assert_eq!(
+        r["bisect"]["good"][0],
+        g.sha(4).as_str(),
+        "bisected from the last head with only the older bug"
+    );
+    assert_eq!(junit, ("1".into(), "0".into()));
+    // The same assert the next night is still failing, not a new bisection.
+    g.grow(&["assert"]);
+    let (code, r, _, err) = g.night(&[]);
+    assert_eq!(code, 13, "{err}");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str());
 }

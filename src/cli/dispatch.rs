@@ -73,6 +73,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 no_shrink,
                 fresh,
                 junit,
+                goods_may_show_other_bugs: false,
                 bundle_dir,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)

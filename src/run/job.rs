@@ -93,6 +93,7 @@ pub fn start(
         goods: &plan.goods,
         merge_bases: &plan.merge_bases,
         policy: &plan.config.match_policy,
+        goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
     let journal_path = journal::journal_path(&state_dir);

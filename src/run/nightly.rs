@@ -344,6 +344,16 @@ pub fn nightly(
             None,
         )
     } else {
+        // Another bug on top of the open one: bisect from the last head that showed only the older bug,
+        // when the two are told apart; otherwise from the last good commit.
+        let on_top = state
+            .open
+            .as_ref()
+            .filter(|o| config.match_policy.compare(&o.signature, &sig, "") == Sameness::Different);
+        let (last_good, goods_may_show_other_bugs) = match on_top {
+            Some(o) => (Some(o.last_failing.clone()), true),
+            None => (last_good, false),
+        };
         let Some(good) = last_good else {
             return Err(RunError::Usage(format!(
                 "the head of {branch} faults ({}) and there is no last good commit yet: pass --since REV",
@@ -356,6 +366,7 @@ pub fn nightly(
             config: opts.config.clone(),
             no_triage: opts.no_stages,
             no_shrink: opts.no_stages,
+            goods_may_show_other_bugs,
             ..StartOptions::default()
         };
         let report = start(&start_opts, reporter, cancel)?;

@@ -38,6 +38,9 @@ pub struct StartOptions {
     pub fresh: bool,
     /// Write the result as JUnit XML here.
     pub junit: Option<PathBuf>,
+    /// A good revision that fails with a bug told apart from the target still counts as good (the nightly
+    /// job's bug-on-top case).
+    pub goods_may_show_other_bugs: bool,
     /// Write the bundle under this directory instead of `[bundle] dir`.
     pub bundle_dir: Option<PathBuf>,
 }

@@ -28,6 +28,10 @@ pub struct SearchInput<'a> {
     pub merge_bases: &'a [Oid],
     /// The same-bug policy.
     pub policy: &'a MatchPolicy,
+    /// A good endpoint that fails with a bug told apart from the target (another class, kernel, launch
+    /// site or exception) still counts as good: it does not show *this* bug. For the nightly job, which
+    /// bisects a new bug from the last head that showed only an older one.
+    pub goods_may_show_other_bugs: bool,
 }
 
 /// How the search ended.
@@ -252,6 +256,19 @@ pub fn search(
         if is_host_problem(rec.signature.class) {
             let msg = format!("{what} could not be judged: {}", rec.signature.summary);
             return d.end(SearchEnd::EndpointInfra(msg), Some(target));
+        }
+        let other_bug = input.goods_may_show_other_bugs
+            && role == ProbeRole::GoodEndpoint
+            && reproduces(&rec.signature)
+            && input.policy.compare(&target, &rec.signature, "") == Sameness::Different;
+        if other_bug {
+            d.reporter.event(&Event::Note {
+                message: format!(
+                    "{what} shows another bug ({}), not this one: it counts as good for this search",
+                    rec.signature.short()
+                ),
+            });
+            continue;
         }
         match (rec.verdict, role) {
             (Verdict::Good, _) => {}
