@@ -242,3 +242,79 @@ fn another_bug_on_top_of_an_open_one_is_bisected_from_the_last_head_that_showed_
     assert_eq!(code, 13, "{err}");
     assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str());
 }
+
+/// A repro wrapper that counts its runs and SIGKILLs cudabisect (its parent) on the run named in
+/// `kill_at.txt`.
+const KILLING_REPRO: &str = r#"#!/bin/sh
+n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
+echo "$n" > "$STATE/count.txt"
+if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
+exec ./repro.sh
+"#;
+
+/// A grower with an outside config whose repro goes through the killing wrapper; returns the
+/// `--config` arguments' path and the counter directory.
+fn killing(g: &Grower) -> (String, PathBuf) {
+    let dir = g.path.parent().unwrap().join("kill");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("wrapper.sh"), KILLING_REPRO).unwrap();
+    let cfg = dir.join("kill.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[repro]\ncommand = [\"sh\", \"{}\"]\ntimeout = \"30s\"\nenv = {{ STATE = \"{}\" }}\n\n[triage]\nenabled = false\n",
+            dir.join("wrapper.sh").display(),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    (cfg.display().to_string(), dir)
+}
+
+fn count(dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(dir.join("count.txt"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_night_killed_at_any_run_resumes_with_at_most_that_run_redone() {
+    let nights = |g: &mut Grower, cfg: &str| {
+        g.grow(&["clean", "clean"]);
+        assert_eq!(g.night(&["--config", cfg]).0, 10);
+        g.grow(&[
+            "clean", "clean", "clean", "fault", "fault", "fault", "fault",
+        ]);
+    };
+    // The whole regression night, uninterrupted: how many repro runs it takes.
+    let mut g = Grower::new();
+    let (cfg, dir) = killing(&g);
+    nights(&mut g, &cfg);
+    let before = count(&dir);
+    let (code, r, _, err) = g.night(&["--config", &cfg]);
+    assert_eq!(code, 12, "{err}");
+    let expected = r["nightly"]["first_bad"].clone();
+    assert_eq!(expected, g.sha(5).as_str());
+    let total = count(&dir) - before;
+    assert!(total >= 3, "{total}");
+
+    for k in 1..=total {
+        let mut g = Grower::new();
+        let (cfg, dir) = killing(&g);
+        nights(&mut g, &cfg);
+        let before = count(&dir);
+        std::fs::write(dir.join("kill_at.txt"), (before + k).to_string()).unwrap();
+        let (code, _, _, _) = g.night(&["--config", &cfg]);
+        assert_eq!(code, -1, "killed at run {k} of the night");
+        let (code, r, junit, err) = g.night(&["--config", &cfg]);
+        assert_eq!(code, 12, "resumed after a kill at run {k}: {err}");
+        assert_eq!(r["nightly"]["first_bad"], expected, "kill at {k}");
+        assert_eq!(junit, ("1".into(), "0".into()));
+        let runs = count(&dir) - before;
+        assert!(
+            runs <= total + 1,
+            "kill at {k}: {runs} runs in all, {total} uninterrupted"
+        );
+    }
+}
