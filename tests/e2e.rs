@@ -1797,3 +1797,70 @@ fn junit_and_the_step_summary_say_what_ci_needs() {
     assert_eq!((failures.as_str(), errors.as_str()), ("0", "1"));
     assert!(failure.is_none());
 }
+
+#[test]
+fn a_run_killed_during_triage_resumes_with_the_same_culprit_and_finding() {
+    let setup = |kill_at: Option<usize>| {
+        let repo = linear(&modes(6, |i| {
+            if i >= 3 {
+                ("fault", true)
+            } else {
+                ("clean", true)
+            }
+        }));
+        let dir = repo.path.parent().unwrap().to_path_buf();
+        let fake = dir.join("fake-sanitizer");
+        std::fs::write(&fake, FAKE_SANITIZER).unwrap();
+        // The sanitizer cudabisect runs: counts its calls and SIGKILLs cudabisect on the named one.
+        let wrapper = dir.join("compute-sanitizer");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nn=$(($(cat {count} 2>/dev/null || echo 0) + 1))\necho $n > {count}\nif [ \"$n\" = \"{kill}\" ]; then kill -KILL \"$PPID\"; exit 0; fi\nexec sh {fake} \"$@\"\n",
+                count = dir.join("count.txt").display(),
+                kill = kill_at.map(|k| k.to_string()).unwrap_or_default(),
+                fake = fake.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let config_path = dir.join("triage.toml");
+        let text = config("").replace("[triage]\nenabled = false\n", "")
+            + &format!(
+                "[triage]\nsanitizer = \"{}\"\nenv = {{ FAKE_SANITIZER_CALLS = \"{}\", FIXTURES = \"{}\" }}\n",
+                wrapper.display(),
+                dir.join("calls.txt").display(),
+                fixtures().display()
+            );
+        std::fs::write(&config_path, text).unwrap();
+        (repo, dir, config_path)
+    };
+    let calls = |dir: &Path| {
+        std::fs::read_to_string(dir.join("count.txt"))
+            .ok()
+            .and_then(|t| t.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    let (repo, dir, cfg) = setup(None);
+    let range = format!("{}..main", repo.commits[0]);
+    let full = cudabisect(&repo.path, &[&range, "--config", cfg.to_str().unwrap()]);
+    assert_eq!(full.code, 0, "{}", full.stderr);
+    let total = calls(&dir);
+    assert!(total >= 2, "{total}");
+    let triage = |r: &Run| r.report.as_ref().unwrap()["triage"]["signature"]["kernel"].clone();
+    assert_eq!(triage(&full), "shared_race");
+    for kill_at in 1..=total {
+        let (repo, _dir, cfg) = setup(Some(kill_at));
+        let range = format!("{}..main", repo.commits[0]);
+        let killed = cudabisect(&repo.path, &[&range, "--config", cfg.to_str().unwrap()]);
+        assert_eq!(killed.code, -1, "killed at sanitizer call {kill_at}");
+        let resumed = cudabisect(&repo.path, &[&range, "--config", cfg.to_str().unwrap()]);
+        assert_eq!(resumed.code, 0, "kill at {kill_at}: {}", resumed.stderr);
+        assert_eq!(first_bad(&resumed), repo.commits[3].to_string());
+        assert_eq!(triage(&resumed), triage(&full), "kill at {kill_at}");
+    }
+}
