@@ -1864,3 +1864,57 @@ fn a_run_killed_during_triage_resumes_with_the_same_culprit_and_finding() {
         assert_eq!(triage(&resumed), triage(&full), "kill at {kill_at}");
     }
 }
+
+#[test]
+fn a_run_killed_while_writing_its_bundle_keeps_the_result_and_resumes() {
+    let repo = linear(&modes(8, |i| {
+        if i >= 5 {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let dir = repo.path.parent().unwrap();
+    // The environment section of the bundle asks `uname` first: this one SIGKILLs cudabisect there.
+    let bin_dir = dir.join("fakebin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let uname = bin_dir.join("uname");
+    std::fs::write(&uname, "#!/bin/sh\nkill -KILL \"$PPID\"\n").unwrap();
+    std::fs::set_permissions(&uname, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let range = format!("{}..main", repo.commits[0]);
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &range, "-C"])
+        .arg(&repo.path)
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), None, "killed while writing the bundle");
+    // The result was on disk before the bundle was started: it survives the kill whole.
+    let runs = repo.path.join(".git/cudabisect/runs");
+    let saved: Vec<Report> = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path().join("report.json")).ok())
+        .map(|t| serde_json::from_str(&t).expect("a whole report, never a torn one"))
+        .collect();
+    assert_eq!(saved.len(), 1);
+    assert_eq!(
+        saved[0].first_bad.as_ref().map(|c| c.commit.clone()),
+        Some(repo.commits[5].to_string())
+    );
+    let resumed = cudabisect(&repo.path, &[&range]);
+    assert_eq!(resumed.code, 0, "{}", resumed.stderr);
+    assert_eq!(first_bad(&resumed), repo.commits[5].to_string());
+    let report = resumed.report.as_ref().unwrap();
+    assert!(report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["reused"] == true));
+    let bundle = report["bundle"].as_str().expect("a bundle this time");
+    assert!(Path::new(bundle).join("REPORT.md").is_file());
+}
