@@ -130,6 +130,17 @@ fn linear(modes: &[(&str, bool)]) -> TestRepo {
     }
 }
 
+/// `n` commits that build; those from `first_bad` on fault.
+fn faulting_from(n: usize, first_bad: usize) -> TestRepo {
+    linear(&modes(n, |i| {
+        if i >= first_bad {
+            ("fault", true)
+        } else {
+            ("clean", true)
+        }
+    }))
+}
+
 fn modes(n: usize, f: impl Fn(usize) -> (&'static str, bool)) -> Vec<(&'static str, bool)> {
     (0..n).map(f).collect()
 }
@@ -244,13 +255,7 @@ fn snapshot(path: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn linear_history_finds_the_culprit_and_leaves_the_checkout_alone() {
-    let repo = linear(&modes(40, |i| {
-        if i >= 23 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(40, 23);
     // A dirty checkout: a modified tracked file, an untracked file, an ignored-looking file, and a stash.
     std::fs::write(repo.path.join("src.txt"), "local edit\n").unwrap();
     {
@@ -518,13 +523,7 @@ fn invalid_endpoints_stop_with_code_3() {
 
 #[test]
 fn several_good_commits_narrow_the_range() {
-    let repo = linear(&modes(30, |i| {
-        if i >= 20 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(30, 20);
     let run = cudabisect(
         &repo.path,
         &[
@@ -673,13 +672,7 @@ fn bad_input_gets_one_line_code_2_and_writes_nothing() {
 
 #[test]
 fn json_lines_stream_has_versioned_events() {
-    let repo = linear(&modes(8, |i| {
-        if i >= 5 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(8, 5);
     let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args([
             "start",
@@ -749,13 +742,7 @@ esac
 
 #[test]
 fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
-    let repo = linear(&modes(6, |i| {
-        if i >= 3 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(6, 3);
     let dir = repo.path.parent().unwrap();
     let fake = dir.join("compute-sanitizer");
     std::fs::write(&fake, FAKE_SANITIZER).unwrap();
@@ -897,13 +884,7 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
 
 #[test]
 fn a_second_run_in_the_same_clone_is_refused_while_the_first_holds_the_lock() {
-    let repo = linear(&modes(6, |i| {
-        if i >= 3 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(6, 3);
     let state = repo.path.join(".git/cudabisect");
     std::fs::create_dir_all(&state).unwrap();
     let lock = std::fs::OpenOptions::new()
@@ -931,13 +912,7 @@ fn a_second_run_in_the_same_clone_is_refused_while_the_first_holds_the_lock() {
 
 #[test]
 fn a_user_branch_named_like_an_old_temporary_branch_is_left_alone() {
-    let repo = linear(&modes(6, |i| {
-        if i >= 3 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(6, 3);
     let r = git2::Repository::open(&repo.path).unwrap();
     let c = r.find_commit(repo.commits[1]).unwrap();
     r.branch("cudabisect-probe-tmp", &c, false).unwrap();
@@ -1022,13 +997,7 @@ fn a_good_commit_on_another_branch_is_bisected_from_the_merge_base() {
 #[test]
 fn a_pathspec_probes_only_the_commits_that_touch_it() {
     // src.txt changes in every commit, mode.txt only where the fault starts (commit 11).
-    let repo = linear(&modes(20, |i| {
-        if i >= 11 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(20, 11);
     let report = repo.path.parent().unwrap().join("pathspec.json");
     let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args(["start", &format!("{}..main", repo.commits[0]), "-C"])
@@ -1058,13 +1027,7 @@ fn a_pathspec_probes_only_the_commits_that_touch_it() {
 
 #[test]
 fn a_commit_whose_objects_are_missing_is_a_skip_of_its_own_kind() {
-    let repo = linear(&modes(6, |i| {
-        if i >= 4 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(6, 4);
     // The first probe of c0..c5 is c2 (it halves c1..c5 best, earliest first); take its tree out of the
     // object store.
     let r = git2::Repository::open(&repo.path).unwrap();
@@ -1200,13 +1163,7 @@ fn https_submodules_check_out_with_the_users_git_config() {
 /// `git replace --graft` rewrites history for every git command; the range is the one git sees.
 #[test]
 fn replace_refs_shape_the_range_as_they_do_for_git() {
-    let repo = linear(&modes(10, |i| {
-        if i >= 6 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(10, 6);
     let global = repo.path.parent().unwrap().join("gitconfig");
     std::fs::write(&global, "").unwrap();
     // c5's parent becomes c2: c3 and c4 leave the history.
@@ -1320,13 +1277,7 @@ fn two_merge_bases_are_both_tested_first() {
 /// warning: the result is printed and written all the same.
 #[test]
 fn a_cleanup_failure_after_the_search_never_loses_the_result() {
-    let repo = linear(&modes(8, |i| {
-        if i >= 5 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(8, 5);
     let range = format!("{}..main", repo.commits[0]);
     let run = cudabisect(&repo.path, &[&range, "--keep-worktree"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -1600,13 +1551,7 @@ fn a_run_killed_at_any_probe_resumes_with_at_most_that_probe_redone() {
 
 #[test]
 fn start_fresh_ignores_the_journal() {
-    let repo = linear(&modes(12, |i| {
-        if i >= 5 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(12, 5);
     let good = repo.commits[0].to_string();
     let range = format!("{good}..main");
     let first = cudabisect(&repo.path, &[&range, "--no-shrink"]);
@@ -1631,13 +1576,7 @@ fn start_fresh_ignores_the_journal() {
 
 #[test]
 fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
-    let repo = linear(&modes(20, |i| {
-        if i >= 13 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(20, 13);
     let good = repo.commits[0].to_string();
     let run = cudabisect(&repo.path, &[&format!("{good}..main"), "--no-shrink"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -1728,13 +1667,7 @@ fn junit_counts(path: &Path) -> (String, String, String, Option<(String, String)
 
 #[test]
 fn junit_and_the_step_summary_say_what_ci_needs() {
-    let repo = linear(&modes(10, |i| {
-        if i >= 6 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(10, 6);
     let good = repo.commits[0].to_string();
     let dir = repo.path.parent().unwrap();
     let junit = dir.join("junit.xml");
@@ -1801,13 +1734,7 @@ fn junit_and_the_step_summary_say_what_ci_needs() {
 #[test]
 fn a_run_killed_during_triage_resumes_with_the_same_culprit_and_finding() {
     let setup = |kill_at: Option<usize>| {
-        let repo = linear(&modes(6, |i| {
-            if i >= 3 {
-                ("fault", true)
-            } else {
-                ("clean", true)
-            }
-        }));
+        let repo = faulting_from(6, 3);
         let dir = repo.path.parent().unwrap().to_path_buf();
         let fake = dir.join("fake-sanitizer");
         std::fs::write(&fake, FAKE_SANITIZER).unwrap();
@@ -1867,13 +1794,7 @@ fn a_run_killed_during_triage_resumes_with_the_same_culprit_and_finding() {
 
 #[test]
 fn a_run_killed_while_writing_its_bundle_keeps_the_result_and_resumes() {
-    let repo = linear(&modes(8, |i| {
-        if i >= 5 {
-            ("fault", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+    let repo = faulting_from(8, 5);
     let dir = repo.path.parent().unwrap();
     // The environment section of the bundle asks `uname` first: this one SIGKILLs cudabisect there.
     let bin_dir = dir.join("fakebin");
