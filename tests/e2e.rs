@@ -1569,6 +1569,13 @@ fn start_fresh_ignores_the_journal() {
         again.stderr
     );
     assert_eq!(first_bad(&again), first_bad(&first));
+    assert!(
+        again
+            .stdout
+            .contains("reused from the journal of an earlier run)"),
+        "{}",
+        again.stdout
+    );
     let fresh = cudabisect(&repo.path, &[&range, "--no-shrink", "--fresh"]);
     assert!(probes(&fresh).iter().all(|p| p["reused"] == false));
     assert_eq!(first_bad(&fresh), first_bad(&first));

@@ -254,8 +254,14 @@ pub fn summary(report: &Report) -> String {
         .iter()
         .filter(|p| p.role == ProbeRole::Search)
         .count();
+    let reused = report.probes.iter().filter(|p| p.reused).count();
+    let reused = if reused > 0 {
+        format!(", {reused} reused from the journal of an earlier run")
+    } else {
+        String::new()
+    };
     out.push_str(&format!(
-        "Probes: {} ({searched} in the search)\n",
+        "Probes: {} ({searched} in the search{reused})\n",
         report.probes.len()
     ));
     out
