@@ -22,6 +22,10 @@ use crate::report::record::ProbeRecord;
 
 const VERSION: u32 = 1;
 
+/// Lines a journal keeps: beyond this, opening it rewrites it with the newest lines only, so a clone that
+/// runs every night for years does not grow it without bound.
+const MAX_LINES: usize = 20_000;
+
 /// One journal line.
 #[derive(Debug, Serialize, Deserialize)]
 struct Entry {
@@ -97,6 +101,14 @@ impl Journal {
     /// Reads `path` (absent: empty) and keeps the entries with this `fingerprint`. Lines that cannot be
     /// read (a write torn by a kill) are skipped; each one is described in the returned warnings.
     pub fn open(path: &Path, fingerprint: &str) -> std::io::Result<(Journal, Vec<String>)> {
+        Self::open_capped(path, fingerprint, MAX_LINES)
+    }
+
+    fn open_capped(
+        path: &Path,
+        fingerprint: &str,
+        cap: usize,
+    ) -> std::io::Result<(Journal, Vec<String>)> {
         let mut journal = Journal {
             path: path.to_path_buf(),
             fingerprint: fingerprint.to_string(),
@@ -117,12 +129,17 @@ impl Journal {
             journal.torn = last[0] != b'\n';
         }
         file.seek(SeekFrom::Start(0))?;
+        let mut kept: Vec<Vec<u8>> = Vec::new();
         for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
             let line = line?;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match serde_json::from_slice::<Entry>(&line) {
+            let parsed = serde_json::from_slice::<Entry>(&line);
+            if parsed.is_ok() {
+                kept.push(line);
+            }
+            match parsed {
                 Ok(e) if e.v == VERSION && e.fingerprint == fingerprint => {
                     if let Some(r) = e.record {
                         journal
@@ -139,6 +156,16 @@ impl Journal {
                     n + 1
                 )),
             }
+        }
+        if kept.len() > cap {
+            // The newest lines, atomically in place of the old file (the caller holds the state lock).
+            let mut text = Vec::new();
+            for line in &kept[kept.len() - cap..] {
+                text.extend_from_slice(line);
+                text.push(b'\n');
+            }
+            super::job::write_atomic(path, &text)?;
+            journal.torn = false;
         }
         Ok((journal, warnings))
     }
@@ -359,5 +386,20 @@ mod tests {
         assert!(warnings[0].contains("cannot be read"), "{warnings:?}");
         let (runs, reused, warnings) = probe_twice(&path, "c");
         assert_eq!((runs, reused, warnings.len()), (0, true, 1));
+    }
+
+    #[test]
+    fn a_long_journal_keeps_its_newest_lines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        for fp in ["a", "b", "c", "d", "e", "f"] {
+            probe_twice(&path, fp);
+        }
+        let (journal, _) = Journal::open_capped(&path, "f", 3).expect("open");
+        assert_eq!(journal.len(), 1, "the newest entry is still there");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.lines().count(), 3);
+        assert!(text.lines().all(|l| !l.contains("\"fingerprint\":\"a\"")));
+        assert!(text.ends_with('\n'));
     }
 }
