@@ -191,8 +191,12 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     let files: Vec<PathBuf> = std::fs::read_dir(&g.state)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("journal.jsonl"))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
+    // The probe journal lives in the same cached directory, not in the clone.
+    assert!(g.state.join("journal.jsonl").is_file());
+    assert!(!g.path.join(".git/cudabisect/journal.jsonl").exists());
     let state: Value = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
     assert_eq!(state["last_good"], g.sha(11).as_str());
     assert!(state["open"].is_null());
@@ -207,7 +211,17 @@ fn a_first_night_that_faults_needs_since_and_then_bisects_from_it() {
     let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{err}");
     assert!(errors[0].contains("pass --since"), "{err}");
-    assert!(!g.state.exists() || std::fs::read_dir(&g.state).unwrap().count() == 0);
+    // No state file: only the journal, whose record of the head the next night reuses.
+    let state_files = |g: &Grower| -> Vec<PathBuf> {
+        std::fs::read_dir(&g.state)
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        state_files(&g).iter().all(|p| p.ends_with("journal.jsonl")),
+        "{:?}",
+        state_files(&g)
+    );
     let since = g.sha(0);
     let (code, r, _, err) = g.night(&["--since", &since]);
     assert_eq!(code, 12, "{err}");
@@ -317,4 +331,55 @@ fn a_night_killed_at_any_run_resumes_with_at_most_that_run_redone() {
             "kill at {k}: {runs} runs in all, {total} uninterrupted"
         );
     }
+}
+
+#[test]
+fn a_night_cut_short_resumes_in_a_fresh_clone_from_the_cached_state() {
+    let mut g = Grower::new();
+    let (cfg, dir) = killing(&g);
+    g.grow(&["clean", "clean"]);
+    assert_eq!(g.night(&["--config", &cfg]).0, 10);
+    g.grow(&[
+        "clean", "clean", "clean", "fault", "fault", "fault", "fault",
+    ]);
+    // Killed at the third repro run of the regression night: the head and two more probes are journaled.
+    std::fs::write(dir.join("kill_at.txt"), (count(&dir) + 3).to_string()).unwrap();
+    assert_eq!(g.night(&["--config", &cfg]).0, -1);
+    // The next job: a fresh clone (no .git/cudabisect), the same cached state directory.
+    let clone = g.path.parent().unwrap().join("fresh-clone");
+    let status = Command::new("git")
+        .args(["clone", "--quiet"])
+        .arg(&g.path)
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let report = g.path.parent().unwrap().join("fresh.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["nightly", "--no-stages", "--config", &cfg, "-C"])
+        .arg(&clone)
+        .arg("--state")
+        .arg(&g.state)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(12),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str());
+    let reused = r["bisect"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["reused"] == true)
+        .count();
+    assert!(
+        reused >= 2,
+        "the killed night's probes are reused in the fresh clone: {r:#}"
+    );
 }

@@ -74,6 +74,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 fresh,
                 junit,
                 goods_may_show_other_bugs: false,
+                journal: None,
                 bundle_dir,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)

@@ -96,7 +96,10 @@ pub fn start(
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
-    let journal_path = journal::journal_path(&state_dir);
+    let journal_path = opts
+        .journal
+        .clone()
+        .unwrap_or_else(|| journal::journal_path(&state_dir));
     let fingerprint = journal::fingerprint(&plan.config.text, &environment::fingerprint(cancel));
     let opened = if opts.fresh {
         Ok((Journal::empty(&journal_path, &fingerprint), Vec::new()))

@@ -226,6 +226,13 @@ pub fn nightly(
         .unwrap_or_else(|| repo.state_dir().join("nightly"));
     let fingerprint = journal::fingerprint(&config.text, &environment::fingerprint(cancel));
     let path = state_file(&state_dir, &branch, &fingerprint);
+    // The journal lives beside the state, so a night cut short in CI resumes in the next job's fresh
+    // checkout from the cached state directory.
+    std::fs::create_dir_all(&state_dir).map_err(|source| RunError::Io {
+        path: state_dir.clone(),
+        source,
+    })?;
+    let journal_file = journal_path(&state_dir);
     let mut state = load_state(&path)?;
     let last_good = state
         .last_good
@@ -262,13 +269,12 @@ pub fn nightly(
         };
         // Through the journal: a night killed after this probe does not redo it, and the bisection that
         // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
-        let (journal, warnings) = Journal::open(&journal_path(&repo.state_dir()), &fingerprint)
-            .unwrap_or_else(|e| {
-                (
-                    Journal::empty(&journal_path(&repo.state_dir()), &fingerprint),
-                    vec![format!("the probe journal cannot be read ({e})")],
-                )
-            });
+        let (journal, warnings) = Journal::open(&journal_file, &fingerprint).unwrap_or_else(|e| {
+            (
+                Journal::empty(&journal_file, &fingerprint),
+                vec![format!("the probe journal cannot be read ({e})")],
+            )
+        });
         for message in warnings {
             reporter.event(&Event::Warning { message });
         }
@@ -367,6 +373,7 @@ pub fn nightly(
             no_triage: opts.no_stages,
             no_shrink: opts.no_stages,
             goods_may_show_other_bugs,
+            journal: Some(journal_file.clone()),
             ..StartOptions::default()
         };
         let report = start(&start_opts, reporter, cancel)?;

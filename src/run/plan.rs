@@ -41,6 +41,9 @@ pub struct StartOptions {
     /// A good revision that fails with a bug told apart from the target still counts as good (the nightly
     /// job's bug-on-top case).
     pub goods_may_show_other_bugs: bool,
+    /// The probe journal (default: `journal.jsonl` in the state directory under the git directory). The
+    /// nightly job keeps it in its own state directory, which CI caches between fresh checkouts.
+    pub journal: Option<PathBuf>,
     /// Write the bundle under this directory instead of `[bundle] dir`.
     pub bundle_dir: Option<PathBuf>,
 }
