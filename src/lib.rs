@@ -7,6 +7,7 @@
 //! records with their renderings (`report`).
 #![warn(missing_docs)]
 
+pub mod atomic_file;
 pub mod backend;
 pub mod bisect;
 pub mod child_env;

@@ -177,14 +177,10 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 state,
                 since,
                 no_stages,
+                report,
+                junit,
             };
-            super::nightly::run(
-                &opts,
-                report.as_deref(),
-                junit.as_deref(),
-                reporter(message_format).as_mut(),
-                cancel,
-            )
+            super::nightly::run(&opts, reporter(message_format).as_mut(), cancel)
         }
         Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),

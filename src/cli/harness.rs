@@ -89,12 +89,14 @@ pub fn describe(model: Option<PathBuf>, out: Option<PathBuf>) -> CommandResult {
     let json = serde_json::to_string_pretty(&harness::describe(&m))
         .map_err(|e| CommandError::new(super::error::ErrorKind::Internal, e))?;
     match out {
-        Some(path) => cudabisect::run::job::write_atomic(&path, json.as_bytes()).map_err(|e| {
-            CommandError::new(
-                super::error::ErrorKind::Internal,
-                format!("--out {}: {e}", path.display()),
-            )
-        })?,
+        Some(path) => {
+            cudabisect::atomic_file::write_atomic(&path, json.as_bytes()).map_err(|e| {
+                CommandError::new(
+                    super::error::ErrorKind::Internal,
+                    format!("--out {}: {e}", path.display()),
+                )
+            })?
+        }
         None => print_stdout(&(json + "\n")),
     }
     Ok(exit_codes::OK)

@@ -10,18 +10,19 @@ use git2::Oid;
 use crate::report::bundle::{self, BundleInput};
 use crate::report::environment;
 use crate::report::event::{Event, Reporter};
-use crate::report::junit::junit_xml;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
 
 use crate::config::Config;
 use crate::git::Repo;
 
+use super::ci::start_outputs;
 use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search, SearchEnd, SearchInput};
 use super::stages::{run_stages, StageChoice, StageContext};
+use crate::atomic_file::write_atomic;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io {
@@ -36,19 +37,6 @@ pub fn run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     format!("{}-{}", now.as_secs(), std::process::id())
-}
-
-/// Writes a file atomically (a temp file in the same directory, renamed over the target).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// Runs a whole bisection. `Err` only for problems found before anything ran (bad input, a held lock);
@@ -174,7 +162,7 @@ pub fn start(
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
     save_report(&report, &run_dir, opts.report.as_deref(), reporter);
-    ci_outputs(&report, &plan.config, opts.junit.as_deref(), reporter);
+    start_outputs(&report, &plan.config, opts.junit.as_deref(), reporter);
     reporter.event(&Event::Finished {
         report: Box::new(report.clone()),
     });
@@ -207,45 +195,6 @@ fn save_report(report: &Report, run_dir: &Path, extra: Option<&Path>, reporter: 
             });
         }
     }
-}
-
-/// What CI systems read: JUnit XML (`--junit`), and the Markdown summary appended to
-/// `$GITHUB_STEP_SUMMARY` when that is set. Failures are warnings: the result is already on disk.
-fn ci_outputs(report: &Report, config: &Config, junit: Option<&Path>, reporter: &mut dyn Reporter) {
-    let body = report
-        .bundle
-        .as_ref()
-        .and_then(|b| std::fs::read_to_string(Path::new(b).join("REPORT.md")).ok());
-    if let Some(path) = junit {
-        let written = junit_xml(report, &config.repro.command.display(), body.as_deref())
-            .map_err(std::io::Error::other)
-            .and_then(|xml| write_atomic(path, xml.as_bytes()));
-        if let Err(e) = written {
-            reporter.event(&Event::Warning {
-                message: format!("cannot write {}: {e}", path.display()),
-            });
-        }
-    }
-    let text = body.unwrap_or_else(|| format!("## cudabisect\n\n{}\n", report.message));
-    if let Err(e) = append_step_summary(&text) {
-        reporter.event(&Event::Warning {
-            message: format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
-        });
-    }
-}
-
-/// Appends Markdown to `$GITHUB_STEP_SUMMARY` when that is set (GitHub Actions shows it on the run's
-/// page); nothing otherwise.
-pub fn append_step_summary(text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|s| !s.is_empty()) else {
-        return Ok(());
-    };
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()))
 }
 
 /// The bundle root: `--bundle-dir`, else `[bundle] dir` (relative to the repository root), else

@@ -164,7 +164,7 @@ impl Journal {
                 text.extend_from_slice(line);
                 text.push(b'\n');
             }
-            super::job::write_atomic(path, &text)?;
+            crate::atomic_file::write_atomic(path, &text)?;
             journal.torn = false;
         }
         Ok((journal, warnings))

@@ -1,11 +1,13 @@
 //! Orchestration: the plan of a `start` run, the search driver and the probes it runs, the stages after
 //! the search (triage, shrink, the parent check), and the job that ties them together under a lock.
 
+pub mod ci;
 pub mod error;
 pub mod job;
 pub mod journal;
 pub mod lock;
 pub mod nightly;
+pub mod nightly_state;
 pub mod plan;
 pub mod probe;
 pub mod search;

@@ -6,176 +6,23 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use serde::{Deserialize, Serialize};
-
-use crate::classify::{FaultClass, Sameness, Signature};
+use crate::classify::{FaultClass, Sameness};
 use crate::config::Config;
 use crate::git::Repo;
 use crate::report::environment;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{ProbeRole, Report, RunResult};
+use crate::report::record::{ProbeRole, RunResult};
 
-use super::job::{start, write_atomic};
+use super::ci::nightly_outputs;
+use super::job::start;
 use super::journal::{self, journal_path, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{config_path, RunError, StartOptions};
 use super::probe::{Probe, ProbeContext, WorktreeProber};
 use super::verdict::is_host_problem;
+use crate::atomic_file::write_atomic;
 
-/// What `nightly` is asked to do.
-#[derive(Clone, Debug, Default)]
-pub struct NightlyOptions {
-    /// The repository.
-    pub dir: PathBuf,
-    /// Config file (default: bisect.toml at the repository root).
-    pub config: Option<PathBuf>,
-    /// The branch to test (default: the checkout's current branch).
-    pub branch: Option<String>,
-    /// Where the state lives (default: `nightly/` in the state directory under the git directory).
-    pub state: Option<PathBuf>,
-    /// The last good commit, for the first night.
-    pub since: Option<String>,
-    /// Skip triage and shrinking in the bisection.
-    pub no_stages: bool,
-}
-
-/// How a night ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NightlyStatus {
-    /// First night: the head is clean and becomes the last good commit.
-    Baseline,
-    /// The head is clean.
-    Clean,
-    /// The head is clean again: the open regression is closed.
-    Fixed,
-    /// The head faults and the fault was bisected.
-    Regression,
-    /// The head still faults with the open regression's bug: not bisected again.
-    StillFailing,
-    /// The head could not be judged (a build break, the machine), or the bisection could not name a commit.
-    Inconclusive,
-}
-
-/// The regression that is open.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct OpenRegression {
-    /// The first bad commit the bisection named (`None` when skips left several).
-    pub first_bad: Option<String>,
-    /// The bug.
-    pub signature: Signature,
-    /// The first head that showed it.
-    pub open_since: String,
-    /// The last head that showed it.
-    pub last_failing: String,
-    /// Nights it has failed.
-    pub nights: u32,
-}
-
-/// What is kept between nights, per branch, config and machine.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct NightlyState {
-    /// The last head that was clean.
-    pub last_good: Option<String>,
-    /// The open regression.
-    pub open: Option<OpenRegression>,
-}
-
-/// The `nightly` section of the report.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NightlyRecord {
-    /// How the night ended.
-    pub status: NightlyStatus,
-    /// One line saying what happened.
-    pub message: String,
-    /// The branch tested.
-    pub branch: String,
-    /// The head tested.
-    pub head: String,
-    /// The last good commit after this night.
-    pub last_good: Option<String>,
-    /// The open regression's first bad commit.
-    pub first_bad: Option<String>,
-    /// The first head that showed the open regression.
-    pub open_since: Option<String>,
-    /// Nights the open regression has failed.
-    pub nights_failing: u32,
-    /// For `fixed`: the commits between the last failing head and this one, one of which fixed it.
-    pub fixed_range: Option<String>,
-    /// The head's signature.
-    pub signature: Signature,
-}
-
-/// What a night produced: the record, and the bisection's report when there was one.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NightlyReport {
-    /// The night.
-    pub nightly: NightlyRecord,
-    /// The bisection, when the night ran one.
-    pub bisect: Option<Report>,
-}
-
-/// Runs `[nightly] notify` after a `regression` or a `fixed` night, with what happened in its environment:
-/// `CUDABISECT_NIGHTLY_STATUS`, `CUDABISECT_NIGHTLY_MESSAGE`, `CUDABISECT_BRANCH`, `CUDABISECT_HEAD`,
-/// `CUDABISECT_FIRST_BAD`, and the paths `CUDABISECT_REPORT`, `CUDABISECT_JUNIT`, `CUDABISECT_BUNDLE` when
-/// there are such files. Returns a warning when it could not run or failed; nothing otherwise.
-pub fn notify(
-    opts: &NightlyOptions,
-    night: &NightlyReport,
-    files: &[(&str, Option<&Path>)],
-    cancel: &AtomicBool,
-) -> Option<String> {
-    let n = &night.nightly;
-    if !matches!(n.status, NightlyStatus::Regression | NightlyStatus::Fixed) {
-        return None;
-    }
-    let repo = Repo::open(&opts.dir).ok()?;
-    let config = match Config::load(&config_path(&repo, opts.config.as_deref())) {
-        Ok(c) => c,
-        Err(e) => return Some(format!("[nightly] notify: {e}")),
-    };
-    let command = config.nightly.notify.clone()?;
-    let workdir = repo.workdir();
-    let word = serde_json::to_value(n.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    let mut env = vec![
-        ("CUDABISECT_NIGHTLY_STATUS".to_string(), word),
-        ("CUDABISECT_NIGHTLY_MESSAGE".to_string(), n.message.clone()),
-        ("CUDABISECT_BRANCH".to_string(), n.branch.clone()),
-        ("CUDABISECT_HEAD".to_string(), n.head.clone()),
-        (
-            "CUDABISECT_FIRST_BAD".to_string(),
-            n.first_bad.clone().unwrap_or_default(),
-        ),
-    ];
-    let bundle = night.bisect.as_ref().and_then(|b| b.bundle.clone());
-    for (name, path) in files {
-        if let Some(p) = path {
-            env.push((name.to_string(), p.display().to_string()));
-        }
-    }
-    if let Some(b) = bundle {
-        env.push(("CUDABISECT_BUNDLE".to_string(), b));
-    }
-    let spec = crate::process::CommandSpec {
-        command,
-        cwd: workdir,
-        env,
-        timeout: config.nightly.notify_timeout,
-        grace: std::time::Duration::from_secs(2),
-    };
-    match crate::process::run(&spec, cancel) {
-        Ok(run) if run.exit == crate::classify::Exit::Code(0) => None,
-        Ok(run) => Some(format!(
-            "[nightly] notify {:?}: {}",
-            run.exit,
-            run.output.lines().last().unwrap_or("")
-        )),
-        Err(e) => Some(format!("[nightly] notify could not run: {e}")),
-    }
-}
+pub use super::nightly_state::*;
 
 fn state_file(dir: &Path, branch: &str, fingerprint: &str) -> PathBuf {
     let safe: String = branch
@@ -405,7 +252,7 @@ pub fn nightly(
         source,
     })?;
     let open = state.open.as_ref();
-    Ok(NightlyReport {
+    let night = NightlyReport {
         nightly: NightlyRecord {
             status,
             message,
@@ -419,5 +266,8 @@ pub fn nightly(
             signature: sig,
         },
         bisect,
-    })
+    };
+    // What CI reads, and the team's hook, from the config this night ran with.
+    nightly_outputs(&night, &config, &repo.workdir(), opts, reporter, cancel);
+    Ok(night)
 }
