@@ -1,7 +1,8 @@
 //! `cudabisect nightly`: the regression job. It tests the branch head the way `start` judges a probe and
 //! keeps, per branch, config and machine, the last good commit and the open regression, written
-//! atomically. A new fault is bisected with the whole pipeline from the last good commit; the same bug as
-//! the open regression is not bisected again; a clean head closes it.
+//! atomically. A new fault is bisected with the whole pipeline from the last good commit (a bug on top of
+//! an open one: from the last head that showed only the older bug); the same bug as the open regression is
+//! not bisected again; a clean head closes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
