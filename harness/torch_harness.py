@@ -4,14 +4,18 @@
     torch_harness.py --model pkg.mod:build --inputs pkg.mod:example_inputs [--device cuda] VERB ...
 
 VERB is one of
-    describe                                  the traced graph as JSON on stdout
+    describe [--recording DIR] --out FILE     the graph as JSON in FILE; with a recording, descended along
+                                              the recorded fault into the modules kept whole
     run [--record DIR]                        run every node, synchronising and printing a marker around
                                               each; save node outputs to DIR/<node>.pt
-    run --keep A,B --inputs DIR               run only the kept nodes; values made by other nodes come
+    run --keep A,B --recording DIR            run only the kept nodes; values made by other nodes come
                                               from DIR/<node>.pt (recorded, never random)
     extract --keep A,B --recording DIR --out DIR
                                               write a standalone repro.py (+ repro_data.pt) that needs
                                               nothing but torch (and triton, if a kept op uses it)
+    serve --socket PATH                       a warm server: import torch and the user's package and
+                                              build the model on the CPU once, then answer every request
+                                              with a child forked from it (`--via PATH` before the verb)
 
 Bundles are safe to open: repro_data.pt holds tensors, plain values and module state dicts, loaded with
 `weights_only=True`; repro.py rebuilds torch.nn modules from code. Only modules of the user's own classes
@@ -19,11 +23,19 @@ are pickled whole (repro_modules.pt), and then repro.py says NOT STANDALONE. Cus
 are called by their op name; repro.py carries a Python custom op's registration and kernels (Triton ones
 too), or imports the compiled extension that defines it. repro.py is compiled before it is written.
 
-The model is traced with torch.fx, descending layer by layer: a module whose own forward FX cannot trace
-(Python control flow on tensor values, data-dependent shapes) is kept whole as one node, and everything
-around it, above and beside it, is traced op by op; so the fault is pinned to that module or finer, not to
-a top-level child. Only when the top-level forward itself cannot be traced is the chain of child modules
-used, and the harness says so. The description says which modules were kept whole (`graph`).
+Layer-by-layer descent: the model is traced with torch.fx, and a module whose own forward FX cannot trace
+(Python control flow on tensor values, data-dependent shapes) is kept whole as one node while everything
+around it is traced op by op (a model whose own forward cannot be traced is kept whole). The recorded run
+then descends into what was kept whole through forward hooks: every call inside it records its actual
+inputs and output and prints its own markers, and modules FX can trace below it run op by op through an FX
+interpreter. `describe --recording` replaces each call on the way to the fault by the calls it made, so
+the fault is pinned to one op or one leaf module; a level whose calls pass each one's output to the next
+(checked on the recorded values) is used as a chain. The description's `graph` says how every level was
+obtained (fx, hooks, chain).
+
+Warm start: with `--via`, the verb runs in a child forked from a server that already imported torch and
+built the model; the child initialises CUDA itself, so a sticky CUDA error dies with it. The client hands
+the child its stdin, stdout, stderr and process group: its output and its timeout are the client's.
 Nothing here needs a package index beyond the user's own torch. The code generation part
 imports torch lazily, so it can be tested without torch.
 """
@@ -64,20 +76,30 @@ def load_attr(spec):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The graph: FX nodes, or the chain of children when tracing fails.
+# The graph: FX nodes, modules FX cannot trace kept whole.
 
 
 class Step:
     """One unit the shrinker can keep or cut."""
 
-    def __init__(self, name, op, kernel, args, kwargs, target, kind):
+    def __init__(self, name, op, kernel, args, kwargs, target, kind, via=None):
         self.name = name      # node id
         self.op = op          # what it is, for humans
         self.kernel = kernel  # a short name for the marker
         self.args = args      # with Ref(...) where a value comes from another step or an input
         self.kwargs = kwargs
         self.target = target  # module path, function, or method name
-        self.kind = kind      # call_module | call_function | call_method
+        self.kind = kind      # call_module | call_function | call_method | call_recorded
+        # call_recorded (a call found by descending into a module kept whole): how `target` is called,
+        # call_module | call_function | call_method, on the (args, kwargs) recorded as the only argument.
+        self.via = via
+
+    @property
+    def module(self):
+        """The module path this step calls, if it calls a module."""
+        if self.kind == "call_module" or (self.kind == "call_recorded" and self.via == "call_module"):
+            return self.target
+        return None
 
 
 class Ref:
@@ -105,10 +127,10 @@ def build_graph(model, example):
     opaque = untraceable_modules(model)
     try:
         gm = torch.fx.GraphModule(model, LeafTracer(opaque).trace(model))
-    except Exception as e:  # noqa: BLE001 - any tracing failure means: use the child chain
+    except Exception as e:  # noqa: BLE001 - any tracing failure means: keep the model whole
         print(f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
-              "falling back to the chain of child modules", file=sys.stderr, flush=True)
-        return chain_graph(model)
+              "keeping it whole: the recorded run descends into it through hooks", file=sys.stderr, flush=True)
+        return whole_graph(model, len(example), opaque)
     traced_by = "fx"
     if opaque:
         names = sorted(n for n, m in model.named_modules() if id(m) in opaque)
@@ -147,7 +169,7 @@ def build_graph(model, example):
                 kernel = node.target
             steps.append(Step(node.name, op, kernel, conv(node.args), conv(node.kwargs), node.target, node.op))
             refs[node.name] = Ref(node.name, node.name)
-    return steps, placeholders, attrs, (traced_by, gm)
+    return steps, placeholders, attrs, (traced_by, gm, opaque)
 
 
 def _leaf_tracer_class():
@@ -190,15 +212,12 @@ def untraceable_modules(model):
     return opaque
 
 
-def chain_graph(model):
-    """Children called one after the other, each on the previous one's output."""
-    steps = []
-    prev = Ref("input_0", None)
-    for name, child in model.named_children():
-        node = name.replace(".", "_")
-        steps.append(Step(node, type(child).__name__, type(child).__name__, (prev,), {}, name, "call_module"))
-        prev = Ref(node, node)
-    return steps, ["input_0"], {}, ("chain", model)
+def whole_graph(model, n_inputs, opaque):
+    """The model as one node, for a forward FX cannot trace at all: the recorded run descends into it."""
+    inputs = [f"input_{i}" for i in range(n_inputs)]
+    name = type(model).__name__
+    step = Step("model", name, name, tuple(Ref(i, None) for i in inputs), {}, "", "call_module")
+    return [step], inputs, {}, ("whole", model, opaque)
 
 
 def refs_in(a):
@@ -246,6 +265,11 @@ def resolve(a, env):
 
 def call(step, root, env):
     args, kwargs = resolve(step.args, env), resolve(step.kwargs, env)
+    if step.kind == "call_recorded":
+        # The one argument is the (args, kwargs) the call got on the recorded run.
+        (args, kwargs), = args
+        return call(Step(step.name, step.op, step.kernel, tuple(args), dict(kwargs), step.target, step.via),
+                    root, {})
     if step.kind == "call_module":
         return root.get_submodule(step.target)(*args, **kwargs)
     if step.kind == "call_function":
@@ -265,7 +289,13 @@ def needed_refs(steps):
 
 
 def shape_of(v):
-    """{"shape", "dtype"} of a tensor value, else None."""
+    """{"shape", "dtype"} of a tensor value (of the first tensor in a container), else None."""
+    if isinstance(v, (tuple, list, dict)):
+        for x in (v.values() if isinstance(v, dict) else v):
+            sh = shape_of(x)
+            if sh:
+                return sh
+        return None
     shape = getattr(v, "shape", None)
     dtype = getattr(v, "dtype", None)
     if shape is None or dtype is None:
@@ -273,36 +303,279 @@ def shape_of(v):
     return {"shape": [int(d) for d in shape], "dtype": str(dtype).replace("torch.", "")}
 
 
-def write_shapes(record, env):
+def write_shapes(record, env, more=None):
     """The recording's `shapes.json`: what `describe` cannot know without running the model."""
     shapes = {k: sh for k, sh in ((k, shape_of(v)) for k, v in env.items()) if sh}
+    shapes.update(more or {})
     with open(os.path.join(record, "shapes.json"), "w") as f:
         json.dump(shapes, f)
 
 
-def run(steps, root, env, device, record=None):
-    """Runs `steps` in order on `env`; returns 0 clean, 1 when a step raised."""
+def run(steps, root, env, device, record=None, prepared=None):
+    """Runs `steps` in order on `env`; returns 0 clean, 1 when a step raised. A recording run also
+    records, through hooks, every call inside the modules kept whole (see `Recorder`)."""
     import torch
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
-    for s in steps:
-        say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin"))
-        try:
-            env[s.name] = call(s, root, env)
-            sync()
-        except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
-            traceback.print_exc(file=sys.stdout)
-            sys.stdout.flush()
-            say(f"harness: node {s.name} failed")
+    recorder = Recorder(root, steps, prepared.opaque if prepared else set(), record, sync) if record else None
+    try:
+        for s in steps:
+            say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin"))
+            if recorder:
+                recorder.enter(s.name)
+            try:
+                env[s.name] = call(s, root, env)
+                sync()
+            except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
+                traceback.print_exc(file=sys.stdout)
+                sys.stdout.flush()
+                say(f"harness: node {s.name} failed")
+                return 1
+            if recorder:
+                recorder.leave()
+            say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end"))
             if record:
-                write_shapes(record, env)
-            return 1
-        say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end"))
-        if record:
-            torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
-    if record:
-        write_shapes(record, env)
-    say(f"harness: ok: {len(steps)} nodes on {device}")
-    return 0
+                torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+        say(f"harness: ok: {len(steps)} nodes on {device}")
+        return 0
+    finally:
+        if recorder:
+            write_shapes(record, env, recorder.shapes)
+            recorder.write()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Descent into the modules kept whole. The recording run puts forward hooks on every module inside them:
+# each call, at any depth, prints its own markers and records its actual inputs and output, whatever the
+# Python around it does. Inside a module FX can trace (a user module below one that it cannot), the module
+# runs through an FX interpreter that does the same for every op. The innermost open marker is the
+# faulting call; `expand` later replaces each call on the way to it by the calls it made, so the shrinker
+# sees the fault pinned to a single op or a leaf module, each level obtained by hooks or by fx.
+
+HOOKS_FILE = "hooks.json"
+
+
+def is_torch_module(m):
+    return type(m).__module__.startswith("torch.")
+
+
+class Recorder:
+    """Records the calls made inside the steps that are user modules kept whole (or the whole model)."""
+
+    def __init__(self, root, steps, opaque, record, sync):
+        self.record, self.sync = record, sync
+        self.stack, self.calls, self.shapes, self.handles = [], [], {}, []
+        self.counts = collections.Counter()
+        self.index = {}
+        whole = set()
+        for s in steps:
+            m = root.get_submodule(s.target) if s.kind == "call_module" else None
+            if m is not None and not is_torch_module(m):
+                whole.add(s.name)
+                for qual, sub in m.named_modules():
+                    if sub is m:
+                        continue
+                    path = f"{s.target}.{qual}" if s.target else qual
+                    self.hook(sub, path)
+                    if not is_torch_module(sub) and id(sub) not in opaque:
+                        self.interpret(sub, path, opaque)
+        self.whole = whole
+
+    def enter(self, name):
+        self.stack = [name]
+
+    def leave(self):
+        self.stack = []
+
+    def new_call(self, name, entry, value):
+        parent = self.stack[-1]
+        key = (parent, name)
+        self.counts[key] += 1
+        k = self.counts[key] - 1
+        cid = f"{parent}__{name}" + (f"_{k}" if k else "")
+        entry.update(id=cid, parent=parent, ended=False)
+        self.calls.append(entry)
+        self.index[cid] = entry
+        self.save(f"{cid}__in", value)
+        return cid
+
+    def save(self, name, value):
+        import torch
+        v = to_device(value, "cpu")
+        try:
+            torch.save(v, os.path.join(self.record, f"{name}.pt"))
+        except Exception as e:  # noqa: BLE001 - a value torch cannot save only limits how far we descend
+            print(f"harness: cannot record {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return
+        sh = shape_of(v)
+        if sh:
+            self.shapes[name] = sh
+
+    def begin(self, cid, op, kernel):
+        say(MARKER.format(node=cid, op=op, kernel=kernel, phase="begin"))
+        self.stack.append(cid)
+
+    def end(self, cid, op, kernel, out):
+        self.sync()
+        say(MARKER.format(node=cid, op=op, kernel=kernel, phase="end"))
+        self.save(cid, out)
+        self.index[cid]["ended"] = True
+        if self.stack and self.stack[-1] == cid:
+            self.stack.pop()
+
+    def hook(self, module, path):
+        name = path.split(".")[-1]
+        op = type(module).__name__
+
+        def pre(mod, args, kwargs):
+            if not self.stack:
+                return None
+            cid = self.new_call(name, {"via": "call_module", "target": path, "op": op}, (args, kwargs))
+            self.begin(cid, op, op)
+            return None
+
+        def post(mod, args, kwargs, out):
+            if not self.stack or self.stack[-1] not in self.index or self.index[self.stack[-1]]["target"] != path:
+                return None
+            self.end(self.stack[-1], op, op, out)
+            return None
+
+        self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(module.register_forward_hook(post, with_kwargs=True))
+
+    def interpret(self, module, path, opaque):
+        """Runs `module` through FX, op by op, with markers and recordings (it can be traced)."""
+        import types
+
+        import torch.fx
+        try:
+            gm = torch.fx.GraphModule(module, LeafTracer(opaque).trace(module))
+            signature = inspect.signature(module.forward)
+        except Exception:  # noqa: BLE001 - not traceable after all: hooks alone then
+            return
+        recorder = self
+
+        class Interpreter(torch.fx.Interpreter):
+            def run_node(self, n):
+                if n.op not in ("call_function", "call_method") or not recorder.stack:
+                    return super().run_node(n)
+                args, kwargs = self.fetch_args_kwargs_from_env(n)
+                op = short_name(n.target) if n.op == "call_function" else f"Tensor.{n.target}"
+                kernel = short_name(n.target)
+                entry = {"via": n.op, "target": path, "fx": n.name, "op": op, "kernel": kernel}
+                if n.op == "call_method":
+                    entry["method"] = n.target
+                cid = recorder.new_call(n.name, entry, (args, kwargs))
+                recorder.begin(cid, op.replace(" ", "_"), kernel)
+                out = getattr(self, n.op)(n.target, args, kwargs)
+                recorder.end(cid, op.replace(" ", "_"), kernel, out)
+                return out
+
+        def forward(self, *args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return Interpreter(gm).run(*bound.arguments.values())
+
+        module.forward = types.MethodType(forward, module)
+
+    def write(self):
+        for h in self.handles:
+            h.remove()
+        with open(os.path.join(self.record, HOOKS_FILE), "w") as f:
+            json.dump({"whole": sorted(self.whole), "calls": self.calls}, f)
+
+
+def fx_target(root, path, node_name, opaque, cache):
+    """The function an FX node of the module at `path` calls, traced again as the recording run did."""
+    if path not in cache:
+        m = root.get_submodule(path)
+        cache[path] = {n.name: n.target for n in LeafTracer(opaque).trace(m).nodes}
+    return cache[path][node_name]
+
+
+def recorded_step(c, root, opaque, cache):
+    via = c["via"]
+    if via == "call_function":
+        target = fx_target(root, c["target"], c["fx"], opaque, cache)
+    elif via == "call_method":
+        target = c["method"]
+    else:
+        target = c["target"]
+    kernel = c.get("kernel", c["op"])
+    return Step(c["id"], c["op"], kernel, (Ref(c["id"] + "__in", None),), {}, target, "call_recorded", via)
+
+
+def chain_links(children, recording):
+    """True when each recorded call got exactly the previous call's output as its only input: then the
+    calls are a chain and each is fed its predecessor's live output (checked on the recorded run)."""
+    import torch
+    for prev, cur in zip(children, children[1:]):
+        try:
+            (args, kwargs) = load_recorded(os.path.join(recording, cur["id"] + "__in.pt"))
+            out = load_recorded(os.path.join(recording, prev["id"] + ".pt"))
+        except (OSError, RuntimeError, ValueError):
+            return False
+        if kwargs or len(args) != 1 or not isinstance(out, torch.Tensor) or not isinstance(args[0], torch.Tensor):
+            return False
+        if args[0].shape != out.shape or args[0].dtype != out.dtype or not torch.equal(args[0], out):
+            return False
+    return len(children) > 1
+
+
+def expand(steps, root, recording, opaque=frozenset()):
+    """`steps` with each call on the way to the recorded fault replaced by the calls it made, level by
+    level, down to the innermost one that was still running; and what each level was obtained by.
+    A recording without hooks (or a clean one) leaves the steps as they are."""
+    path = os.path.join(recording, HOOKS_FILE)
+    if not os.path.exists(path):
+        return steps, []
+    with open(path) as f:
+        calls = json.load(f).get("calls", [])
+    open_calls = [c for c in calls if not c.get("ended")]
+    if not open_calls:
+        return steps, []
+    by_id = {c["id"]: c for c in calls}
+    # The way down: the innermost call still running, then its parents up to a step.
+    way = [open_calls[-1]["id"]]
+    while way[-1] in by_id:
+        way.append(by_id[way[-1]]["parent"])
+    way.reverse()  # step, call, call, ..., innermost
+    children = collections.defaultdict(list)
+    for c in calls:
+        children[c["parent"]].append(c)
+    cache, levels = {}, []
+
+    def level(parent, depth):
+        kids = children[parent]
+        how = "fx" if any(k["via"] != "call_module" for k in kids) else "hooks"
+        chained = how == "hooks" and chain_links(kids, recording)
+        levels.append(f"{parent}: {'chain of children (checked on the recorded run)' if chained else how}")
+        out = []
+        for i, c in enumerate(kids):
+            if depth + 1 < len(way) - 1 and c["id"] == way[depth + 1]:
+                out.extend(level(c["id"], depth + 1))
+                continue
+            st = recorded_step(c, root, opaque, cache)
+            if chained and i > 0:
+                prev = kids[i - 1]["id"]
+                st = Step(st.name, st.op, st.kernel, (Ref(prev, prev),), {}, st.target, "call_module")
+            out.append(st)
+        return out
+
+    out = []
+    for s in steps:
+        if s.name == way[0] and len(way) > 1:
+            out.extend(level(s.name, 0))
+        else:
+            out.append(s)
+    return out, levels
+
+
+def describe_graph(traced_by, levels):
+    """The description's `graph`: how the top level was obtained, then each level descended into."""
+    base = {"whole": "the model's forward cannot be traced: kept whole"}.get(traced_by, traced_by)
+    if levels:
+        base += "; descended along the fault: " + " -> ".join(levels)
+    return base
 
 
 def load_recorded(path):
@@ -312,10 +585,23 @@ def load_recorded(path):
     import pickle
 
     import torch
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key in RECORDED:
+        return RECORDED[key]
     try:
-        return torch.load(path, weights_only=True)
+        value = torch.load(path, weights_only=True)
     except pickle.UnpicklingError:
-        return torch.load(path, weights_only=False)
+        value = torch.load(path, weights_only=False)
+    if len(RECORDED) >= 4096:
+        RECORDED.clear()
+    RECORDED[key] = value
+    return value
+
+
+# Recorded values already read, by (path, mtime, size): a warm server loads a request's recordings before
+# it forks, so every child of a shrink shares them instead of reading them again.
+RECORDED = {}
 
 
 def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
@@ -703,7 +989,16 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
     for s in kept:
         args = ", ".join([literal(a, None) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
                          + [f"{k}={literal(v, None)}" for k, v in s.kwargs.items()])
-        if s.kind == "call_module":
+        if s.kind == "call_recorded":
+            # A call found by descending into a module kept whole: its recorded (args, kwargs).
+            rec = literal(s.args[0], None)
+            if s.via == "call_module":
+                expr = f"modules[{s.target!r}](*{rec}[0], **{rec}[1])"
+            elif s.via == "call_method":
+                expr = f"getattr({rec}[0][0], {s.target!r})(*{rec}[0][1:], **{rec}[1])"
+            else:
+                expr = f"{function_ref(s.target, needs)}(*{rec}[0], **{rec}[1])"
+        elif s.kind == "call_module":
             expr = f"modules[{s.target!r}]({args})"
         elif s.kind == "call_method":
             expr = f"{literal(s.args[0], None)}.{s.target}({args})"
@@ -829,20 +1124,20 @@ def extract(kept, root, env, out_dir, title, device):
     import torch
     specs, states, training, pickled = [], {}, {}, {}
     for s in kept:
-        if s.kind != "call_module" or s.target in states or s.target in pickled:
+        if s.module is None or s.module in states or s.module in pickled:
             continue
-        m = root.get_submodule(s.target).cpu()
+        m = root.get_submodule(s.module).cpu()
         ctor = checked_ctor(m, torch)
         own = None
         if ctor is None:
-            ctor = revived_ctor(s.target, m)
+            ctor = revived_ctor(s.module, m)
             own = type(m) if ctor else None
-        specs.append(ModuleSpec(s.target, ctor, own))
+        specs.append(ModuleSpec(s.module, ctor, own))
         if ctor:
-            states[s.target] = m.state_dict()
-            training[s.target] = m.training
+            states[s.module] = m.state_dict()
+            training[s.module] = m.training
         else:
-            pickled[s.target] = m
+            pickled[s.module] = m
     foreign = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in pickled.values()})
     if foreign:
         title += ("\n\nNOT STANDALONE: it unpickles the model's own module classes "
@@ -870,15 +1165,34 @@ def extract(kept, root, env, out_dir, title, device):
 # ----------------------------------------------------------------------------------------------------
 
 
-def main(argv=None):
+@dataclass
+class Prepared:
+    """The model built on the CPU, its example inputs and its graph: what a warm server keeps between
+    candidates, and what a cold run builds for itself."""
+
+    key: tuple
+    example: tuple
+    steps: list
+    placeholders: list
+    attrs: dict
+    traced_by: str
+    root: object
+    opaque: set = field(default_factory=set)
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="torch_harness.py")
     p.add_argument("--model", required=True, help="module:factory returning the nn.Module")
     p.add_argument("--example-inputs", dest="example", required=True,
                    help="module:factory returning the model's example inputs")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--via", help="a warm server's socket: run there (forked from the built model); "
+                                 "run cold here when it cannot be reached")
     sub = p.add_subparsers(dest="verb", required=True)
     d = sub.add_parser("describe")
     d.add_argument("--out", help="write the description here (the protocol's channel) instead of stdout")
+    d.add_argument("--recording", help="describe the graph as this recording saw it (descended into "
+                                       "modules kept whole, along the fault)")
     r = sub.add_parser("run")
     r.add_argument("--keep")
     r.add_argument("--recording", help="the recording boundary inputs come from")
@@ -887,21 +1201,36 @@ def main(argv=None):
     x.add_argument("--keep", required=True)
     x.add_argument("--recording")
     x.add_argument("--out", required=True)
-    a = p.parse_args(argv)
+    s = sub.add_parser("serve")
+    s.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    return p.parse_args(argv)
 
+
+def prepare(a):
+    """Imports torch and the user's package and builds the model, its inputs and its graph on the CPU.
+    CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
     import torch
     torch.manual_seed(0)
     model = load_attr(a.model)()
     example = load_attr(a.example)()
     if not isinstance(example, (tuple, list)):
         example = (example,)
-    model = model.to(a.device).eval()
-    example = tuple(to_device(x, a.device) for x in example)
-    steps, placeholders, attrs, (traced_by, root) = build_graph(model, example)
-    root = root.to(a.device)
+    model = model.eval()
+    steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, tuple(example))
+    return Prepared((a.model, a.example), tuple(example), steps, placeholders, attrs, traced_by, root, opaque)
+
+
+def execute(a, w):
+    """Runs one verb on a prepared model: moves what the verb needs to the device, then describes, runs
+    or extracts."""
+    import torch
+    torch.manual_seed(0)
+    steps, levels = w.steps, []
+    if getattr(a, "recording", None):
+        steps, levels = expand(w.steps, w.root, a.recording, w.opaque)
     if a.verb == "describe":
-        graph = traced_by if traced_by != "chain" else "chain of child modules (the model's forward cannot be traced)"
-        text = json.dumps(describe(steps, placeholders, graph), indent=1)
+        graph = describe_graph(w.traced_by, levels)
+        text = json.dumps(describe(steps, w.placeholders, graph), indent=1)
         if a.out:
             tmp = a.out + ".tmp"
             with open(tmp, "w") as f:
@@ -910,30 +1239,301 @@ def main(argv=None):
         else:
             print(text)
         return 0
-    keep = [k for k in (a.keep or "").split(",") if k] if a.verb in ("run", "extract") and a.keep else None
-    if keep is not None:
+    if a.keep:
+        keep = [k for k in a.keep.split(",") if k]
         unknown = [k for k in keep if k not in {s.name for s in steps}]
         if unknown:
             raise SystemExit(f"error: --keep: no node {unknown[0]!r}")
         kept = [s for s in steps if s.name in keep]
     else:
         kept = steps
-    how = traced_by.split(";")[0]
+    how = w.traced_by.split(";")[0]
     say(f"harness: torch {torch.__version__}, {how} graph, {len(kept)} of {len(steps)} nodes on {a.device}")
+    example = tuple(to_device(x, a.device) for x in w.example)
     with torch.no_grad():
-        env = boundary_env(kept, placeholders, example, attrs, getattr(a, "recording", None), a.device)
+        env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
         if a.verb == "extract":
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {a.model} ({', '.join(s.name for s in kept)})"
             try:
-                written = extract(kept, root, env, a.out, title, a.device)
+                written = extract(kept, w.root, env, a.out, title, a.device)
             except ExtractError as e:
                 print(f"error: extract: {e}", file=sys.stderr, flush=True)
                 return 2
             print(json.dumps(written), flush=True)
             return 0
+        # Only the modules the kept steps call go to the device: a candidate of three nodes does not pay
+        # for moving the whole model.
+        for s in kept:
+            if s.module is not None:
+                w.root.get_submodule(s.module).to(a.device)
         if a.record:
             os.makedirs(a.record, exist_ok=True)
-        return run(kept, root, env, a.device, a.record)
+        return run(kept, w.root, env, a.device, a.record, w)
+
+
+def main(argv=None, warm=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    if a.verb == "serve":
+        return serve(a)
+    if a.via:
+        code = forward(a.via, without_via(argv))
+        if code is not None:
+            return code
+    if getattr(warm, "key", None) != (a.model, a.example):
+        warm = prepare(a)
+    return execute(a, warm)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Warm start: a server imports torch and the user's package and builds the model once; every request is
+# answered by a child forked from it, which initialises CUDA afresh (a sticky CUDA error dies with its
+# child). The client passes its own stdin, stdout and stderr and its process group, so the child's output
+# is the client's output and a timeout that kills the client's group kills the child too.
+
+
+def without_via(argv):
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x == "--via":
+            skip = True
+        elif not x.startswith("--via="):
+            out.append(x)
+    return out
+
+
+def forward(path, argv):
+    """Runs `argv` in the warm server at `path`; its exit status, or None when it must run cold here."""
+    import signal
+    import socket
+    import struct
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError as e:
+        print(f"harness: warm server unavailable ({e}); running cold", file=sys.stderr, flush=True)
+        return None
+    payload = json.dumps({"argv": argv, "pgid": os.getpgrp(), "cwd": os.getcwd(),
+                          "env": dict(os.environ)}).encode()
+    data = struct.pack("!Q", len(payload)) + payload
+    try:
+        sent = socket.send_fds(s, [data], [0, 1, 2])
+        s.sendall(data[sent:])
+    except OSError as e:
+        print(f"harness: warm server unavailable ({e}); running cold", file=sys.stderr, flush=True)
+        return None
+    for line in s.makefile("rb"):
+        word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+        if word == "cold":
+            print(f"harness: warm server cannot serve ({rest}); running cold", file=sys.stderr, flush=True)
+            return None
+        if word == "exit":
+            return int(rest)
+        if word == "signal":
+            # Die of the same signal, so the driver sees a crash as a crash.
+            sig = int(rest)
+            sys.stdout.flush()
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            return 128 + sig
+    print("harness: the warm server went away during the run", file=sys.stderr, flush=True)
+    return 70
+
+
+def recv_request(conn):
+    import socket
+    import struct
+    conn.settimeout(30)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while len(data) < 8:
+        more = conn.recv(1 << 16)
+        if not more:
+            raise OSError("short request")
+        data += more
+    (size,) = struct.unpack("!Q", data[:8])
+    body = data[8:]
+    while len(body) < size:
+        more = conn.recv(1 << 20)
+        if not more:
+            raise OSError("short request")
+        body += more
+    conn.settimeout(None)
+    if len(fds) != 3:
+        raise OSError(f"expected 3 file descriptors, got {len(fds)}")
+    return json.loads(body), fds
+
+
+def preload(req, warm):
+    """Loads the request's recorded boundary values in the server, so that every child inherits them
+    instead of reading them again. Best effort: the child reports any problem itself."""
+    try:
+        a = parse_args(req["argv"])
+        if getattr(a, "recording", None) and a.verb in ("run", "extract"):
+            steps, _ = expand(warm.steps, warm.root, a.recording, warm.opaque)
+            keep = set((a.keep or "").split(","))
+            kept = [s for s in steps if s.name in keep] if a.keep else steps
+            boundary_env(kept, warm.placeholders, warm.example, warm.attrs, a.recording, "cpu")
+    except BaseException:  # noqa: BLE001 - the child will say what is wrong
+        pass
+
+
+def child(req, fds, warm, inherited):
+    """In the forked child: become the client's process, run the request, never return."""
+    code = 70
+    try:
+        for fd in inherited:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.setpgid(0, int(req["pgid"]))
+        except OSError:
+            os.setpgid(0, 0)
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+            os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        import signal
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        code = main(req["argv"], warm=warm)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - whatever it was goes to the client's output
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def serve(a):
+    """The warm server: listens first (the driver waits for that line), then builds the model, then forks
+    a child per request. Ends when its stdin closes (the driver is gone) or on SIGTERM."""
+    import selectors
+    import signal
+    import socket
+    try:
+        os.unlink(a.socket)
+    except FileNotFoundError:
+        pass
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(a.socket)
+    srv.listen(128)
+    say("harness: listening")
+    # From here on stdout is the server's log, like stderr: the driver reads only the line above.
+    os.dup2(2, 1)
+    warm, why = None, None
+    try:
+        warm = prepare(a)
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            warm, why = None, "the model's factory initialised CUDA, which a forked child cannot use"
+        elif not hasattr(os, "pidfd_open"):
+            warm, why = None, "this Python has no os.pidfd_open"
+    except BaseException as e:  # noqa: BLE001 - every request then runs cold and reports it itself
+        why = f"building the model failed: {type(e).__name__}: {e}"
+    say(f"harness: warm server {'ready' if warm else 'cold: ' + why}")
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ, ("accept", None))
+    sel.register(0, selectors.EVENT_READ, ("parent", None))
+    jobs = {}  # pid -> (conn, pidfd)
+    watching = set()  # children whose client connection is still watched for a hang-up
+
+    def shutdown(*_):
+        for pid in jobs:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.unlink(a.socket)
+        except OSError:
+            pass
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    while True:
+        for key, _ in sel.select():
+            kind, data = key.data
+            if kind == "parent":
+                if not os.read(0, 4096):
+                    shutdown()
+            elif kind == "accept":
+                conn, _ = srv.accept()
+                try:
+                    req, fds = recv_request(conn)
+                except (OSError, ValueError) as e:
+                    say(f"harness: bad request: {e}")
+                    conn.close()
+                    continue
+                if warm is None:
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        conn.sendall(f"cold {why}\n".encode())
+                    except OSError:
+                        pass
+                    conn.close()
+                    continue
+                preload(req, warm)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                inherited = [srv.fileno(), 0] + [fd for c, p in jobs.values() for fd in (c.fileno(), p)]
+                if hasattr(sel, "fileno"):
+                    inherited.append(sel.fileno())
+                pid = os.fork()
+                if pid == 0:
+                    child(req, fds, warm, inherited + [conn.fileno()])
+                for fd in fds:
+                    os.close(fd)
+                pidfd = os.pidfd_open(pid)
+                jobs[pid] = (conn, pidfd)
+                sel.register(pidfd, selectors.EVENT_READ, ("child", pid))
+                sel.register(conn, selectors.EVENT_READ, ("client", pid))
+                watching.add(pid)
+            elif kind == "child":
+                pid = data
+                conn, pidfd = jobs.pop(pid)
+                _, status = os.waitpid(pid, 0)
+                sel.unregister(pidfd)
+                os.close(pidfd)
+                if pid in watching:
+                    watching.discard(pid)
+                    sel.unregister(conn)
+                if os.WIFSIGNALED(status):
+                    answer = f"signal {os.WTERMSIG(status)}\n"
+                else:
+                    answer = f"exit {os.WEXITSTATUS(status)}\n"
+                try:
+                    conn.sendall(answer.encode())
+                except OSError:
+                    pass  # the client was killed (a timeout): nobody is waiting
+                conn.close()
+            elif kind == "client":
+                # The client hung up before its child ended (killed by a timeout or Ctrl-C): the child
+                # goes too, whether or not it could join the client's process group.
+                pid = data
+                watching.discard(pid)
+                sel.unregister(jobs[pid][0])
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 if __name__ == "__main__":

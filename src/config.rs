@@ -186,6 +186,10 @@ pub struct ShrinkSection {
     /// The PyTorch harness: the device (default `cuda`).
     #[serde(default = "default_device")]
     pub device: String,
+    /// The PyTorch harness: build the model once in a warm server and fork each run from it, instead of
+    /// importing torch and building the model again for every run.
+    #[serde(default = "yes")]
+    pub warm_start: bool,
     /// The native harness's backend: cuda, cpu or auto.
     #[serde(default)]
     pub backend: BackendChoice,

@@ -57,17 +57,28 @@ impl<'a> Marker<'a> {
     }
 }
 
-/// The last marker whose `begin` has no `end`: the node the run died in.
-pub fn open_marker(output: &str) -> Option<Marker<'_>> {
-    let mut open = None;
+/// The markers still open when the output ends, outermost first: a harness that descends into a module
+/// nests the markers of the calls inside it within the module's own. An `end` closes its node and anything
+/// opened inside it; an `end` of a node that is not open is ignored.
+pub fn open_markers(output: &str) -> Vec<Marker<'_>> {
+    let mut open: Vec<Marker<'_>> = Vec::new();
     for line in output.lines() {
         match Marker::parse(line) {
-            Some(m) if m.phase == MarkerPhase::Begin => open = Some(m),
-            Some(_) => open = None,
+            Some(m) if m.phase == MarkerPhase::Begin => open.push(m),
+            Some(m) => {
+                if let Some(i) = open.iter().rposition(|o| o.node == m.node) {
+                    open.truncate(i);
+                }
+            }
             None => {}
         }
     }
     open
+}
+
+/// The innermost marker whose `begin` has no `end`: the node the run died in.
+pub fn open_marker(output: &str) -> Option<Marker<'_>> {
+    open_markers(output).pop()
 }
 
 #[cfg(test)]
@@ -99,6 +110,13 @@ mod tests {
         let done =
             "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect node=a op=x kernel=k end\n";
         assert_eq!(open_marker(done), None);
+        // Nested: the call inside the module that died is innermost; the module is still open around it.
+        let nested = "@@cudabisect node=m op=M kernel=M begin\n@@cudabisect node=m__a op=A kernel=A begin\n@@cudabisect node=m__a op=A kernel=A end\n@@cudabisect node=m__b op=B kernel=B begin\nRuntimeError\n";
+        let open: Vec<&str> = open_markers(nested).iter().map(|m| m.node).collect();
+        assert_eq!(open, ["m", "m__b"]);
+        // A fault in the module's own code after its children ended: the module itself.
+        let own = "@@cudabisect node=m op=M kernel=M begin\n@@cudabisect node=m__a op=A kernel=A begin\n@@cudabisect node=m__a op=A kernel=A end\nRuntimeError\n";
+        assert_eq!(open_marker(own).map(|m| m.node), Some("m"));
     }
 
     #[test]

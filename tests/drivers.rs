@@ -841,3 +841,140 @@ fn a_non_monotone_oracle_still_ends_on_a_subgraph_that_faults() {
     assert!(kept.contains(&"n4") && kept.contains(&"n25"), "{kept:?}");
     assert!(!kept.contains(&"n10") || kept.contains(&"n20"), "{kept:?}");
 }
+
+/// A model `a, blk, c` whose middle node is a module the description keeps whole; the recorded run
+/// descends into it (nested markers) and dies in its call `blk__emb`. With `finer_reproduces` false, the
+/// finer graph run on the recording comes out clean (the fault needed the module's own code).
+struct DescendingHarness {
+    finer_reproduces: bool,
+    runs: AtomicUsize,
+}
+
+fn node(id: &str) -> GraphNode {
+    GraphNode {
+        id: id.into(),
+        op: "op".into(),
+        kernel: Some("k".into()),
+        inputs: vec![],
+        outputs: vec![],
+    }
+}
+
+impl HarnessClient for DescendingHarness {
+    fn describe(&self, _: &AtomicBool) -> Result<Description, ProtocolError> {
+        Ok(Description {
+            protocol: PROTOCOL_VERSION,
+            harness: Some("fake".into()),
+            graph: Some("fx; kept whole: blk".into()),
+            nodes: ["a", "blk", "c"].into_iter().map(node).collect(),
+        })
+    }
+
+    fn describe_recorded(
+        &self,
+        _: &Path,
+        _: &AtomicBool,
+    ) -> Result<Option<Description>, ProtocolError> {
+        Ok(Some(Description {
+            protocol: PROTOCOL_VERSION,
+            harness: Some("fake".into()),
+            graph: Some("fx; descended along the fault: blk: hooks".into()),
+            nodes: ["a", "blk__proj", "blk__emb", "c"]
+                .into_iter()
+                .map(node)
+                .collect(),
+        }))
+    }
+
+    fn run(&self, request: &RunRequest, _: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let m = |n: &str, phase: &str| format!("@@cudabisect node={n} op=op kernel=k {phase}\n");
+        let fault = "RuntimeError: CUDA error: an illegal memory access was encountered\n";
+        let finer = request.recording.is_some() && request.keep.is_none();
+        let keep: Vec<String> = match (request.keep, finer) {
+            (Some(k), _) => k.to_vec(),
+            (None, true) => ["a", "blk__proj", "blk__emb", "c"].map(String::from).to_vec(),
+            (None, false) => ["a", "blk", "c"].map(String::from).to_vec(),
+        };
+        let mut text = String::new();
+        for n in &keep {
+            text += &m(n, "begin");
+            match n.as_str() {
+                "blk" => {
+                    text += &m("blk__proj", "begin");
+                    text += &m("blk__proj", "end");
+                    text += &m("blk__emb", "begin");
+                    return Ok(out(1, text + fault));
+                }
+                "blk__emb" if self.finer_reproduces => return Ok(out(1, text + fault)),
+                _ => {}
+            }
+            text += &m(n, "end");
+        }
+        Ok(out(0, text))
+    }
+
+    fn extract(
+        &self,
+        _: &[String],
+        _: &Path,
+        _: &Path,
+        _: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        Ok(())
+    }
+
+    fn reproduce_line(&self, _: Option<&Path>, keep: &[String], _: &Path) -> String {
+        keep.join(",")
+    }
+}
+
+fn shrink_descending(finer_reproduces: bool) -> cudabisect::report::record::ShrinkReport {
+    let h = DescendingHarness {
+        finer_reproduces,
+        runs: AtomicUsize::new(0),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let settings = ShrinkSettings {
+        policy: &policy,
+        out_dir: dir.path().join("shrink"),
+        target: None,
+        attempts: 1,
+        confirm: 2,
+        confirm_jobs: 1,
+    };
+    let r = shrink(&h, &settings, &mut Events::default(), &AtomicBool::new(false));
+    assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
+    r
+}
+
+#[test]
+fn a_fault_inside_a_module_kept_whole_is_pinned_to_the_call_it_died_in() {
+    let r = shrink_descending(true);
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    assert_eq!(r.located_node.as_deref(), Some("blk__emb"));
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(kept, ["blk__emb"]);
+    assert_eq!(r.nodes_before, 3, "the size of the model as first described");
+    assert_eq!(r.removed, ["a", "blk__proj", "c"]);
+    assert_eq!(
+        r.graph.as_deref(),
+        Some("fx; descended along the fault: blk: hooks")
+    );
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(2));
+}
+
+#[test]
+fn a_descent_that_does_not_reproduce_leaves_the_fault_at_the_module_kept_whole() {
+    let r = shrink_descending(false);
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    assert_eq!(r.located_node.as_deref(), Some("blk"));
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(kept, ["blk"]);
+    let graph = r.graph.unwrap_or_default();
+    assert!(
+        graph.starts_with("fx; kept whole: blk; the descent to blk__emb did not reproduce"),
+        "{graph}"
+    );
+}

@@ -129,3 +129,20 @@ fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loa
         "{text}"
     );
 }
+
+/// The harness's warm start, torch-free: a real server and real clients with stand-ins for building the
+/// model and running a verb (its own test file, also run by pytest in CI).
+#[test]
+fn warm_start_forks_each_call_from_the_built_model_and_kills_it_with_its_client() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/tests/test_warm_server.py");
+    let out = Command::new("python3")
+        .arg(&tests)
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.trim().ends_with("4 passed"),
+        "{text}"
+    );
+}

@@ -314,7 +314,8 @@ struct Context {
     exception: Option<String>,
     panic: Option<String>,
     last_line: Option<String>,
-    open_node: Option<(String, String)>,
+    /// The nodes whose begin marker has no end yet, outermost first.
+    open_nodes: Vec<(String, String)>,
 }
 
 impl Context {
@@ -341,10 +342,18 @@ impl Context {
                     ctx.exception_type = Some(c["name"].to_string());
                 }
             } else if let Some(m) = Marker::parse(trimmed) {
-                ctx.open_node = match m.phase {
-                    MarkerPhase::Begin => Some((m.node.to_string(), m.kernel.to_string())),
-                    MarkerPhase::End => None,
-                };
+                // Markers nest when a harness descends into a module: an end closes its own node and
+                // whatever opened inside it, so the innermost open node is the one that died.
+                match m.phase {
+                    MarkerPhase::Begin => ctx
+                        .open_nodes
+                        .push((m.node.to_string(), m.kernel.to_string())),
+                    MarkerPhase::End => {
+                        if let Some(i) = ctx.open_nodes.iter().rposition(|(n, _)| n == m.node) {
+                            ctx.open_nodes.truncate(i);
+                        }
+                    }
+                }
             } else if let Some(c) = RUST_PANIC.captures(trimmed) {
                 ctx.panic
                     .get_or_insert_with(|| format!("panicked at {}", &c["site"]));
@@ -357,7 +366,7 @@ impl Context {
     }
 
     fn fill(&self, s: &mut Signature, lines: &[&str]) {
-        if let Some((node, kernel)) = &self.open_node {
+        if let Some((node, kernel)) = self.open_nodes.last() {
             s.kernel.get_or_insert_with(|| kernel.clone());
             s.site.get_or_insert_with(|| format!("node {node}"));
         }
@@ -712,5 +721,10 @@ mod tests {
         let s = classify(Exit::Code(1), log);
         assert_eq!(s.kernel.as_deref(), Some("matmul"));
         assert_eq!(s.site.as_deref(), Some("node mm"));
+        // Nested markers (a harness descending into a module): the innermost open call is named.
+        let nested = "@@cudabisect node=blk op=Block kernel=Block begin\n@@cudabisect node=blk__proj op=Linear kernel=Linear begin\n@@cudabisect node=blk__proj op=Linear kernel=Linear end\n@@cudabisect node=blk__emb op=embedding kernel=embedding begin\nDriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")\n";
+        let s = classify(Exit::Code(1), nested);
+        assert_eq!(s.kernel.as_deref(), Some("embedding"));
+        assert_eq!(s.site.as_deref(), Some("node blk__emb"));
     }
 }

@@ -12,6 +12,7 @@ use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::process::{self, ProcessError, RunOutput};
 
 use super::types::{Description, DescriptionError};
+use super::warm::WarmServer;
 
 /// Why a protocol call failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,15 @@ pub enum ProtocolError {
 pub trait HarnessClient: Sync {
     /// `describe`: the graph, checked.
     fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError>;
+    /// `describe --recording`: the graph as the recorded run saw it, descended into the modules the plain
+    /// description kept whole, along the recorded fault. `None`: this harness does not descend.
+    fn describe_recorded(
+        &self,
+        _recording: &Path,
+        _cancel: &AtomicBool,
+    ) -> Result<Option<Description>, ProtocolError> {
+        Ok(None)
+    }
     /// `run`: the whole model (recording it into `record` when given), or the kept nodes on recorded inputs.
     fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError>;
     /// `extract`: the kept nodes as a standalone model in `out`.
@@ -98,6 +108,8 @@ pub struct ProcessHarness {
     grace: std::time::Duration,
     /// Where `describe` writes its JSON.
     scratch: PathBuf,
+    /// The PyTorch harness's warm server, when it started: calls run in children forked from it.
+    warm: Option<WarmServer>,
 }
 
 impl ProcessHarness {
@@ -110,9 +122,11 @@ impl ProcessHarness {
         commit: &str,
         run_dir: &Path,
     ) -> Result<Self, ProtocolError> {
+        let mut shipped = false;
         let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
             (Some(h), _, _) => (h.clone(), None),
             (None, Some(model), Some(inputs)) => {
+                shipped = true;
                 let script =
                     super::torch::install(run_dir).map_err(|source| ProtocolError::Install {
                         path: run_dir.to_path_buf(),
@@ -164,6 +178,13 @@ impl ProcessHarness {
             },
             &ctx,
         );
+        // A server that does not start costs nothing but its log: every call then runs cold.
+        let warm = match (&prefix, shipped && shrink.warm_start) {
+            (CommandLine::Argv(argv), true) => {
+                WarmServer::start(argv, cwd, &spec.env, &run_dir.join("harness-server.log")).ok()
+            }
+            _ => None,
+        };
         Ok(Self {
             prefix,
             native,
@@ -172,7 +193,13 @@ impl ProcessHarness {
             timeout: shrink.timeout,
             grace: spec.grace,
             scratch: run_dir.to_path_buf(),
+            warm,
         })
+    }
+
+    /// Whether calls go through a warm server.
+    pub fn is_warm(&self) -> bool {
+        self.warm.is_some()
     }
 
     fn command(&self, args: &[String]) -> CommandLine {
@@ -186,8 +213,17 @@ impl ProcessHarness {
     }
 
     fn exec(&self, args: &[String], cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        // Through the warm server when there is one (the client falls back to a cold run by itself when
+        // the server cannot serve); the reproduce line never names the server.
+        let command = match &self.warm {
+            Some(w) => {
+                let via = ["--via".to_string(), w.socket().display().to_string()];
+                self.command(&via.iter().chain(args).cloned().collect::<Vec<_>>())
+            }
+            None => self.command(args),
+        };
         let spec = process::CommandSpec {
-            command: self.command(args),
+            command,
             cwd: self.cwd.clone(),
             env: self.env.clone(),
             timeout: self.timeout,
@@ -225,8 +261,13 @@ fn ended(run: &RunOutput) -> String {
     }
 }
 
-impl HarnessClient for ProcessHarness {
-    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
+impl ProcessHarness {
+    /// `describe [extra…] --out <file>`, read back and checked.
+    fn describe_with(
+        &self,
+        extra: &[String],
+        cancel: &AtomicBool,
+    ) -> Result<Description, ProtocolError> {
         let file = tempfile::Builder::new()
             .prefix("describe-")
             .suffix(".json")
@@ -237,11 +278,9 @@ impl HarnessClient for ProcessHarness {
                 source,
             })?;
         let path = file.path().to_path_buf();
-        let args = vec![
-            "describe".to_string(),
-            "--out".into(),
-            path.display().to_string(),
-        ];
+        let mut args = vec!["describe".to_string()];
+        args.extend(extra.iter().cloned());
+        args.extend(["--out".into(), path.display().to_string()]);
         let command = self.command(&args).display();
         let run = self.exec(&args, cancel)?;
         let bytes = std::fs::read(&path).unwrap_or_default();
@@ -253,6 +292,21 @@ impl HarnessClient for ProcessHarness {
             });
         }
         Description::parse(&bytes).map_err(|source| ProtocolError::Description { command, source })
+    }
+}
+
+impl HarnessClient for ProcessHarness {
+    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
+        self.describe_with(&[], cancel)
+    }
+
+    fn describe_recorded(
+        &self,
+        recording: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Description>, ProtocolError> {
+        let extra = ["--recording".to_string(), recording.display().to_string()];
+        self.describe_with(&extra, cancel).map(Some)
     }
 
     fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {

@@ -4,3 +4,4 @@
 pub mod client;
 pub mod torch;
 pub mod types;
+pub mod warm;

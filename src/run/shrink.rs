@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
-use crate::marker::open_marker;
+use crate::marker::open_markers;
 use crate::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
@@ -204,7 +204,15 @@ pub fn shrink(
     report
 }
 
-/// The recorded run of the whole model: the target signature and the node it died in.
+/// The nodes a run died in, outermost first (a harness that descends into a module nests its markers).
+fn open_nodes(output: &str) -> Vec<String> {
+    open_markers(output)
+        .into_iter()
+        .map(|m| m.node.to_string())
+        .collect()
+}
+
+/// The recorded run of the whole model: the target signature and the nodes it died in, outermost first.
 fn locate(
     harness: &dyn HarnessClient,
     settings: &ShrinkSettings,
@@ -212,7 +220,7 @@ fn locate(
     log_dir: &Path,
     report: &mut ShrinkReport,
     cancel: &AtomicBool,
-) -> Result<(Signature, Option<String>), Stop> {
+) -> Result<(Signature, Vec<String>), Stop> {
     for _ in 0..settings.attempts {
         let request = RunRequest {
             keep: None,
@@ -231,8 +239,7 @@ fn locate(
             }
         };
         if same {
-            let node = open_marker(&run.output).map(|m| m.node.to_string());
-            return Ok((sig, node));
+            return Ok((sig, open_nodes(&run.output)));
         }
         if cancel.load(Ordering::SeqCst) {
             return Err(Stop::Interrupted);
@@ -250,6 +257,52 @@ fn locate(
     Err(Stop::NotReproduced(format!(
         "the harness's full run showed {seen}, not {want}"
     )))
+}
+
+/// The graph as the recorded run saw it, descended to `inner` (the call the run died in), if the harness
+/// can describe it and running that finer graph on the recording dies in `inner` the same way: only then
+/// do the finer nodes stand in for the coarse ones (the reduction takes the located run's prefix as
+/// failing). Returns the nodes, the description's account of the levels, and where `inner` is.
+#[allow(clippy::too_many_arguments)]
+fn descend(
+    harness: &dyn HarnessClient,
+    settings: &ShrinkSettings,
+    record: &Path,
+    inner: &str,
+    target: &Signature,
+    log_dir: &Path,
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<Option<(Vec<GraphNode>, Option<String>, usize)>, Stop> {
+    let Ok(Some(finer)) = harness.describe_recorded(record, cancel) else {
+        return Ok(None);
+    };
+    let Some(at) = finer.nodes.iter().position(|n| n.id == inner) else {
+        return Ok(None);
+    };
+    let request = RunRequest {
+        keep: None,
+        recording: Some(record),
+        record: None,
+    };
+    let run = harness.run(&request, cancel)?;
+    report.harness_runs += 1;
+    let _ = std::fs::write(log_dir.join("descend.log"), &run.output);
+    if cancel.load(Ordering::SeqCst) {
+        return Err(Stop::Interrupted);
+    }
+    let sig = classify(run.exit, &run.output);
+    let same = settings.policy.matches(target, &sig, &run.output)
+        && open_nodes(&run.output).last().map(String::as_str) == Some(inner);
+    if !same {
+        let graph = report.graph.take().unwrap_or_default();
+        report.graph = Some(format!(
+            "{graph}; the descent to {inner} did not reproduce on the recorded inputs ({}), so the fault stays at the module kept whole",
+            sig.short()
+        ));
+        return Ok(None);
+    }
+    Ok(Some((finer.nodes, finer.graph, at)))
 }
 
 fn drive(
@@ -271,9 +324,26 @@ fn drive(
     report.nodes_before = nodes.len();
     reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
 
-    let (target, blamed) = locate(harness, settings, &record, &log_dir, report, cancel)?;
+    let (target, open) = locate(harness, settings, &record, &log_dir, report, cancel)?;
     report.signature = Some(target.clone());
-    let Some(fault) = blamed.and_then(|id| nodes.iter().position(|n| n.id == id)) else {
+    let innermost = open.last().cloned();
+    let described = |nodes: &[GraphNode], id: &str| nodes.iter().position(|n| n.id == id);
+    let mut nodes = nodes;
+    let mut fault = innermost.as_deref().and_then(|id| described(&nodes, id));
+    if let (None, Some(inner)) = (fault, &innermost) {
+        // The run died inside a node the description kept whole: descend to the call it died in.
+        if let Some((finer, graph, at)) =
+            descend(harness, settings, &record, inner, &target, &log_dir, report, cancel)?
+        {
+            nodes = finer;
+            report.graph = graph;
+            fault = Some(at);
+        } else {
+            // The way down did not reproduce: the fault stays at the innermost described node.
+            fault = open.iter().rev().find_map(|id| described(&nodes, id));
+        }
+    }
+    let Some(fault) = fault else {
         return Err(Stop::Failed(format!(
             "the harness run failed ({}) but no node marker names where",
             target.short()

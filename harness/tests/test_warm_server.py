@@ -1,0 +1,186 @@
+"""The PyTorch harness's warm start, without torch: a real server process and real client processes, with
+the model-building and verb-running parts replaced by stand-ins that say who ran them. Checks that a request
+runs in a child forked from the server (not cold), in the client's process group, cwd and environment, with
+the child's exit status or signal handed back; that killing the client (its group, or the client alone)
+kills the child; that several requests run at once; that a client that cannot reach a server runs cold; and
+that the server ends when the driver closes its stdin.
+
+Runs under pytest, or alone (`python3 harness/tests/test_warm_server.py`), which is how `cargo test` runs it.
+"""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(HERE, "..", "torch_harness.py")
+
+# The stand-in harness: the real main, serve and forward; prepare and execute replaced.
+DRIVER = f"""
+import importlib.util, os, signal, sys, types
+spec = importlib.util.spec_from_file_location("torch_harness", {HARNESS!r})
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+
+
+def prepare(a):
+    print(f"built in {{os.getpid()}}", flush=True)
+    return types.SimpleNamespace(key=(a.model, a.example))
+
+
+def execute(a, w):
+    what = a.keep
+    print(f"ran {{what}} pid={{os.getpid()}} pgid={{os.getpgrp()}} cwd={{os.getcwd()}} "
+          f"x={{os.environ.get('WARM_TEST_X')}}", flush=True)
+    if what == "exit3":
+        return 3
+    if what == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if what == "hang":
+        sys.stdin.read()  # the client's stdin: a pipe nobody closes until the test kills the client
+    return 0
+
+
+h.prepare = prepare
+h.execute = execute
+sys.exit(h.main())
+"""
+
+BASE = ["--model", "m:build", "--example-inputs", "m:inputs", "--device", "cpu"]
+
+
+class Server:
+    def __init__(self, tmp):
+        self.driver = os.path.join(tmp, "driver.py")
+        with open(self.driver, "w") as f:
+            f.write(DRIVER)
+        self.socket = os.path.join(tmp, "h.sock")
+        self.log = open(os.path.join(tmp, "server.log"), "w+")
+        self.proc = subprocess.Popen([sys.executable, self.driver, *BASE, "serve", "--socket", self.socket],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     process_group=0)
+        first = self.proc.stdout.readline().decode()
+        assert first.strip() == "harness: listening", first
+
+    def client(self, verb_args, via=None, **kw):
+        via = self.socket if via is None else via
+        return subprocess.Popen([sys.executable, self.driver, *BASE, "--via", via, "run", *verb_args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, **kw)
+
+    def stop(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+        self.log.seek(0)
+        return self.log.read()
+
+
+def wait_gone(pid, timeout=30):
+    """Waits for a process that is not our child to end (pidfd: no polling, no sleep)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)
+
+
+def field(line, name):
+    return line.split(f"{name}=")[1].split()[0]
+
+
+def test_requests_run_in_children_forked_from_the_built_model():
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Server(tmp)
+        work = os.path.join(tmp, "work")
+        os.mkdir(work)
+        env = dict(os.environ, WARM_TEST_X="from-client")
+        c = s.client(["--keep", "ok"], cwd=work, env=env)
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 0, out
+        ran = [line for line in out.splitlines() if line.startswith("ran ok")]
+        assert ran and "built in" not in out, out  # nothing was built cold
+        line = ran[0]
+        assert int(field(line, "pid")) != c.pid, out  # a forked child, not the client
+        assert int(field(line, "pgid")) == c.pid, out  # in the client's process group
+        assert field(line, "cwd") == os.path.realpath(work) or field(line, "cwd") == work, out
+        assert field(line, "x") == "from-client", out
+        c = s.client(["--keep", "exit3"])
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 3, out
+        c = s.client(["--keep", "segv"])
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == -signal.SIGSEGV, (c.returncode, out)
+        log = s.stop()
+        assert log.count("built in") == 1 and "warm server ready" in log, log
+
+
+def hanging_child(s):
+    c = s.client(["--keep", "hang"], stdin=subprocess.PIPE)
+    line = c.stdout.readline().decode()
+    assert line.startswith("ran hang"), line
+    return c, int(field(line, "pid"))
+
+
+def test_killing_the_client_kills_its_child_and_requests_run_at_once():
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Server(tmp)
+        # Three at once: each child is running while the others are.
+        running = [hanging_child(s) for _ in range(3)]
+        assert len({pid for _, pid in running}) == 3
+        (c1, p1), (c2, p2), (c3, p3) = running
+        # A timeout kills the client's whole group: the child is in it.
+        os.killpg(c1.pid, signal.SIGKILL)
+        c1.wait(timeout=30)
+        assert wait_gone(p1), "the child outlived its client's group"
+        # A client killed alone: the server sees the hang-up and kills the child.
+        c2.kill()
+        c2.wait(timeout=30)
+        assert wait_gone(p2), "the child outlived its client"
+        # The third is still running, untouched, until its own client goes.
+        os.kill(p3, 0)
+        os.killpg(c3.pid, signal.SIGKILL)
+        c3.wait(timeout=30)
+        assert wait_gone(p3)
+        for c in (c1, c2, c3):
+            c.stdin.close()
+            c.stdout.close()
+        s.stop()
+
+
+def test_a_client_that_cannot_reach_a_server_runs_cold():
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Server(tmp)
+        c = s.client(["--keep", "ok"], via=os.path.join(tmp, "nothing.sock"))
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 0, out
+        assert "running cold" in out and "built in" in out and "ran ok" in out, out
+        s.stop()
+        # With the server gone, its socket is gone too, and clients still run.
+        assert not os.path.exists(s.socket)
+
+
+def test_the_server_ends_with_its_driver_and_takes_running_children_along():
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Server(tmp)
+        c, pid = hanging_child(s)
+        s.stop()
+        assert wait_gone(pid), "a child outlived the server"
+        c.kill()
+        c.wait(timeout=30)
+        c.stdin.close()
+        c.stdout.close()
+
+
+if __name__ == "__main__":
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    for name, fn in tests:
+        fn()
+        print(f"ok {name}")
+    print(f"{len(tests)} passed")
+    sys.exit(0)
