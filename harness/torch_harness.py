@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cudabisect's PyTorch harness: speaks the harness protocol for an nn.Module.
 
-    torch_harness.py --model pkg.mod:build --inputs pkg.mod:example_inputs [--device cuda] VERB ...
+    torch_harness.py --model pkg.mod:build --example-inputs pkg.mod:example_inputs [--device cuda] VERB ...
 
 VERB is one of
     describe [--recording DIR] --out FILE     the graph as JSON in FILE; with a recording, descended along
@@ -257,10 +257,21 @@ def describe(steps, placeholders, graph=None):
 # Running.
 
 
+class MissingValue(Exception):
+    """A kept step needs a value that neither a kept step made nor the recording holds."""
+
+
 def resolve(a, env):
     """`a` with every Ref replaced by its value (FX's walk keeps namedtuples and slices intact)."""
     from torch.fx.node import map_aggregate
-    return map_aggregate(a, lambda x: env[x.name] if isinstance(x, Ref) else x)
+
+    def value(x):
+        if not isinstance(x, Ref):
+            return x
+        if x.name not in env:
+            raise MissingValue(x.name)
+        return env[x.name]
+    return map_aggregate(a, value)
 
 
 def call(step, root, env):
@@ -325,6 +336,10 @@ def run(steps, root, env, device, record=None, prepared=None):
             try:
                 env[s.name] = call(s, root, env)
                 sync()
+            except MissingValue as e:
+                # Not a finding: the recording ends where the recorded run died.
+                print(f"error: no recording of value {e} for node {s.name}", file=sys.stderr, flush=True)
+                return 2
             except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
                 traceback.print_exc(file=sys.stdout)
                 sys.stdout.flush()
@@ -400,7 +415,7 @@ class Recorder:
 
     def save(self, name, value):
         import torch
-        v = to_device(value, "cpu")
+        v = to_device(plain(value), "cpu")
         try:
             torch.save(v, os.path.join(self.record, f"{name}.pt"))
         except Exception as e:  # noqa: BLE001 - a value torch cannot save only limits how far we descend
@@ -482,6 +497,18 @@ class Recorder:
             h.remove()
         with open(os.path.join(self.record, HOOKS_FILE), "w") as f:
             json.dump({"whole": sorted(self.whole), "calls": self.calls}, f)
+
+
+def plain(v):
+    """`v` with FX's immutable lists and dicts (what an interpreter hands an op) made plain ones, so that
+    a recording loads with `weights_only=True`; namedtuples are kept as they are."""
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [plain(x) for x in v]
+    if isinstance(v, tuple) and not hasattr(v, "_fields"):
+        return tuple(plain(x) for x in v)
+    return v
 
 
 def fx_target(root, path, node_name, opaque, cache):
@@ -615,11 +642,11 @@ def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
             env[name] = attrs[name]
         else:
             if not inputs_dir:
-                raise SystemExit(f"error: value {name!r} is made by a node that is not kept: pass --inputs")
+                raise SystemExit(f"error: value {name!r} is made by a node that is not kept: pass --recording")
             path = os.path.join(inputs_dir, f"{name}.pt")
-            if not os.path.exists(path):
-                raise SystemExit(f"error: --inputs: no recording {path} for value {name!r}")
-            env[name] = load_recorded(path)
+            if os.path.exists(path):
+                env[name] = load_recorded(path)
+            # else: a value the recorded run never made (it died first); a step that needs it says so.
     return {k: to_device(v, device) for k, v in env.items()}
 
 
@@ -1241,8 +1268,14 @@ def execute(a, w):
         return 0
     if a.keep:
         keep = [k for k in a.keep.split(",") if k]
-        unknown = [k for k in keep if k not in {s.name for s in steps}]
-        if unknown:
+        # The ids of the graph as recorded (descended) or as first described: a driver whose descent did
+        # not reproduce goes on with the coarse nodes, on the same recording.
+        for graph in (steps, w.steps):
+            if all(k in {s.name for s in graph} for k in keep):
+                steps = graph
+                break
+        else:
+            unknown = [k for k in keep if k not in {s.name for s in steps}]
             raise SystemExit(f"error: --keep: no node {unknown[0]!r}")
         kept = [s for s in steps if s.name in keep]
     else:

@@ -202,8 +202,9 @@ pub struct ShrinkSection {
     /// Runs of the minimal subgraph in the final check.
     #[serde(default = "default_confirm")]
     pub confirm: u32,
-    /// Confirmation runs at once (they are independent). A run that shows an out-of-memory while others
-    /// share the GPU is run again alone, so running them together never changes the verdict.
+    /// Confirmation runs at once (they are independent). A run that does not reproduce while others share
+    /// the GPU (an out-of-memory, a fault disturbed by another's) is run again alone, so running them
+    /// together never changes the verdict.
     #[serde(default = "one")]
     pub confirm_jobs: u32,
     /// Also run the minimal subgraph at the first bad commit's parent, where it should pass.

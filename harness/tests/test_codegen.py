@@ -230,6 +230,21 @@ def test_unknown_shapes_are_unknown_not_empty():
     assert d["nodes"][0]["outputs"][0]["shape"] is None
 
 
+def test_recorded_calls_are_saved_as_plain_containers():
+    class Frozen(dict):  # what FX's interpreter passes as kwargs: a dict subclass torch will not load safely
+        pass
+
+    class FrozenList(list):
+        pass
+
+    import collections
+    Point = collections.namedtuple("Point", "x y")
+    v = h.plain(((1, FrozenList([2, Frozen(a=3)])), Frozen(b=Point(4, 5))))
+    assert v == ((1, [2, {"a": 3}]), {"b": Point(4, 5)})
+    assert type(v[0][1]) is list and type(v[0][1][1]) is dict and type(v[1]) is dict
+    assert type(v[1]["b"]) is Point
+
+
 if __name__ == "__main__":
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
     for name, fn in tests:

@@ -71,7 +71,7 @@ impl Oracle<'_> {
                 record: None,
             };
             let run = self.harness.run(&request, cancel)?;
-            if self.account(keep, &run).0 {
+            if self.account(keep, &run) {
                 return Ok(true);
             }
             if cancel.load(Ordering::SeqCst) {
@@ -81,8 +81,8 @@ impl Oracle<'_> {
         Ok(false)
     }
 
-    /// Logs one run and judges it: (the target's fault, an out-of-memory).
-    fn account(&mut self, keep: &[String], run: &RunOutput) -> (bool, bool) {
+    /// Logs one run and judges it: true when it showed the target's fault.
+    fn account(&mut self, keep: &[String], run: &RunOutput) -> bool {
         self.runs += 1;
         // Logs are for people reading the run afterwards; failing to write one changes no verdict.
         let _ = std::fs::write(
@@ -91,7 +91,7 @@ impl Oracle<'_> {
         );
         let sig = classify(run.exit, &run.output);
         if self.policy.matches(&self.target, &sig, &run.output) {
-            return (true, false);
+            return true;
         }
         if sig.class != FaultClass::None {
             // A different failure is not a success: record it and go on.
@@ -101,11 +101,11 @@ impl Oracle<'_> {
                 summary: sig.summary.clone(),
             });
         }
-        (false, sig.class == FaultClass::OutOfMemory)
+        false
     }
 
     /// The final check: `runs` single-attempt runs, up to `jobs` at once (they are independent). A run that
-    /// ran out of memory beside others is run again alone, so sharing the GPU never changes the verdict.
+    /// did not reproduce beside others is run again alone, so sharing the GPU never changes the verdict.
     /// Returns how many showed the target's fault.
     fn confirm(
         &mut self,
@@ -136,12 +136,12 @@ impl Oracle<'_> {
                     .collect()
             });
             for run in outputs.into_iter().flatten() {
-                let (hit, oom) = self.account(keep, &run);
-                // An out-of-memory beside other runs says nothing about the repro: run it alone.
-                let alone = !hit
-                    && oom
-                    && batch > 1
-                    && self.judge(keep, recording, 1, cancel).unwrap_or(false);
+                let hit = self.account(keep, &run);
+                // A miss beside other runs (an out-of-memory, or a fault that another process's GPU
+                // exception disturbed) says nothing about the repro alone: run it again alone, so running
+                // together never lowers the count.
+                let alone =
+                    !hit && batch > 1 && self.judge(keep, recording, 1, cancel).unwrap_or(false);
                 if hit || alone {
                     reproduced += 1;
                 }
