@@ -893,7 +893,9 @@ impl HarnessClient for DescendingHarness {
         let finer = request.recording.is_some() && request.keep.is_none();
         let keep: Vec<String> = match (request.keep, finer) {
             (Some(k), _) => k.to_vec(),
-            (None, true) => ["a", "blk__proj", "blk__emb", "c"].map(String::from).to_vec(),
+            (None, true) => ["a", "blk__proj", "blk__emb", "c"]
+                .map(String::from)
+                .to_vec(),
             (None, false) => ["a", "blk", "c"].map(String::from).to_vec(),
         };
         let mut text = String::new();
@@ -944,7 +946,12 @@ fn shrink_descending(finer_reproduces: bool) -> cudabisect::report::record::Shri
         confirm: 2,
         confirm_jobs: 1,
     };
-    let r = shrink(&h, &settings, &mut Events::default(), &AtomicBool::new(false));
+    let r = shrink(
+        &h,
+        &settings,
+        &mut Events::default(),
+        &AtomicBool::new(false),
+    );
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
     r
 }
@@ -956,7 +963,10 @@ fn a_fault_inside_a_module_kept_whole_is_pinned_to_the_call_it_died_in() {
     assert_eq!(r.located_node.as_deref(), Some("blk__emb"));
     let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
     assert_eq!(kept, ["blk__emb"]);
-    assert_eq!(r.nodes_before, 3, "the size of the model as first described");
+    assert_eq!(
+        r.nodes_before, 3,
+        "the size of the model as first described"
+    );
     assert_eq!(r.removed, ["a", "blk__proj", "c"]);
     assert_eq!(
         r.graph.as_deref(),

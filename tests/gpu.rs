@@ -575,14 +575,23 @@ fn the_pytorch_harness_descends_into_an_untraceable_model_through_hooks_on_the_c
         .map(|m| m.node.to_string())
         .collect();
     println!("recorded run: exit {code}, open markers {open:?}");
-    assert_eq!(open, ["model", "model__pick", "model__pick__getitem"], "{text}");
+    assert_eq!(
+        open,
+        ["model", "model__pick", "model__pick__getitem"],
+        "{text}"
+    );
     // Described as recorded: the children (a chain: each got the previous one's output), and the op
     // inside `pick`, which FX could trace.
     let (ids, graph, _) = describe(&["--recording", rec.to_str().unwrap()]);
     println!("describe --recording: {ids:?}; graph: {graph}");
     assert_eq!(
         ids,
-        ["model__lin1", "model__act", "model__lin2", "model__pick__getitem"]
+        [
+            "model__lin1",
+            "model__act",
+            "model__lin2",
+            "model__pick__getitem"
+        ]
     );
     assert!(
         graph.contains("model: chain of children") && graph.contains("model__pick: fx"),

@@ -3,8 +3,8 @@
 //! (`--via`), which pays for CUDA's start-up but not for Python's imports.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The line the server prints once it listens (before it imports anything heavy).
@@ -108,7 +108,12 @@ mod tests {
     #[test]
     fn a_server_that_ends_before_listening_is_reported_not_waited_for() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let argv = vec!["sh".to_string(), "-c".into(), "echo broken; exit 3".into(), "sh".into()];
+        let argv = vec![
+            "sh".to_string(),
+            "-c".into(),
+            "echo broken; exit 3".into(),
+            "sh".into(),
+        ];
         let e = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"))
             .err()
             .expect("not ready");
@@ -125,14 +130,15 @@ mod tests {
             pidfile.display()
         );
         let argv = vec!["sh".to_string(), "-c".into(), script, "sh".into()];
-        let server = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"))
-            .expect("starts");
+        let server =
+            WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log")).expect("starts");
         assert!(server.socket().starts_with(std::env::temp_dir()));
         let leader = server.child.id();
         drop(server);
         // SAFETY: kill with signal 0 only asks whether the process exists.
         assert_ne!(unsafe { libc::kill(leader as i32, 0) }, 0);
-        let text = std::fs::read_to_string(&pidfile).expect("pid file written before the ready line");
+        let text =
+            std::fs::read_to_string(&pidfile).expect("pid file written before the ready line");
         let pid: i32 = text.trim().parse().expect("pid");
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // Gone, or a zombie waiting for its (now reparented) parent to reap it.

@@ -259,6 +259,10 @@ fn locate(
     )))
 }
 
+/// A finer graph the fault was pinned in: its nodes, the harness's account of its levels, and where the
+/// call the run died in is.
+type Descent = (Vec<GraphNode>, Option<String>, usize);
+
 /// The graph as the recorded run saw it, descended to `inner` (the call the run died in), if the harness
 /// can describe it and running that finer graph on the recording dies in `inner` the same way: only then
 /// do the finer nodes stand in for the coarse ones (the reduction takes the located run's prefix as
@@ -273,7 +277,7 @@ fn descend(
     log_dir: &Path,
     report: &mut ShrinkReport,
     cancel: &AtomicBool,
-) -> Result<Option<(Vec<GraphNode>, Option<String>, usize)>, Stop> {
+) -> Result<Option<Descent>, Stop> {
     let Ok(Some(finer)) = harness.describe_recorded(record, cancel) else {
         return Ok(None);
     };
@@ -332,9 +336,9 @@ fn drive(
     let mut fault = innermost.as_deref().and_then(|id| described(&nodes, id));
     if let (None, Some(inner)) = (fault, &innermost) {
         // The run died inside a node the description kept whole: descend to the call it died in.
-        if let Some((finer, graph, at)) =
-            descend(harness, settings, &record, inner, &target, &log_dir, report, cancel)?
-        {
+        if let Some((finer, graph, at)) = descend(
+            harness, settings, &record, inner, &target, &log_dir, report, cancel,
+        )? {
             nodes = finer;
             report.graph = graph;
             fault = Some(at);
