@@ -57,6 +57,18 @@ pub struct ChildContext<'a> {
     pub phase: ChildPhase,
     /// Which run of this command for this commit, from 1.
     pub attempt: u32,
+    /// The parallel worker running it, and the devices it owns (`CUDA_VISIBLE_DEVICES`); `None` when
+    /// probes run one at a time.
+    pub slot: Option<&'a WorkerSlot>,
+}
+
+/// One parallel probe worker: its number and the devices pinned to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSlot {
+    /// From 1.
+    pub worker: usize,
+    /// Device ids for `CUDA_VISIBLE_DEVICES` (comma-separated); `None` where no GPU is visible (no pinning).
+    pub devices: Option<String>,
 }
 
 /// The variables cudabisect sets, in the order it sets them (after the user's own, so they win).
@@ -77,6 +89,12 @@ pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String
     ));
     vars.push(("CUDABISECT_PHASE".into(), ctx.phase.as_str().to_string()));
     vars.push(("CUDABISECT_ATTEMPT".into(), ctx.attempt.to_string()));
+    if let Some(slot) = ctx.slot {
+        vars.push(("CUDABISECT_WORKER".into(), slot.worker.to_string()));
+        if let Some(devices) = &slot.devices {
+            vars.push(("CUDA_VISIBLE_DEVICES".into(), devices.clone()));
+        }
+    }
     vars
 }
 

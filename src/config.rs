@@ -138,12 +138,101 @@ pub struct ReproSection {
 }
 
 /// `[search]`: how probe outcomes steer the search.
-#[derive(Clone, Debug, Deserialize, Default)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SearchSection {
     /// Same-bug policy: `class+kernel` (default), `class`, or `regex:<pattern>`.
     #[serde(rename = "match")]
     pub match_policy: Option<String>,
+    /// Probes at once: a number, or `"auto"` (one worker per visible GPU, or per `gpus-per-probe` of
+    /// them). Default 1.
+    #[serde(default)]
+    pub jobs: Jobs,
+    /// The GPUs to use (`CUDA_VISIBLE_DEVICES` ids); default: those visible.
+    pub devices: Option<Vec<DeviceId>>,
+    /// GPUs each probe needs (a multi-GPU repro); each worker gets that many of its own.
+    #[serde(default = "one", rename = "gpus-per-probe")]
+    pub gpus_per_probe: u32,
+}
+
+impl Default for SearchSection {
+    fn default() -> Self {
+        Self {
+            match_policy: None,
+            jobs: Jobs::One,
+            devices: None,
+            gpus_per_probe: 1,
+        }
+    }
+}
+
+/// `[search] jobs`: how many probes run at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Jobs {
+    /// One at a time.
+    #[default]
+    One,
+    /// This many.
+    Count(u32),
+    /// One worker per `gpus-per-probe` visible GPUs (one when none is visible).
+    Auto,
+}
+
+impl Jobs {
+    /// `auto` or a number of at least 1.
+    pub fn parse(text: &str) -> Result<Jobs, String> {
+        if text == "auto" {
+            return Ok(Jobs::Auto);
+        }
+        match text.parse::<u32>() {
+            Ok(0) | Err(_) => Err(format!(
+                "jobs: expected \"auto\" or a number of at least 1, got {text:?}"
+            )),
+            Ok(1) => Ok(Jobs::One),
+            Ok(n) => Ok(Jobs::Count(n)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Jobs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(i64),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Number(n) => n.to_string(),
+            Raw::Text(t) => t,
+        };
+        Jobs::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A device id as `CUDA_VISIBLE_DEVICES` takes it: an index (`0`) or a UUID (`GPU-…`, `MIG-…`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceId(pub String);
+
+impl<'de> Deserialize<'de> for DeviceId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u32),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Number(n) => n.to_string(),
+            Raw::Text(t) => t,
+        };
+        if text.is_empty() || text.contains([',', ' ']) {
+            return Err(serde::de::Error::custom(format!(
+                "devices: {text:?} is not one device id"
+            )));
+        }
+        Ok(DeviceId(text))
+    }
 }
 
 fn default_shrink_timeout() -> Duration {
@@ -326,6 +415,8 @@ pub struct Config {
     pub repro: ReproSection,
     /// Same-bug policy.
     pub match_policy: MatchPolicy,
+    /// Parallel probes: `[search] jobs`, `devices`, `gpus-per-probe`.
+    pub workers: WorkerSettings,
     /// Triage settings.
     pub triage: TriageSection,
     /// Shrink settings, when a harness is configured.
@@ -334,6 +425,17 @@ pub struct Config {
     pub bundle: BundleSection,
     /// Nightly-job settings.
     pub nightly: NightlySection,
+}
+
+/// `[search]`'s parallel-probe settings, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// Probes at once.
+    pub jobs: Jobs,
+    /// The GPUs to use; `None`: those visible.
+    pub devices: Option<Vec<String>>,
+    /// GPUs per probe, at least 1.
+    pub gpus_per_probe: u32,
 }
 
 /// Why a config could not be used.
@@ -363,6 +465,14 @@ pub enum ConfigError {
     /// The `[shrink]` section is inconsistent.
     #[error("{path}: [shrink] {message}")]
     Shrink {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A parallel-probe setting is invalid.
+    #[error("{path}: [search] {message}")]
+    Search {
         /// The file.
         path: PathBuf,
         /// What is wrong.
@@ -428,6 +538,19 @@ impl Config {
                 message: "[repro] attempts must be at least 1".into(),
             });
         }
+        if raw.search.gpus_per_probe == 0 {
+            return Err(ConfigError::Search {
+                path: path.to_path_buf(),
+                message: "gpus-per-probe must be at least 1".into(),
+            });
+        }
+        if raw.search.devices.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::Search {
+                path: path.to_path_buf(),
+                message: "devices: give at least one device, or leave it out to use those visible"
+                    .into(),
+            });
+        }
         if let Some(shrink) = &raw.shrink {
             let err = |message: &str| ConfigError::Shrink {
                 path: path.to_path_buf(),
@@ -456,6 +579,14 @@ impl Config {
             build: raw.build,
             repro: raw.repro,
             match_policy,
+            workers: WorkerSettings {
+                jobs: raw.search.jobs,
+                devices: raw
+                    .search
+                    .devices
+                    .map(|d| d.into_iter().map(|DeviceId(id)| id).collect()),
+                gpus_per_probe: raw.search.gpus_per_probe,
+            },
             triage: raw.triage,
             shrink: raw.shrink,
             bundle: raw.bundle,

@@ -417,7 +417,7 @@ impl Repo {
         let repo = Repository::open(path)?;
         Ok(ProbeWorktree {
             path: path.to_path_buf(),
-            repo,
+            repo: std::sync::Mutex::new(repo),
         })
     }
 
@@ -453,7 +453,9 @@ impl Repo {
 /// The worktree where probes are built and run.
 pub struct ProbeWorktree {
     path: PathBuf,
-    repo: Repository,
+    // Behind a lock so that a worktree can be lent to a worker thread (a repository handle is not shared
+    // between threads); each worker has a worktree of its own, so the lock is never contended.
+    repo: std::sync::Mutex<Repository>,
 }
 
 /// Why a checkout failed.
@@ -478,26 +480,28 @@ impl ProbeWorktree {
     /// user's credentials, URL rewrites and config apply to them. With `clean`, untracked and ignored files
     /// go too; otherwise build outputs stay so incremental builds stay warm.
     pub fn checkout(&self, oid: Oid, clean: bool) -> Result<(), CheckoutError> {
+        let repo = self
+            .repo
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let missing = |e: git2::Error| {
             // Is it the clone (objects missing), or something else?
-            let tree_there = self.repo.find_commit(oid).and_then(|c| c.tree()).is_ok();
+            let tree_there = repo.find_commit(oid).and_then(|c| c.tree()).is_ok();
             if tree_there && e.class() != git2::ErrorClass::Odb {
                 CheckoutError::Git(GitError::Git(e))
             } else {
                 CheckoutError::MissingObject(oid)
             }
         };
-        let commit = self.repo.find_commit(oid).map_err(missing)?;
+        let commit = repo.find_commit(oid).map_err(missing)?;
         let mut co = git2::build::CheckoutBuilder::new();
         co.force();
         if clean {
             co.remove_untracked(true).remove_ignored(true);
         }
-        self.repo
-            .checkout_tree(commit.as_object(), Some(&mut co))
+        repo.checkout_tree(commit.as_object(), Some(&mut co))
             .map_err(missing)?;
-        self.repo
-            .set_head_detached(oid)
+        repo.set_head_detached(oid)
             .map_err(|e| CheckoutError::Git(e.into()))?;
         if self.path.join(".gitmodules").is_file() {
             run_git(

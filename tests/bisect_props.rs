@@ -65,7 +65,7 @@ fn drive(parents: &[Vec<usize>], oracle: impl Fn(usize) -> Verdict) -> (SearchRe
                 search.mark(c, oracle(c));
             }
             NextStep::Done(r) => return (r, probes),
-            NextStep::Wait => panic!("sequential search waited"),
+            NextStep::Wait | NextStep::EvaluateMany(_) => panic!("sequential search waited"),
         }
     }
 }
@@ -234,7 +234,7 @@ proptest! {
                     prop_assert_eq!(None, expected);
                     break;
                 }
-                NextStep::Wait => prop_assert!(false, "sequential search waited"),
+                NextStep::Wait | NextStep::EvaluateMany(_) => prop_assert!(false, "sequential search waited"),
             }
         }
     }

@@ -49,9 +49,9 @@ fn fault(kernel: &str) -> Signature {
 
 /// A prober that answers from a script: commit index → what the repro shows; interrupts at one commit.
 struct Scripted {
-    shows: Box<dyn Fn(usize) -> Signature>,
+    shows: Box<dyn Fn(usize) -> Signature + Send>,
     /// What compute-sanitizer would name as the faulting kernel at a commit (`None`: no sanitizer).
-    kernels: Option<Box<dyn Fn(usize) -> Option<String>>>,
+    kernels: Option<Box<dyn Fn(usize) -> Option<String> + Send>>,
     sanitized: Vec<usize>,
     interrupt_at: Option<usize>,
     cancel: &'static AtomicBool,
@@ -140,7 +140,7 @@ struct Run {
 fn run_search(
     n: usize,
     merge_bases: &[usize],
-    shows: impl Fn(usize) -> Signature + 'static,
+    shows: impl Fn(usize) -> Signature + Send + 'static,
     interrupt_at: Option<usize>,
 ) -> Run {
     run_search_with(n, merge_bases, shows, None, interrupt_at)
@@ -149,8 +149,8 @@ fn run_search(
 fn run_search_with(
     n: usize,
     merge_bases: &[usize],
-    shows: impl Fn(usize) -> Signature + 'static,
-    kernels: Option<Box<dyn Fn(usize) -> Option<String>>>,
+    shows: impl Fn(usize) -> Signature + Send + 'static,
+    kernels: Option<Box<dyn Fn(usize) -> Option<String> + Send>>,
     interrupt_at: Option<usize>,
 ) -> Run {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));

@@ -35,6 +35,8 @@ pub enum SearchResult {
 pub enum NextStep {
     /// Probe this commit.
     Evaluate(usize),
+    /// Probe these commits at once, one per idle worker ([`Bisector::propose`]).
+    EvaluateMany(Vec<usize>),
     /// Nothing new to propose until a probe in flight is marked.
     Wait,
     /// The search is over.
@@ -203,6 +205,125 @@ impl Bisector {
         NextStep::Evaluate(pick)
     }
 
+    /// Proposes up to `idle` probes at once (one per idle worker) and marks them in flight: the commits
+    /// that, together with the probes already in flight, split the candidates into parts as even as the
+    /// DAG allows. The candidates fall into cells by which in-flight probes they are ancestors of (their
+    /// answers will tell those cells apart); idle workers go to the cells with the most candidates per
+    /// worker, and a cell given `a` workers is cut at the commits whose ancestor counts within it are
+    /// nearest to `i·|cell|/(a+1)`. On a line, k idle workers with nothing in flight probe the k
+    /// quantiles, so every round keeps about 1/(k+1) of the candidates. With one idle worker and nothing
+    /// in flight this is exactly [`Bisector::next_step`].
+    pub fn propose(&mut self, idle: usize) -> NextStep {
+        if idle <= 1 && self.in_flight.count() == 0 {
+            return self.next_step();
+        }
+        let mut open = self.candidates.clone();
+        open.subtract(&self.skipped);
+        open.remove(self.bad);
+        if open.count() == 0 {
+            return NextStep::Done(self.result());
+        }
+        open.subtract(&self.in_flight);
+        if open.count() == 0 || idle == 0 {
+            return NextStep::Wait;
+        }
+        let n = self.offsets.len() - 1;
+        // Cells: which in-flight probes each candidate is an ancestor of (bit i for the i-th probe).
+        let flying: Vec<usize> = self.in_flight.iter().collect();
+        let mut mask = vec![0u128; n];
+        let mut walker = Walker::new(n);
+        for (bit, &f) in flying.iter().enumerate().take(128) {
+            walker.walk(self, f, &self.candidates, |c| mask[c] |= 1u128 << bit);
+        }
+        let mut cells: Vec<(u128, BitSet, usize)> = Vec::new();
+        for c in self.candidates.iter() {
+            match cells.iter_mut().find(|(m, _, _)| *m == mask[c]) {
+                Some((_, members, size)) => {
+                    members.insert(c);
+                    *size += 1;
+                }
+                None => {
+                    let mut members = BitSet::new(n);
+                    members.insert(c);
+                    cells.push((mask[c], members, 1));
+                }
+            }
+        }
+        // Workers to cells, greedily: the cell with the most candidates per allotted worker next, among
+        // cells that still have an open commit to give.
+        let mut allotted = vec![0usize; cells.len()];
+        let mut room: Vec<usize> = cells
+            .iter()
+            .map(|(_, members, _)| members.count_common(&open))
+            .collect();
+        for _ in 0..idle {
+            let Some(best) = (0..cells.len())
+                .filter(|&i| room[i] > allotted[i] && cells[i].2 > 1)
+                .max_by(|&a, &b| {
+                    let (sa, sb) = (
+                        cells[a].2 * (allotted[b] + 1),
+                        cells[b].2 * (allotted[a] + 1),
+                    );
+                    sa.cmp(&sb).then(b.cmp(&a))
+                })
+            else {
+                break;
+            };
+            allotted[best] += 1;
+        }
+        let mut picks = Vec::new();
+        for (i, (_, members, size)) in cells.iter().enumerate() {
+            let a = allotted[i];
+            if a == 0 {
+                continue;
+            }
+            let mut eligible = members.clone();
+            eligible.intersect_with(&open);
+            // Ancestor counts within the cell: the cell is the candidate set of its own sub-search.
+            let saved = std::mem::replace(&mut self.candidates, members.clone());
+            let counts = self.counts(&eligible, false);
+            self.candidates = saved;
+            for q in 1..=a {
+                let target = (q * size) as f64 / (a + 1) as f64;
+                let pick = eligible
+                    .iter()
+                    .filter(|c| !picks.contains(c))
+                    .min_by(|&x, &y| {
+                        let dx = (f64::from(counts[x].low) - target).abs();
+                        let dy = (f64::from(counts[y].low) - target).abs();
+                        dx.total_cmp(&dy).then(x.cmp(&y))
+                    });
+                if let Some(c) = pick {
+                    picks.push(c);
+                }
+            }
+            room[i] = 0;
+        }
+        if picks.is_empty() {
+            return NextStep::Wait;
+        }
+        picks.sort_unstable();
+        for &c in &picks {
+            self.in_flight.insert(c);
+        }
+        NextStep::EvaluateMany(picks)
+    }
+
+    /// The commits probed now but not yet marked.
+    pub fn in_flight(&self) -> Vec<usize> {
+        self.in_flight.iter().collect()
+    }
+
+    /// Whether `commit` may still be the first bad one: a probe of it still carries news.
+    pub fn is_candidate(&self, commit: usize) -> bool {
+        self.candidates.contains(commit)
+    }
+
+    /// Forgets that `commit` is in flight without a verdict (its probe was abandoned).
+    pub fn abandon(&mut self, commit: usize) {
+        self.in_flight.remove(commit);
+    }
+
     fn result(&self) -> SearchResult {
         if self.candidates.count() == 1 {
             SearchResult::Found(self.bad)
@@ -345,7 +466,9 @@ mod tests {
                     search.mark(c, oracle(c));
                 }
                 NextStep::Done(result) => return (result, asked),
-                NextStep::Wait => unreachable!("one probe at a time never waits"),
+                NextStep::Wait | NextStep::EvaluateMany(_) => {
+                    unreachable!("one probe at a time never waits")
+                }
             }
         }
     }

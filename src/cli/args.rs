@@ -64,6 +64,10 @@ pub enum Command {
         /// changing something the config does not name: a driver, a library, the machine's setup).
         #[arg(long)]
         fresh: bool,
+        /// Probes at once: a number, or `auto` for one per visible GPU (overrides `[search] jobs`). Each
+        /// worker has its own worktree and its own GPUs (`CUDA_VISIBLE_DEVICES`).
+        #[arg(long, short = 'j', value_parser = parse_jobs, value_name = "N|auto")]
+        jobs: Option<cudabisect::config::Jobs>,
         /// Write the result as JUnit XML here (a first bad commit is a failed test case whose body is
         /// REPORT.md).
         #[arg(long)]
@@ -291,4 +295,8 @@ pub enum HarnessCommand {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+fn parse_jobs(text: &str) -> Result<cudabisect::config::Jobs, String> {
+    cudabisect::config::Jobs::parse(text)
 }

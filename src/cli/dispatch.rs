@@ -55,6 +55,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             no_triage,
             no_shrink,
             fresh,
+            jobs,
             junit,
             bundle_dir,
             message_format,
@@ -76,6 +77,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 goods_may_show_other_bugs: false,
                 journal: None,
                 bundle_dir,
+                jobs,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)
         }

@@ -168,6 +168,7 @@ impl ProcessHarness {
             commit,
             phase: ChildPhase::Shrink,
             attempt: 1,
+            slot: None,
         };
         let spec = command_spec(
             config,

@@ -44,6 +44,9 @@ pub enum Event {
         remaining: usize,
         /// Probes git would estimate are left.
         estimated_steps: usize,
+        /// The parallel worker running it (from 1); absent when probes run one at a time.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        worker: Option<usize>,
     },
     /// A probe finished.
     ProbeFinished {

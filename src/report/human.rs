@@ -15,6 +15,8 @@ pub struct HumanReporter {
     started: Option<Instant>,
     progress: Box<dyn Write>,
     out: Box<dyn Write>,
+    /// Each parallel worker's commit and phase, for the progress line.
+    workers: std::collections::BTreeMap<usize, String>,
 }
 
 impl HumanReporter {
@@ -33,6 +35,7 @@ impl HumanReporter {
             started: Some(Instant::now()),
             progress: Box::new(std::io::stderr()),
             out: Box::new(std::io::stdout()),
+            workers: Default::default(),
         }
     }
 
@@ -44,6 +47,7 @@ impl HumanReporter {
             started: None,
             progress,
             out,
+            workers: Default::default(),
         }
     }
 
@@ -109,6 +113,7 @@ impl Reporter for HumanReporter {
                 phase,
                 remaining,
                 estimated_steps,
+                worker,
             } => {
                 let phase = match phase {
                     Phase::Checkout => "checkout",
@@ -121,6 +126,22 @@ impl Reporter for HumanReporter {
                     if *estimated_steps == 1 { "step" } else { "steps" },
                     &commit[..12.min(commit.len())]
                 );
+                // With parallel workers every worker's commit and phase stay on the progress line.
+                let msg = match worker {
+                    Some(w) => {
+                        self.workers.insert(
+                            *w,
+                            format!("w{w} {} {phase}", &commit[..8.min(commit.len())]),
+                        );
+                        let all: Vec<&str> = self.workers.values().map(String::as_str).collect();
+                        if self.bar.is_some() {
+                            format!("{remaining} candidates left · {}", all.join(" | "))
+                        } else {
+                            format!("[w{w}] {msg}")
+                        }
+                    }
+                    None => msg,
+                };
                 match &self.bar {
                     Some(bar) => bar.set_message(msg),
                     None if phase == "build" || phase == "repro" => self.line(&msg),

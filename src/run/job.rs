@@ -20,9 +20,11 @@ use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::search::{search, SearchEnd, SearchInput};
+use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
+use super::workers::{plan_slots, visible_devices};
 use crate::atomic_file::write_atomic;
+use crate::config::Jobs;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io {
@@ -52,6 +54,20 @@ pub fn start(
             b.clean = true;
         }
     }
+    if let Some(jobs) = opts.jobs {
+        plan.config.workers.jobs = jobs;
+    }
+    // Parallel probes: checked before anything is written.
+    let slots = match plan.config.workers.jobs {
+        Jobs::One => None,
+        _ => {
+            let visible = match plan.config.workers.devices {
+                Some(_) => Vec::new(),
+                None => visible_devices(cancel),
+            };
+            Some(plan_slots(&plan.config.workers, &visible).map_err(RunError::Usage)?)
+        }
+    };
     let state_dir = plan.repo.state_dir();
     let _lock = lock_state_dir(&state_dir, &format!("start {}", opts.range))?;
     let run_dir = state_dir.join("runs").join(run_id());
@@ -59,12 +75,34 @@ pub fn start(
     std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
     std::fs::write(run_dir.join("bisect.toml"), &plan.config.text).map_err(io_err(&run_dir))?;
     let worktree = plan.repo.probe_worktree(&state_dir.join("worktree"))?;
+    // Each further worker has a worktree of its own (sharing the object store), kept between runs so its
+    // build directory stays warm.
+    let slots = slots.unwrap_or_default();
+    let mut extra_worktrees = Vec::new();
+    for slot in slots.iter().skip(1) {
+        let path = state_dir.join(format!("worktree-{}", slot.worker));
+        extra_worktrees.push(plan.repo.probe_worktree(&path)?);
+    }
+    let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
     let mut prober = WorktreeProber {
         worktree: &worktree,
         config: &plan.config,
-        log_dir,
-        cancel,
+        log_dir: log_dir.clone(),
+        cancel: stops.first().unwrap_or(cancel),
+        slot: slots.first().cloned(),
     };
+    let mut others: Vec<WorktreeProber> = extra_worktrees
+        .iter()
+        .zip(slots.iter().skip(1))
+        .zip(stops.iter().skip(1))
+        .map(|((w, slot), stop)| WorktreeProber {
+            worktree: w,
+            config: &plan.config,
+            log_dir: log_dir.clone(),
+            cancel: stop,
+            slot: Some(slot.clone()),
+        })
+        .collect();
     reporter.event(&Event::RunStarted {
         candidates: plan.range.len(),
         run_dir: run_dir.display().to_string(),
@@ -96,25 +134,43 @@ pub fn start(
     };
     let outcome = match opened {
         Ok((journal, warnings)) => {
+            let reusable = journal.len();
+            let journal = std::sync::Mutex::new(journal);
             for message in warnings {
                 reporter.event(&Event::Warning { message });
             }
-            if !journal.is_empty() {
+            if reusable > 0 {
                 reporter.event(&Event::Note {
                     message: format!(
                         "resuming: {} journaled result(s) from an earlier run with this config can be reused",
-                        journal.len()
+                        reusable
                     ),
                 });
             }
-            let mut journaled = JournaledProbe {
-                inner: &mut prober,
-                journal,
-                warnings: Vec::new(),
-                cancel,
-            };
-            let outcome = search(&input, &mut journaled, reporter, cancel);
-            for message in journaled.warnings {
+            let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut prober)
+                .chain(others.iter_mut())
+                .map(|p| {
+                    let stop = p.cancel;
+                    JournaledProbe {
+                        inner: p,
+                        journal: &journal,
+                        warnings: Vec::new(),
+                        cancel: stop,
+                    }
+                })
+                .collect();
+            let mut workers: Vec<Worker> = journaled
+                .iter_mut()
+                .map(|j| {
+                    let stop = j.cancel;
+                    Worker { probe: j, stop }
+                })
+                .collect();
+            let outcome = with_cancel_passed_on(cancel, &stops, || {
+                search_with_workers(&input, &mut workers, reporter, cancel)
+            });
+            drop(workers);
+            for message in journaled.into_iter().flat_map(|j| j.warnings) {
                 reporter.event(&Event::Warning { message });
             }
             outcome
@@ -126,7 +182,16 @@ pub fn start(
                     journal_path.display()
                 ),
             });
-            search(&input, &mut prober, reporter, cancel)
+            let mut workers: Vec<Worker> = std::iter::once(&mut prober)
+                .chain(others.iter_mut())
+                .map(|p| {
+                    let stop = p.cancel;
+                    Worker { probe: p, stop }
+                })
+                .collect();
+            with_cancel_passed_on(cancel, &stops, || {
+                search_with_workers(&input, &mut workers, reporter, cancel)
+            })
         }
     };
     let mut report = empty_report(&plan, &run_dir);
@@ -167,13 +232,38 @@ pub fn start(
         report: Box::new(report.clone()),
     });
     if !opts.keep_worktree {
-        if let Err(e) = plan.repo.remove_worktree(worktree.path()) {
-            reporter.event(&Event::Warning {
-                message: format!("the probe worktree was not removed: {e}"),
-            });
+        for path in std::iter::once(worktree.path()).chain(extra_worktrees.iter().map(|w| w.path()))
+        {
+            if let Err(e) = plan.repo.remove_worktree(path) {
+                reporter.event(&Event::Warning {
+                    message: format!("the probe worktree was not removed: {e}"),
+                });
+            }
         }
     }
     Ok(report)
+}
+
+/// Runs `f` while Ctrl-C (`cancel`) is passed on to every worker's own stop flag, so a probe on any
+/// worker (the endpoints too, before the parallel search starts) stops at once.
+fn with_cancel_passed_on<T>(cancel: &AtomicBool, stops: &[AtomicBool], f: impl FnOnce() -> T) -> T {
+    if stops.is_empty() {
+        return f();
+    }
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !finished.load(Ordering::SeqCst) {
+                if cancel.load(Ordering::SeqCst) {
+                    stops.iter().for_each(|s| s.store(true, Ordering::SeqCst));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        let out = f();
+        finished.store(true, Ordering::SeqCst);
+        out
+    })
 }
 
 /// Writes report.json into the run directory (and `--report` when given); failures are warnings, since

@@ -205,12 +205,13 @@ impl Journal {
 }
 
 /// A [`Probe`] that answers from the journal when it can (the record says `reused`) and journals every
-/// probe and sanitizer run that completes. An interrupted probe is never journaled.
+/// probe and sanitizer run that completes. An interrupted probe is never journaled. Parallel workers
+/// share one journal: each line is appended whole under the lock.
 pub struct JournaledProbe<'a> {
     /// The prober that does the work.
     pub inner: &'a mut dyn Probe,
     /// The journal.
-    pub journal: Journal,
+    pub journal: &'a std::sync::Mutex<Journal>,
     /// Journal write failures, as warnings (a failing disk costs resumability, never the run).
     pub warnings: Vec<String>,
     /// Ctrl-C or SIGTERM: what a stopped run returns is not journaled.
@@ -225,7 +226,8 @@ impl Probe for JournaledProbe<'_> {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        if let Some(mut record) = self.journal.probe(oid, target) {
+        let reused = self.lock().probe(oid, target);
+        if let Some(mut record) = reused {
             record.reused = true;
             record.role = ctx.role;
             return ProbeOutcome {
@@ -235,15 +237,17 @@ impl Probe for JournaledProbe<'_> {
         }
         let out = self.inner.probe(oid, ctx, target, reporter);
         if !out.interrupted && !self.cancel.load(Ordering::SeqCst) {
+            let mut journal = self.lock();
             let entry = Entry {
                 v: VERSION,
-                fingerprint: self.journal.fingerprint.clone(),
+                fingerprint: journal.fingerprint.clone(),
                 commit: oid.to_string(),
                 target: Some(target_key(target)),
                 record: Some(out.record.clone()),
                 sanitized: None,
             };
-            if let Err(e) = self.journal.append(&entry) {
+            if let Err(e) = journal.append(&entry) {
+                drop(journal);
                 self.warnings.push(format!("the probe journal: {e}"));
             }
         }
@@ -256,7 +260,7 @@ impl Probe for JournaledProbe<'_> {
         ctx: &ProbeContext,
         reporter: &mut dyn Reporter,
     ) -> Option<Sanitized> {
-        if let Some(s) = self.journal.sanitized.get(&oid.to_string()) {
+        if let Some(s) = self.lock().sanitized.get(&oid.to_string()) {
             return Some(Sanitized {
                 finding: s.finding.clone(),
                 summary: s.summary.clone(),
@@ -272,19 +276,31 @@ impl Probe for JournaledProbe<'_> {
             summary: s.summary.clone(),
             duration_s: s.duration_s,
         };
+        let mut journal = self.lock();
         let entry = Entry {
             v: VERSION,
-            fingerprint: self.journal.fingerprint.clone(),
+            fingerprint: journal.fingerprint.clone(),
             commit: oid.to_string(),
             target: None,
             record: None,
             sanitized: Some(kept.clone()),
         };
-        if let Err(e) = self.journal.append(&entry) {
+        let written = journal.append(&entry);
+        journal.sanitized.insert(oid.to_string(), kept);
+        drop(journal);
+        if let Err(e) = written {
             self.warnings.push(format!("the probe journal: {e}"));
         }
-        self.journal.sanitized.insert(oid.to_string(), kept);
         Some(s)
+    }
+}
+
+impl JournaledProbe<'_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Journal> {
+        // A worker that panicked holding the lock left whole lines behind: the journal is still good.
+        self.journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -348,6 +364,7 @@ mod tests {
             role: ProbeRole::Search,
             remaining: 4,
             estimated_steps: 2,
+            worker: None,
         }
     }
 
@@ -356,9 +373,10 @@ mod tests {
         let cancel = AtomicBool::new(false);
         let mut inner = Counting(0);
         let (journal, warnings) = Journal::open(path, fp).expect("open");
+        let journal = std::sync::Mutex::new(journal);
         let mut j = JournaledProbe {
             inner: &mut inner,
-            journal,
+            journal: &journal,
             warnings: Vec::new(),
             cancel: &cancel,
         };

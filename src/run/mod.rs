@@ -17,3 +17,4 @@ pub mod stages;
 pub mod triage;
 pub mod triage_job;
 pub mod verdict;
+pub mod workers;

@@ -108,12 +108,14 @@ pub fn nightly(
             config: &config,
             log_dir,
             cancel,
+            slot: None,
         };
         let ctx = ProbeContext {
             step: 1,
             role: ProbeRole::BadEndpoint,
             remaining: 1,
             estimated_steps: 1,
+            worker: None,
         };
         // Through the journal: a night killed after this probe does not redo it, and the bisection that
         // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
@@ -126,9 +128,10 @@ pub fn nightly(
         for message in warnings {
             reporter.event(&Event::Warning { message });
         }
+        let journal = std::sync::Mutex::new(journal);
         let mut journaled = JournaledProbe {
             inner: &mut prober,
-            journal,
+            journal: &journal,
             warnings: Vec::new(),
             cancel,
         };

@@ -46,6 +46,8 @@ pub struct StartOptions {
     pub journal: Option<PathBuf>,
     /// Write the bundle under this directory instead of `[bundle] dir`.
     pub bundle_dir: Option<PathBuf>,
+    /// Probes at once, overriding `[search] jobs`.
+    pub jobs: Option<crate::config::Jobs>,
 }
 
 pub use super::error::RunError;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use git2::Oid;
 
-use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
 use crate::classify::{classify, Exit, FaultClass, Signature};
 use crate::config::Config;
 use crate::git::{CheckoutError, ProbeWorktree};
@@ -29,6 +29,8 @@ pub struct ProbeContext {
     pub remaining: usize,
     /// Probes left, estimated.
     pub estimated_steps: usize,
+    /// The parallel worker running it (from 1); `None` when probes run one at a time.
+    pub worker: Option<usize>,
 }
 
 /// What one probe produced.
@@ -54,7 +56,7 @@ pub struct Sanitized {
 /// What the search driver needs: probe a commit against the target (`None` while probing the bad
 /// endpoint, whose signature becomes the target), and, when a sanitizer is at hand, rerun the commit just
 /// probed under it to learn which kernel faulted.
-pub trait Probe {
+pub trait Probe: Send {
     /// Probes `oid` and returns its record.
     fn probe(
         &mut self,
@@ -113,8 +115,10 @@ pub struct WorktreeProber<'a> {
     pub config: &'a Config,
     /// Where logs go.
     pub log_dir: PathBuf,
-    /// Set on Ctrl-C.
+    /// Set on Ctrl-C, or when the search abandons this worker's probe.
     pub cancel: &'a AtomicBool,
+    /// The parallel worker this prober is, with its devices; `None` when probes run one at a time.
+    pub slot: Option<WorkerSlot>,
 }
 
 fn short(commit: &str) -> &str {
@@ -146,6 +150,7 @@ impl Probe for WorktreeProber<'_> {
                 phase,
                 remaining: ctx.remaining,
                 estimated_steps: ctx.estimated_steps,
+                worker: ctx.worker,
             })
         };
         phase(reporter, Phase::Checkout);
@@ -190,6 +195,7 @@ impl Probe for WorktreeProber<'_> {
                     commit: &commit,
                     phase: ChildPhase::Repro,
                     attempt,
+                    slot: self.slot.as_ref(),
                 },
             );
             let run = match process::run(&spec, self.cancel) {
@@ -373,6 +379,7 @@ impl WorktreeProber<'_> {
                 commit,
                 phase: ChildPhase::Build,
                 attempt: 1,
+                slot: self.slot.as_ref(),
             },
         );
         Some(process::run(&spec, self.cancel).map(|run| {

@@ -1,8 +1,13 @@
 //! The search driver: probes the bad endpoint (its signature becomes the target), the good endpoints and
-//! any merge bases, then feeds the bisection state machine probe by probe. It sees the world only through
-//! the [`Probe`] trait, so it is tested in-process with scripted fakes.
+//! any merge bases, then feeds the bisection state machine probe by probe, or, with several workers, keeps
+//! every worker busy with the commits that split the candidates most evenly and uses each answer the
+//! moment it lands. It sees the world only through the [`Probe`] trait, so it is tested in-process with
+//! scripted fakes.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use git2::Oid;
 
@@ -71,95 +76,183 @@ fn reproduces(sig: &Signature) -> bool {
     !matches!(sig.class, FaultClass::None | FaultClass::BuildFailure) && !is_host_problem(sig.class)
 }
 
+/// One parallel worker as the search sees it: a prober of its own (its own worktree, warm build directory
+/// and devices) and the flag that stops its probe (set on Ctrl-C, or when its answer no longer matters).
+pub struct Worker<'a> {
+    /// The prober.
+    pub probe: &'a mut dyn Probe,
+    /// Stops the probe in flight.
+    pub stop: &'a AtomicBool,
+}
+
+/// One probe's result, with the other bug its sanitizer run found, if any.
+struct Probed {
+    record: ProbeRecord,
+    interrupted: bool,
+    other_bug: Option<OtherBug>,
+}
+
+/// Probes one commit. A probe that fails like the target but cannot be told apart from it by its own
+/// output is rerun under compute-sanitizer (once) when one is at hand, and a fault in another kernel is
+/// then a skip, recorded as another bug. Runs on the driver's thread or a worker's.
+fn probe_commit(
+    prober: &mut dyn Probe,
+    policy: &MatchPolicy,
+    oid: Oid,
+    ctx: &ProbeContext,
+    target: Option<&Signature>,
+    reporter: &mut dyn Reporter,
+) -> Probed {
+    let out = prober.probe(oid, ctx, target, reporter);
+    let mut record = out.record;
+    let mut other_bug = None;
+    if let Some(t) = target.filter(|_| record.verdict == Verdict::Bad && !out.interrupted) {
+        if policy.compare(t, &record.signature, "") == Sameness::Unconfirmed {
+            other_bug = settle(prober, oid, ctx, t, &mut record, reporter);
+        }
+    }
+    Probed {
+        record,
+        interrupted: out.interrupted,
+        other_bug,
+    }
+}
+
+/// Asks the sanitizer which kernel a probe faulted in and turns a different one into a skip.
+fn settle(
+    prober: &mut dyn Probe,
+    oid: Oid,
+    ctx: &ProbeContext,
+    target: &Signature,
+    record: &mut ProbeRecord,
+    reporter: &mut dyn Reporter,
+) -> Option<OtherBug> {
+    let s = prober.sanitize(oid, ctx, reporter)?;
+    record.duration_s += s.duration_s;
+    record.sanitizer = Some(s.summary.clone());
+    let (Some(kernel), Some(want)) = (
+        s.finding.as_ref().and_then(|f| f.kernel.clone()),
+        target.kernel.as_deref(),
+    ) else {
+        return None;
+    };
+    if kernel == want {
+        record.signature.kernel = Some(kernel);
+        return None;
+    }
+    let reason = format!(
+        "a different bug: this commit's fault is in {kernel}, the bad endpoint's in {want}"
+    );
+    record.signature.kernel = Some(kernel);
+    record.verdict = Verdict::Skip;
+    record.matched_target = false;
+    record.reason = Some(reason.clone());
+    Some(OtherBug {
+        commit: oid.to_string(),
+        signature: record.signature.clone(),
+        reason,
+    })
+}
+
+/// Forwards a worker's events to the driver, which hands them to the real reporter in order of arrival.
+struct ChannelReporter {
+    tx: mpsc::Sender<Message>,
+}
+
+impl Reporter for ChannelReporter {
+    fn event(&mut self, event: &Event) {
+        let _ = self.tx.send(Message::Event(event.clone()));
+    }
+}
+
+/// What workers tell the driver.
+enum Message {
+    Event(Event),
+    Done {
+        worker: usize,
+        index: usize,
+        step: usize,
+        probed: Box<Probed>,
+    },
+}
+
+/// A probe handed to a worker.
+struct Job {
+    index: usize,
+    oid: Oid,
+    ctx: ProbeContext,
+    target: Signature,
+}
+
+/// How often the driver looks at Ctrl-C while every worker is busy.
+const POLL: Duration = Duration::from_millis(50);
+
 struct Driver<'p, 'r> {
-    prober: &'p mut dyn Probe,
     reporter: &'r mut dyn Reporter,
     policy: &'p MatchPolicy,
     probes: Vec<ProbeRecord>,
     other_bugs: Vec<OtherBug>,
+    /// Probe numbers handed out so far (probes in flight included).
+    steps: usize,
+    /// Workers there are: progress names the worker of every probe when there are several.
+    workers: usize,
 }
 
 impl Driver<'_, '_> {
-    fn context(&self, role: ProbeRole, search: &Bisector) -> ProbeContext {
+    fn context(&mut self, role: ProbeRole, search: &Bisector, worker: usize) -> ProbeContext {
+        self.steps += 1;
         ProbeContext {
-            step: self.probes.len() + 1,
+            step: self.steps,
             role,
             remaining: search.remaining(),
             estimated_steps: search.estimated_steps(),
+            worker: (self.workers > 1).then_some(worker + 1),
         }
     }
 
-    /// Probes one commit; `None` when the probe was interrupted. A probe that fails like the target but
-    /// cannot be told apart from it by its own output is rerun under compute-sanitizer (once) when one is
-    /// at hand, and a fault in another kernel is then a skip, recorded as another bug.
+    /// Probes one commit on the first worker; `None` when the probe was interrupted.
     fn probe(
         &mut self,
+        prober: &mut dyn Probe,
         oid: Oid,
         role: ProbeRole,
         search: &Bisector,
         target: Option<&Signature>,
     ) -> Option<ProbeRecord> {
-        let ctx = self.context(role, search);
-        let out = self.prober.probe(oid, &ctx, target, self.reporter);
-        let mut record = out.record;
-        if let Some(t) = target.filter(|_| record.verdict == Verdict::Bad && !out.interrupted) {
-            if self.policy.compare(t, &record.signature, "") == Sameness::Unconfirmed {
-                self.settle(oid, &ctx, t, &mut record);
-            }
-        }
-        self.reporter.event(&Event::ProbeFinished {
-            step: ctx.step,
-            record: Box::new(record.clone()),
-        });
-        self.probes.push(record.clone());
-        (!out.interrupted).then_some(record)
+        let ctx = self.context(role, search, 0);
+        let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
+        let interrupted = probed.interrupted;
+        let record = self.finish(ctx.step, probed);
+        (!interrupted).then_some(record)
     }
 
-    /// Asks the sanitizer which kernel a probe faulted in and turns a different one into a skip.
-    fn settle(
-        &mut self,
-        oid: Oid,
-        ctx: &ProbeContext,
-        target: &Signature,
-        record: &mut ProbeRecord,
-    ) {
-        let Some(s) = self.prober.sanitize(oid, ctx, self.reporter) else {
-            return;
-        };
-        record.duration_s += s.duration_s;
-        record.sanitizer = Some(s.summary.clone());
-        let (Some(kernel), Some(want)) = (
-            s.finding.as_ref().and_then(|f| f.kernel.clone()),
-            target.kernel.as_deref(),
-        ) else {
-            return;
-        };
-        if kernel == want {
-            record.signature.kernel = Some(kernel);
-            return;
-        }
-        let reason = format!(
-            "a different bug: this commit's fault is in {kernel}, the bad endpoint's in {want}"
-        );
-        record.signature.kernel = Some(kernel);
-        record.verdict = Verdict::Skip;
-        record.matched_target = false;
-        record.reason = Some(reason.clone());
-        self.other_bugs.push(OtherBug {
-            commit: oid.to_string(),
-            signature: record.signature.clone(),
-            reason,
+    /// Reports and keeps a finished probe.
+    fn finish(&mut self, step: usize, probed: Probed) -> ProbeRecord {
+        self.other_bugs.extend(probed.other_bug);
+        self.reporter.event(&Event::ProbeFinished {
+            step,
+            record: Box::new(probed.record.clone()),
         });
+        self.probes.push(probed.record.clone());
+        probed.record
     }
 
     /// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does
     /// not name one, and records that run as an endpoint check.
-    fn learn_kernel(&mut self, oid: Oid, search: &Bisector, target: &mut Signature) {
+    fn learn_kernel(
+        &mut self,
+        prober: &mut dyn Probe,
+        oid: Oid,
+        search: &Bisector,
+        target: &mut Signature,
+    ) {
         if target.kernel.is_some() {
             return;
         }
-        let ctx = self.context(ProbeRole::EndpointSanitizer, search);
-        let Some(s) = self.prober.sanitize(oid, &ctx, self.reporter) else {
+        let ctx = self.context(ProbeRole::EndpointSanitizer, search, 0);
+        let Some(s) = prober.sanitize(oid, &ctx, self.reporter) else {
+            // No sanitizer run, no probe: its number goes to the next one.
+            self.steps -= 1;
             return;
         };
         let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
@@ -199,24 +292,50 @@ impl Driver<'_, '_> {
     }
 }
 
-/// Runs the whole search.
+/// Runs the whole search with one prober, one probe at a time.
 pub fn search(
     input: &SearchInput,
     prober: &mut dyn Probe,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> SearchOutcome {
+    let mut workers = [Worker {
+        probe: prober,
+        stop: cancel,
+    }];
+    search_with_workers(input, &mut workers, reporter, cancel)
+}
+
+/// Runs the whole search. The endpoints are probed by the first worker; the bisection then keeps every
+/// worker busy (one worker: one probe at a time, as `git bisect` does).
+pub fn search_with_workers(
+    input: &SearchInput,
+    workers: &mut [Worker],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
     let mut bisector = Bisector::new(&parents);
+    let count = workers.len();
     let mut d = Driver {
-        prober,
         reporter,
         policy: input.policy,
         probes: Vec::new(),
         other_bugs: Vec::new(),
+        steps: 0,
+        workers: count,
     };
     // The bad endpoint first: what it shows is the target.
-    let Some(bad) = d.probe(input.bad.1, ProbeRole::BadEndpoint, &bisector, None) else {
+    let Some(first) = workers.first_mut() else {
+        return d.end(SearchEnd::HostFailure("no probe worker".into()), None);
+    };
+    let Some(bad) = d.probe(
+        first.probe,
+        input.bad.1,
+        ProbeRole::BadEndpoint,
+        &bisector,
+        None,
+    ) else {
         return d.end(SearchEnd::Interrupted, None);
     };
     if is_host_problem(bad.signature.class) {
@@ -234,7 +353,7 @@ pub fn search(
         return d.end(SearchEnd::EndpointsInvalid(msg), None);
     }
     let mut target = bad.signature.clone();
-    d.learn_kernel(input.bad.1, &bisector, &mut target);
+    d.learn_kernel(first.probe, input.bad.1, &bisector, &mut target);
     if cancel.load(Ordering::SeqCst) {
         return d.end(SearchEnd::Interrupted, Some(target));
     }
@@ -250,7 +369,7 @@ pub fn search(
         if cancel.load(Ordering::SeqCst) {
             return d.end(SearchEnd::Interrupted, Some(target));
         }
-        let Some(rec) = d.probe(oid, role, &bisector, Some(&target)) else {
+        let Some(rec) = d.probe(first.probe, oid, role, &bisector, Some(&target)) else {
             return d.end(SearchEnd::Interrupted, Some(target));
         };
         if is_host_problem(rec.signature.class) {
@@ -285,6 +404,10 @@ pub fn search(
             }
         }
     }
+    if count > 1 {
+        let end = parallel(&mut d, &mut bisector, input, &target, workers, cancel);
+        return d.end(end, Some(target));
+    }
     loop {
         if cancel.load(Ordering::SeqCst) {
             return d.end(SearchEnd::Interrupted, Some(target));
@@ -292,27 +415,27 @@ pub fn search(
         match bisector.next_step() {
             NextStep::Evaluate(i) => {
                 let oid = input.range[i].oid;
-                let Some(rec) = d.probe(oid, ProbeRole::Search, &bisector, Some(&target)) else {
+                let Some(rec) = d.probe(
+                    first.probe,
+                    oid,
+                    ProbeRole::Search,
+                    &bisector,
+                    Some(&target),
+                ) else {
                     return d.end(SearchEnd::Interrupted, Some(target));
                 };
                 // Infrastructure failures were retried inside the probe: what is left says the machine
                 // is broken, and so would every probe after it. A missing object is the clone's, not the
                 // host's: that commit alone is skipped.
-                if matches!(
-                    rec.signature.class,
-                    FaultClass::Infra | FaultClass::ExecFailure
-                ) {
-                    let msg = format!(
-                        "stopped: the host failed at {}: {}",
-                        &rec.commit[..12.min(rec.commit.len())],
-                        rec.signature.summary
-                    );
+                if let Some(msg) = host_failure(&rec) {
                     return d.end(SearchEnd::HostFailure(msg), Some(target));
                 }
                 bisector.mark(i, rec.verdict);
             }
             // One probe at a time is in flight, and it was just marked: the machine always has a step.
-            NextStep::Wait => return d.end(SearchEnd::Interrupted, Some(target)),
+            NextStep::Wait | NextStep::EvaluateMany(_) => {
+                return d.end(SearchEnd::Interrupted, Some(target))
+            }
             NextStep::Done(SearchResult::Found(i)) => {
                 return d.end(SearchEnd::Found(input.range[i].oid), Some(target))
             }
@@ -322,4 +445,175 @@ pub fn search(
             }
         }
     }
+}
+
+/// A probe whose class says the host is broken (infrastructure failures outlasted their retries, the repro
+/// cannot start): every probe after it would fail the same way. A missing object is the clone's, not the
+/// host's: that commit alone is skipped.
+fn host_failure(rec: &ProbeRecord) -> Option<String> {
+    matches!(
+        rec.signature.class,
+        FaultClass::Infra | FaultClass::ExecFailure
+    )
+    .then(|| {
+        format!(
+            "stopped: the host failed at {}: {}",
+            &rec.commit[..12.min(rec.commit.len())],
+            rec.signature.summary
+        )
+    })
+}
+
+/// How a search ended by the state machine.
+fn done(input: &SearchInput, result: SearchResult) -> SearchEnd {
+    match result {
+        SearchResult::Found(i) => SearchEnd::Found(input.range[i].oid),
+        SearchResult::Ambiguous(ix) => {
+            SearchEnd::Ambiguous(ix.iter().map(|&i| input.range[i].oid).collect())
+        }
+    }
+}
+
+/// The bisection with several workers, each on a thread of its own running probes the driver hands it.
+/// Idle workers get the commits that, with those in flight, split the candidates most evenly; an answer is
+/// used the moment it lands, and a probe in flight whose commit is no longer a candidate is stopped (its
+/// answer carries no news). When the search ends (found, Ctrl-C, a broken host), every probe still in
+/// flight is stopped, and the driver waits for each worker to come back before it returns.
+fn parallel(
+    d: &mut Driver,
+    bisector: &mut Bisector,
+    input: &SearchInput,
+    target: &Signature,
+    workers: &mut [Worker],
+    cancel: &AtomicBool,
+) -> SearchEnd {
+    let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
+    let policy = d.policy;
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Message>();
+        let mut jobs: Vec<mpsc::Sender<Job>> = Vec::new();
+        for (w, worker) in workers.iter_mut().enumerate() {
+            let (job_tx, job_rx) = mpsc::channel::<Job>();
+            jobs.push(job_tx);
+            let tx = tx.clone();
+            let prober = &mut *worker.probe;
+            scope.spawn(move || {
+                let mut reporter = ChannelReporter { tx: tx.clone() };
+                for job in job_rx {
+                    let probed = probe_commit(
+                        prober,
+                        policy,
+                        job.oid,
+                        &job.ctx,
+                        Some(&job.target),
+                        &mut reporter,
+                    );
+                    let done = Message::Done {
+                        worker: w,
+                        index: job.index,
+                        step: job.ctx.step,
+                        probed: Box::new(probed),
+                    };
+                    if tx.send(done).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // Idle workers, the first on top; and which commit each busy one is probing.
+        let mut idle: Vec<usize> = (0..stops.len()).rev().collect();
+        let mut busy: HashMap<usize, usize> = HashMap::new();
+        let mut end: Option<SearchEnd> = None;
+        loop {
+            if end.is_none() && cancel.load(Ordering::SeqCst) {
+                end = Some(SearchEnd::Interrupted);
+            }
+            if end.is_some() {
+                for &w in busy.keys() {
+                    stops[w].store(true, Ordering::SeqCst);
+                }
+                if busy.is_empty() {
+                    break;
+                }
+            } else if !idle.is_empty() {
+                let picks = match bisector.propose(idle.len()) {
+                    NextStep::Evaluate(i) => vec![i],
+                    NextStep::EvaluateMany(v) => v,
+                    NextStep::Wait => Vec::new(),
+                    NextStep::Done(result) => {
+                        end = Some(done(input, result));
+                        continue;
+                    }
+                };
+                for i in picks {
+                    let Some(w) = idle.pop() else {
+                        bisector.abandon(i);
+                        continue;
+                    };
+                    let ctx = d.context(ProbeRole::Search, bisector, w);
+                    stops[w].store(false, Ordering::SeqCst);
+                    let job = Job {
+                        index: i,
+                        oid: input.range[i].oid,
+                        ctx,
+                        target: target.clone(),
+                    };
+                    if jobs[w].send(job).is_ok() {
+                        busy.insert(w, i);
+                    } else {
+                        bisector.abandon(i);
+                    }
+                }
+            }
+            let message = match rx.recv_timeout(POLL) {
+                Ok(m) => m,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
+            let (worker, index, step, probed) = match message {
+                Message::Event(e) => {
+                    d.reporter.event(&e);
+                    continue;
+                }
+                Message::Done {
+                    worker,
+                    index,
+                    step,
+                    probed,
+                } => (worker, index, step, probed),
+            };
+            busy.remove(&worker);
+            idle.push(worker);
+            let stopped_by_us = probed.interrupted && !cancel.load(Ordering::SeqCst);
+            if stopped_by_us || (probed.interrupted && end.is_some()) {
+                // Abandoned: its answer no longer mattered. Nothing is recorded or learned.
+                bisector.abandon(index);
+                d.reporter.event(&Event::Note {
+                    message: format!(
+                        "step {step}: stopped the probe of {} (worker {}): its answer no longer matters",
+                        &probed.record.commit[..12.min(probed.record.commit.len())],
+                        worker + 1
+                    ),
+                });
+                continue;
+            }
+            let record = d.finish(step, *probed);
+            if end.is_some() {
+                continue;
+            }
+            if let Some(msg) = host_failure(&record) {
+                end = Some(SearchEnd::HostFailure(msg));
+                continue;
+            }
+            bisector.mark(index, record.verdict);
+            for (&w, &i) in &busy {
+                if !bisector.is_candidate(i) {
+                    stops[w].store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        drop(jobs);
+        end.unwrap_or(SearchEnd::Interrupted)
+    })
 }

@@ -60,6 +60,7 @@ pub fn shrink_job(
         config: &config,
         log_dir: log_dir.clone(),
         cancel,
+        slot: None,
     });
     let result = (|| -> Result<ShrinkReport, RunError> {
         let (cwd, commit) = match (&prober, oid) {

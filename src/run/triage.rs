@@ -129,6 +129,7 @@ pub fn run_tools(
                 commit,
                 phase: ChildPhase::Triage,
                 attempt: 1,
+                slot: None,
             },
         );
         let run = match process::run(&spec, cancel) {

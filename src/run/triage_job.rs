@@ -89,6 +89,7 @@ pub fn triage_job(
                 config: &config,
                 log_dir: out_dir.clone(),
                 cancel,
+                slot: None,
             };
             let result = prober.prepare(oid, "triage").map(|()| {
                 triage::run(
