@@ -75,7 +75,7 @@ fn one(shape: &str, n: usize) {
                 search.mark(c, if bad[c] { Verdict::Bad } else { Verdict::Good });
             }
             NextStep::Done(r) => break r,
-            NextStep::Wait => unreachable!("sequential"),
+            NextStep::Wait | NextStep::EvaluateMany(_) => unreachable!("sequential"),
         }
     };
     let total = t.elapsed();

@@ -239,3 +239,85 @@ proptest! {
         }
     }
 }
+
+/// Parallel workers: drives `propose` with `k` workers; `order` decides which probe in flight lands next
+/// (any order: the answers come back as they come). Returns the result and the number of rounds when
+/// `lockstep` (every probe of a round lands before the next round is proposed).
+fn drive_parallel(
+    parents: &[Vec<usize>],
+    k: usize,
+    bad: &[bool],
+    order: &[prop::sample::Index],
+    lockstep: bool,
+) -> (SearchResult, usize, usize) {
+    let mut search = Bisector::new(parents);
+    let mut flying: Vec<usize> = Vec::new();
+    let (mut rounds, mut probes, mut turn) = (0, 0, 0);
+    loop {
+        if flying.len() < k && (!lockstep || flying.is_empty()) {
+            match search.propose(k - flying.len()) {
+                NextStep::Evaluate(c) => {
+                    assert!(!flying.contains(&c), "proposed {c} twice");
+                    flying.push(c);
+                    rounds += 1;
+                }
+                NextStep::EvaluateMany(cs) => {
+                    assert!(
+                        cs.len() <= k - flying.len(),
+                        "more probes than idle workers"
+                    );
+                    for c in cs {
+                        assert!(!flying.contains(&c), "proposed {c} twice");
+                        flying.push(c);
+                    }
+                    rounds += 1;
+                }
+                NextStep::Done(r) => return (r, rounds, probes),
+                NextStep::Wait => assert!(!flying.is_empty(), "waits with nothing in flight"),
+            }
+        }
+        let land = if lockstep {
+            std::mem::take(&mut flying)
+        } else {
+            let i = order[turn % order.len()].index(flying.len());
+            turn += 1;
+            vec![flying.remove(i)]
+        };
+        for c in land {
+            probes += 1;
+            search.mark(c, if bad[c] { Verdict::Bad } else { Verdict::Good });
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn parallel_workers_find_the_culprit_whatever_order_answers_land_in(
+        parents in (2usize..50).prop_flat_map(dag),
+        pick in any::<prop::sample::Index>(),
+        k in 1usize..=8,
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 1..20),
+    ) {
+        let culprit = pick.index(parents.len());
+        let tip = parents.len() - 1;
+        let bad: Vec<bool> = (0..parents.len()).map(|c| ancestors(&parents, c)[culprit]).collect();
+        prop_assert!(bad[tip]);
+        let (result, _, _) = drive_parallel(&parents, k, &bad, &order, false);
+        prop_assert_eq!(result, SearchResult::Found(culprit));
+    }
+
+    #[test]
+    fn parallel_rounds_on_a_line_stay_within_log_base_k_plus_one(
+        n in 2usize..3000,
+        pick in any::<prop::sample::Index>(),
+        k in 1usize..=8,
+    ) {
+        let parents: Vec<Vec<usize>> = (0..n).map(|i| if i == 0 { vec![] } else { vec![i - 1] }).collect();
+        let culprit = pick.index(n);
+        let bad: Vec<bool> = (0..n).map(|c| c >= culprit).collect();
+        let (result, rounds, _) = drive_parallel(&parents, k, &bad, &[], true);
+        prop_assert_eq!(result, SearchResult::Found(culprit));
+        let bound = ((n as f64).ln() / ((k + 1) as f64).ln()).ceil() as usize + 1;
+        prop_assert!(rounds <= bound, "{} rounds for n={} k={} (bound {})", rounds, n, k, bound);
+    }
+}

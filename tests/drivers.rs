@@ -15,7 +15,7 @@ use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
 use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
-use cudabisect::run::search::{search, SearchEnd, SearchInput};
+use cudabisect::run::search::{search, search_with_workers, SearchEnd, SearchInput, Worker};
 use cudabisect::run::shrink::{shrink, ShrinkSettings};
 use cudabisect::run::verdict::verdict;
 use git2::Oid;
@@ -56,6 +56,10 @@ struct Scripted {
     interrupt_at: Option<usize>,
     cancel: &'static AtomicBool,
     asked: Vec<(usize, ProbeRole)>,
+    /// A probe of a commit below this one runs until the driver stops it through `stop`.
+    hang_below: Option<(usize, &'static AtomicBool)>,
+    /// The worker each probe's context named.
+    workers: Vec<Option<usize>>,
 }
 
 impl Probe for Scripted {
@@ -68,6 +72,39 @@ impl Probe for Scripted {
     ) -> ProbeOutcome {
         let i = index(commit);
         self.asked.push((i, ctx.role));
+        self.workers.push(ctx.worker);
+        if let Some((below, stop)) = self.hang_below.filter(|(b, _)| i < *b && i > 0) {
+            // Runs until stopped, as a long repro does; bounded, so a driver that never stops it fails.
+            let started = std::time::Instant::now();
+            while !stop.load(Ordering::SeqCst) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "probe of {i} (< {below}) never stopped"
+                );
+                std::thread::yield_now();
+            }
+            let mut record = ProbeRecord {
+                commit: commit.to_string(),
+                role: ctx.role,
+                verdict: Verdict::Skip,
+                signature: Signature::new(FaultClass::Hang, "stopped by the driver"),
+                matched_target: false,
+                reason: None,
+                exit_code: None,
+                signal: None,
+                duration_s: 0.0,
+                build_log: None,
+                log: None,
+                sanitizer: None,
+                attempts: 1,
+                reused: false,
+            };
+            record.reason = Some("stopped".into());
+            return ProbeOutcome {
+                record,
+                interrupted: true,
+            };
+        }
         let interrupted = self.interrupt_at == Some(i);
         if interrupted {
             self.cancel.store(true, Ordering::SeqCst);
@@ -173,6 +210,8 @@ fn run_search_with(
         interrupt_at,
         cancel,
         asked: vec![],
+        hang_below: None,
+        workers: vec![],
     };
     let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
     Run {
@@ -987,4 +1026,113 @@ fn a_descent_that_does_not_reproduce_leaves_the_fault_at_the_module_kept_whole()
         graph.starts_with("fx; kept whole: blk; the descent to blk__emb did not reproduce"),
         "{graph}"
     );
+}
+
+fn scripted(
+    cancel: &'static AtomicBool,
+    hang_below: Option<(usize, &'static AtomicBool)>,
+) -> Scripted {
+    Scripted {
+        shows: Box::new(|i| if i >= 11 { fault("gather") } else { clean() }),
+        kernels: None,
+        sanitized: vec![],
+        interrupt_at: None,
+        cancel,
+        asked: vec![],
+        hang_below,
+        workers: vec![],
+    }
+}
+
+#[test]
+fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_is_stopped() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let stops: Vec<&'static AtomicBool> = (0..3)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect();
+    let range = linear(16);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+    };
+    // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
+    // those answers carry no news.
+    let mut probers: Vec<Scripted> = stops
+        .iter()
+        .map(|&stop| scripted(cancel, Some((8, stop))))
+        .collect();
+    let mut events = Events::default();
+    let outcome = {
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        search_with_workers(&input, &mut workers, &mut events, cancel)
+    };
+    assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
+    // The endpoints on the first worker, the search spread over all three, each probe naming its worker.
+    assert_eq!(probers[0].asked[0], (16, ProbeRole::BadEndpoint));
+    for (w, p) in probers.iter().enumerate() {
+        assert!(
+            p.asked.iter().any(|(_, r)| *r == ProbeRole::Search),
+            "worker {} got no search probe: {:?}",
+            w + 1,
+            p.asked
+        );
+        assert!(
+            p.workers.iter().all(|x| *x == Some(w + 1)),
+            "{:?}",
+            p.workers
+        );
+    }
+    // The first round splits the 15 candidates into four: three distinct commits at once.
+    let first_round: Vec<usize> = probers
+        .iter()
+        .filter_map(|p| {
+            p.asked
+                .iter()
+                .find(|(_, r)| *r == ProbeRole::Search)
+                .map(|(i, _)| *i)
+        })
+        .collect();
+    let mut distinct = first_round.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{first_round:?}");
+    // A stopped probe is neither recorded nor learned from, and the run says so.
+    let stopped: Vec<&String> = events
+        .0
+        .iter()
+        .filter_map(|e| match e {
+            Event::Note { message } if message.contains("its answer no longer matters") => {
+                Some(message)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!stopped.is_empty(), "no probe was stopped");
+    assert!(outcome
+        .probes
+        .iter()
+        .all(|r| r.signature.summary != "stopped by the driver"));
+    // Every probe's number is distinct.
+    let mut steps: Vec<usize> = events
+        .0
+        .iter()
+        .filter_map(|e| match e {
+            Event::ProbeFinished { step, .. } => Some(*step),
+            _ => None,
+        })
+        .collect();
+    let n = steps.len();
+    steps.sort_unstable();
+    steps.dedup();
+    assert_eq!(steps.len(), n);
 }

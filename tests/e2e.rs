@@ -13,6 +13,9 @@ use serde_json::Value;
 
 const REPRO: &str = r#"#!/bin/sh
 mode=$(cat mode.txt)
+if [ -n "$PROBE_LOG" ]; then
+  echo "$CUDABISECT_COMMIT ${CUDABISECT_WORKER:-none} ${CUDA_VISIBLE_DEVICES:-none} $CUDABISECT_WORKTREE" >> "$PROBE_LOG"
+fi
 show() { grep -v '^exit=' "$FIXTURES/$1"; }
 case "$mode" in
   clean) echo "step ok"; exit 0 ;;
@@ -24,6 +27,9 @@ case "$mode" in
   abort) kill -ABRT $$ ;;
   hang) sleep 60 & sleep 60; wait ;;
   hang-long) sleep 61 & echo $! > "$PID_DIR/bg.pid"; echo $$ > "$PID_DIR/main.pid"; sleep 61; wait ;;
+  hang-worker)
+    sleep 61 & echo $! > "$PID_DIR/bg.$CUDABISECT_COMMIT.pid"
+    echo $$ > "$PID_DIR/main.$CUDABISECT_COMMIT.pid"; sleep 61; wait ;;
   infra-then-fault)
     if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
     show native_oob_sync.log; exit 42 ;;
@@ -1845,4 +1851,189 @@ fn a_run_killed_while_writing_its_bundle_keeps_the_result_and_resumes() {
         .all(|p| p["reused"] == true));
     let bundle = report["bundle"].as_str().expect("a bundle this time");
     assert!(Path::new(bundle).join("REPORT.md").is_file());
+}
+
+/// A config file beside the repository: the committed one plus `extra`, with `env` entries added.
+fn config_file(repo: &TestRepo, name: &str, env: &[(&str, &Path)], extra: &str) -> PathBuf {
+    let dir = repo.path.parent().unwrap();
+    let vars: String = env
+        .iter()
+        .map(|(k, v)| format!("{k} = \"{}\", ", v.display()))
+        .collect();
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        config(extra).replace("env = {", &format!("env = {{ {vars}")),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn parallel_probes_run_in_worktrees_of_their_own_pinned_to_their_devices() {
+    let repo = faulting_from(24, 15);
+    let before = snapshot(&repo.path);
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let log = dir.join("probes.log");
+    // `[search] jobs = 1` in the file; `--jobs 3` on the command line wins.
+    let config_path = config_file(
+        &repo,
+        "parallel.toml",
+        &[("PROBE_LOG", &log)],
+        "\n[search]\njobs = 1\ndevices = [\"7\", \"8\", \"9\"]\n",
+    );
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+            "--jobs",
+            "3",
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[15].to_string());
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let mut by_worker: std::collections::BTreeMap<
+        String,
+        std::collections::BTreeSet<(String, String)>,
+    > = Default::default();
+    for line in lines.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        by_worker
+            .entry(f[1].to_string())
+            .or_default()
+            .insert((f[2].to_string(), f[3].to_string()));
+    }
+    assert_eq!(
+        by_worker.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["1", "2", "3"],
+        "{lines}"
+    );
+    let mut worktrees = std::collections::BTreeSet::new();
+    for (worker, seen) in &by_worker {
+        // One device and one worktree per worker, every probe.
+        assert_eq!(seen.len(), 1, "worker {worker}: {seen:?}");
+        let (device, worktree) = seen.iter().next().unwrap();
+        let want = (6 + worker.parse::<usize>().unwrap()).to_string();
+        assert_eq!(device, &want, "worker {worker}");
+        worktrees.insert(worktree.clone());
+    }
+    assert_eq!(worktrees.len(), 3, "{worktrees:?}");
+    // Fewer rounds than the serial search needs probes: 24 commits take 5 probes one at a time.
+    let human = run.stderr.clone();
+    assert!(human.contains("[w2]") && human.contains("[w3]"), "{human}");
+    assert_eq!(before, snapshot(&repo.path), "the checkout changed");
+    let r = git2::Repository::open(&repo.path).unwrap();
+    assert!(
+        r.worktrees().unwrap().is_empty(),
+        "worktrees left registered"
+    );
+}
+
+#[test]
+fn more_probes_than_devices_is_bad_input_that_writes_nothing() {
+    let repo = faulting_from(6, 3);
+    let before = snapshot(&repo.path);
+    let config_path = config_file(
+        &repo,
+        "two.toml",
+        &[],
+        "\n[search]\ndevices = [0, 1]\ngpus-per-probe = 2\n",
+    );
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+            "--jobs",
+            "2",
+        ],
+    );
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(
+        run.stderr.trim(),
+        "error: 2 probes at once with 2 GPUs each need 4 GPUs, and 2 are available (0,1)"
+    );
+    assert_eq!(before, snapshot(&repo.path));
+    assert!(!repo.path.join(".git/cudabisect").exists());
+}
+
+#[test]
+fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
+    // The endpoints answer; every commit in between hangs, so all three workers are busy when Ctrl-C comes.
+    let repo = linear(&modes(12, |i| match i {
+        0 => ("clean", true),
+        11 => ("fault", true),
+        _ => ("hang-worker", true),
+    }));
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let pids = dir.join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let config_path = config_file(
+        &repo,
+        "hang.toml",
+        &[("PID_DIR", &pids)],
+        "\n[search]\njobs = 3\n",
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", repo.commits[0]), "--config"])
+        .arg(&config_path)
+        .arg("-C")
+        .arg(&repo.path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_files = |prefix: &str| -> Vec<i32> {
+        std::fs::read_dir(&pids)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                    .filter_map(|t| t.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pid_files("main.").len() < 3 || pid_files("bg.").len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three workers never ran at once"
+        );
+        std::thread::yield_now();
+    }
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for pid in pid_files("main.").into_iter().chain(pid_files("bg.")) {
+        assert!(!alive(pid), "a repro process ({pid}) of a worker survived");
+    }
+    let r = git2::Repository::open(&repo.path).unwrap();
+    assert!(
+        r.worktrees().unwrap().is_empty(),
+        "worktrees left registered"
+    );
+    // The journal holds whole lines, and only probes that finished: the two endpoints.
+    let journal = std::fs::read_to_string(repo.path.join(".git/cudabisect/journal.jsonl")).unwrap();
+    let commits: Vec<String> = journal
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("a whole JSON line")["commit"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let endpoints = [repo.commits[11].to_string(), repo.commits[0].to_string()];
+    assert!(commits.iter().all(|c| endpoints.contains(c)), "{journal}");
 }
