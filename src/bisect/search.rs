@@ -30,6 +30,9 @@ pub enum SearchResult {
     Ambiguous(Vec<usize>),
 }
 
+/// Cells up to this many candidates get exact ancestor counts when probes are proposed several at once.
+const EXACT_CELL: usize = 20_000;
+
 /// What the caller should do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NextStep {
@@ -279,18 +282,26 @@ impl Bisector {
             }
             let mut eligible = members.clone();
             eligible.intersect_with(&open);
-            // Ancestor counts within the cell: the cell is the candidate set of its own sub-search.
+            // Ancestor counts within the cell: the cell is the candidate set of its own sub-search. Exact
+            // (a walk per merge) while the cell is small enough for that to be cheap; in a larger cell
+            // only the bounds that propagate along parents (exact on a line; a merge's count is taken as
+            // the middle of its bounds), so a proposal never costs a walk per merge of a huge history.
             let saved = std::mem::replace(&mut self.candidates, members.clone());
-            let counts = self.counts(&eligible, false);
+            let counts = if *size <= EXACT_CELL {
+                self.counts(&eligible, false)
+            } else {
+                self.counts(&BitSet::new(n), true)
+            };
             self.candidates = saved;
+            let estimate = |c: usize| (f64::from(counts[c].low) + f64::from(counts[c].high)) / 2.0;
             for q in 1..=a {
                 let target = (q * size) as f64 / (a + 1) as f64;
                 let pick = eligible
                     .iter()
                     .filter(|c| !picks.contains(c))
                     .min_by(|&x, &y| {
-                        let dx = (f64::from(counts[x].low) - target).abs();
-                        let dy = (f64::from(counts[y].low) - target).abs();
+                        let dx = (estimate(x) - target).abs();
+                        let dy = (estimate(y) - target).abs();
                         dx.total_cmp(&dy).then(x.cmp(&y))
                     });
                 if let Some(c) = pick {
