@@ -321,3 +321,144 @@ proptest! {
         prop_assert!(rounds <= bound, "{} rounds for n={} k={} (bound {})", rounds, n, k, bound);
     }
 }
+
+// ---- the Bayesian search for flaky faults ----------------------------------------------------------
+
+use cudabisect::bisect::{BayesSearch, BayesStep};
+
+/// The posterior by brute force: every culprit's likelihood under `p`, normalised.
+fn brute_posterior(parents: &[Vec<usize>], runs: &[(usize, bool)], p: f64) -> Vec<f64> {
+    let n = parents.len();
+    let tip = ancestors(parents, n - 1);
+    let mut w: Vec<f64> = (0..n)
+        .map(|x| {
+            if !tip[x] {
+                return 0.0;
+            }
+            runs.iter().fold(1.0, |acc, &(c, fault)| {
+                let holds = ancestors(parents, c)[x];
+                acc * match (holds, fault) {
+                    (true, true) => p,
+                    (true, false) => 1.0 - p,
+                    (false, true) => 0.0,
+                    (false, false) => 1.0,
+                }
+            })
+        })
+        .collect();
+    let total: f64 = w.iter().sum();
+    w.iter_mut().for_each(|v| *v /= total);
+    w
+}
+
+/// A seeded generator for flaky oracles (xorshift64*).
+struct Rng(u64);
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_posterior_matches_brute_force(
+        parents in (2usize..9).prop_flat_map(dag),
+        pick in any::<prop::sample::Index>(),
+        runs in proptest::collection::vec((any::<prop::sample::Index>(), any::<bool>()), 0..12),
+        p in 0.05f64..0.95,
+    ) {
+        let n = parents.len();
+        let culprit = pick.index(n);
+        let mut s = BayesSearch::new(&parents, Some(p), 0.99, 1000);
+        // Runs consistent with the culprit: a commit without the bug never faults.
+        let runs: Vec<(usize, bool)> = runs
+            .iter()
+            .map(|(c, f)| {
+                let c = c.index(n);
+                (c, *f && ancestors(&parents, c)[culprit])
+            })
+            .collect();
+        for &(c, f) in &runs {
+            s.record(c, f);
+        }
+        let (_, post) = s.estimate();
+        let want = brute_posterior(&parents, &runs, p);
+        for x in 0..n {
+            prop_assert!((post[x] - want[x]).abs() < 1e-9, "x={} {:?} vs {:?}", x, post, want);
+        }
+    }
+
+    #[test]
+    fn the_search_never_stops_below_the_confidence_asked(
+        n in 2usize..200,
+        pick in any::<prop::sample::Index>(),
+        p in 0.2f64..1.0,
+        seed in 1u64..u64::MAX,
+        confidence in 0.8f64..0.999,
+    ) {
+        let parents: Vec<Vec<usize>> = (0..n).map(|i| if i == 0 { vec![] } else { vec![i - 1] }).collect();
+        let culprit = pick.index(n);
+        let mut rng = Rng(seed);
+        let mut s = BayesSearch::new(&parents, None, confidence, 400);
+        for _ in 0..8 {
+            let f = rng.unit() < p;
+            s.record(n - 1, f);
+        }
+        loop {
+            match s.next_step() {
+                BayesStep::Run(c) => {
+                    let f = c >= culprit && rng.unit() < p;
+                    s.record(c, f);
+                }
+                BayesStep::Done(r) => {
+                    if r.reached {
+                        prop_assert!(r.confidence >= confidence, "{:?}", r);
+                    } else {
+                        prop_assert!(r.runs >= 400, "gave up early: {:?}", r);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn with_a_fault_that_always_shows_it_is_plain_bisection(
+        n in 1usize..1500,
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let parents: Vec<Vec<usize>> = (0..n).map(|i| if i == 0 { vec![] } else { vec![i - 1] }).collect();
+        let culprit = pick.index(n);
+        let oracle = |c: usize| if c >= culprit { Verdict::Bad } else { Verdict::Good };
+        let mut plain = Bisector::new(&parents);
+        let mut plain_asked = Vec::new();
+        let found = loop {
+            match plain.next_step() {
+                NextStep::Evaluate(c) => {
+                    plain_asked.push(c);
+                    plain.mark(c, oracle(c));
+                }
+                NextStep::Done(r) => break r,
+                _ => unreachable!(),
+            }
+        };
+        let mut bayes = BayesSearch::new(&parents, Some(1.0), 0.999, 10_000);
+        let mut bayes_asked = Vec::new();
+        let result = loop {
+            match bayes.next_step() {
+                BayesStep::Run(c) => {
+                    bayes_asked.push(c);
+                    bayes.record(c, oracle(c) == Verdict::Bad);
+                }
+                BayesStep::Done(r) => break r,
+            }
+        };
+        prop_assert_eq!(found, SearchResult::Found(culprit));
+        prop_assert_eq!(result.culprit, culprit);
+        prop_assert!(result.reached);
+        prop_assert_eq!(bayes_asked, plain_asked);
+    }
+}
