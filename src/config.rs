@@ -153,6 +153,24 @@ pub struct SearchSection {
     /// GPUs each probe needs (a multi-GPU repro); each worker gets that many of its own.
     #[serde(default = "one", rename = "gpus-per-probe")]
     pub gpus_per_probe: u32,
+    /// Runs of the bad end at the start. When any of them is clean, the fault is flaky and the search is
+    /// the Bayesian one. Default 1 (a fault taken to show every time).
+    #[serde(default = "one", rename = "endpoint-runs")]
+    pub endpoint_runs: u32,
+    /// The flaky search stops when its answer is this likely.
+    #[serde(default = "default_confidence")]
+    pub confidence: f64,
+    /// The flaky search's budget of repro runs.
+    #[serde(default = "default_max_runs", rename = "max-runs")]
+    pub max_runs: u32,
+}
+
+fn default_confidence() -> f64 {
+    0.99
+}
+
+fn default_max_runs() -> u32 {
+    300
 }
 
 impl Default for SearchSection {
@@ -162,6 +180,9 @@ impl Default for SearchSection {
             jobs: Jobs::One,
             devices: None,
             gpus_per_probe: 1,
+            endpoint_runs: 1,
+            confidence: default_confidence(),
+            max_runs: default_max_runs(),
         }
     }
 }
@@ -417,6 +438,8 @@ pub struct Config {
     pub match_policy: MatchPolicy,
     /// Parallel probes: `[search] jobs`, `devices`, `gpus-per-probe`.
     pub workers: WorkerSettings,
+    /// Flaky faults: `[search] endpoint-runs`, `confidence`, `max-runs`.
+    pub flaky: FlakySettings,
     /// Triage settings.
     pub triage: TriageSection,
     /// Shrink settings, when a harness is configured.
@@ -425,6 +448,27 @@ pub struct Config {
     pub bundle: BundleSection,
     /// Nightly-job settings.
     pub nightly: NightlySection,
+}
+
+/// `[search]`'s flaky-fault settings, checked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlakySettings {
+    /// Runs of the bad end at the start, at least 1.
+    pub endpoint_runs: u32,
+    /// The confidence the answer must reach, in (0.5, 1).
+    pub confidence: f64,
+    /// The budget of repro runs.
+    pub max_runs: u32,
+}
+
+impl Default for FlakySettings {
+    fn default() -> Self {
+        Self {
+            endpoint_runs: 1,
+            confidence: default_confidence(),
+            max_runs: default_max_runs(),
+        }
+    }
 }
 
 /// `[search]`'s parallel-probe settings, checked.
@@ -538,6 +582,21 @@ impl Config {
                 message: "[repro] attempts must be at least 1".into(),
             });
         }
+        if raw.search.endpoint_runs == 0 || raw.search.max_runs == 0 {
+            return Err(ConfigError::Search {
+                path: path.to_path_buf(),
+                message: "endpoint-runs and max-runs must be at least 1".into(),
+            });
+        }
+        if !(raw.search.confidence > 0.5 && raw.search.confidence < 1.0) {
+            return Err(ConfigError::Search {
+                path: path.to_path_buf(),
+                message: format!(
+                    "confidence must be between 0.5 and 1 (exclusive), not {}",
+                    raw.search.confidence
+                ),
+            });
+        }
         if raw.search.gpus_per_probe == 0 {
             return Err(ConfigError::Search {
                 path: path.to_path_buf(),
@@ -579,6 +638,11 @@ impl Config {
             build: raw.build,
             repro: raw.repro,
             match_policy,
+            flaky: FlakySettings {
+                endpoint_runs: raw.search.endpoint_runs,
+                confidence: raw.search.confidence,
+                max_runs: raw.search.max_runs,
+            },
             workers: WorkerSettings {
                 jobs: raw.search.jobs,
                 devices: raw

@@ -202,6 +202,7 @@ fn run_search_with(
         merge_bases: &bases,
         policy: &policy,
         goods_may_show_other_bugs: false,
+        flaky: Default::default(),
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
@@ -1060,6 +1061,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         merge_bases: &[],
         policy: &policy,
         goods_may_show_other_bugs: false,
+        flaky: Default::default(),
     };
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.

@@ -37,6 +37,13 @@ case "$mode" in
     # The fault shows on the second run of a probe and later ones, never on the first.
     if [ "$CUDABISECT_ATTEMPT" -ge 2 ]; then show native_oob_sync.log; exit 42; fi
     echo "step ok"; exit 0 ;;
+  coin)
+    # Faults on about half the runs, decided by a hash of the commit and its run number: seeded, so a
+    # rerun of the test sees the same runs.
+    n=$(cat "$COIN_DIR/$CUDABISECT_COMMIT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COIN_DIR/$CUDABISECT_COMMIT"
+    h=$(printf '%s-%s' "$CUDABISECT_COMMIT" "$n" | cksum | cut -d' ' -f1)
+    if [ $((h % 2)) -eq 0 ]; then show native_oob_sync.log; exit 42; fi
+    echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
   tri-other|tri-target|tri-same-other|tri-same-target)
     case "$mode" in
@@ -2036,4 +2043,76 @@ fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
         .collect();
     let endpoints = [repo.commits[11].to_string(), repo.commits[0].to_string()];
     assert!(commits.iter().all(|c| endpoints.contains(c)), "{journal}");
+}
+
+#[test]
+fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() {
+    let repo = linear(&modes(40, |i| {
+        if i >= 25 {
+            ("coin", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let coins = dir.join("coins");
+    std::fs::create_dir_all(&coins).unwrap();
+    let config_path = config_file(
+        &repo,
+        "flaky.toml",
+        &[("COIN_DIR", &coins)],
+        "\n[search]\nendpoint-runs = 6\nconfidence = 0.95\nmax-runs = 400\n",
+    );
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[25].to_string());
+    let report = run.report.as_ref().unwrap();
+    let flaky = &report["flaky"];
+    assert!(flaky["reached"].as_bool().unwrap(), "{flaky:#}");
+    assert!(flaky["posterior"].as_f64().unwrap() >= 0.95, "{flaky:#}");
+    let p = flaky["p"].as_f64().unwrap();
+    assert!((0.2..0.8).contains(&p), "estimated p {p}");
+    let runs = flaky["runs"].as_u64().unwrap();
+    assert!(runs < 400, "{runs} runs");
+    let v = &flaky["verification"];
+    assert_eq!(v["parent"], repo.commits[24].to_string());
+    assert!(v["separation"].as_f64().unwrap() >= 0.95, "{v:#}");
+    assert_eq!(v["parent_rate"][0], 0, "the parent never faults: {v:#}");
+    assert!(
+        run.stdout.contains("Flaky: the fault shows on about"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("Verified: the culprit faulted on"),
+        "{}",
+        run.stdout
+    );
+    // The git log of a flaky run marks only the verified answer: its runs contradict each other.
+    let log = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["log", "--format", "git", "-C"])
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("# a flaky fault"), "{log}");
+    let marks: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("git bisect "))
+        .collect();
+    assert_eq!(
+        marks[1..],
+        [
+            format!("git bisect good {}", repo.commits[24]),
+            format!("git bisect bad {}", repo.commits[25])
+        ],
+        "{log}"
+    );
 }

@@ -90,6 +90,7 @@ fn role_name(role: ProbeRole) -> &'static str {
         ProbeRole::MergeBase => "merge base",
         ProbeRole::EndpointSanitizer => "bad endpoint under compute-sanitizer",
         ProbeRole::Search => "probe",
+        ProbeRole::Verify => "verify",
     }
 }
 
@@ -232,6 +233,36 @@ pub fn summary(report: &Report) -> String {
     }
     if let Some(target) = &report.target {
         out.push_str(&format!("Fault: {} — {}\n", target.short(), target.summary));
+    }
+    if let Some(f) = &report.flaky {
+        out.push_str(&format!(
+            "Flaky: the fault shows on about {:.0}% of runs of a bad commit; {} is the first bad commit with probability {:.3} ({} the {} asked, {} runs)\n",
+            f.p * 100.0,
+            &f.culprit[..12.min(f.culprit.len())],
+            f.posterior,
+            if f.reached { "reaching" } else { "short of" },
+            f.confidence,
+            f.runs
+        ));
+        let others: Vec<String> = f
+            .runners_up
+            .iter()
+            .map(|(c, v)| format!("{} {v:.3}", &c[..12.min(c.len())]))
+            .collect();
+        if !others.is_empty() {
+            out.push_str(&format!("Runners-up: {}\n", others.join(", ")));
+        }
+        if let Some(v) = &f.verification {
+            out.push_str(&format!(
+                "Verified: the culprit faulted on {}/{} runs, its parent {} on {}/{} (P(culprit's rate is higher) = {:.3})\n",
+                v.culprit_rate.0,
+                v.culprit_rate.1,
+                &v.parent[..12.min(v.parent.len())],
+                v.parent_rate.0,
+                v.parent_rate.1,
+                v.separation
+            ));
+        }
     }
     // One line per distinct other bug, however many commits showed it.
     let mut seen: Vec<(String, usize, &str)> = Vec::new();

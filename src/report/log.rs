@@ -22,6 +22,31 @@ pub fn git_bisect_log(report: &Report) -> String {
         report.bad,
         quote_all(&report.good)
     );
+    if let Some(f) = &report.flaky {
+        // A flaky fault's runs contradict each other (a bad commit can run clean), so git cannot replay
+        // them: each run is a comment, and only the verified answer is marked.
+        let _ = writeln!(
+            out,
+            "# a flaky fault (about {:.0}% of runs of a bad commit): {} runs, answer with probability {:.3}",
+            f.p * 100.0,
+            f.runs,
+            f.posterior
+        );
+        for p in &report.probes {
+            let _ = writeln!(
+                out,
+                "# run at {}: {:?} ({})",
+                p.commit,
+                p.verdict,
+                p.signature.short().replace('\n', " ")
+            );
+        }
+        if let (Some(v), true) = (&f.verification, f.reached) {
+            let _ = writeln!(out, "git bisect good {}", v.parent);
+            let _ = writeln!(out, "git bisect bad {}", f.culprit);
+        }
+        return out;
+    }
     for p in &report.probes {
         if p.role == ProbeRole::EndpointSanitizer {
             continue;

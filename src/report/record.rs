@@ -25,6 +25,8 @@ pub enum ProbeRole {
     EndpointSanitizer,
     /// A step of the search.
     Search,
+    /// A flaky fault's culprit or its parent, rerun until their reproduction rates separate.
+    Verify,
 }
 
 pub use crate::bisect::Verdict;
@@ -138,8 +140,46 @@ pub struct Report {
     /// Other bugs met on the way: commits that failed with the target's class but elsewhere.
     #[serde(default)]
     pub other_bugs: Vec<OtherBug>,
+    /// The fault showed on only some runs of the bad end: how sure the answer is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flaky: Option<FlakyAnswer>,
     /// True when Ctrl-C or SIGTERM stopped the run (during the search or a stage after it).
     pub interrupted: bool,
+}
+
+/// The answer of the search for a flaky fault, with its confidence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlakyAnswer {
+    /// The estimated probability that a run of a bad commit shows the fault.
+    pub p: f64,
+    /// The most likely first bad commit and its posterior probability.
+    pub culprit: String,
+    /// Its posterior.
+    pub posterior: f64,
+    /// The confidence asked (`[search] confidence`).
+    pub confidence: f64,
+    /// Whether the posterior reached it (else the run budget ran out).
+    pub reached: bool,
+    /// The next most likely commits, with their posteriors.
+    pub runners_up: Vec<(String, f64)>,
+    /// Repro runs the search made (the bad end's included).
+    pub runs: usize,
+    /// The culprit verified against its parent: (faults, runs) at each, and the probability that the
+    /// culprit's rate is the higher.
+    pub verification: Option<Verification>,
+}
+
+/// The culprit and its parent rerun until their reproduction rates separate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    /// The parent commit.
+    pub parent: String,
+    /// Faults and runs at the culprit.
+    pub culprit_rate: (u32, u32),
+    /// Faults and runs at the parent.
+    pub parent_rate: (u32, u32),
+    /// P(culprit's rate > parent's rate).
+    pub separation: f64,
 }
 
 /// How a shrink ended.

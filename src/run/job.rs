@@ -120,6 +120,7 @@ pub fn start(
         merge_bases: &plan.merge_bases,
         policy: &plan.config.match_policy,
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
+        flaky: plan.config.flaky,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
     let journal_path = opts
@@ -198,6 +199,7 @@ pub fn start(
     report.target = outcome.target;
     report.probes = outcome.probes;
     report.other_bugs = outcome.other_bugs;
+    report.flaky = outcome.flaky;
     let first_bad = fill_result(&plan, &outcome.end, &mut report);
     // The result is on disk before anything else can fail.
     save_report(&report, &run_dir, None, reporter);
@@ -412,6 +414,7 @@ fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
         bundle: None,
         notes: plan.notes.clone(),
         other_bugs: Vec::new(),
+        flaky: None,
         interrupted: false,
     }
 }

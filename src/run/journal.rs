@@ -69,10 +69,16 @@ pub fn fingerprint(config_text: &str, environment: &str) -> String {
         .collect()
 }
 
-fn target_key(target: Option<&Signature>) -> String {
-    target
+fn target_key(target: Option<&Signature>, repeat: Option<u32>) -> String {
+    let key = target
         .map(|t| serde_json::to_string(t).unwrap_or_default())
-        .unwrap_or_else(|| "null".into())
+        .unwrap_or_else(|| "null".into());
+    // Repeated runs of one commit (a flaky fault's search) are kept apart, each under its run number;
+    // the first keeps the plain key, so an ordinary probe's entry serves as it.
+    match repeat {
+        Some(n) if n > 0 => format!("{key}#run{n}"),
+        _ => key,
+    }
 }
 
 /// The journal of one state directory.
@@ -180,9 +186,14 @@ impl Journal {
         self.len() == 0
     }
 
-    fn probe(&self, oid: Oid, target: Option<&Signature>) -> Option<ProbeRecord> {
+    fn probe(
+        &self,
+        oid: Oid,
+        target: Option<&Signature>,
+        repeat: Option<u32>,
+    ) -> Option<ProbeRecord> {
         self.probes
-            .get(&(oid.to_string(), target_key(target)))
+            .get(&(oid.to_string(), target_key(target, repeat)))
             .cloned()
     }
 
@@ -226,7 +237,7 @@ impl Probe for JournaledProbe<'_> {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        let reused = self.lock().probe(oid, target);
+        let reused = self.lock().probe(oid, target, ctx.repeat);
         if let Some(mut record) = reused {
             record.reused = true;
             record.role = ctx.role;
@@ -242,7 +253,7 @@ impl Probe for JournaledProbe<'_> {
                 v: VERSION,
                 fingerprint: journal.fingerprint.clone(),
                 commit: oid.to_string(),
-                target: Some(target_key(target)),
+                target: Some(target_key(target, ctx.repeat)),
                 record: Some(out.record.clone()),
                 sanitized: None,
             };
@@ -365,6 +376,7 @@ mod tests {
             remaining: 4,
             estimated_steps: 2,
             worker: None,
+            repeat: None,
         }
     }
 

@@ -116,6 +116,7 @@ pub fn nightly(
             remaining: 1,
             estimated_steps: 1,
             worker: None,
+            repeat: None,
         };
         // Through the journal: a night killed after this probe does not redo it, and the bisection that
         // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).

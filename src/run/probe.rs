@@ -31,6 +31,10 @@ pub struct ProbeContext {
     pub estimated_steps: usize,
     /// The parallel worker running it (from 1); `None` when probes run one at a time.
     pub worker: Option<usize>,
+    /// For a search that runs commits several times (a flaky fault): which run of this commit this is,
+    /// from 0. Such a probe is one run of the repro (`[repro] attempts` does not apply), and the journal
+    /// keeps each run apart. `None`: an ordinary probe.
+    pub repeat: Option<u32>,
 }
 
 /// What one probe produced.
@@ -225,7 +229,10 @@ impl Probe for WorktreeProber<'_> {
                 continue;
             }
             // A clean run of a flaky fault proves little: run again, up to `attempts` clean runs.
-            if sig.class == FaultClass::None && clean_runs + 1 < repro.attempts && !run.interrupted
+            if sig.class == FaultClass::None
+                && ctx.repeat.is_none()
+                && clean_runs + 1 < repro.attempts
+                && !run.interrupted
             {
                 clean_runs += 1;
                 attempt += 1;

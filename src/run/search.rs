@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use git2::Oid;
 
+use crate::bisect::{rates_differ, BayesSearch, BayesStep};
 use crate::bisect::{Bisector, NextStep, SearchResult, Verdict};
 use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
 use crate::git::RangeCommit;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{OtherBug, ProbeRecord, ProbeRole};
+use crate::report::record::{FlakyAnswer, OtherBug, ProbeRecord, ProbeRole, Verification};
 
 use super::probe::{Probe, ProbeContext};
 use super::verdict::is_host_problem;
@@ -37,6 +38,8 @@ pub struct SearchInput<'a> {
     /// site or exception) still counts as good: it does not show *this* bug. For the nightly job, which
     /// bisects a new bug from the last head that showed only an older one.
     pub goods_may_show_other_bugs: bool,
+    /// Runs of the bad end at the start, and what a flaky search needs.
+    pub flaky: crate::config::FlakySettings,
 }
 
 /// How the search ended.
@@ -68,6 +71,8 @@ pub struct SearchOutcome {
     pub probes: Vec<ProbeRecord>,
     /// Bugs met that are not the target.
     pub other_bugs: Vec<OtherBug>,
+    /// When the fault showed on only some runs of the bad end: the flaky search's answer.
+    pub flaky: Option<FlakyAnswer>,
 }
 
 /// A bad endpoint reproduces when it fails in a way that can be a target: not clean, not a build break,
@@ -207,6 +212,7 @@ impl Driver<'_, '_> {
             remaining: search.remaining(),
             estimated_steps: search.estimated_steps(),
             worker: (self.workers > 1).then_some(worker + 1),
+            repeat: None,
         }
     }
 
@@ -288,7 +294,26 @@ impl Driver<'_, '_> {
             target,
             probes: self.probes,
             other_bugs: self.other_bugs,
+            flaky: None,
         }
+    }
+
+    /// One run of the repro at `oid` (the `repeat`-th there), for the flaky search.
+    fn run_once(
+        &mut self,
+        prober: &mut dyn Probe,
+        oid: Oid,
+        role: ProbeRole,
+        search: &Bisector,
+        target: &Signature,
+        repeat: u32,
+    ) -> Option<ProbeRecord> {
+        let mut ctx = self.context(role, search, 0);
+        ctx.repeat = Some(repeat);
+        let probed = probe_commit(prober, self.policy, oid, &ctx, Some(target), self.reporter);
+        let interrupted = probed.interrupted;
+        let record = self.finish(ctx.step, probed);
+        (!interrupted).then_some(record)
     }
 }
 
@@ -357,6 +382,25 @@ pub fn search_with_workers(
     if cancel.load(Ordering::SeqCst) {
         return d.end(SearchEnd::Interrupted, Some(target));
     }
+    // More runs of the bad end: a clean one says the fault is flaky, and the search is the Bayesian one.
+    let mut bad_runs = vec![true];
+    for repeat in 1..input.flaky.endpoint_runs {
+        let Some(rec) = d.run_once(
+            first.probe,
+            input.bad.1,
+            ProbeRole::BadEndpoint,
+            &bisector,
+            &target,
+            repeat,
+        ) else {
+            return d.end(SearchEnd::Interrupted, Some(target));
+        };
+        if let Some(msg) = host_failure(&rec) {
+            return d.end(SearchEnd::EndpointInfra(msg), Some(target));
+        }
+        bad_runs.push(rec.verdict == Verdict::Bad);
+    }
+    let flaky = bad_runs.iter().any(|&f| !f);
     let checks = input
         .goods
         .iter()
@@ -403,6 +447,18 @@ pub fn search_with_workers(
                 return d.end(SearchEnd::EndpointsInvalid(msg), Some(target));
             }
         }
+    }
+    if flaky {
+        d.reporter.event(&Event::Note {
+            message: format!(
+                "the bad end showed the fault on {} of {} runs: a flaky fault; searching for the most likely first bad commit (confidence {}, at most {} runs, one worker)",
+                bad_runs.iter().filter(|&&f| f).count(),
+                bad_runs.len(),
+                input.flaky.confidence,
+                input.flaky.max_runs
+            ),
+        });
+        return flaky_search(d, first.probe, input, &bisector, target, &bad_runs, cancel);
     }
     if count > 1 {
         let end = parallel(&mut d, &mut bisector, input, &target, workers, cancel);
@@ -615,5 +671,149 @@ fn parallel(
         }
         drop(jobs);
         end.unwrap_or(SearchEnd::Interrupted)
+    })
+}
+
+/// The search for a flaky fault: one run at a time where the expected information is largest, until the
+/// most likely first bad commit reaches the confidence asked (or the run budget is spent); then the culprit
+/// and its parent are run again until their reproduction rates separate at that confidence.
+fn flaky_search(
+    mut d: Driver,
+    prober: &mut dyn Probe,
+    input: &SearchInput,
+    bisector: &Bisector,
+    target: Signature,
+    bad_runs: &[bool],
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
+    let tip = input.range.len() - 1;
+    let budget = input.flaky.max_runs as usize;
+    let mut bayes = BayesSearch::new(&parents, None, input.flaky.confidence, budget);
+    for &f in bad_runs {
+        bayes.record(tip, f);
+    }
+    let mut repeats: HashMap<usize, u32> = HashMap::from([(tip, bad_runs.len() as u32)]);
+    let result = loop {
+        if cancel.load(Ordering::SeqCst) {
+            return d.end(SearchEnd::Interrupted, Some(target));
+        }
+        match bayes.next_step() {
+            BayesStep::Run(i) => {
+                let n = repeats.entry(i).or_insert(0);
+                let repeat = *n;
+                *n += 1;
+                let oid = input.range[i].oid;
+                let Some(rec) =
+                    d.run_once(prober, oid, ProbeRole::Search, bisector, &target, repeat)
+                else {
+                    return d.end(SearchEnd::Interrupted, Some(target));
+                };
+                if let Some(msg) = host_failure(&rec) {
+                    return d.end(SearchEnd::HostFailure(msg), Some(target));
+                }
+                match rec.verdict {
+                    Verdict::Bad => bayes.record(i, true),
+                    Verdict::Good => bayes.record(i, false),
+                    Verdict::Skip => bayes.skip(i),
+                }
+            }
+            BayesStep::Done(r) => break r,
+        }
+    };
+    let name = |i: usize| input.range[i].oid.to_string();
+    let mut answer = FlakyAnswer {
+        p: result.p,
+        culprit: name(result.culprit),
+        posterior: result.confidence,
+        confidence: input.flaky.confidence,
+        reached: result.reached,
+        runners_up: result
+            .runners_up
+            .iter()
+            .map(|&(i, v)| (name(i), v))
+            .collect(),
+        runs: result.runs,
+        verification: None,
+    };
+    if result.reached {
+        answer.verification = verify(
+            &mut d,
+            prober,
+            input,
+            bisector,
+            &target,
+            result.culprit,
+            &mut repeats,
+            cancel,
+        );
+    }
+    let end = if cancel.load(Ordering::SeqCst) {
+        SearchEnd::Interrupted
+    } else if result.reached {
+        SearchEnd::Found(input.range[result.culprit].oid)
+    } else {
+        let mut most_likely = vec![input.range[result.culprit].oid];
+        most_likely.extend(result.runners_up.iter().map(|&(i, _)| input.range[i].oid));
+        SearchEnd::Ambiguous(most_likely)
+    };
+    let mut out = d.end(end, Some(target));
+    out.flaky = Some(answer);
+    out
+}
+
+/// The culprit and its parent, run in turn until P(culprit's rate > parent's) reaches the confidence or
+/// each has had `VERIFY_RUNS` runs. The parent is the culprit's first parent in the range, else the good
+/// end's side (a run at the good end).
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    d: &mut Driver,
+    prober: &mut dyn Probe,
+    input: &SearchInput,
+    bisector: &Bisector,
+    target: &Signature,
+    culprit: usize,
+    repeats: &mut HashMap<usize, u32>,
+    cancel: &AtomicBool,
+) -> Option<Verification> {
+    const VERIFY_RUNS: u32 = 30;
+    let parent_oid = match input.range[culprit].parents.first() {
+        Some(&p) => input.range[p].oid,
+        None => input.goods.first()?.1,
+    };
+    let parent_index = input.range[culprit].parents.first().copied();
+    let mut rates = [(0u32, 0u32), (0u32, 0u32)];
+    let mut separation = 0.5;
+    while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
+        for (k, (oid, index)) in [
+            (input.range[culprit].oid, Some(culprit)),
+            (parent_oid, parent_index),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // Runs already made there count as the first ones: a new run gets the next number.
+            let repeat = index.map_or(rates[k].1, |i| {
+                let n = repeats.entry(i).or_insert(0);
+                let r = *n;
+                *n += 1;
+                r
+            });
+            let rec = d.run_once(prober, oid, ProbeRole::Verify, bisector, target, repeat)?;
+            if rec.verdict != Verdict::Skip {
+                rates[k].1 += 1;
+                rates[k].0 += u32::from(rec.verdict == Verdict::Bad);
+            }
+        }
+        separation = rates_differ(rates[0], rates[1]);
+        if separation >= input.flaky.confidence {
+            break;
+        }
+    }
+    Some(Verification {
+        parent: parent_oid.to_string(),
+        culprit_rate: rates[0],
+        parent_rate: rates[1],
+        separation,
     })
 }
