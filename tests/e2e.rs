@@ -2116,3 +2116,45 @@ fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() 
         "{log}"
     );
 }
+
+#[test]
+fn a_flaky_search_out_of_runs_lists_the_most_likely_commits_and_is_inconclusive() {
+    let repo = linear(&modes(40, |i| {
+        if i >= 25 {
+            ("coin", true)
+        } else {
+            ("clean", true)
+        }
+    }));
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let coins = dir.join("coins");
+    std::fs::create_dir_all(&coins).unwrap();
+    let config_path = config_file(
+        &repo,
+        "tight.toml",
+        &[("COIN_DIR", &coins)],
+        "\n[search]\nendpoint-runs = 6\nconfidence = 0.99\nmax-runs = 12\n",
+    );
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    let report = run.report.as_ref().unwrap();
+    assert_eq!(report["result"], "ambiguous");
+    assert_eq!(report["flaky"]["reached"], false);
+    assert!(report["flaky"]["verification"].is_null());
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("a flaky fault: 12 runs spent"),
+        "{}",
+        report["message"]
+    );
+    assert!(!report["candidates"].as_array().unwrap().is_empty());
+}

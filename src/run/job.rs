@@ -362,10 +362,16 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
         SearchEnd::Ambiguous(oids) => {
             report.result = RunResult::Ambiguous;
             report.candidates = oids.iter().map(|o| commit_ref(plan, *o)).collect();
-            report.message = format!(
-                "skipped commits leave {} candidates; the first bad commit is one of them",
-                oids.len()
-            );
+            report.message = match &report.flaky {
+                Some(f) => format!(
+                    "a flaky fault: {} runs spent before any commit reached the confidence asked ({}); the most likely first bad commits",
+                    f.runs, f.confidence
+                ),
+                None => format!(
+                    "skipped commits leave {} candidates; the first bad commit is one of them",
+                    oids.len()
+                ),
+            };
             None
         }
         SearchEnd::EndpointsInvalid(msg) => {
