@@ -121,7 +121,7 @@ struct Reference {
     candidates: Vec<bool>,
     skipped: Vec<bool>,
     bad: usize,
-    rng: u64,
+    streak: u32,
 }
 
 impl Reference {
@@ -133,7 +133,7 @@ impl Reference {
             ancestors,
             skipped: vec![false; n],
             bad: n - 1,
-            rng: 0x9e37_79b9_7f4a_7c15,
+            streak: 0,
         }
     }
 
@@ -147,6 +147,11 @@ impl Reference {
         if !self.candidates[c] {
             return;
         }
+        self.streak = if v == Verdict::Skip {
+            self.streak + 1
+        } else {
+            self.streak.saturating_sub(1)
+        };
         match v {
             Verdict::Bad => {
                 for i in 0..self.candidates.len() {
@@ -188,15 +193,17 @@ impl Reference {
         if !self.skipped[best] {
             return Some(best);
         }
-        let mut ranked = open.clone();
-        ranked.sort_by_key(|&c| (std::cmp::Reverse(score(self, c)), c));
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        let r = (x >> 11) as f64 / (1u64 << 53) as f64;
-        let index = ((ranked.len() as f64) * r * r.sqrt()) as usize;
-        Some(ranked[index.min(ranked.len() - 1)])
+        // Away from the skipped best commit: strides doubling with each skip in a row, alternate sides.
+        let stride = 1i64 << self.streak.min(40);
+        let x = self.count(best) as i64;
+        let target = if self.streak % 2 == 0 {
+            x - stride
+        } else {
+            x + stride
+        };
+        open.iter()
+            .copied()
+            .min_by_key(|&c| ((self.count(c) as i64 - target).abs(), c))
     }
 }
 
