@@ -447,7 +447,7 @@ impl Bisector {
         // log2 L probes to get out of, not one probe per commit.
         let best_x = i64::from(counts[best].low);
         let stride = 1i64 << self.streak.min(40);
-        let target = if self.streak % 2 == 0 {
+        let target = if self.streak.is_multiple_of(2) {
             best_x - stride
         } else {
             best_x + stride
