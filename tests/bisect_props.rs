@@ -196,7 +196,7 @@ impl Reference {
         // Away from the skipped best commit: strides doubling with each skip in a row, alternate sides.
         let stride = 1i64 << self.streak.min(40);
         let x = self.count(best) as i64;
-        let target = if self.streak % 2 == 0 {
+        let target = if self.streak.is_multiple_of(2) {
             x - stride
         } else {
             x + stride
