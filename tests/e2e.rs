@@ -44,6 +44,11 @@ case "$mode" in
     h=$(printf '%s-%s' "$CUDABISECT_COMMIT" "$n" | cksum | cut -d' ' -f1)
     if [ $((h % 2)) -eq 0 ]; then show native_oob_sync.log; exit 42; fi
     echo "step ok"; exit 0 ;;
+  lie-once)
+    # Runs clean the first time at each commit, then faults: a bad commit that misleads one run.
+    n=$(cat "$COIN_DIR/$CUDABISECT_COMMIT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COIN_DIR/$CUDABISECT_COMMIT"
+    if [ "$n" -ge 1 ]; then show native_oob_sync.log; exit 42; fi
+    echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
   tri-other|tri-target|tri-same-other|tri-same-target)
     case "$mode" in
@@ -2157,4 +2162,46 @@ fn a_flaky_search_out_of_runs_lists_the_most_likely_commits_and_is_inconclusive(
         report["message"]
     );
     assert!(!report["candidates"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_plain_search_misled_by_a_clean_run_is_caught_at_the_parent_and_searched_again() {
+    // The bad end faults every time, so the search starts plain; but every other bad commit runs clean
+    // the first time, which sends plain bisection past the culprit. Its parent then faults.
+    let repo = linear(&modes(30, |i| match i {
+        29 => ("fault", true),
+        15..=28 => ("lie-once", true),
+        _ => ("clean", true),
+    }));
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let coins = dir.join("coins");
+    std::fs::create_dir_all(&coins).unwrap();
+    let config_path = config_file(
+        &repo,
+        "misled.toml",
+        &[("COIN_DIR", &coins)],
+        "\n[search]\nendpoint-runs = 3\nconfidence = 0.95\n",
+    );
+    let run = cudabisect(
+        &repo.path,
+        &[
+            &format!("{}..main", repo.commits[0]),
+            "--config",
+            config_path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[15].to_string());
+    let report = run.report.as_ref().unwrap();
+    assert!(
+        report["flaky"]["reached"].as_bool().unwrap(),
+        "{:#}",
+        report["flaky"]
+    );
+    assert!(
+        run.stderr
+            .contains("shows the fault too: a flaky fault after all"),
+        "{}",
+        run.stderr
+    );
 }

@@ -354,7 +354,7 @@ pub fn search_with_workers(
     let Some(first) = workers.first_mut() else {
         return d.end(SearchEnd::HostFailure("no probe worker".into()), None);
     };
-    let Some(bad) = d.probe(
+    let Some(mut bad) = d.probe(
         first.probe,
         input.bad.1,
         ProbeRole::BadEndpoint,
@@ -363,6 +363,22 @@ pub fn search_with_workers(
     ) else {
         return d.end(SearchEnd::Interrupted, None);
     };
+    // A flaky fault may not show on the bad end's first run: with `endpoint-runs`, run it again until it
+    // does (each clean run counts as one of them).
+    let mut bad_runs = Vec::new();
+    while bad.signature.class == FaultClass::None
+        && (bad_runs.len() as u32 + 1) < input.flaky.endpoint_runs
+    {
+        bad_runs.push(false);
+        let mut ctx = d.context(ProbeRole::BadEndpoint, &bisector, 0);
+        ctx.repeat = Some(bad_runs.len() as u32);
+        let probed = probe_commit(first.probe, d.policy, input.bad.1, &ctx, None, d.reporter);
+        let interrupted = probed.interrupted;
+        bad = d.finish(ctx.step, probed);
+        if interrupted {
+            return d.end(SearchEnd::Interrupted, None);
+        }
+    }
     if is_host_problem(bad.signature.class) {
         let msg = format!(
             "bad commit {} could not be judged: {}",
@@ -371,8 +387,13 @@ pub fn search_with_workers(
         return d.end(SearchEnd::EndpointInfra(msg), None);
     }
     if bad.verdict != Verdict::Bad || !reproduces(&bad.signature) {
+        let runs = if bad_runs.is_empty() {
+            String::new()
+        } else {
+            format!(" in {} runs", bad_runs.len() + 1)
+        };
         let msg = format!(
-            "bad commit {} does not reproduce: {}",
+            "bad commit {} does not reproduce{runs}: {}",
             input.bad.0, bad.signature.summary
         );
         return d.end(SearchEnd::EndpointsInvalid(msg), None);
@@ -383,8 +404,8 @@ pub fn search_with_workers(
         return d.end(SearchEnd::Interrupted, Some(target));
     }
     // More runs of the bad end: a clean one says the fault is flaky, and the search is the Bayesian one.
-    let mut bad_runs = vec![true];
-    for repeat in 1..input.flaky.endpoint_runs {
+    bad_runs.push(true);
+    for repeat in bad_runs.len() as u32..input.flaky.endpoint_runs {
         let Some(rec) = d.run_once(
             first.probe,
             input.bad.1,
@@ -458,10 +479,18 @@ pub fn search_with_workers(
                 input.flaky.max_runs
             ),
         });
-        return flaky_search(d, first.probe, input, &bisector, target, &bad_runs, cancel);
+        let tip = input.range.len() - 1;
+        let runs: Vec<(usize, bool)> = bad_runs.iter().map(|&f| (tip, f)).collect();
+        return flaky_search(d, first.probe, input, &bisector, target, &runs, cancel);
     }
     if count > 1 {
         let end = parallel(&mut d, &mut bisector, input, &target, workers, cancel);
+        if let SearchEnd::Found(oid) = end {
+            if let Some(i) = input.range.iter().position(|c| c.oid == oid) {
+                let first = &mut workers[0];
+                return settle_plain(d, first.probe, input, &bisector, target, i, cancel);
+            }
+        }
         return d.end(end, Some(target));
     }
     loop {
@@ -493,7 +522,7 @@ pub fn search_with_workers(
                 return d.end(SearchEnd::Interrupted, Some(target))
             }
             NextStep::Done(SearchResult::Found(i)) => {
-                return d.end(SearchEnd::Found(input.range[i].oid), Some(target))
+                return settle_plain(d, first.probe, input, &bisector, target, i, cancel)
             }
             NextStep::Done(SearchResult::Ambiguous(ix)) => {
                 let oids = ix.iter().map(|&i| input.range[i].oid).collect();
@@ -683,17 +712,17 @@ fn flaky_search(
     input: &SearchInput,
     bisector: &Bisector,
     target: Signature,
-    bad_runs: &[bool],
+    earlier: &[(usize, bool)],
     cancel: &AtomicBool,
 ) -> SearchOutcome {
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
-    let tip = input.range.len() - 1;
     let budget = input.flaky.max_runs as usize;
     let mut bayes = BayesSearch::new(&parents, None, input.flaky.confidence, budget);
-    for &f in bad_runs {
-        bayes.record(tip, f);
+    let mut repeats: HashMap<usize, u32> = HashMap::new();
+    for &(i, fault) in earlier {
+        bayes.record(i, fault);
+        *repeats.entry(i).or_insert(0) += 1;
     }
-    let mut repeats: HashMap<usize, u32> = HashMap::from([(tip, bad_runs.len() as u32)]);
     let result = loop {
         if cancel.load(Ordering::SeqCst) {
             return d.end(SearchEnd::Interrupted, Some(target));
@@ -816,4 +845,79 @@ fn verify(
         parent_rate: rates[1],
         separation,
     })
+}
+
+/// The end of a plain search that found commit `i`, when the bad end was run several times
+/// (`endpoint-runs`) and faulted every time: its parent is run as many times. A fault there says the fault
+/// is flaky after all (a bad commit ran clean and misled the search), and the Bayesian search takes over
+/// with every run made so far; otherwise the plain answer stands.
+fn settle_plain(
+    mut d: Driver,
+    prober: &mut dyn Probe,
+    input: &SearchInput,
+    bisector: &Bisector,
+    target: Signature,
+    i: usize,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let found = input.range[i].oid;
+    let checks = input.flaky.endpoint_runs;
+    let parent = input.range[i].parents.first().copied();
+    let (Some(p), true) = (parent, checks > 1) else {
+        return d.end(SearchEnd::Found(found), Some(target));
+    };
+    let parent_oid = input.range[p].oid;
+    let already = |d: &Driver| {
+        d.probes
+            .iter()
+            .filter(|r| r.commit == parent_oid.to_string())
+            .count() as u32
+    };
+    for _ in 0..checks {
+        let repeat = already(&d);
+        let Some(rec) = d.run_once(
+            prober,
+            parent_oid,
+            ProbeRole::Verify,
+            bisector,
+            &target,
+            repeat,
+        ) else {
+            return d.end(SearchEnd::Interrupted, Some(target));
+        };
+        if rec.verdict == Verdict::Bad {
+            d.reporter.event(&Event::Note {
+                message: format!(
+                    "the parent of {} shows the fault too: a flaky fault after all; searching for the most likely first bad commit with every run so far",
+                    &found.to_string()[..12]
+                ),
+            });
+            let index: HashMap<String, usize> = input
+                .range
+                .iter()
+                .enumerate()
+                .map(|(k, c)| (c.oid.to_string(), k))
+                .collect();
+            let earlier: Vec<(usize, bool)> = d
+                .probes
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        r.role,
+                        ProbeRole::BadEndpoint | ProbeRole::Search | ProbeRole::Verify
+                    ) && r.verdict != Verdict::Skip
+                })
+                .filter_map(|r| {
+                    index
+                        .get(&r.commit)
+                        .map(|&k| (k, r.verdict == Verdict::Bad))
+                })
+                .collect();
+            return flaky_search(d, prober, input, bisector, target, &earlier, cancel);
+        }
+        if cancel.load(Ordering::SeqCst) {
+            return d.end(SearchEnd::Interrupted, Some(target));
+        }
+    }
+    d.end(SearchEnd::Found(found), Some(target))
 }
