@@ -9,15 +9,7 @@
 
 use cudabisect::bisect::{BayesSearch, BayesStep, Bisector, NextStep, SearchResult, Verdict};
 
-struct Rng(u64);
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+use cudabisect::sample::shapes::SeededRng as Rng;
 
 /// Plain bisection where a probe runs the repro up to `r` times and is bad at the first fault.
 fn bisect(

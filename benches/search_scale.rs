@@ -8,31 +8,7 @@ use std::time::Instant;
 
 use cudabisect::bisect::{Bisector, NextStep, SearchResult, Verdict};
 
-/// Linear, or a main line merging a 3-commit side branch every 8 commits (as benches/bisect_vs_git.py).
-fn history(shape: &str, n: usize) -> Vec<Vec<usize>> {
-    let mut parents: Vec<Vec<usize>> = vec![vec![]];
-    if shape == "linear" {
-        for i in 1..n {
-            parents.push(vec![i - 1]);
-        }
-        return parents;
-    }
-    let mut head = 0;
-    while parents.len() < n {
-        let mut side = head;
-        for _ in 0..3 {
-            parents.push(vec![side]);
-            side = parents.len() - 1;
-        }
-        for _ in 0..4 {
-            parents.push(vec![head]);
-            head = parents.len() - 1;
-        }
-        parents.push(vec![head, side]);
-        head = parents.len() - 1;
-    }
-    parents
-}
+use cudabisect::sample::shapes::history;
 
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")

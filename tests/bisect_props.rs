@@ -358,16 +358,7 @@ fn brute_posterior(parents: &[Vec<usize>], runs: &[(usize, bool)], p: f64) -> Ve
     w
 }
 
-/// A seeded generator for flaky oracles (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+use cudabisect::sample::shapes::SeededRng as Rng;
 
 proptest! {
     #[test]

@@ -842,6 +842,25 @@ fn alive(pid: i32) -> bool {
         .is_some_and(|zombie| !zombie)
 }
 
+/// Waits (bounded, without sleeping) until `ready`, then sends Ctrl-C to `child` and checks that it exits
+/// 130, the code for an interrupted run.
+fn interrupt_when(child: std::process::Child, ready: impl Fn() -> bool, never: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "{never}");
+        std::thread::yield_now();
+    }
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn ctrl_c_stops_the_process_group_and_cleans_up() {
     let repo = linear(&[("clean", true), ("hang-long", true)]);
@@ -872,22 +891,10 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
             .ok()
             .and_then(|t| t.trim().parse().ok())
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while read_pid("bg.pid").is_none() || read_pid("main.pid").is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the repro never started"
-        );
-        std::thread::yield_now();
-    }
-    // SAFETY: signals our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    interrupt_when(
+        child,
+        || read_pid("bg.pid").is_some() && read_pid("main.pid").is_some(),
+        "the repro never started",
     );
     let r = git2::Repository::open(&repo.path).unwrap();
     assert!(
@@ -2010,22 +2017,10 @@ fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
             })
             .unwrap_or_default()
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while pid_files("main.").len() < 3 || pid_files("bg.").len() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "three workers never ran at once"
-        );
-        std::thread::yield_now();
-    }
-    // SAFETY: signals our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    interrupt_when(
+        child,
+        || pid_files("main.").len() >= 3 && pid_files("bg.").len() >= 3,
+        "three workers never ran at once",
     );
     for pid in pid_files("main.").into_iter().chain(pid_files("bg.")) {
         assert!(!alive(pid), "a repro process ({pid}) of a worker survived");
@@ -2050,31 +2045,44 @@ fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
     assert!(commits.iter().all(|c| endpoints.contains(c)), "{journal}");
 }
 
-#[test]
-fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() {
-    let repo = linear(&modes(40, |i| {
-        if i >= 25 {
-            ("coin", true)
-        } else {
-            ("clean", true)
-        }
-    }));
+/// Runs `start` over `repo` with `[search]` settings `search` and a counter directory for the coin modes.
+fn coin_run(repo: &TestRepo, search: &str) -> Run {
     let dir = repo.path.parent().unwrap().to_path_buf();
     let coins = dir.join("coins");
     std::fs::create_dir_all(&coins).unwrap();
     let config_path = config_file(
-        &repo,
-        "flaky.toml",
+        repo,
+        "coins.toml",
         &[("COIN_DIR", &coins)],
-        "\n[search]\nendpoint-runs = 6\nconfidence = 0.95\nmax-runs = 400\n",
+        &format!("\n[search]\n{search}"),
     );
-    let run = cudabisect(
+    cudabisect(
         &repo.path,
         &[
             &format!("{}..main", repo.commits[0]),
             "--config",
             config_path.to_str().unwrap(),
         ],
+    )
+}
+
+/// 40 commits; from 25 on, a repro that faults on about half the runs.
+fn coin_repo() -> TestRepo {
+    linear(&modes(40, |i| {
+        if i >= 25 {
+            ("coin", true)
+        } else {
+            ("clean", true)
+        }
+    }))
+}
+
+#[test]
+fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() {
+    let repo = coin_repo();
+    let run = coin_run(
+        &repo,
+        "endpoint-runs = 6\nconfidence = 0.95\nmax-runs = 400\n",
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[25].to_string());
@@ -2124,29 +2132,10 @@ fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() 
 
 #[test]
 fn a_flaky_search_out_of_runs_lists_the_most_likely_commits_and_is_inconclusive() {
-    let repo = linear(&modes(40, |i| {
-        if i >= 25 {
-            ("coin", true)
-        } else {
-            ("clean", true)
-        }
-    }));
-    let dir = repo.path.parent().unwrap().to_path_buf();
-    let coins = dir.join("coins");
-    std::fs::create_dir_all(&coins).unwrap();
-    let config_path = config_file(
+    let repo = coin_repo();
+    let run = coin_run(
         &repo,
-        "tight.toml",
-        &[("COIN_DIR", &coins)],
-        "\n[search]\nendpoint-runs = 6\nconfidence = 0.99\nmax-runs = 12\n",
-    );
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-        ],
+        "endpoint-runs = 6\nconfidence = 0.99\nmax-runs = 12\n",
     );
     assert_eq!(run.code, 4, "{}", run.stderr);
     let report = run.report.as_ref().unwrap();
@@ -2173,23 +2162,7 @@ fn a_plain_search_misled_by_a_clean_run_is_caught_at_the_parent_and_searched_aga
         15..=28 => ("lie-once", true),
         _ => ("clean", true),
     }));
-    let dir = repo.path.parent().unwrap().to_path_buf();
-    let coins = dir.join("coins");
-    std::fs::create_dir_all(&coins).unwrap();
-    let config_path = config_file(
-        &repo,
-        "misled.toml",
-        &[("COIN_DIR", &coins)],
-        "\n[search]\nendpoint-runs = 3\nconfidence = 0.95\n",
-    );
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-        ],
-    );
+    let run = coin_run(&repo, "endpoint-runs = 3\nconfidence = 0.95\n");
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[15].to_string());
     let report = run.report.as_ref().unwrap();

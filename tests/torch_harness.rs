@@ -113,11 +113,12 @@ fn torch_harness_config_needs_a_factory() {
     );
 }
 
-/// The harness's code generation, torch-free: its own test file (also run by pytest in CI), run here with
-/// plain python3 so `cargo test` covers it.
-#[test]
-fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loading() {
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/tests/test_codegen.py");
+/// Runs one of the harness's own torch-free test files (also run by pytest in CI) with plain python3, so
+/// `cargo test` covers it, and checks that all `count` of its tests passed.
+fn python_tests(file: &str, count: usize) {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("harness/tests")
+        .join(file);
     let out = Command::new("python3")
         .arg(&tests)
         .output()
@@ -125,24 +126,20 @@ fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loa
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && text.trim().ends_with("11 passed"),
+        out.status.success() && text.trim().ends_with(&format!("{count} passed")),
         "{text}"
     );
 }
 
+/// The harness's code generation, torch-free.
+#[test]
+fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loading() {
+    python_tests("test_codegen.py", 11);
+}
+
 /// The harness's warm start, torch-free: a real server and real clients with stand-ins for building the
-/// model and running a verb (its own test file, also run by pytest in CI).
+/// model and running a verb.
 #[test]
 fn warm_start_forks_each_call_from_the_built_model_and_kills_it_with_its_client() {
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/tests/test_warm_server.py");
-    let out = Command::new("python3")
-        .arg(&tests)
-        .output()
-        .expect("python3 runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && text.trim().ends_with("4 passed"),
-        "{text}"
-    );
+    python_tests("test_warm_server.py", 4);
 }

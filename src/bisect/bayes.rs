@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::BitSet;
+use super::{BitSet, Dag};
 
 /// What to do next.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,8 +46,7 @@ pub struct BayesResult {
 /// The search state. Commits are indices `0..n` in topological order; the last is the bad end.
 #[derive(Clone, Debug)]
 pub struct BayesSearch {
-    offsets: Vec<u32>,
-    parents: Vec<u32>,
+    dag: Dag,
     /// Commits that may be the culprit: the bad end's ancestors and itself.
     range: BitSet,
     /// Faults and clean runs recorded per commit.
@@ -86,21 +85,10 @@ impl BayesSearch {
     /// # Panics
     /// When `parents` is empty: a range always holds at least its bad end.
     pub fn new(parents: &[Vec<usize>], p: Option<f64>, confidence: f64, budget: usize) -> Self {
-        assert!(
-            !parents.is_empty(),
-            "a search range holds at least the bad commit"
-        );
-        let n = parents.len();
-        let mut offsets = Vec::with_capacity(n + 1);
-        let mut flat = Vec::with_capacity(n);
-        offsets.push(0);
-        for (i, ps) in parents.iter().enumerate() {
-            flat.extend(ps.iter().filter(|&&q| q < i).map(|&q| q as u32));
-            offsets.push(flat.len() as u32);
-        }
+        let dag = Dag::new(parents);
+        let n = dag.len();
         let mut s = Self {
-            offsets,
-            parents: flat,
+            dag,
             range: BitSet::full(n),
             seen: HashMap::new(),
             ancestors: HashMap::new(),
@@ -115,12 +103,12 @@ impl BayesSearch {
     }
 
     fn parents_of(&self, c: usize) -> &[u32] {
-        &self.parents[self.offsets[c] as usize..self.offsets[c + 1] as usize]
+        self.dag.parents_of(c)
     }
 
     /// `from` and its ancestors, within `within` when given.
     fn walk(&self, from: usize, within: Option<&BitSet>) -> BitSet {
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         let mut seen = BitSet::new(n);
         let mut stack = vec![from];
         while let Some(c) = stack.pop() {
@@ -161,7 +149,7 @@ impl BayesSearch {
     /// The log-likelihood of the runs for each culprit under a given `p` (`-inf` outside the range and
     /// where a fault rules the culprit out).
     fn log_likelihood(&self, p: f64) -> Vec<f64> {
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         let mut log = vec![f64::NEG_INFINITY; n];
         for x in self.range.iter() {
             log[x] = 0.0;
@@ -235,7 +223,7 @@ impl BayesSearch {
     /// under it; otherwise `p` is integrated out over a grid with a uniform prior (a plug-in estimate
     /// would make the posterior overconfident: the confidence reported must be the chance of being right).
     pub fn estimate(&self) -> (f64, Vec<f64>) {
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         let parts = self.mixture();
         let mut post = vec![0.0; n];
         let mut p_mean = self.fixed_p.unwrap_or(0.5);
@@ -254,7 +242,7 @@ impl BayesSearch {
     /// together: learning how often the fault shows is what lets clean runs count, so a run at a commit
     /// that surely holds the bug is worth something while `p` is uncertain.
     fn gains(&self, parts: &[(f64, f64, Vec<f64>)]) -> Vec<f64> {
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         let mut fault = vec![0.0; n];
         let mut noise = vec![0.0; n];
         for (p, w, part) in parts {
@@ -304,10 +292,7 @@ impl BayesSearch {
     pub fn next_step(&mut self) -> BayesStep {
         let (p, post) = self.estimate();
         let best = self.ranked(&post);
-        let (culprit, top) = best
-            .first()
-            .copied()
-            .unwrap_or((self.offsets.len() - 2, 0.0));
+        let (culprit, top) = best.first().copied().unwrap_or((self.dag.len() - 1, 0.0));
         let done = |reached: bool| {
             BayesStep::Done(BayesResult {
                 culprit,
@@ -391,9 +376,7 @@ mod tests {
     use super::*;
 
     fn linear(n: usize) -> Vec<Vec<usize>> {
-        (0..n)
-            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
-            .collect()
+        crate::sample::shapes::history("linear", n)
     }
 
     #[test]

@@ -2,8 +2,10 @@
 
 mod bayes;
 mod bitset;
+mod dag;
 mod search;
 
 pub use bayes::{information, rates_differ, BayesResult, BayesSearch, BayesStep};
 pub use bitset::BitSet;
+pub use dag::Dag;
 pub use search::{Bisector, NextStep, SearchResult, Verdict};

@@ -8,7 +8,7 @@
 //! untestable commits costs about the logarithm of its length.
 //! Several probes may be in flight at once, and a commit may be marked more than once.
 
-use super::BitSet;
+use super::{BitSet, Dag};
 
 /// What a probe says about one commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,9 +55,7 @@ pub enum NextStep {
 /// when its bounds say it could beat the best commit found so far.
 #[derive(Clone, Debug)]
 pub struct Bisector {
-    /// `parents[offsets[i]..offsets[i + 1]]` are the parents of commit `i` (all smaller than `i`).
-    offsets: Vec<u32>,
-    parents: Vec<u32>,
+    dag: Dag,
     candidates: BitSet,
     skipped: BitSet,
     in_flight: BitSet,
@@ -118,21 +116,10 @@ impl Bisector {
     /// # Panics
     /// When `parents` is empty: a range always holds at least its bad endpoint.
     pub fn new(parents: &[Vec<usize>]) -> Self {
-        assert!(
-            !parents.is_empty(),
-            "a search range holds at least the bad commit"
-        );
-        let n = parents.len();
-        let mut offsets = Vec::with_capacity(n + 1);
-        let mut flat = Vec::with_capacity(n);
-        offsets.push(0);
-        for (i, ps) in parents.iter().enumerate() {
-            flat.extend(ps.iter().filter(|&&p| p < i).map(|&p| p as u32));
-            offsets.push(flat.len() as u32);
-        }
+        let dag = Dag::new(parents);
+        let n = dag.len();
         let mut b = Self {
-            offsets,
-            parents: flat,
+            dag,
             candidates: BitSet::new(n),
             skipped: BitSet::new(n),
             in_flight: BitSet::new(n),
@@ -148,7 +135,7 @@ impl Bisector {
     }
 
     fn parents_of(&self, c: usize) -> &[u32] {
-        &self.parents[self.offsets[c] as usize..self.offsets[c + 1] as usize]
+        self.dag.parents_of(c)
     }
 
     /// Number of commits that may still be the first bad one, the current bad commit included.
@@ -176,7 +163,7 @@ impl Bisector {
         if !self.candidates.contains(commit) {
             return;
         }
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         // A verdict halves the stride rather than resetting it: the run of skips is still there, and the
         // next best commit often falls in it again.
         self.streak = match verdict {
@@ -201,16 +188,10 @@ impl Bisector {
 
     /// Proposes the next probe and marks it in flight, or says that the search is over.
     pub fn next_step(&mut self) -> NextStep {
-        let mut open = self.candidates.clone();
-        open.subtract(&self.skipped);
-        open.remove(self.bad);
-        if open.count() == 0 {
-            return NextStep::Done(self.result());
-        }
-        open.subtract(&self.in_flight);
-        if open.count() == 0 {
-            return NextStep::Wait;
-        }
+        let open = match self.open() {
+            Ok(open) => open,
+            Err(step) => return step,
+        };
         let pick = self.pick(&open);
         self.in_flight.insert(pick);
         NextStep::Evaluate(pick)
@@ -228,17 +209,14 @@ impl Bisector {
         if idle <= 1 && self.in_flight.count() == 0 {
             return self.next_step();
         }
-        let mut open = self.candidates.clone();
-        open.subtract(&self.skipped);
-        open.remove(self.bad);
-        if open.count() == 0 {
-            return NextStep::Done(self.result());
-        }
-        open.subtract(&self.in_flight);
-        if open.count() == 0 || idle == 0 {
+        let open = match self.open() {
+            Ok(open) => open,
+            Err(step) => return step,
+        };
+        if idle == 0 {
             return NextStep::Wait;
         }
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         // Cells: which in-flight probes each candidate is an ancestor of (bit i for the i-th probe).
         let flying: Vec<usize> = self.in_flight.iter().collect();
         let mut mask = vec![0u128; n];
@@ -328,6 +306,22 @@ impl Bisector {
         NextStep::EvaluateMany(picks)
     }
 
+    /// The candidates that can be proposed: not skipped, not the current bad one, not in flight; or why
+    /// there are none (the search is over, or it waits for a probe in flight).
+    fn open(&self) -> Result<BitSet, NextStep> {
+        let mut open = self.candidates.clone();
+        open.subtract(&self.skipped);
+        open.remove(self.bad);
+        if open.count() == 0 {
+            return Err(NextStep::Done(self.result()));
+        }
+        open.subtract(&self.in_flight);
+        if open.count() == 0 {
+            return Err(NextStep::Wait);
+        }
+        Ok(open)
+    }
+
     /// The commits probed now but not yet marked.
     pub fn in_flight(&self) -> Vec<usize> {
         self.in_flight.iter().collect()
@@ -356,7 +350,7 @@ impl Bisector {
     /// bounds instead of being walked, and the pass stops at a perfect halving; without, every count is
     /// exact. Returns the counts (exact where `low == high`).
     fn counts(&self, eligible: &BitSet, prune: bool) -> Vec<Count> {
-        let n = self.offsets.len() - 1;
+        let n = self.dag.len();
         let total = self.candidates.count() as u32;
         let mut counts = vec![Count::default(); n];
         let mut walker = Walker::new(n);
@@ -464,9 +458,7 @@ mod tests {
     use super::*;
 
     fn linear(n: usize) -> Vec<Vec<usize>> {
-        (0..n)
-            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
-            .collect()
+        crate::sample::shapes::history("linear", n)
     }
 
     /// Drives the search with an oracle, returning the result and the commits probed in order.

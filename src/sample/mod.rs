@@ -3,3 +3,4 @@
 
 pub mod demo;
 pub mod repo_builder;
+pub mod shapes;
