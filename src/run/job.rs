@@ -75,8 +75,8 @@ pub fn start(
     std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
     std::fs::write(run_dir.join("bisect.toml"), &plan.config.text).map_err(io_err(&run_dir))?;
     let worktree = plan.repo.probe_worktree(&state_dir.join("worktree"))?;
-    // Each further worker has a worktree of its own (sharing the object store), kept between runs so its
-    // build directory stays warm.
+    // Each further worker has a worktree of its own (sharing the object store), so its build directory
+    // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let slots = slots.unwrap_or_default();
     let mut extra_worktrees = Vec::new();
     for slot in slots.iter().skip(1) {
