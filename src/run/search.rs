@@ -559,21 +559,32 @@ fn done(input: &SearchInput, result: SearchResult) -> SearchEnd {
     }
 }
 
-/// The bisection with several workers, each on a thread of its own running probes the driver hands it.
-/// Idle workers get the commits that, with those in flight, split the candidates most evenly; an answer is
-/// used the moment it lands, and a probe in flight whose commit is no longer a candidate is stopped (its
-/// answer carries no news). When the search ends (found, Ctrl-C, a broken host), every probe still in
-/// flight is stopped, and the driver waits for each worker to come back before it returns.
-fn parallel(
-    d: &mut Driver,
-    bisector: &mut Bisector,
-    input: &SearchInput,
-    target: &Signature,
+/// Worker threads, each running the probes the driver hands it on its own prober, inside a thread scope.
+struct Pool<'s> {
+    jobs: Vec<mpsc::Sender<Job>>,
+    rx: mpsc::Receiver<Message>,
+    stops: Vec<&'s AtomicBool>,
+    /// Idle workers, the first on top.
+    idle: Vec<usize>,
+    /// Which commit each busy worker is probing.
+    busy: HashMap<usize, usize>,
+}
+
+/// A probe that came back from a worker.
+struct Landed {
+    worker: usize,
+    index: usize,
+    step: usize,
+    probed: Box<Probed>,
+}
+
+/// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
+fn with_pool<R>(
     workers: &mut [Worker],
-    cancel: &AtomicBool,
-) -> SearchEnd {
+    policy: &MatchPolicy,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> R {
     let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
-    let policy = d.policy;
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Message>();
         let mut jobs: Vec<mpsc::Sender<Job>> = Vec::new();
@@ -606,23 +617,112 @@ fn parallel(
             });
         }
         drop(tx);
-        // Idle workers, the first on top; and which commit each busy one is probing.
-        let mut idle: Vec<usize> = (0..stops.len()).rev().collect();
-        let mut busy: HashMap<usize, usize> = HashMap::new();
+        let mut pool = Pool {
+            jobs,
+            rx,
+            idle: (0..stops.len()).rev().collect(),
+            stops,
+            busy: HashMap::new(),
+        };
+        let out = f(&mut pool);
+        // Closing the job channels ends the threads; the scope waits for them.
+        pool.jobs.clear();
+        out
+    })
+}
+
+impl Pool<'_> {
+    /// Hands commit `index` to an idle worker (its stop flag cleared); false when none is idle.
+    fn dispatch(
+        &mut self,
+        d: &mut Driver,
+        input: &SearchInput,
+        target: &Signature,
+        search: &Bisector,
+        (index, role, repeat): (usize, ProbeRole, Option<u32>),
+    ) -> bool {
+        let Some(w) = self.idle.pop() else {
+            return false;
+        };
+        let mut ctx = d.context(role, search, w);
+        ctx.repeat = repeat;
+        self.stops[w].store(false, Ordering::SeqCst);
+        let job = Job {
+            index,
+            oid: input.range[index].oid,
+            ctx,
+            target: target.clone(),
+        };
+        if self.jobs[w].send(job).is_ok() {
+            self.busy.insert(w, index);
+            true
+        } else {
+            self.idle.push(w);
+            false
+        }
+    }
+
+    /// Stops every probe in flight.
+    fn stop_all(&self) {
+        for &w in self.busy.keys() {
+            self.stops[w].store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The next probe to come back, passing workers' events on to the reporter meanwhile; `None` after
+    /// a short wait with nothing back (so the caller can look at Ctrl-C), or when every worker is gone.
+    fn land(&mut self, d: &mut Driver) -> Option<Landed> {
+        loop {
+            match self.rx.recv_timeout(POLL) {
+                Ok(Message::Event(e)) => d.reporter.event(&e),
+                Ok(Message::Done {
+                    worker,
+                    index,
+                    step,
+                    probed,
+                }) => {
+                    self.busy.remove(&worker);
+                    self.idle.push(worker);
+                    return Some(Landed {
+                        worker,
+                        index,
+                        step,
+                        probed,
+                    });
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// The bisection with several workers, each on a thread of its own running probes the driver hands it.
+/// Idle workers get the commits that, with those in flight, split the candidates most evenly; an answer is
+/// used the moment it lands, and a probe in flight whose commit is no longer a candidate is stopped (its
+/// answer carries no news). When the search ends (found, Ctrl-C, a broken host), every probe still in
+/// flight is stopped, and the driver waits for each worker to come back before it returns.
+fn parallel(
+    d: &mut Driver,
+    bisector: &mut Bisector,
+    input: &SearchInput,
+    target: &Signature,
+    workers: &mut [Worker],
+    cancel: &AtomicBool,
+) -> SearchEnd {
+    let policy = d.policy;
+    with_pool(workers, policy, |pool| {
         let mut end: Option<SearchEnd> = None;
         loop {
             if end.is_none() && cancel.load(Ordering::SeqCst) {
                 end = Some(SearchEnd::Interrupted);
             }
             if end.is_some() {
-                for &w in busy.keys() {
-                    stops[w].store(true, Ordering::SeqCst);
-                }
-                if busy.is_empty() {
+                pool.stop_all();
+                if pool.busy.is_empty() {
                     break;
                 }
-            } else if !idle.is_empty() {
-                let picks = match bisector.propose(idle.len()) {
+            } else if !pool.idle.is_empty() {
+                let picks = match bisector.propose(pool.idle.len()) {
                     NextStep::Evaluate(i) => vec![i],
                     NextStep::EvaluateMany(v) => v,
                     NextStep::Wait => Vec::new(),
@@ -632,44 +732,20 @@ fn parallel(
                     }
                 };
                 for i in picks {
-                    let Some(w) = idle.pop() else {
-                        bisector.abandon(i);
-                        continue;
-                    };
-                    let ctx = d.context(ProbeRole::Search, bisector, w);
-                    stops[w].store(false, Ordering::SeqCst);
-                    let job = Job {
-                        index: i,
-                        oid: input.range[i].oid,
-                        ctx,
-                        target: target.clone(),
-                    };
-                    if jobs[w].send(job).is_ok() {
-                        busy.insert(w, i);
-                    } else {
+                    if !pool.dispatch(d, input, target, bisector, (i, ProbeRole::Search, None)) {
                         bisector.abandon(i);
                     }
                 }
             }
-            let message = match rx.recv_timeout(POLL) {
-                Ok(m) => m,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            let Some(Landed {
+                worker,
+                index,
+                step,
+                probed,
+            }) = pool.land(d)
+            else {
+                continue;
             };
-            let (worker, index, step, probed) = match message {
-                Message::Event(e) => {
-                    d.reporter.event(&e);
-                    continue;
-                }
-                Message::Done {
-                    worker,
-                    index,
-                    step,
-                    probed,
-                } => (worker, index, step, probed),
-            };
-            busy.remove(&worker);
-            idle.push(worker);
             let stopped_by_us = probed.interrupted && !cancel.load(Ordering::SeqCst);
             if stopped_by_us || (probed.interrupted && end.is_some()) {
                 // Abandoned: its answer no longer mattered. Nothing is recorded or learned.
@@ -692,13 +768,12 @@ fn parallel(
                 continue;
             }
             bisector.mark(index, record.verdict);
-            for (&w, &i) in &busy {
+            for (&w, &i) in &pool.busy {
                 if !bisector.is_candidate(i) {
-                    stops[w].store(true, Ordering::SeqCst);
+                    pool.stops[w].store(true, Ordering::SeqCst);
                 }
             }
         }
-        drop(jobs);
         end.unwrap_or(SearchEnd::Interrupted)
     })
 }
