@@ -40,6 +40,35 @@ fn bisect(
     }
 }
 
+/// The Bayesian search with `k` workers in rounds: (right, runs, rounds).
+fn bayes_rounds(
+    parents: &[Vec<usize>],
+    culprit: usize,
+    p: f64,
+    k: usize,
+    rng: &mut Rng,
+) -> (bool, usize, usize) {
+    let n = parents.len();
+    let mut s = BayesSearch::new(parents, None, 0.99, 2000);
+    for _ in 0..3 {
+        let f = rng.unit() < p;
+        s.record(n - 1, f);
+    }
+    let mut rounds = 0;
+    loop {
+        match s.propose(k) {
+            Ok(runs) => {
+                rounds += 1;
+                for c in runs {
+                    let f = c >= culprit && rng.unit() < p;
+                    s.record(c, f);
+                }
+            }
+            Err(r) => return (r.culprit == culprit, r.runs, rounds),
+        }
+    }
+}
+
 fn bayes(parents: &[Vec<usize>], culprit: usize, p: f64, rng: &mut Rng) -> (bool, usize, f64) {
     let n = parents.len();
     let mut s = BayesSearch::new(
@@ -130,6 +159,26 @@ fn main() {
             right as f64 / seeds as f64,
             runs as f64 / seeds as f64,
         ));
+        for k in [4, 8] {
+            let (mut right, mut runs, mut rounds) = (0, 0, 0);
+            for seed in 0..seeds {
+                let mut rng =
+                    Rng(0x9e37_79b9_7f4a_7c15 ^ (seed as u64 + 1).wrapping_mul(0x2545_f491));
+                let culprit = 1 + (rng.unit() * (n - 1) as f64) as usize;
+                let (ok, used, r) = bayes_rounds(&parents, culprit.min(n - 1), p, k, &mut rng);
+                right += usize::from(ok);
+                runs += used;
+                rounds += r;
+            }
+            rows.push((
+                format!(
+                    "Bayesian, {k} workers in rounds ({:.1} rounds)",
+                    rounds as f64 / seeds as f64
+                ),
+                right as f64 / seeds as f64,
+                runs as f64 / seeds as f64,
+            ));
+        }
         for (name, right, runs) in rows {
             println!(
                 "| {p} | {name} | {:.1}% | {runs:.1} | {:.2} |",

@@ -2050,10 +2050,11 @@ fn coin_run(repo: &TestRepo, search: &str) -> Run {
     let dir = repo.path.parent().unwrap().to_path_buf();
     let coins = dir.join("coins");
     std::fs::create_dir_all(&coins).unwrap();
+    let log = dir.join("probes.log");
     let config_path = config_file(
         repo,
         "coins.toml",
-        &[("COIN_DIR", &coins)],
+        &[("COIN_DIR", &coins), ("PROBE_LOG", &log)],
         &format!("\n[search]\n{search}"),
     );
     cudabisect(
@@ -2176,5 +2177,38 @@ fn a_plain_search_misled_by_a_clean_run_is_caught_at_the_parent_and_searched_aga
             .contains("shows the fault too: a flaky fault after all"),
         "{}",
         run.stderr
+    );
+}
+
+#[test]
+fn a_flaky_search_with_several_workers_runs_its_rounds_and_verification_on_all_of_them() {
+    let repo = coin_repo();
+    let run = coin_run(
+        &repo,
+        "endpoint-runs = 6\nconfidence = 0.95\nmax-runs = 400\njobs = 3\n",
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[25].to_string());
+    let report = run.report.as_ref().unwrap();
+    assert!(
+        report["flaky"]["reached"].as_bool().unwrap(),
+        "{:#}",
+        report["flaky"]
+    );
+    assert!(
+        report["flaky"]["verification"]["separation"]
+            .as_f64()
+            .unwrap()
+            >= 0.95
+    );
+    let log = std::fs::read_to_string(repo.path.parent().unwrap().join("probes.log")).unwrap();
+    let workers: std::collections::BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(
+        workers.into_iter().collect::<Vec<_>>(),
+        ["1", "2", "3"],
+        "{log}"
     );
 }

@@ -290,41 +290,54 @@ impl BayesSearch {
 
     /// Proposes the next run, or ends the search.
     pub fn next_step(&mut self) -> BayesStep {
+        match self.propose(1) {
+            Ok(runs) => BayesStep::Run(runs[0]),
+            Err(result) => BayesStep::Done(result),
+        }
+    }
+
+    /// Proposes up to `k` runs at once (one per idle worker): the commits with the most expected
+    /// information per run, best first; or ends the search. (Chosen together from one posterior, so a
+    /// batch is worth a little less than the same runs one after another, and costs a k-th of the time.)
+    pub fn propose(&mut self, k: usize) -> Result<Vec<usize>, BayesResult> {
         let (p, post) = self.estimate();
         let best = self.ranked(&post);
         let (culprit, top) = best.first().copied().unwrap_or((self.dag.len() - 1, 0.0));
-        let done = |reached: bool| {
-            BayesStep::Done(BayesResult {
-                culprit,
-                confidence: top,
-                reached,
-                runners_up: best.iter().skip(1).take(5).copied().collect(),
-                p,
-                runs: self.runs,
-            })
+        let done = |reached: bool| BayesResult {
+            culprit,
+            confidence: top,
+            reached,
+            runners_up: best.iter().skip(1).take(5).copied().collect(),
+            p,
+            runs: self.runs,
         };
         if top >= self.confidence {
-            return done(true);
+            return Err(done(true));
         }
         if self.runs >= self.budget {
-            return done(false);
+            return Err(done(false));
         }
         let gains = self.gains(&self.mixture());
-        let mut pick: Option<(usize, f64)> = None;
-        for c in self.range.iter() {
-            if self.skipped.contains(c) {
-                continue;
+        let mut picks: Vec<(usize, f64)> = self
+            .range
+            .iter()
+            .filter(|&c| !self.skipped.contains(c) && gains[c] > 1e-12)
+            .map(|c| (c, gains[c]))
+            .collect();
+        // Most information first; ties go to the earlier commit, as the plain bisection's do.
+        picks.sort_by(|a, b| {
+            if (a.1 - b.1).abs() <= a.1.max(b.1) * 1e-9 {
+                a.0.cmp(&b.0)
+            } else {
+                b.1.total_cmp(&a.1)
             }
-            let gain = gains[c];
-            // Ties go to the earlier commit, as the plain bisection's do.
-            if gain > 1e-12 && pick.is_none_or(|(_, g)| gain > g * (1.0 + 1e-9)) {
-                pick = Some((c, gain));
-            }
+        });
+        let room = k.max(1).min(self.budget - self.runs);
+        let runs: Vec<usize> = picks.into_iter().take(room).map(|(c, _)| c).collect();
+        if runs.is_empty() {
+            return Err(done(false));
         }
-        match pick {
-            Some((c, _)) => BayesStep::Run(c),
-            None => done(false),
-        }
+        Ok(runs)
     }
 
     /// Commits by posterior, most likely first (ties: the earlier commit).

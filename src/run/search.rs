@@ -472,23 +472,23 @@ pub fn search_with_workers(
     if flaky {
         d.reporter.event(&Event::Note {
             message: format!(
-                "the bad end showed the fault on {} of {} runs: a flaky fault; searching for the most likely first bad commit (confidence {}, at most {} runs, one worker)",
+                "the bad end showed the fault on {} of {} runs: a flaky fault; searching for the most likely first bad commit (confidence {}, at most {} runs, {} at once)",
                 bad_runs.iter().filter(|&&f| f).count(),
                 bad_runs.len(),
                 input.flaky.confidence,
-                input.flaky.max_runs
+                input.flaky.max_runs,
+                count
             ),
         });
         let tip = input.range.len() - 1;
         let runs: Vec<(usize, bool)> = bad_runs.iter().map(|&f| (tip, f)).collect();
-        return flaky_search(d, first.probe, input, &bisector, target, &runs, cancel);
+        return flaky_search(d, workers, input, &bisector, target, &runs, cancel);
     }
     if count > 1 {
         let end = parallel(&mut d, &mut bisector, input, &target, workers, cancel);
         if let SearchEnd::Found(oid) = end {
             if let Some(i) = input.range.iter().position(|c| c.oid == oid) {
-                let first = &mut workers[0];
-                return settle_plain(d, first.probe, input, &bisector, target, i, cancel);
+                return settle_plain(d, workers, input, &bisector, target, i, cancel);
             }
         }
         return d.end(end, Some(target));
@@ -522,7 +522,7 @@ pub fn search_with_workers(
                 return d.end(SearchEnd::Interrupted, Some(target))
             }
             NextStep::Done(SearchResult::Found(i)) => {
-                return settle_plain(d, first.probe, input, &bisector, target, i, cancel)
+                return settle_plain(d, workers, input, &bisector, target, i, cancel)
             }
             NextStep::Done(SearchResult::Ambiguous(ix)) => {
                 let oids = ix.iter().map(|&i| input.range[i].oid).collect();
@@ -579,11 +579,7 @@ struct Landed {
 }
 
 /// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
-fn with_pool<R>(
-    workers: &mut [Worker],
-    policy: &MatchPolicy,
-    f: impl FnOnce(&mut Pool) -> R,
-) -> R {
+fn with_pool<R>(workers: &mut [Worker], policy: &MatchPolicy, f: impl FnOnce(&mut Pool) -> R) -> R {
     let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Message>();
@@ -783,7 +779,7 @@ fn parallel(
 /// and its parent are run again until their reproduction rates separate at that confidence.
 fn flaky_search(
     mut d: Driver,
-    prober: &mut dyn Probe,
+    workers: &mut [Worker],
     input: &SearchInput,
     bisector: &Bisector,
     target: Signature,
@@ -798,31 +794,48 @@ fn flaky_search(
         bayes.record(i, fault);
         *repeats.entry(i).or_insert(0) += 1;
     }
-    let result = loop {
-        if cancel.load(Ordering::SeqCst) {
-            return d.end(SearchEnd::Interrupted, Some(target));
+    let result = if workers.len() > 1 {
+        match flaky_rounds(
+            &mut d,
+            workers,
+            input,
+            bisector,
+            &target,
+            &mut bayes,
+            &mut repeats,
+            cancel,
+        ) {
+            Ok(r) => r,
+            Err(end) => return d.end(end, Some(target)),
         }
-        match bayes.next_step() {
-            BayesStep::Run(i) => {
-                let n = repeats.entry(i).or_insert(0);
-                let repeat = *n;
-                *n += 1;
-                let oid = input.range[i].oid;
-                let Some(rec) =
-                    d.run_once(prober, oid, ProbeRole::Search, bisector, &target, repeat)
-                else {
-                    return d.end(SearchEnd::Interrupted, Some(target));
-                };
-                if let Some(msg) = host_failure(&rec) {
-                    return d.end(SearchEnd::HostFailure(msg), Some(target));
-                }
-                match rec.verdict {
-                    Verdict::Bad => bayes.record(i, true),
-                    Verdict::Good => bayes.record(i, false),
-                    Verdict::Skip => bayes.skip(i),
-                }
+    } else {
+        let prober = &mut *workers[0].probe;
+        loop {
+            if cancel.load(Ordering::SeqCst) {
+                return d.end(SearchEnd::Interrupted, Some(target));
             }
-            BayesStep::Done(r) => break r,
+            match bayes.next_step() {
+                BayesStep::Run(i) => {
+                    let n = repeats.entry(i).or_insert(0);
+                    let repeat = *n;
+                    *n += 1;
+                    let oid = input.range[i].oid;
+                    let Some(rec) =
+                        d.run_once(prober, oid, ProbeRole::Search, bisector, &target, repeat)
+                    else {
+                        return d.end(SearchEnd::Interrupted, Some(target));
+                    };
+                    if let Some(msg) = host_failure(&rec) {
+                        return d.end(SearchEnd::HostFailure(msg), Some(target));
+                    }
+                    match rec.verdict {
+                        Verdict::Bad => bayes.record(i, true),
+                        Verdict::Good => bayes.record(i, false),
+                        Verdict::Skip => bayes.skip(i),
+                    }
+                }
+                BayesStep::Done(r) => break r,
+            }
         }
     };
     let name = |i: usize| input.range[i].oid.to_string();
@@ -843,7 +856,7 @@ fn flaky_search(
     if result.reached {
         answer.verification = verify(
             &mut d,
-            prober,
+            workers,
             input,
             bisector,
             &target,
@@ -872,7 +885,7 @@ fn flaky_search(
 #[allow(clippy::too_many_arguments)]
 fn verify(
     d: &mut Driver,
-    prober: &mut dyn Probe,
+    workers: &mut [Worker],
     input: &SearchInput,
     bisector: &Bisector,
     target: &Signature,
@@ -888,6 +901,52 @@ fn verify(
     let parent_index = input.range[culprit].parents.first().copied();
     let mut rates = [(0u32, 0u32), (0u32, 0u32)];
     let mut separation = 0.5;
+    if let (Some(p), true) = (parent_index, workers.len() > 1) {
+        // Both at once, a round at a time, on two workers.
+        let policy = d.policy;
+        with_pool(workers, policy, |pool| {
+            while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
+                for i in [culprit, p] {
+                    let n = repeats.entry(i).or_insert(0);
+                    let repeat = *n;
+                    *n += 1;
+                    pool.dispatch(
+                        d,
+                        input,
+                        target,
+                        bisector,
+                        (i, ProbeRole::Verify, Some(repeat)),
+                    );
+                }
+                while !pool.busy.is_empty() {
+                    if cancel.load(Ordering::SeqCst) {
+                        pool.stop_all();
+                    }
+                    let Some(l) = pool.land(d) else { continue };
+                    if l.probed.interrupted {
+                        continue;
+                    }
+                    let k = usize::from(l.index != culprit);
+                    let rec = d.finish(l.step, *l.probed);
+                    if rec.verdict != Verdict::Skip {
+                        rates[k].1 += 1;
+                        rates[k].0 += u32::from(rec.verdict == Verdict::Bad);
+                    }
+                }
+                separation = rates_differ(rates[0], rates[1]);
+                if separation >= input.flaky.confidence {
+                    break;
+                }
+            }
+        });
+        return Some(Verification {
+            parent: parent_oid.to_string(),
+            culprit_rate: rates[0],
+            parent_rate: rates[1],
+            separation,
+        });
+    }
+    let prober = &mut *workers[0].probe;
     while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
         for (k, (oid, index)) in [
             (input.range[culprit].oid, Some(culprit)),
@@ -928,7 +987,7 @@ fn verify(
 /// with every run made so far; otherwise the plain answer stands.
 fn settle_plain(
     mut d: Driver,
-    prober: &mut dyn Probe,
+    workers: &mut [Worker],
     input: &SearchInput,
     bisector: &Bisector,
     target: Signature,
@@ -951,7 +1010,7 @@ fn settle_plain(
     for _ in 0..checks {
         let repeat = already(&d);
         let Some(rec) = d.run_once(
-            prober,
+            &mut *workers[0].probe,
             parent_oid,
             ProbeRole::Verify,
             bisector,
@@ -988,11 +1047,73 @@ fn settle_plain(
                         .map(|&k| (k, r.verdict == Verdict::Bad))
                 })
                 .collect();
-            return flaky_search(d, prober, input, bisector, target, &earlier, cancel);
+            return flaky_search(d, workers, input, bisector, target, &earlier, cancel);
         }
         if cancel.load(Ordering::SeqCst) {
             return d.end(SearchEnd::Interrupted, Some(target));
         }
     }
     d.end(SearchEnd::Found(found), Some(target))
+}
+
+/// The flaky search's runs with several workers, in rounds: each round runs the commits with the most
+/// expected information at once, one per worker, and the posterior takes all their outcomes before the
+/// next round. `Err` when the search must stop (Ctrl-C, a broken host).
+#[allow(clippy::too_many_arguments)]
+fn flaky_rounds(
+    d: &mut Driver,
+    workers: &mut [Worker],
+    input: &SearchInput,
+    bisector: &Bisector,
+    target: &Signature,
+    bayes: &mut BayesSearch,
+    repeats: &mut HashMap<usize, u32>,
+    cancel: &AtomicBool,
+) -> Result<crate::bisect::BayesResult, SearchEnd> {
+    let policy = d.policy;
+    with_pool(workers, policy, |pool| loop {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(SearchEnd::Interrupted);
+        }
+        let runs = match bayes.propose(pool.idle.len()) {
+            Ok(runs) => runs,
+            Err(result) => return Ok(result),
+        };
+        for i in runs {
+            let n = repeats.entry(i).or_insert(0);
+            let repeat = *n;
+            *n += 1;
+            pool.dispatch(
+                d,
+                input,
+                target,
+                bisector,
+                (i, ProbeRole::Search, Some(repeat)),
+            );
+        }
+        let mut end = None;
+        while !pool.busy.is_empty() {
+            if cancel.load(Ordering::SeqCst) || end.is_some() {
+                pool.stop_all();
+            }
+            let Some(l) = pool.land(d) else { continue };
+            if l.probed.interrupted {
+                end.get_or_insert(SearchEnd::Interrupted);
+                continue;
+            }
+            let rec = d.finish(l.step, *l.probed);
+            if let Some(msg) = host_failure(&rec) {
+                end = Some(SearchEnd::HostFailure(msg));
+                continue;
+            }
+            match rec.verdict {
+                Verdict::Bad => bayes.record(l.index, true),
+                Verdict::Good => bayes.record(l.index, false),
+                Verdict::Skip => bayes.skip(l.index),
+            }
+        }
+        if let Some(end) = end {
+            return Err(end);
+        }
+    })
 }
