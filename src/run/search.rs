@@ -816,9 +816,7 @@ fn flaky_search(
             }
             match bayes.next_step() {
                 BayesStep::Run(i) => {
-                    let n = repeats.entry(i).or_insert(0);
-                    let repeat = *n;
-                    *n += 1;
+                    let repeat = next_repeat(&mut repeats, i);
                     let oid = input.range[i].oid;
                     let Some(rec) =
                         d.run_once(prober, oid, ProbeRole::Search, bisector, &target, repeat)
@@ -907,9 +905,7 @@ fn verify(
         with_pool(workers, policy, |pool| {
             while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
                 for i in [culprit, p] {
-                    let n = repeats.entry(i).or_insert(0);
-                    let repeat = *n;
-                    *n += 1;
+                    let repeat = next_repeat(repeats, i);
                     pool.dispatch(
                         d,
                         input,
@@ -956,12 +952,7 @@ fn verify(
         .enumerate()
         {
             // Runs already made there count as the first ones: a new run gets the next number.
-            let repeat = index.map_or(rates[k].1, |i| {
-                let n = repeats.entry(i).or_insert(0);
-                let r = *n;
-                *n += 1;
-                r
-            });
+            let repeat = index.map_or(rates[k].1, |i| next_repeat(repeats, i));
             let rec = d.run_once(prober, oid, ProbeRole::Verify, bisector, target, repeat)?;
             if rec.verdict != Verdict::Skip {
                 rates[k].1 += 1;
@@ -1080,9 +1071,7 @@ fn flaky_rounds(
             Err(result) => return Ok(result),
         };
         for i in runs {
-            let n = repeats.entry(i).or_insert(0);
-            let repeat = *n;
-            *n += 1;
+            let repeat = next_repeat(repeats, i);
             pool.dispatch(
                 d,
                 input,
@@ -1116,4 +1105,11 @@ fn flaky_rounds(
             return Err(end);
         }
     })
+}
+
+/// The number of the next run at commit `i` (runs of one commit are journaled apart by it).
+fn next_repeat(repeats: &mut HashMap<usize, u32>, i: usize) -> u32 {
+    let n = repeats.entry(i).or_insert(0);
+    *n += 1;
+    *n - 1
 }
