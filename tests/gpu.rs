@@ -827,3 +827,113 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
         .iter()
         .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
 }
+
+/// A torch repro that gathers far past its table at and after the culprit commit, and logs which GPU
+/// it ran on and when (for the rounds and the pinning).
+const TWO_GPU_REPRO: &str = r#"import os, sys, time
+import torch
+start = time.time()
+x = torch.randn(1 << 20, device="cuda")
+idx = torch.randint(0, 1 << 20, (1 << 16,), device="cuda")
+time.sleep(2)  # a training step's length, so the rounds show in the wall time
+if open("state.txt").read().strip() == "bad":
+    idx = idx + (1 << 30)
+y = x[idx]
+torch.cuda.synchronize()
+with open(os.environ["RUN_LOG"], "a") as f:
+    f.write(f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')} {torch.cuda.device_count()} {start:.3f}\n")
+print("ok", float(y.sum()))
+"#;
+
+#[test]
+#[ignore = "needs two NVIDIA GPUs and torch: run with --include-ignored on the two-GPU machine"]
+fn a_parallel_bisection_on_two_gpus_pins_each_worker_to_its_own_gpu() {
+    let gpus = Command::new("nvidia-smi")
+        .args(["--query-gpu=index", "--format=csv,noheader"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0);
+    assert!(
+        gpus >= 2,
+        "this test needs two GPUs; nvidia-smi lists {gpus}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let log = tmp.path().join("runs.log");
+    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(&repo).unwrap();
+    let culprit = 19;
+    let mut commits = Vec::new();
+    for i in 0..32 {
+        let mut f = cudabisect::sample::repo_builder::Files::new();
+        let state = if i >= culprit { "bad" } else { "good" };
+        cudabisect::sample::repo_builder::put(&mut f, "repro.py", TWO_GPU_REPRO.to_string(), false);
+        cudabisect::sample::repo_builder::put(&mut f, "state.txt", format!("{state}\n"), false);
+        cudabisect::sample::repo_builder::put(&mut f, "rev.txt", format!("{i}\n"), false);
+        let config = format!(
+            "[repro]\ncommand = [\"python3\", \"repro.py\"]\ntimeout = \"5m\"\nenv = {{ RUN_LOG = \"{}\" }}\n\n[triage]\nenabled = false\n\n[search]\njobs = \"auto\"\n",
+            log.display()
+        );
+        cudabisect::sample::repo_builder::put(&mut f, "bisect.toml", config, false);
+        let parents: Vec<git2::Oid> = commits.last().copied().into_iter().collect();
+        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    let mut walls = Vec::new();
+    for jobs in ["1", "auto"] {
+        let _ = std::fs::remove_file(&log);
+        let started = std::time::Instant::now();
+        let out = Command::new(bin())
+            .args([
+                "start",
+                &format!("{}..main", commits[0]),
+                "--no-shrink",
+                "--fresh",
+                "--jobs",
+                jobs,
+                "-C",
+            ])
+            .arg(&repo)
+            .output()
+            .unwrap();
+        let wall = started.elapsed().as_secs_f64();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(&commits[culprit].to_string()), "{stdout}");
+        let runs = std::fs::read_to_string(&log).unwrap_or_default();
+        let devices: std::collections::BTreeSet<&str> = runs
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        // Clean runs only (a faulting run dies before it logs): distinct start seconds bunch into rounds.
+        let mut starts: Vec<f64> = runs
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+            .collect();
+        starts.sort_by(f64::total_cmp);
+        let rounds = starts.windows(2).filter(|w| w[1] - w[0] > 1.0).count()
+            + usize::from(!starts.is_empty());
+        println!(
+            "--jobs {jobs}: wall {wall:.1} s, clean runs {} on devices {devices:?}, rounds of clean runs {rounds}",
+            starts.len()
+        );
+        if jobs == "auto" {
+            assert!(devices.contains("0") && devices.contains("1"), "{runs}");
+            assert!(
+                runs.lines()
+                    .all(|l| l.split_whitespace().nth(1) == Some("1")),
+                "each worker sees one GPU: {runs}"
+            );
+        }
+        walls.push(wall);
+    }
+    println!(
+        "wall time: one at a time {:.1} s, one worker per GPU {:.1} s",
+        walls[0], walls[1]
+    );
+}
