@@ -1357,8 +1357,12 @@ def forward(path, argv):
     except OSError as e:
         print(f"harness: warm server unavailable ({e}); running cold", file=sys.stderr, flush=True)
         return None
+    forked = False
     for line in s.makefile("rb"):
         word, _, rest = line.decode("ascii", "replace").strip().partition(" ")
+        if word == "forked":
+            forked = True
+            continue
         if word == "cold":
             print(f"harness: warm server cannot serve ({rest}); running cold", file=sys.stderr, flush=True)
             return None
@@ -1371,6 +1375,10 @@ def forward(path, argv):
             signal.signal(sig, signal.SIG_DFL)
             os.kill(os.getpid(), sig)
             return 128 + sig
+    if not forked:
+        # The server died before it started this call (while building the model, say): nothing ran.
+        print("harness: the warm server went away before the run; running cold", file=sys.stderr, flush=True)
+        return None
     print("harness: the warm server went away during the run", file=sys.stderr, flush=True)
     return 70
 
@@ -1534,6 +1542,10 @@ def serve(a):
                     child(req, fds, warm, inherited + [conn.fileno()])
                 for fd in fds:
                     os.close(fd)
+                try:
+                    conn.sendall(f"forked {pid}\n".encode())
+                except OSError:
+                    pass  # the client is gone already; its hang-up is seen below
                 pidfd = os.pidfd_open(pid)
                 jobs[pid] = (conn, pidfd)
                 sel.register(pidfd, selectors.EVENT_READ, ("child", pid))

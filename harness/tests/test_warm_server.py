@@ -28,6 +28,8 @@ spec.loader.exec_module(h)
 
 def prepare(a):
     print(f"built in {{os.getpid()}}", flush=True)
+    if os.environ.get("WARM_TEST_DIE_BUILDING") and sys.argv[-2] == "--socket":
+        os._exit(9)  # the server dies while building the model (an out-of-memory, say)
     return types.SimpleNamespace(key=(a.model, a.example))
 
 
@@ -163,6 +165,23 @@ def test_a_client_that_cannot_reach_a_server_runs_cold():
         s.stop()
         # With the server gone, its socket is gone too, and clients still run.
         assert not os.path.exists(s.socket)
+
+
+def test_a_server_that_dies_before_a_call_started_leaves_the_call_to_run_cold():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["WARM_TEST_DIE_BUILDING"] = "1"
+        try:
+            s = Server(tmp)
+            c = s.client(["--keep", "ok"], env={k: v for k, v in os.environ.items()
+                                                if k != "WARM_TEST_DIE_BUILDING"})
+            out = c.communicate(timeout=60)[0].decode()
+        finally:
+            del os.environ["WARM_TEST_DIE_BUILDING"]
+        assert c.returncode == 0, out
+        # Whether the client connected before the server died (then it saw no `forked` line) or after
+        # (then nobody listened), nothing had run there: the call runs cold, here.
+        assert "running cold" in out and "ran ok" in out and out.count("ran ok") == 1, out
+        assert s.proc.wait(timeout=30) == 9
 
 
 def test_the_server_ends_with_its_driver_and_takes_running_children_along():
