@@ -62,7 +62,8 @@ pub struct Description {
     #[serde(default)]
     pub harness: Option<String>,
     /// How the harness obtained the graph, when it says (the PyTorch harness: `fx`, which modules it kept
-    /// whole because their forward cannot be traced, or the chain of child modules).
+    /// whole because their forward cannot be traced, and how each level it descended into was obtained:
+    /// fx, hooks, or a chain of children).
     #[serde(default)]
     pub graph: Option<String>,
     /// Nodes in execution order.
