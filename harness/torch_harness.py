@@ -1341,19 +1341,15 @@ def forward(path, argv):
     """Runs `argv` in the warm server at `path`; its exit status, or None when it must run cold here."""
     import signal
     import socket
-    import struct
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
     except OSError as e:
         print(f"harness: warm server unavailable ({e}); running cold", file=sys.stderr, flush=True)
         return None
-    payload = json.dumps({"argv": argv, "pgid": os.getpgrp(), "cwd": os.getcwd(),
-                          "env": dict(os.environ)}).encode()
-    data = struct.pack("!Q", len(payload)) + payload
+    req = {"argv": argv, "pgid": os.getpgrp(), "cwd": os.getcwd(), "env": dict(os.environ)}
     try:
-        sent = socket.send_fds(s, [data], [0, 1, 2])
-        s.sendall(data[sent:])
+        send_request(s, req, [0, 1, 2])
     except OSError as e:
         print(f"harness: warm server unavailable ({e}); running cold", file=sys.stderr, flush=True)
         return None
@@ -1383,10 +1379,22 @@ def forward(path, argv):
     return 70
 
 
-def recv_request(conn):
+def send_request(sock, req, fds):
+    """A request on the wire: its length, its JSON, and the caller's stdin, stdout and stderr."""
     import socket
     import struct
-    conn.settimeout(30)
+    payload = json.dumps(req).encode()
+    data = struct.pack("!Q", len(payload)) + payload
+    sent = socket.send_fds(sock, [data], fds)
+    if sent < len(data):
+        # (Only the rest: an empty send to a peer that already read everything and closed is EPIPE.)
+        sock.sendall(data[sent:])
+
+
+def recv_request(conn, timeout=30):
+    import socket
+    import struct
+    conn.settimeout(timeout)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     while len(data) < 8:
         more = conn.recv(1 << 16)
@@ -1404,6 +1412,22 @@ def recv_request(conn):
     if len(fds) != 3:
         raise OSError(f"expected 3 file descriptors, got {len(fds)}")
     return json.loads(body), fds
+
+
+def warm_device(a):
+    """In a spare child, before any request: start the device, so the run it serves does not wait for it."""
+    import torch
+    torch.zeros(1, device=a.device)
+    torch.cuda.synchronize()
+
+
+# Variables the device reads when it starts: a spare child that started it under other values cannot
+# serve a request that asks for these.
+DEVICE_ENV = ("CUDA", "NVIDIA", "PYTORCH", "TORCH", "TRITON", "NCCL", "LD_", "CUBLAS", "CUDNN")
+
+
+def device_env(env):
+    return {k: v for k, v in env.items() if k.startswith(DEVICE_ENV)}
 
 
 def preload(req, warm):
@@ -1494,9 +1518,45 @@ def serve(a):
     sel.register(0, selectors.EVENT_READ, ("parent", None))
     jobs = {}  # pid -> (conn, pidfd)
     watching = set()  # children whose client connection is still watched for a hang-up
+    # A spare: a child that started the device while the server waited, and now waits for one request
+    # (pid, socket to it, pidfd). Starting CUDA is most of what a forked child pays before it runs.
+    spare = None
+
+    def open_fds():
+        fds = [srv.fileno()] + [fd for c, p in jobs.values() for fd in (c.fileno(), p)]
+        if spare:
+            fds += [spare[1].fileno(), spare[2]]
+        if hasattr(sel, "fileno"):
+            fds.append(sel.fileno())
+        return fds
+
+    def start_spare():
+        if warm is None or not str(a.device).startswith("cuda"):
+            return None
+        mine, theirs = socket.socketpair()
+        closing = open_fds() + [mine.fileno()]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            for fd in closing:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            try:
+                warm_device(a)
+                req, fds = recv_request(theirs, timeout=None)
+            except BaseException:  # noqa: BLE001 - a spare that cannot start is simply not used
+                os._exit(0)
+            child(req, fds, warm, [theirs.fileno()])
+        theirs.close()
+        pidfd = os.pidfd_open(pid)
+        sel.register(pidfd, selectors.EVENT_READ, ("spare", pid))
+        return (pid, mine, pidfd)
 
     def shutdown(*_):
-        for pid in jobs:
+        for pid in list(jobs) + ([spare[0]] if spare else []):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -1508,6 +1568,7 @@ def serve(a):
         os._exit(0)
 
     signal.signal(signal.SIGTERM, shutdown)
+    spare = start_spare()
     while True:
         for key, _ in sel.select():
             kind, data = key.data
@@ -1532,25 +1593,52 @@ def serve(a):
                     conn.close()
                     continue
                 preload(req, warm)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                inherited = [srv.fileno(), 0] + [fd for c, p in jobs.values() for fd in (c.fileno(), p)]
-                if hasattr(sel, "fileno"):
-                    inherited.append(sel.fileno())
-                pid = os.fork()
-                if pid == 0:
-                    child(req, fds, warm, inherited + [conn.fileno()])
+                pid = None
+                if spare is not None and device_env(req["env"]) == device_env(os.environ):
+                    # The spare takes it: it started the device under the same settings.
+                    spid, mine, spfd = spare
+                    spare = None
+                    sel.unregister(spfd)
+                    try:
+                        send_request(mine, req, fds)
+                        pid, pidfd = spid, spfd
+                    except OSError:
+                        os.kill(spid, signal.SIGKILL)
+                        os.waitpid(spid, 0)
+                        os.close(spfd)
+                    mine.close()
+                if pid is None:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    inherited = [0] + open_fds()
+                    pid = os.fork()
+                    if pid == 0:
+                        child(req, fds, warm, inherited + [conn.fileno()])
+                    pidfd = os.pidfd_open(pid)
                 for fd in fds:
                     os.close(fd)
                 try:
                     conn.sendall(f"forked {pid}\n".encode())
                 except OSError:
                     pass  # the client is gone already; its hang-up is seen below
-                pidfd = os.pidfd_open(pid)
                 jobs[pid] = (conn, pidfd)
                 sel.register(pidfd, selectors.EVENT_READ, ("child", pid))
                 sel.register(conn, selectors.EVENT_READ, ("client", pid))
                 watching.add(pid)
+                if spare is None:
+                    spare = start_spare()
+            elif kind == "spare":
+                # The spare ended before it was used (it could not start the device): requests fork as
+                # before until the next one starts. (An event of a spare handed a request earlier in this
+                # batch is stale: that process is a job now.)
+                if spare is None or spare[0] != data:
+                    continue
+                spid, mine, spfd = spare
+                spare = None
+                sel.unregister(spfd)
+                os.waitpid(spid, 0)
+                os.close(spfd)
+                mine.close()
             elif kind == "child":
                 pid = data
                 conn, pidfd = jobs.pop(pid)
@@ -1573,6 +1661,8 @@ def serve(a):
                 # The client hung up before its child ended (killed by a timeout or Ctrl-C): the child
                 # goes too, whether or not it could join the client's process group.
                 pid = data
+                if pid not in watching:
+                    continue  # its child ended in this same batch of events: already answered
                 watching.discard(pid)
                 sel.unregister(jobs[pid][0])
                 try:

@@ -33,10 +33,18 @@ def prepare(a):
     return types.SimpleNamespace(key=(a.model, a.example))
 
 
+WARMED = [None]
+
+
+def warm_device(a):
+    WARMED[0] = os.getpid()
+    print(f"warmed in {{os.getpid()}}", flush=True)
+
+
 def execute(a, w):
     what = a.keep
     print(f"ran {{what}} pid={{os.getpid()}} pgid={{os.getpgrp()}} cwd={{os.getcwd()}} "
-          f"x={{os.environ.get('WARM_TEST_X')}}", flush=True)
+          f"x={{os.environ.get('WARM_TEST_X')}} warmed={{WARMED[0] == os.getpid()}}", flush=True)
     if what == "exit3":
         return 3
     if what == "segv":
@@ -48,6 +56,7 @@ def execute(a, w):
 
 h.prepare = prepare
 h.execute = execute
+h.warm_device = warm_device
 sys.exit(h.main())
 """
 
@@ -55,13 +64,14 @@ BASE = ["--model", "m:build", "--example-inputs", "m:inputs", "--device", "cpu"]
 
 
 class Server:
-    def __init__(self, tmp):
+    def __init__(self, tmp, device="cpu"):
+        self.base = [*BASE[:-1], device]
         self.driver = os.path.join(tmp, "driver.py")
         with open(self.driver, "w") as f:
             f.write(DRIVER)
         self.socket = os.path.join(tmp, "h.sock")
         self.log = open(os.path.join(tmp, "server.log"), "w+")
-        self.proc = subprocess.Popen([sys.executable, self.driver, *BASE, "serve", "--socket", self.socket],
+        self.proc = subprocess.Popen([sys.executable, self.driver, *self.base, "serve", "--socket", self.socket],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      process_group=0)
         first = self.proc.stdout.readline().decode()
@@ -69,7 +79,7 @@ class Server:
 
     def client(self, verb_args, via=None, **kw):
         via = self.socket if via is None else via
-        return subprocess.Popen([sys.executable, self.driver, *BASE, "--via", via, "run", *verb_args],
+        return subprocess.Popen([sys.executable, self.driver, *self.base, "--via", via, "run", *verb_args],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, **kw)
 
     def stop(self):
@@ -182,6 +192,35 @@ def test_a_server_that_dies_before_a_call_started_leaves_the_call_to_run_cold():
         # (then nobody listened), nothing had run there: the call runs cold, here.
         assert "running cold" in out and "ran ok" in out and out.count("ran ok") == 1, out
         assert s.proc.wait(timeout=30) == 9
+
+
+def test_a_spare_child_that_started_the_device_takes_the_next_call():
+    with tempfile.TemporaryDirectory() as tmp:
+        s = Server(tmp, device="cuda")
+        pids = []
+        for _ in range(2):
+            c = s.client(["--keep", "ok"])
+            out = c.communicate(timeout=60)[0].decode()
+            assert c.returncode == 0, out
+            line = [x for x in out.splitlines() if x.startswith("ran ok")][0]
+            # Run by a spare that had started the device before the call came, in the client's group.
+            assert field(line, "warmed") == "True", out
+            assert int(field(line, "pgid")) == c.pid, out
+            pids.append(int(field(line, "pid")))
+        assert pids[0] != pids[1], "a spare serves one call only"
+        # A call asking for other device settings than the spare started with gets a fresh child.
+        c = s.client(["--keep", "ok"], env=dict(os.environ, CUDA_TEST_OTHER="1"))
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 0 and "warmed=False" in out, out
+        # A spare's child dies with its client's group like any other.
+        c, pid = hanging_child(s)
+        os.killpg(c.pid, signal.SIGKILL)
+        c.wait(timeout=30)
+        assert wait_gone(pid)
+        c.stdin.close()
+        c.stdout.close()
+        log = s.stop()
+        assert log.count("warmed in") >= 3, log
 
 
 def test_the_server_ends_with_its_driver_and_takes_running_children_along():
