@@ -1423,7 +1423,7 @@ def warm_device(a):
 
 # Variables the device reads when it starts: a spare child that started it under other values cannot
 # serve a request that asks for these.
-DEVICE_ENV = ("CUDA", "NVIDIA", "PYTORCH", "TORCH", "TRITON", "NCCL", "LD_", "CUBLAS", "CUDNN")
+DEVICE_ENV = ("CUDA_", "NVIDIA", "PYTORCH", "TORCH", "TRITON", "NCCL", "LD_", "CUBLAS", "CUDNN")
 
 
 def device_env(env):
