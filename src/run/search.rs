@@ -924,10 +924,7 @@ fn verify(
                     }
                     let k = usize::from(l.index != culprit);
                     let rec = d.finish(l.step, *l.probed);
-                    if rec.verdict != Verdict::Skip {
-                        rates[k].1 += 1;
-                        rates[k].0 += u32::from(rec.verdict == Verdict::Bad);
-                    }
+                    tally(&mut rates[k], rec.verdict);
                 }
                 separation = rates_differ(rates[0], rates[1]);
                 if separation >= input.flaky.confidence {
@@ -954,10 +951,7 @@ fn verify(
             // Runs already made there count as the first ones: a new run gets the next number.
             let repeat = index.map_or(rates[k].1, |i| next_repeat(repeats, i));
             let rec = d.run_once(prober, oid, ProbeRole::Verify, bisector, target, repeat)?;
-            if rec.verdict != Verdict::Skip {
-                rates[k].1 += 1;
-                rates[k].0 += u32::from(rec.verdict == Verdict::Bad);
-            }
+            tally(&mut rates[k], rec.verdict);
         }
         separation = rates_differ(rates[0], rates[1]);
         if separation >= input.flaky.confidence {
@@ -1112,4 +1106,12 @@ fn next_repeat(repeats: &mut HashMap<usize, u32>, i: usize) -> u32 {
     let n = repeats.entry(i).or_insert(0);
     *n += 1;
     *n - 1
+}
+
+/// Counts one verification run in a (faults, runs) rate; a skip counts for neither.
+fn tally(rate: &mut (u32, u32), verdict: Verdict) {
+    if verdict != Verdict::Skip {
+        rate.1 += 1;
+        rate.0 += u32::from(verdict == Verdict::Bad);
+    }
 }
