@@ -2,6 +2,7 @@
 //! cudabisect's state directory — REPORT.md to paste into an issue, the minimal model with its recorded
 //! inputs and a script that reproduces it, report.json, logs, the config and the environment.
 
+use crate::report::record::short_sha;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -74,17 +75,12 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The bundle directory's name for a commit.
-pub fn short(commit: &str) -> &str {
-    &commit[..commit.len().min(12)]
-}
-
 /// Writes the bundle and returns its directory. A bundle from an earlier run of the same commit is replaced.
 pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleError> {
     let name = input
         .commit
         .as_ref()
-        .map_or("worktree", |c| short(&c.commit));
+        .map_or("worktree", |c| short_sha(&c.commit));
     let dir = input.root.join(name);
     // Nothing is written beside the bundle: a root the user chose (even inside their checkout) gets no
     // `.gitignore` or anything else of ours.
@@ -207,9 +203,9 @@ fn dir_has_repro_py(input: &BundleInput) -> bool {
 pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -> String {
     let mut md = String::new();
     let title = match (&input.target, &input.commit) {
-        (Some(t), Some(c)) => format!("{} since {}", t.short(), short(&c.commit)),
+        (Some(t), Some(c)) => format!("{} since {}", t.short(), short_sha(&c.commit)),
         (Some(t), None) => t.short(),
-        (None, Some(c)) => format!("Repro bundle for {}", short(&c.commit)),
+        (None, Some(c)) => format!("Repro bundle for {}", short_sha(&c.commit)),
         (None, None) => "Repro bundle".into(),
     };
     let _ = writeln!(md, "# {title}\n");

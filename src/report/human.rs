@@ -1,6 +1,7 @@
 //! The human reporter: a progress bar on a terminal, plain timestamped lines otherwise (both on stderr),
 //! and the summary on stdout.
 
+use crate::report::record::short_sha;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -125,7 +126,7 @@ impl Reporter for HumanReporter {
                     "step {step} ({}) · {remaining} candidates left (~{estimated_steps} {}) · {} · {phase}",
                     role_name(*role),
                     if *estimated_steps == 1 { "step" } else { "steps" },
-                    &commit[..12.min(commit.len())]
+                    short_sha(commit)
                 );
                 // With parallel workers every worker's commit and phase stay on the progress line.
                 let msg = match worker {
@@ -153,7 +154,7 @@ impl Reporter for HumanReporter {
                 let mut text = format!(
                     "step {step}: {} {} → {:?} ({}, {:.1}s)",
                     role_name(record.role),
-                    &record.commit[..12.min(record.commit.len())],
+                    short_sha(&record.commit),
                     record.verdict,
                     record.signature.short(),
                     record.duration_s
@@ -238,7 +239,7 @@ pub fn summary(report: &Report) -> String {
         out.push_str(&format!(
             "Flaky: the fault shows on about {:.0}% of runs of a bad commit; {} is the first bad commit with probability {:.3} ({} the {} asked, {} runs)\n",
             f.p * 100.0,
-            &f.culprit[..12.min(f.culprit.len())],
+            short_sha(&f.culprit),
             f.posterior,
             if f.reached { "reaching" } else { "short of" },
             f.confidence,
@@ -247,7 +248,7 @@ pub fn summary(report: &Report) -> String {
         let others: Vec<String> = f
             .runners_up
             .iter()
-            .map(|(c, v)| format!("{} {v:.3}", &c[..12.min(c.len())]))
+            .map(|(c, v)| format!("{} {v:.3}", short_sha(c)))
             .collect();
         if !others.is_empty() {
             out.push_str(&format!("Runners-up: {}\n", others.join(", ")));
@@ -257,7 +258,7 @@ pub fn summary(report: &Report) -> String {
                 "Verified: the culprit faulted on {}/{} runs, its parent {} on {}/{} (P(culprit's rate is higher) = {:.3})\n",
                 v.culprit_rate.0,
                 v.culprit_rate.1,
-                &v.parent[..12.min(v.parent.len())],
+                short_sha(&v.parent),
                 v.parent_rate.0,
                 v.parent_rate.1,
                 v.separation
@@ -277,7 +278,7 @@ pub fn summary(report: &Report) -> String {
         out.push_str(&format!(
             "Another bug on the way: {short}, not the target ({count} commit{}, first {})\n",
             if count == 1 { "" } else { "s" },
-            &first[..12.min(first.len())]
+            short_sha(first)
         ));
     }
     if let Some(triage) = &report.triage {

@@ -1,6 +1,7 @@
 //! A finished run's probes as a log: for people (one line per probe), or in the form `git bisect replay`
 //! accepts, so a search cudabisect made can be continued or checked by hand with git.
 
+use crate::report::record::short_sha;
 use std::fmt::Write;
 
 use crate::bisect::Verdict;
@@ -95,7 +96,7 @@ pub fn human_log(report: &Report) -> String {
             "{:>3}. {:<20} {} {:<5} {} ({:.1}s){}{}",
             i + 1,
             format!("{:?}", p.role).to_lowercase(),
-            &p.commit[..12.min(p.commit.len())],
+            short_sha(&p.commit),
             format!("{:?}", p.verdict).to_lowercase(),
             p.signature.short(),
             p.duration_s,

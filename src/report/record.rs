@@ -405,3 +405,8 @@ pub struct OtherBug {
     /// Why it is not the target.
     pub reason: String,
 }
+
+/// A commit's first 12 hex digits, as people write it (the whole string when it is shorter).
+pub fn short_sha(commit: &str) -> &str {
+    &commit[..commit.len().min(12)]
+}

@@ -2,6 +2,7 @@
 //! to `$GITHUB_STEP_SUMMARY`, the nightly report file and the `[nightly] notify` command. Every failure here
 //! is a warning: the result is already on disk.
 
+use crate::report::record::short_sha;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
@@ -104,7 +105,7 @@ pub fn nightly_outputs(
         };
         let written = junit_case(
             &format!("cudabisect nightly {}", n.branch),
-            &format!("{} at {}", n.branch, &n.head[..12.min(n.head.len())]),
+            &format!("{} at {}", n.branch, short_sha(&n.head)),
             &outcome,
             night.bisect.as_ref().map(probe_time).unwrap_or_default(),
         )

@@ -4,6 +4,7 @@
 //! an open one: from the last head that showed only the older bug); the same bug as the open regression is
 //! not bisected again; a clean head closes it.
 
+use crate::report::record::short_sha;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -196,7 +197,7 @@ pub fn nightly(
                 sig.short(),
                 open.first_bad
                     .as_deref()
-                    .map(|c| format!("; first bad commit {}", &c[..12.min(c.len())]))
+                    .map(|c| format!("; first bad commit {}", short_sha(c)))
                     .unwrap_or_default()
             ),
             None,

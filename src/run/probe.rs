@@ -2,6 +2,7 @@
 //! failures, rerunning clean runs under `[repro] attempts`), classify the outcome and turn it into a
 //! verdict against the target signature. The search driver sees probes only through [`Probe`].
 
+use crate::report::record::short_sha;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -123,10 +124,6 @@ pub struct WorktreeProber<'a> {
     pub cancel: &'a AtomicBool,
     /// The parallel worker this prober is, with its devices; `None` when probes run one at a time.
     pub slot: Option<WorkerSlot>,
-}
-
-fn short(commit: &str) -> &str {
-    &commit[..commit.len().min(12)]
 }
 
 impl Probe for WorktreeProber<'_> {
@@ -258,7 +255,7 @@ impl Probe for WorktreeProber<'_> {
             message: format!(
                 "step {}: {} under compute-sanitizer, to learn which kernel faulted",
                 ctx.step,
-                short(&oid.to_string())
+                short_sha(&oid.to_string())
             ),
         });
         let started = Instant::now();
@@ -355,11 +352,11 @@ impl WorktreeProber<'_> {
         match self.build(&commit, 0, &format!("{name}-build")) {
             None => Ok(()),
             Some(Err(source)) => Err(PrepareError::BuildStart {
-                commit: short(&commit).to_string(),
+                commit: short_sha(&commit).to_string(),
                 source,
             }),
             Some(Ok((run, log))) if run.exit != Exit::Code(0) => Err(PrepareError::Build {
-                commit: short(&commit).to_string(),
+                commit: short_sha(&commit).to_string(),
                 log: log.unwrap_or_else(|| "no log".into()),
             }),
             Some(Ok(_)) => Ok(()),
@@ -398,7 +395,7 @@ impl WorktreeProber<'_> {
     fn write_log(&self, step: usize, commit: &str, name: &str, run: &RunOutput) -> Option<String> {
         let path = self
             .log_dir
-            .join(format!("{step:03}-{}-{name}.log", short(commit)));
+            .join(format!("{step:03}-{}-{name}.log", short_sha(commit)));
         let trailer = match run.exit {
             Exit::Code(c) => format!("exit={c}"),
             Exit::Signal(s) => format!("signal={s}"),

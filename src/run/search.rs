@@ -4,6 +4,7 @@
 //! moment it lands. It sees the world only through the [`Probe`] trait, so it is tested in-process with
 //! scripted fakes.
 
+use crate::report::record::short_sha;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -543,7 +544,7 @@ fn host_failure(rec: &ProbeRecord) -> Option<String> {
     .then(|| {
         format!(
             "stopped: the host failed at {}: {}",
-            &rec.commit[..12.min(rec.commit.len())],
+            short_sha(&rec.commit),
             rec.signature.summary
         )
     })
@@ -749,7 +750,7 @@ fn parallel(
                 d.reporter.event(&Event::Note {
                     message: format!(
                         "step {step}: stopped the probe of {} (worker {}): its answer no longer matters",
-                        &probed.record.commit[..12.min(probed.record.commit.len())],
+                        short_sha(&probed.record.commit),
                         worker + 1
                     ),
                 });
@@ -1008,7 +1009,7 @@ fn settle_plain(
             d.reporter.event(&Event::Note {
                 message: format!(
                     "the parent of {} shows the fault too: a flaky fault after all; searching for the most likely first bad commit with every run so far",
-                    &found.to_string()[..12]
+                    short_sha(&found.to_string())
                 ),
             });
             let index: HashMap<String, usize> = input
