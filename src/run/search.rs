@@ -299,19 +299,29 @@ impl Driver<'_, '_> {
         }
     }
 
-    /// One run of the repro at `oid` (the `repeat`-th there), for the flaky search.
+    /// The number the next run at `oid` gets: how many runs of it this search has made (the journal keeps
+    /// each run of a commit apart by it, so a resumed search replays the same runs).
+    fn next_repeat(&self, oid: Oid) -> u32 {
+        let commit = oid.to_string();
+        self.probes
+            .iter()
+            .filter(|r| r.commit == commit && r.role != ProbeRole::EndpointSanitizer)
+            .count() as u32
+    }
+
+    /// One run of the repro at `oid`, for a search that runs commits several times.
     fn run_once(
         &mut self,
         prober: &mut dyn Probe,
         oid: Oid,
         role: ProbeRole,
         search: &Bisector,
-        target: &Signature,
-        repeat: u32,
+        target: Option<&Signature>,
     ) -> Option<ProbeRecord> {
+        let repeat = self.next_repeat(oid);
         let mut ctx = self.context(role, search, 0);
         ctx.repeat = Some(repeat);
-        let probed = probe_commit(prober, self.policy, oid, &ctx, Some(target), self.reporter);
+        let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
         let interrupted = probed.interrupted;
         let record = self.finish(ctx.step, probed);
         (!interrupted).then_some(record)
@@ -371,14 +381,17 @@ pub fn search_with_workers(
         && (bad_runs.len() as u32 + 1) < input.flaky.endpoint_runs
     {
         bad_runs.push(false);
-        let mut ctx = d.context(ProbeRole::BadEndpoint, &bisector, 0);
-        ctx.repeat = Some(bad_runs.len() as u32);
-        let probed = probe_commit(first.probe, d.policy, input.bad.1, &ctx, None, d.reporter);
-        let interrupted = probed.interrupted;
-        bad = d.finish(ctx.step, probed);
-        if interrupted {
+        let run = d.run_once(
+            first.probe,
+            input.bad.1,
+            ProbeRole::BadEndpoint,
+            &bisector,
+            None,
+        );
+        let Some(run) = run else {
             return d.end(SearchEnd::Interrupted, None);
-        }
+        };
+        bad = run;
     }
     if is_host_problem(bad.signature.class) {
         let msg = format!(
@@ -406,14 +419,13 @@ pub fn search_with_workers(
     }
     // More runs of the bad end: a clean one says the fault is flaky, and the search is the Bayesian one.
     bad_runs.push(true);
-    for repeat in bad_runs.len() as u32..input.flaky.endpoint_runs {
+    while (bad_runs.len() as u32) < input.flaky.endpoint_runs {
         let Some(rec) = d.run_once(
             first.probe,
             input.bad.1,
             ProbeRole::BadEndpoint,
             &bisector,
-            &target,
-            repeat,
+            Some(&target),
         ) else {
             return d.end(SearchEnd::Interrupted, Some(target));
         };
@@ -636,11 +648,13 @@ impl Pool<'_> {
         input: &SearchInput,
         target: &Signature,
         search: &Bisector,
-        (index, role, repeat): (usize, ProbeRole, Option<u32>),
+        (index, role, repeated): (usize, ProbeRole, bool),
     ) -> bool {
         let Some(w) = self.idle.pop() else {
             return false;
         };
+        // Runs still in flight are not in the driver's records yet: a round never holds one commit twice.
+        let repeat = repeated.then(|| d.next_repeat(input.range[index].oid));
         let mut ctx = d.context(role, search, w);
         ctx.repeat = repeat;
         self.stops[w].store(false, Ordering::SeqCst);
@@ -729,7 +743,7 @@ fn parallel(
                     }
                 };
                 for i in picks {
-                    if !pool.dispatch(d, input, target, bisector, (i, ProbeRole::Search, None)) {
+                    if !pool.dispatch(d, input, target, bisector, (i, ProbeRole::Search, false)) {
                         bisector.abandon(i);
                     }
                 }
@@ -790,21 +804,12 @@ fn flaky_search(
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
     let budget = input.flaky.max_runs as usize;
     let mut bayes = BayesSearch::new(&parents, None, input.flaky.confidence, budget);
-    let mut repeats: HashMap<usize, u32> = HashMap::new();
     for &(i, fault) in earlier {
         bayes.record(i, fault);
-        *repeats.entry(i).or_insert(0) += 1;
     }
     let result = if workers.len() > 1 {
         match flaky_rounds(
-            &mut d,
-            workers,
-            input,
-            bisector,
-            &target,
-            &mut bayes,
-            &mut repeats,
-            cancel,
+            &mut d, workers, input, bisector, &target, &mut bayes, cancel,
         ) {
             Ok(r) => r,
             Err(end) => return d.end(end, Some(target)),
@@ -817,10 +822,9 @@ fn flaky_search(
             }
             match bayes.next_step() {
                 BayesStep::Run(i) => {
-                    let repeat = next_repeat(&mut repeats, i);
                     let oid = input.range[i].oid;
                     let Some(rec) =
-                        d.run_once(prober, oid, ProbeRole::Search, bisector, &target, repeat)
+                        d.run_once(prober, oid, ProbeRole::Search, bisector, Some(&target))
                     else {
                         return d.end(SearchEnd::Interrupted, Some(target));
                     };
@@ -860,7 +864,6 @@ fn flaky_search(
             bisector,
             &target,
             result.culprit,
-            &mut repeats,
             cancel,
         );
     }
@@ -889,7 +892,6 @@ fn verify(
     bisector: &Bisector,
     target: &Signature,
     culprit: usize,
-    repeats: &mut HashMap<usize, u32>,
     cancel: &AtomicBool,
 ) -> Option<Verification> {
     const VERIFY_RUNS: u32 = 30;
@@ -906,14 +908,7 @@ fn verify(
         with_pool(workers, policy, |pool| {
             while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
                 for i in [culprit, p] {
-                    let repeat = next_repeat(repeats, i);
-                    pool.dispatch(
-                        d,
-                        input,
-                        target,
-                        bisector,
-                        (i, ProbeRole::Verify, Some(repeat)),
-                    );
+                    pool.dispatch(d, input, target, bisector, (i, ProbeRole::Verify, true));
                 }
                 while !pool.busy.is_empty() {
                     if cancel.load(Ordering::SeqCst) {
@@ -942,16 +937,11 @@ fn verify(
     }
     let prober = &mut *workers[0].probe;
     while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
-        for (k, (oid, index)) in [
-            (input.range[culprit].oid, Some(culprit)),
-            (parent_oid, parent_index),
-        ]
-        .into_iter()
-        .enumerate()
+        for (k, oid) in [input.range[culprit].oid, parent_oid]
+            .into_iter()
+            .enumerate()
         {
-            // Runs already made there count as the first ones: a new run gets the next number.
-            let repeat = index.map_or(rates[k].1, |i| next_repeat(repeats, i));
-            let rec = d.run_once(prober, oid, ProbeRole::Verify, bisector, target, repeat)?;
+            let rec = d.run_once(prober, oid, ProbeRole::Verify, bisector, Some(target))?;
             tally(&mut rates[k], rec.verdict);
         }
         separation = rates_differ(rates[0], rates[1]);
@@ -987,21 +977,13 @@ fn settle_plain(
         return d.end(SearchEnd::Found(found), Some(target));
     };
     let parent_oid = input.range[p].oid;
-    let already = |d: &Driver| {
-        d.probes
-            .iter()
-            .filter(|r| r.commit == parent_oid.to_string())
-            .count() as u32
-    };
     for _ in 0..checks {
-        let repeat = already(&d);
         let Some(rec) = d.run_once(
             &mut *workers[0].probe,
             parent_oid,
             ProbeRole::Verify,
             bisector,
-            &target,
-            repeat,
+            Some(&target),
         ) else {
             return d.end(SearchEnd::Interrupted, Some(target));
         };
@@ -1053,7 +1035,6 @@ fn flaky_rounds(
     bisector: &Bisector,
     target: &Signature,
     bayes: &mut BayesSearch,
-    repeats: &mut HashMap<usize, u32>,
     cancel: &AtomicBool,
 ) -> Result<crate::bisect::BayesResult, SearchEnd> {
     let policy = d.policy;
@@ -1066,14 +1047,7 @@ fn flaky_rounds(
             Err(result) => return Ok(result),
         };
         for i in runs {
-            let repeat = next_repeat(repeats, i);
-            pool.dispatch(
-                d,
-                input,
-                target,
-                bisector,
-                (i, ProbeRole::Search, Some(repeat)),
-            );
+            pool.dispatch(d, input, target, bisector, (i, ProbeRole::Search, true));
         }
         let mut end = None;
         while !pool.busy.is_empty() {
@@ -1100,13 +1074,6 @@ fn flaky_rounds(
             return Err(end);
         }
     })
-}
-
-/// The number of the next run at commit `i` (runs of one commit are journaled apart by it).
-fn next_repeat(repeats: &mut HashMap<usize, u32>, i: usize) -> u32 {
-    let n = repeats.entry(i).or_insert(0);
-    *n += 1;
-    *n - 1
 }
 
 /// Counts one verification run in a (faults, runs) rate; a skip counts for neither.
