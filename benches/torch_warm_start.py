@@ -9,7 +9,8 @@ For every fixture and mode, `cudabisect shrink` runs in a scratch repository hol
 (`confirm = 5`). Times come from the shrink's own files: its wall time from the report, the first (cold)
 part from the start to the located run's log, each later harness run from the gap between consecutive run
 logs (each is written the moment its run ends), and the confirmation from the last five logs.
-Prints one Markdown table row per fixture and mode.
+Prints one Markdown table row per fixture and mode. `MODES=warm` in the environment runs only the
+modes whose name holds that word (the cold mode takes about 100 s a fixture).
 """
 import json
 import os
@@ -73,8 +74,10 @@ def main():
     print("| model | mode | harness runs | shrink wall | first call to located run | "
           "per candidate after (median) | 5 confirmation runs | kept (confirmed) |")
     print("|---|---|---|---|---|---|---|---|")
+    only = os.environ.get("MODES")
+    modes = [(n, m) for n, m in MODES if not only or only in n]
     for fixture in fixtures:
-        for name, mode in MODES:
+        for name, mode in modes:
             r, err = shrink(binary, fixture, mode)
             label = os.path.basename(fixture)
             if r is None:

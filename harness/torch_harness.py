@@ -1414,11 +1414,27 @@ def recv_request(conn, timeout=30):
     return json.loads(body), fds
 
 
-def warm_device(a):
-    """In a spare child, before any request: start the device, so the run it serves does not wait for it."""
+def warm_device(a, root=None):
+    """In a spare child, before any request: start the device and the libraries the model will call
+    (cuBLAS for matrix products, cuDNN for convolutions and norms, Triton's driver when the user's code
+    imported Triton), so the run it serves does not wait for them. A spare serves one run only, so
+    nothing it warms can leak into another."""
     import torch
-    torch.zeros(1, device=a.device)
-    torch.cuda.synchronize()
+    nn = torch.nn
+    dev = torch.device(a.device)
+    x = torch.ones(8, 8, device=dev)
+    modules = list(root.modules()) if isinstance(root, nn.Module) else []
+    uses = lambda *types: any(isinstance(m, types) for m in modules)  # noqa: E731
+    if not modules or uses(nn.Linear, nn.MultiheadAttention, nn.modules.conv._ConvNd, nn.RNNBase):
+        x @ x
+    if torch.backends.cudnn.is_available() and uses(nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm):
+        nn.functional.conv2d(x.view(1, 1, 8, 8), torch.ones(1, 1, 3, 3, device=dev))
+    if "triton" in sys.modules:
+        try:
+            sys.modules["triton"].runtime.driver.active.get_current_device()
+        except Exception:  # noqa: BLE001 - only a head start; the run starts Triton itself otherwise
+            pass
+    torch.cuda.synchronize(dev)
 
 
 # Variables the device reads when it starts: a spare child that started it under other values cannot
@@ -1545,7 +1561,7 @@ def serve(a):
                 except OSError:
                     pass
             try:
-                warm_device(a)
+                warm_device(a, getattr(warm, "root", None))
                 req, fds = recv_request(theirs, timeout=None)
             except BaseException:  # noqa: BLE001 - a spare that cannot start is simply not used
                 os._exit(0)
