@@ -275,3 +275,90 @@ fn recorded_h200_trap_assert_and_race_reports_are_read() {
         race.findings[0].line()
     );
 }
+
+/// A multi-rank log recorded under torchrun on two H200s (fixtures/logs/multirank), ending `exit=N` or
+/// `exit=timeout`.
+fn multirank(name: &str) -> cudabisect::classify::Signature {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/logs/multirank")
+        .join(name);
+    let text = std::fs::read_to_string(path).unwrap();
+    let (body, last) = text.trim_end().rsplit_once('\n').unwrap();
+    let exit = match last.strip_prefix("exit=").unwrap() {
+        "timeout" => Exit::Timeout,
+        code => Exit::Code(code.parse().unwrap()),
+    };
+    classify(exit, body)
+}
+
+#[test]
+fn multi_rank_logs_name_the_rank_that_faulted_first_and_its_own_frames() {
+    use FaultClass as F;
+    // (file, class, rank, kernel, launch site of the user's code)
+    let cases: [(&str, F, Option<u32>, Option<&str>, Option<&str>); 7] = [
+        (
+            "kernel_fault.log",
+            F::IllegalAddress,
+            Some(1),
+            None,
+            Some("/home/user/repro/scenario.py:<module>"),
+        ),
+        (
+            "kernel_fault-tee.log",
+            F::IllegalAddress,
+            Some(1),
+            None,
+            Some("/home/user/repro/scenario.py:<module>"),
+        ),
+        (
+            "index_assert.log",
+            F::DeviceAssert,
+            Some(1),
+            Some("indexSelectSmallIndex"),
+            Some("/home/user/repro/scenario.py:<module>"),
+        ),
+        (
+            "oom.log",
+            F::OutOfMemory,
+            Some(1),
+            None,
+            Some("/home/user/repro/scenario.py:<module>"),
+        ),
+        (
+            "early_exit.log",
+            F::Other,
+            Some(0),
+            None,
+            Some("/home/user/repro/scenario.py:<module>"),
+        ),
+        ("collective_mismatch.log", F::Hang, None, None, None),
+        ("collective_mismatch-async.log", F::Nccl, Some(0), None, None),
+    ];
+    for (file, class, rank, kernel, launch) in cases {
+        let s = multirank(file);
+        assert_eq!(s.class, class, "{file}: {s:?}");
+        assert_eq!(s.rank, rank, "{file}: {s:?}");
+        assert_eq!(s.kernel.as_deref(), kernel, "{file}: {s:?}");
+        if launch.is_some() {
+            assert_eq!(s.launch.as_deref(), launch, "{file}: {s:?}");
+        }
+        // The launcher's frame is never the site, and its banner never the summary.
+        for field in [&s.site, &s.launch] {
+            assert!(
+                !field.as_deref().unwrap_or("").contains("bin/torchrun"),
+                "{file}: {s:?}"
+            );
+        }
+        assert!(!s.summary.contains("===="), "{file}: {}", s.summary);
+    }
+    let early = multirank("early_exit.log");
+    assert!(
+        early.summary.contains("ValueError: bad config"),
+        "{}",
+        early.summary
+    );
+    assert_eq!(multirank("clean.log").class, F::None);
+    // Under launch blocking the mismatched collective prints nothing: the hang says so.
+    let hang = multirank("collective_mismatch.log");
+    assert!(hang.detail.is_some(), "{hang:?}");
+}

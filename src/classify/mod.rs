@@ -4,11 +4,13 @@
 pub mod kernel_name;
 mod matcher;
 mod patterns;
+mod ranks;
 pub mod sanitizer;
 mod signature;
 pub mod trailer;
 
 pub use matcher::{MatchPolicy, MatchPolicyError, Sameness};
-pub use patterns::{classify, is_fault_line};
+pub use patterns::is_fault_line;
+pub use ranks::{classify, strip_rank, RankStreams};
 pub use signature::{Exit, FaultClass, Signature};
 pub use trailer::LOG_TRAILER_PREFIX;

@@ -248,8 +248,8 @@ pub fn is_fault_line(line: &str) -> bool {
     ANY_FAULT.is_match(line)
 }
 
-/// Classifies one run from how it ended and what it printed.
-pub fn classify(exit: Exit, output: &str) -> Signature {
+/// Classifies one stream of output (one process, or one rank's lines) from how it ended and what it printed.
+pub fn classify_stream(exit: Exit, output: &str) -> Signature {
     let lines: Vec<&str> = output.lines().collect();
     let context = Context::read(&lines);
     if let Some(mut finding) = sanitizer::first_finding(&lines) {
@@ -385,9 +385,12 @@ impl Context {
     }
 }
 
-/// A frame is the user's when it is not inside an installed package, the standard library or Cython code.
+/// A frame is the user's when it is not inside an installed package, the standard library, Cython code or
+/// an installed command's entry script (`venv/bin/torchrun`: a launcher's frame would make every
+/// multi-rank failure share one site).
 fn is_user_path(path: &str) -> bool {
     !(path.contains("site-packages/")
+        || path.contains("/bin/")
         || path.contains("dist-packages/")
         || path.contains("/lib/python3")
         || path.starts_with('<')
@@ -585,6 +588,7 @@ pub fn signal_name(sig: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use classify_stream as classify;
 
     #[test]
     fn infrastructure_is_claimed_only_on_real_infrastructure_errors() {

@@ -167,6 +167,10 @@ pub struct Signature {
     /// The exception type, for failures a Python exception reports (`ValueError`, `torch.AcceleratorError`).
     #[serde(default)]
     pub exception: Option<String>,
+    /// The rank that faulted first, for a multi-rank run. Recorded, not compared: which rank meets a
+    /// data-dependent fault is not the bug's identity.
+    #[serde(default)]
+    pub rank: Option<u32>,
     /// One line saying what happened.
     pub summary: String,
 }
@@ -184,6 +188,7 @@ impl Signature {
             detail: None,
             launch: None,
             exception: None,
+            rank: None,
             summary: summary.into(),
         }
     }
@@ -202,7 +207,8 @@ impl Signature {
         }
     }
 
-    /// The JSON object `classify --json` prints: the fixed keys, absent ones null.
+    /// The JSON object `classify --json` prints: the fixed keys, absent ones null (`rank` only for
+    /// multi-rank output).
     pub fn to_classify_json(&self) -> serde_json::Value {
         serde_json::json!({
             "class": self.class.as_str(),
@@ -210,6 +216,7 @@ impl Signature {
             "kernel": self.kernel,
             "site": self.site,
             "framework": self.framework,
+            "rank": self.rank,
             "summary": self.summary,
         })
     }
@@ -225,6 +232,9 @@ impl Signature {
         }
         if let Some(site) = &self.site {
             out.push_str(&format!(" at {site}"));
+        }
+        if let Some(rank) = self.rank {
+            out.push_str(&format!(" on rank {rank}"));
         }
         out
     }

@@ -94,7 +94,7 @@ pub enum Command {
         /// The process ran past its timeout.
         #[arg(long, conflicts_with = "exit_code")]
         timed_out: bool,
-        /// Print {"class","code","kernel","site","framework","summary"}.
+        /// Print {"class","code","kernel","site","framework","rank","summary"}.
         #[arg(long)]
         json: bool,
     },
