@@ -89,6 +89,12 @@ pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String
     ));
     vars.push(("CUDABISECT_PHASE".into(), ctx.phase.as_str().to_string()));
     vars.push(("CUDABISECT_ATTEMPT".into(), ctx.attempt.to_string()));
+    if ctx.phase != ChildPhase::Build {
+        vars.push((
+            "CUDABISECT_GPUS".into(),
+            config.workers.gpus_per_probe.to_string(),
+        ));
+    }
     if let Some(slot) = ctx.slot {
         vars.push(("CUDABISECT_WORKER".into(), slot.worker.to_string()));
         if let Some(devices) = &slot.devices {
@@ -98,15 +104,35 @@ pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String
     vars
 }
 
-/// The full spec of a child: the user's env for the phase, then the contract variables.
+/// Defaults for distributed repros, set only where neither cudabisect's own environment nor the phase's
+/// `env` says otherwise: NCCL prints its warnings (the lines that name a failed collective), and PyTorch
+/// tears a process group down when a collective fails or times out instead of leaving the rank waiting.
+const DISTRIBUTED_DEFAULTS: [(&str, &str); 2] = [
+    ("NCCL_DEBUG", "WARN"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+];
+
+/// The full spec of a child: the user's env for the phase, the distributed defaults they left unset,
+/// then the contract variables.
 pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) -> CommandSpec {
     let mut env: Vec<(String, String)> = command
         .env
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if ctx.phase != ChildPhase::Build {
+        for (k, v) in DISTRIBUTED_DEFAULTS {
+            if std::env::var_os(k).is_none() && !command.env.contains_key(k) {
+                env.push((k.into(), v.into()));
+            }
+        }
+    }
     env.extend(contract_vars(config, ctx));
+    let stack_dump = (ctx.phase == ChildPhase::Repro && config.repro.stack_dump)
+        .then(|| crate::tools::find_program("py-spy", &[]))
+        .flatten();
     CommandSpec {
+        stack_dump,
         command: command.command.clone(),
         cwd: ctx.worktree.to_path_buf(),
         env,

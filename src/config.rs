@@ -135,6 +135,22 @@ pub struct ReproSection {
     /// any run shows it. 1 (the default) trusts a single clean run.
     #[serde(default = "one")]
     pub attempts: u32,
+    /// GPUs one run of a distributed repro needs (torchrun's `--nproc-per-node`): reserved per probe,
+    /// composing with parallel workers, and passed on as `CUDABISECT_GPUS`. Same as `[search]
+    /// gpus-per-probe`; give one or the other.
+    pub gpus: Option<u32>,
+    /// How long to wait after a run for its processes to leave the GPU before the next run; past it the
+    /// probe is an infrastructure failure.
+    #[serde(default = "default_idle_timeout", deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// When a run times out, dump its Python processes' stacks with `py-spy` (when installed) before they
+    /// are killed, so a hang says where each rank was.
+    #[serde(default = "yes")]
+    pub stack_dump: bool,
+}
+
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// `[search]`: how probe outcomes steer the search.
@@ -545,7 +561,7 @@ impl Config {
 
     /// Checks config text; `path` names it in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
             let (line, column) = e
                 .span()
                 .map(|s| line_column(text, s.start))
@@ -596,6 +612,18 @@ impl Config {
                     raw.search.confidence
                 ),
             });
+        }
+        if let Some(gpus) = raw.repro.gpus {
+            if raw.search.gpus_per_probe != 1 && raw.search.gpus_per_probe != gpus {
+                return Err(ConfigError::Search {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "[repro] gpus = {gpus} and [search] gpus-per-probe = {} disagree: give one of them",
+                        raw.search.gpus_per_probe
+                    ),
+                });
+            }
+            raw.search.gpus_per_probe = gpus;
         }
         if raw.search.gpus_per_probe == 0 {
             return Err(ConfigError::Search {

@@ -105,6 +105,95 @@ fn reap_leftovers(pgid: Option<i32>) {
     }
 }
 
+/// The variable that marks every process of one run, whatever group or session it moved to: a run's
+/// processes are found by it after the run, and killed.
+pub const RUN_TAG: &str = "CUDABISECT_RUN_TAG";
+
+/// A tag no other run of this process shares.
+fn new_tag() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!(
+        "{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A process's environment variable, when its environment is readable (same user, still alive).
+pub fn env_of(pid: i32, name: &str) -> Option<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    bytes.split(|&b| b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        kv.strip_prefix(name)?.strip_prefix('=').map(str::to_string)
+    })
+}
+
+/// Every live process that carries `tag`.
+fn tagged(tag: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id() as i32;
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && env_of(pid, RUN_TAG).as_deref() == Some(tag))
+        .collect()
+}
+
+/// Kills every process still carrying the run's tag (one that left both the group and this process's
+/// care, like a grandchild that called `setsid` under a parent still alive), and returns them.
+fn kill_tagged(tag: &str) -> Vec<i32> {
+    let pids = tagged(tag);
+    for &pid in &pids {
+        // SAFETY: kill only sends a signal to a process of this run.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    pids
+}
+
+/// Dumps the Python stacks of the run's processes with `py_spy`, each line prefixed with the process's
+/// rank (`[rank1]: `) when it has one, so the classifier files each dump under its rank.
+fn dump_stacks(py_spy: &std::path::Path, tag: &str, capture: &Mutex<BoundedCapture>) {
+    const LIMIT: Duration = Duration::from_secs(10);
+    for pid in tagged(tag) {
+        let is_python = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|exe| exe.to_string_lossy().contains("python"));
+        if !is_python {
+            continue;
+        }
+        let prefix = env_of(pid, "RANK").map_or(String::new(), |r| format!("[rank{r}]: "));
+        let Ok(mut child) = std::process::Command::new(py_spy)
+            .args(["dump", "--pid", &pid.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        else {
+            return;
+        };
+        let until = Instant::now() + LIMIT;
+        while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
+            std::thread::sleep(POLL);
+        }
+        let _ = child.kill();
+        let Ok(out) = child.wait_with_output() else {
+            continue;
+        };
+        let mut text = format!(
+            "{prefix}[cudabisect] stack of pid {pid} when the run timed out (py-spy dump):\n"
+        );
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            text.push_str(&prefix);
+            text.push_str(line);
+            text.push('\n');
+        }
+        if let Ok(mut c) = capture.lock() {
+            c.push(text.as_bytes());
+        }
+    }
+}
+
 /// Everything needed to run one command.
 #[derive(Clone, Debug)]
 pub struct CommandSpec {
@@ -118,6 +207,9 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Time between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// A `py-spy` to dump the Python stacks of the run's processes with when it times out, before they are
+    /// killed: a hang then says where each rank was.
+    pub stack_dump: Option<PathBuf>,
 }
 
 /// What a finished command left behind.
@@ -133,6 +225,9 @@ pub struct RunOutput {
     pub total_bytes: u64,
     /// True when the command was stopped because the run was interrupted.
     pub interrupted: bool,
+    /// Processes of this run still found after it ended (killed then, but perhaps not yet gone: a process
+    /// whose GPU context the driver is tearing down lingers): what the device-idle check waits for.
+    pub lingering: Vec<i32>,
 }
 
 /// Why a command could not be run at all.
@@ -257,6 +352,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     if prog.contains('/') && !prog.starts_with('/') {
         prog = spec.cwd.join(&prog).display().to_string();
     }
+    let tag = new_tag();
     let mut expr = duct::cmd(prog, args)
         .dir(&spec.cwd)
         .stdin_null()
@@ -265,6 +361,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     for (k, v) in &spec.env {
         expr = expr.env(k, v);
     }
+    expr = expr.env(RUN_TAG, &tag);
     // Its own process group, so that the whole tree (compute-sanitizer and its target, a Python launcher and
     // its workers) can be signalled at once and no orphan keeps a GPU busy.
     let expr = expr.before_spawn(|c| {
@@ -323,6 +420,9 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
             terminate_group(pgid, &handle, spec.grace);
         } else if Instant::now() >= deadline && !timed_out {
             timed_out = true;
+            if let Some(py_spy) = &spec.stack_dump {
+                dump_stacks(py_spy, &tag, &shared);
+            }
             terminate_group(pgid, &handle, spec.grace);
         }
     };
@@ -332,6 +432,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
     // descendant that escaped into a session of its own. Kill and reap them, so none survives the run
     // and no zombie piles up over a long bisection.
     reap_leftovers(pgid);
+    let lingering = kill_tagged(&tag);
     if !eof {
         let _ = done_rx.recv_timeout(ESCAPE_GRACE);
     }
@@ -350,6 +451,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         output: capture.render(),
         total_bytes,
         interrupted,
+        lingering,
     })
 }
 
@@ -384,6 +486,7 @@ mod tests {
             env: vec![("CUDABISECT_TEST_VAR".into(), "42".into())],
             timeout: Duration::from_millis(timeout_ms),
             grace: Duration::from_millis(200),
+            stack_dump: None,
         };
         run(&spec, &AtomicBool::new(false)).expect("sh runs")
     }
@@ -501,6 +604,7 @@ mod tests {
             env: vec![],
             timeout: Duration::from_secs(5),
             grace: Duration::from_secs(1),
+            stack_dump: None,
         };
         assert!(matches!(
             run(&spec, &AtomicBool::new(false)),

@@ -295,7 +295,8 @@ fn multirank(name: &str) -> cudabisect::classify::Signature {
 fn multi_rank_logs_name_the_rank_that_faulted_first_and_its_own_frames() {
     use FaultClass as F;
     // (file, class, rank, kernel, launch site of the user's code)
-    let cases: [(&str, F, Option<u32>, Option<&str>, Option<&str>); 7] = [
+    type Case<'a> = (&'a str, F, Option<u32>, Option<&'a str>, Option<&'a str>);
+    let cases: [Case; 7] = [
         (
             "kernel_fault.log",
             F::IllegalAddress,
@@ -332,7 +333,13 @@ fn multi_rank_logs_name_the_rank_that_faulted_first_and_its_own_frames() {
             Some("/home/user/repro/scenario.py:<module>"),
         ),
         ("collective_mismatch.log", F::Hang, None, None, None),
-        ("collective_mismatch-async.log", F::Nccl, Some(0), None, None),
+        (
+            "collective_mismatch-async.log",
+            F::Nccl,
+            Some(0),
+            None,
+            None,
+        ),
     ];
     for (file, class, rank, kernel, launch) in cases {
         let s = multirank(file);

@@ -566,6 +566,7 @@ fn out(exit: i32, text: String) -> RunOutput {
         output: text,
         total_bytes: 0,
         interrupted: false,
+        lingering: Vec::new(),
     }
 }
 

@@ -127,7 +127,9 @@ fn tier(s: &Signature) -> u8 {
     match s.class {
         IllegalAddress | MisalignedAddress | InvalidAddressSpace | LaunchFailure | DeviceAssert
         | IllegalInstruction | HardwareStackError | Race | UninitializedRead => 1,
-        OutOfMemory | DeviceMismatch | Nan | BuildFailure | Infra | ExecFailure | MissingObject => 2,
+        OutOfMemory | DeviceMismatch | Nan | BuildFailure | Infra | ExecFailure | MissingObject => {
+            2
+        }
         Other | Signal => 3,
         // Collective errors and timeouts are what the other ranks print after one failed.
         Nccl => 4,
@@ -207,7 +209,10 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
         // The rank's own traceback knows the launch site and the exception the shared line does not.
         let from = &same_rank.signature;
         signature.launch = signature.launch.take().or_else(|| from.launch.clone());
-        signature.exception = signature.exception.take().or_else(|| from.exception.clone());
+        signature.exception = signature
+            .exception
+            .take()
+            .or_else(|| from.exception.clone());
         signature.kernel = signature.kernel.take().or_else(|| from.kernel.clone());
     }
     if signature.class == FaultClass::Other {
@@ -260,7 +265,9 @@ fn still_running(streams: &RankStreams) -> String {
                     .find(|(_, p)| !p.contains("site-packages/") && !p.contains("/lib/python"))
                     .filter(|f| *f != &frames[0]);
                 match user {
-                    Some((ufunc, uat)) => format!("rank {rank} in {func} ({at}) from {ufunc} ({uat})"),
+                    Some((ufunc, uat)) => {
+                        format!("rank {rank} in {func} ({at}) from {ufunc} ({uat})")
+                    }
                     None => format!("rank {rank} in {func} ({at})"),
                 }
             }
@@ -340,7 +347,10 @@ mod tests {
     #[test]
     fn output_without_ranks_is_classified_as_before() {
         let out = "RuntimeError: CUDA error: an illegal memory access was encountered\n";
-        assert_eq!(classify(Exit::Code(1), out), classify_stream(Exit::Code(1), out));
+        assert_eq!(
+            classify(Exit::Code(1), out),
+            classify_stream(Exit::Code(1), out)
+        );
     }
 
     #[test]

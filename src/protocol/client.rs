@@ -229,6 +229,7 @@ impl ProcessHarness {
             env: self.env.clone(),
             timeout: self.timeout,
             grace: self.grace,
+            stack_dump: None,
         };
         Ok(process::run(&spec, cancel)?)
     }

@@ -41,6 +41,7 @@ fn capture(argv: &[&str], timeout: Duration, cancel: &AtomicBool) -> Option<Stri
         env: vec![],
         timeout,
         grace: Duration::from_secs(1),
+        stack_dump: None,
     };
     let run = process::run(&spec, cancel).ok()?;
     (run.exit == Exit::Code(0)).then(|| run.output.trim().to_string())

@@ -186,6 +186,7 @@ fn notify(
         env,
         timeout: config.nightly.notify_timeout,
         grace: std::time::Duration::from_secs(2),
+        stack_dump: None,
     };
     match process::run(&spec, cancel) {
         Ok(run) if run.exit == Exit::Code(0) => None,

@@ -90,6 +90,7 @@ pub fn start(
         log_dir: log_dir.clone(),
         cancel: stops.first().unwrap_or(cancel),
         slot: slots.first().cloned(),
+        lingering: Vec::new(),
     };
     let mut others: Vec<WorktreeProber> = extra_worktrees
         .iter()
@@ -101,6 +102,7 @@ pub fn start(
             log_dir: log_dir.clone(),
             cancel: stop,
             slot: Some(slot.clone()),
+            lingering: Vec::new(),
         })
         .collect();
     reporter.event(&Event::RunStarted {

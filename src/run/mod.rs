@@ -3,6 +3,7 @@
 
 pub mod ci;
 pub mod error;
+pub mod gpu_idle;
 pub mod job;
 pub mod journal;
 pub mod lock;

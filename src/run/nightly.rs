@@ -110,6 +110,7 @@ pub fn nightly(
             log_dir,
             cancel,
             slot: None,
+            lingering: Vec::new(),
         };
         let ctx = ProbeContext {
             step: 1,

@@ -17,6 +17,7 @@ use crate::process::{self, RunOutput};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
 
+use super::gpu_idle::{wait_idle, Devices, NvidiaSmi};
 use super::verdict::verdict;
 
 /// Where a probe stands in the search, for progress events and its record.
@@ -124,6 +125,8 @@ pub struct WorktreeProber<'a> {
     pub cancel: &'a AtomicBool,
     /// The parallel worker this prober is, with its devices; `None` when probes run one at a time.
     pub slot: Option<WorkerSlot>,
+    /// Processes of the previous run found after it ended: the next run waits until they left the GPU.
+    pub lingering: Vec<i32>,
 }
 
 impl Probe for WorktreeProber<'_> {
@@ -199,6 +202,24 @@ impl Probe for WorktreeProber<'_> {
                     slot: self.slot.as_ref(),
                 },
             );
+            // No run starts on a GPU the previous one still holds (a killed rank lingers while the driver
+            // tears its context down): wait, or give up as infrastructure.
+            let devices = Devices {
+                ids: self.slot.as_ref().and_then(|s| s.devices.as_deref()),
+                exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
+            };
+            let lingering = std::mem::take(&mut self.lingering);
+            if let Err(busy) = wait_idle(
+                &NvidiaSmi,
+                devices,
+                &lingering,
+                repro.idle_timeout,
+                self.cancel,
+            ) {
+                self.lingering = busy.pids.clone();
+                let sig = Signature::new(FaultClass::Infra, busy.to_string());
+                return record.done(sig, None, build_log, None, attempt);
+            }
             let run = match process::run(&spec, self.cancel) {
                 Ok(run) => run,
                 Err(e) => {
@@ -214,9 +235,11 @@ impl Probe for WorktreeProber<'_> {
             } else {
                 format!("repro-{attempt}")
             };
+            self.lingering = run.lingering.clone();
             let log = self.write_log(ctx.step, &commit, &name, &run);
             let mut sig = classify(run.exit, &run.output);
             sig.relativize(self.worktree.path());
+
             if sig.class == FaultClass::Infra
                 && infra_retried < repro.infra_retries
                 && !run.interrupted

@@ -61,6 +61,7 @@ pub fn shrink_job(
         log_dir: log_dir.clone(),
         cancel,
         slot: None,
+        lingering: Vec::new(),
     });
     let result = (|| -> Result<ShrinkReport, RunError> {
         let (cwd, commit) = match (&prober, oid) {

@@ -90,6 +90,7 @@ pub fn triage_job(
                 log_dir: out_dir.clone(),
                 cancel,
                 slot: None,
+                lingering: Vec::new(),
             };
             let result = prober.prepare(oid, "triage").map(|()| {
                 triage::run(

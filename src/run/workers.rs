@@ -70,6 +70,7 @@ pub fn visible_devices(cancel: &AtomicBool) -> Vec<String> {
         env: Vec::new(),
         timeout: Duration::from_secs(30),
         grace: Duration::from_secs(2),
+        stack_dump: None,
     };
     match process::run(&spec, cancel) {
         Ok(run) if run.exit == crate::classify::Exit::Code(0) => run

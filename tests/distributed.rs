@@ -1,0 +1,220 @@
+//! End-to-end tests of distributed repros on the CPU: a fake launcher (a real shell script) that starts
+//! its ranks in its process group, as torchrun does, plus a helper that escapes the group twice; ranks that
+//! print PyTorch's `[rankN]:` prefixes. A real git repository, the real binary. The same on two real GPUs
+//! with torchrun is in tests/gpu.rs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use git2::Oid;
+use serde_json::Value;
+
+/// The launcher: two ranks in its group, and a helper that leaves the group with `setsid` and whose own
+/// child leaves that session again, so only the run's tag can find it.
+const LAUNCHER: &str = r#"#!/bin/sh
+mode=$(cat mode.txt)
+setsid sh -c 'setsid sh -c "echo \$\$ > $PID_DIR/escapee.pid; exec sleep 300" & exec sleep 300' &
+RANK=0 WORLD_SIZE=2 python3 rank.py "$mode" & r0=$!
+RANK=1 WORLD_SIZE=2 python3 rank.py "$mode" & r1=$!
+wait $r0; s0=$?
+wait $r1; s1=$?
+exit $((s0 | s1))
+"#;
+
+/// One rank. `fault`: rank 0 reports the collective its peer abandoned before rank 1 reports the kernel
+/// fault that caused it (a handshake through a file orders them); `hang`: both wait in a collective.
+const RANK: &str = r#"import os, sys, time
+rank = int(os.environ["RANK"])
+mode = sys.argv[1]
+pids = os.environ["PID_DIR"]
+with open(os.path.join(pids, f"rank{rank}.pid"), "w") as f:
+    f.write(str(os.getpid()))
+
+
+def say(line):
+    print(f"[rank{rank}]: {line}", flush=True)
+
+
+def all_reduce():
+    while True:
+        time.sleep(0.05)
+
+
+if mode == "fault":
+    said = os.path.join(pids, "rank0-said")
+    if rank == 0:
+        say("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1980, remote process exited or there was a network error")
+        open(said, "w").close()
+        sys.exit(1)
+    while not os.path.exists(said):
+        time.sleep(0.01)
+    say("Traceback (most recent call last):")
+    say('  File "train.py", line 40, in step')
+    say("    gather(x)")
+    say("RuntimeError: CUDA error: an illegal memory access was encountered")
+    sys.exit(1)
+if mode == "hang":
+    all_reduce()
+print(f"rank {rank} done", flush=True)
+"#;
+
+struct Repo {
+    _tmp: tempfile::TempDir,
+    path: PathBuf,
+    pids: PathBuf,
+    commits: Vec<Oid>,
+}
+
+fn repo(modes: &[&str]) -> Repo {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let pids = tmp.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let config = format!(
+        "[repro]\ncommand = [\"./launch.sh\"]\ntimeout = \"3s\"\ngrace-period = \"200ms\"\ngpus = 2\nenv = {{ PID_DIR = \"{}\" }}\n\n[triage]\nenabled = false\n",
+        pids.display()
+    );
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let mut commits = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let mut f = Files::new();
+        put(&mut f, "launch.sh", LAUNCHER, true);
+        put(&mut f, "rank.py", RANK, false);
+        put(&mut f, "mode.txt", *mode, false);
+        put(&mut f, "rev.txt", format!("{i}\n"), false);
+        put(&mut f, "bisect.toml", config.clone(), false);
+        let parents: Vec<Oid> = commits.last().copied().into_iter().collect();
+        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    Repo {
+        _tmp: tmp,
+        path,
+        pids,
+        commits,
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+fn start(repo: &Repo) -> (i32, String, Value) {
+    let report = repo.path.parent().unwrap().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args([
+            "start",
+            &format!("{}..main", repo.commits[0]),
+            "--no-shrink",
+        ])
+        .arg("-C")
+        .arg(&repo.path)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = std::fs::read_to_string(&report)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or_else(|_| panic!("no report: {text}"));
+    (out.status.code().unwrap_or(-1), text, report)
+}
+
+fn py_spy() -> bool {
+    Command::new("py-spy").arg("--version").output().is_ok()
+}
+
+fn pid_in(dir: &Path, name: &str) -> Option<i32> {
+    std::fs::read_to_string(dir.join(name))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+#[test]
+fn a_rank_one_kernel_fault_is_the_culprit_through_a_hang_stretch_and_no_process_survives() {
+    let modes = [
+        "clean", "clean", "clean", "hang", "hang", "hang", "clean", "clean", "fault", "fault",
+        "fault", "fault",
+    ];
+    let repo = repo(&modes);
+    let (code, text, report) = start(&repo);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        report["first_bad"]["commit"].as_str(),
+        Some(repo.commits[8].to_string().as_str()),
+        "{text}"
+    );
+    let probes = report["probes"].as_array().unwrap();
+    let bad = probes
+        .iter()
+        .find(|p| p["commit"] == repo.commits[8].to_string())
+        .unwrap();
+    // The kernel fault on rank 1, not the NCCL error rank 0 printed first, and not the launcher's frame.
+    assert_eq!(bad["signature"]["class"], "illegal_address", "{bad:#}");
+    assert_eq!(bad["signature"]["rank"], 1, "{bad:#}");
+    assert_eq!(bad["signature"]["site"], "train.py:40", "{bad:#}");
+    let hangs: Vec<&Value> = probes
+        .iter()
+        .filter(|p| p["signature"]["class"] == "hang")
+        .collect();
+    assert!(
+        !hangs.is_empty(),
+        "the search never met the hang stretch: {text}"
+    );
+    for hang in &hangs {
+        assert_eq!(hang["verdict"], "skip", "{hang:#}");
+        let detail = hang["signature"]["detail"].as_str().unwrap_or_default();
+        if py_spy() {
+            // Stacks dumped before the kill say where each rank waited.
+            assert!(
+                detail.contains("rank 0 in all_reduce") && detail.contains("rank 1 in all_reduce"),
+                "{detail}"
+            );
+        }
+    }
+    // Every rank, and the helper that escaped the group twice, is gone.
+    for name in ["rank0.pid", "rank1.pid", "escapee.pid"] {
+        let pid = pid_in(&repo.pids, name).unwrap_or_else(|| panic!("{name} never written"));
+        assert!(!alive(pid), "{name} {pid} survived the run");
+    }
+    // The distributed contract reached the repro.
+    assert!(!text.contains("panicked"), "{text}");
+}
+
+#[test]
+fn a_probe_needing_more_gpus_than_there_are_is_refused_before_anything_runs() {
+    let repo = repo(&["clean", "fault"]);
+    let toml = repo.path.join("bisect.toml");
+    let config = std::fs::read_to_string(&toml).unwrap();
+    let bad = repo.path.parent().unwrap().join("bad.toml");
+    std::fs::write(
+        &bad,
+        config.replace("[triage]", "[search]\ngpus-per-probe = 4\n\n[triage]"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", repo.commits[0]), "--config"])
+        .arg(&bad)
+        .arg("-C")
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("[repro] gpus = 2 and [search] gpus-per-probe = 4 disagree"),
+        "{stderr}"
+    );
+}
