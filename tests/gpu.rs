@@ -937,3 +937,118 @@ fn a_parallel_bisection_on_two_gpus_pins_each_worker_to_its_own_gpu() {
         walls[0], walls[1]
     );
 }
+
+#[test]
+#[ignore = "needs two NVIDIA GPUs, torch and triton: run with --include-ignored on the two-GPU machine"]
+fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_nccl_hang() {
+    let gpus = Command::new("nvidia-smi")
+        .args(["--query-gpu=index", "--format=csv,noheader"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0);
+    assert!(
+        gpus >= 2,
+        "this test needs two GPUs; nvidia-smi lists {gpus}"
+    );
+    let scenario =
+        std::fs::read_to_string(root().join("fixtures/logs/multirank/scenario.py")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    let report = tmp.path().join("report.json");
+    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(&repo).unwrap();
+    // A collective mismatch (rank 1 leaves, rank 0 waits in all_reduce: under CUDA_LAUNCH_BLOCKING=1 a
+    // silent hang) where the search looks first, then rank 1's Triton gather past its table from 8 on.
+    let modes = [
+        "clean",
+        "clean",
+        "clean",
+        "clean",
+        "collective_mismatch",
+        "collective_mismatch",
+        "collective_mismatch",
+        "clean",
+        "kernel_fault",
+        "kernel_fault",
+        "kernel_fault",
+        "kernel_fault",
+    ];
+    let config = "[repro]\ncommand = [\"sh\", \"-c\", \"exec torchrun --nproc-per-node $CUDABISECT_GPUS scenario.py $(cat mode.txt)\"]\ntimeout = \"45s\"\ngpus = 2\n\n[triage]\nenabled = false\n";
+    let mut commits = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let mut f = cudabisect::sample::repo_builder::Files::new();
+        cudabisect::sample::repo_builder::put(&mut f, "scenario.py", scenario.clone(), false);
+        cudabisect::sample::repo_builder::put(&mut f, "mode.txt", mode.to_string(), false);
+        cudabisect::sample::repo_builder::put(&mut f, "rev.txt", format!("{i}\n"), false);
+        cudabisect::sample::repo_builder::put(&mut f, "bisect.toml", config.to_string(), false);
+        let parents: Vec<git2::Oid> = commits.last().copied().into_iter().collect();
+        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "start",
+            &format!("{}..main", commits[0]),
+            "--no-shrink",
+            "--fresh",
+            "-C",
+        ])
+        .arg(&repo)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let wall = started.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(
+        report["first_bad"]["commit"].as_str(),
+        Some(commits[8].to_string().as_str())
+    );
+    let probes = report["probes"].as_array().unwrap();
+    for p in probes {
+        let s = &p["signature"];
+        println!(
+            "probe {} ({}): {} {} rank={} site={} detail={}",
+            &p["commit"].as_str().unwrap()[..12],
+            p["role"],
+            p["verdict"],
+            s["class"],
+            s["rank"],
+            s["site"],
+            s["detail"]
+        );
+        assert!(
+            !s["site"].as_str().unwrap_or("").contains("torchrun"),
+            "a launcher frame as site: {p:#}"
+        );
+    }
+    let bad = probes
+        .iter()
+        .find(|p| p["commit"] == commits[8].to_string())
+        .unwrap();
+    assert_eq!(bad["signature"]["class"], "illegal_address", "{bad:#}");
+    assert_eq!(bad["signature"]["rank"], 1, "{bad:#}");
+    let hangs: Vec<_> = probes
+        .iter()
+        .filter(|p| p["signature"]["class"] == "hang")
+        .collect();
+    assert!(!hangs.is_empty(), "the search never met the hang stretch");
+    assert!(hangs.iter().all(|p| p["verdict"] == "skip"));
+    // Every rank and the launcher are gone, and the GPUs are free.
+    let left = Command::new("nvidia-smi")
+        .args(["--query-compute-apps=pid", "--format=csv,noheader"])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(left.trim().is_empty(), "processes left on the GPUs: {left}");
+    println!(
+        "wall {wall:.1} s, {} probes, {} hang(s) skipped",
+        probes.len(),
+        hangs.len()
+    );
+}

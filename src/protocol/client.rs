@@ -115,12 +115,16 @@ pub struct ProcessHarness {
 impl ProcessHarness {
     /// The configured harness, run in `cwd` (the probe worktree, or the user's checkout). `run_dir` is
     /// the run's own directory: the shipped PyTorch harness and the description file go there.
+    /// `fault_rank` is the rank of a distributed repro that faulted on its own: the harness runs that
+    /// rank's work alone, told which rank through `CUDABISECT_FAULT_RANK` (and `CUDABISECT_WORLD_SIZE`),
+    /// so the model's factories can build that rank's inputs.
     pub fn from_config(
         config: &Config,
         shrink: &ShrinkSection,
         cwd: &Path,
         commit: &str,
         run_dir: &Path,
+        fault_rank: Option<u32>,
     ) -> Result<Self, ProtocolError> {
         let mut shipped = false;
         let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
@@ -170,12 +174,20 @@ impl ProcessHarness {
             attempt: 1,
             slot: None,
         };
+        let mut env = shrink.env.clone();
+        if let Some(rank) = fault_rank {
+            env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());
+            env.insert(
+                "CUDABISECT_WORLD_SIZE".into(),
+                config.workers.gpus_per_probe.to_string(),
+            );
+        }
         let spec = command_spec(
             config,
             ChildCommand {
                 command: &prefix,
                 timeout: shrink.timeout,
-                env: &shrink.env,
+                env: &env,
             },
             &ctx,
         );

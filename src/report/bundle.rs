@@ -250,6 +250,13 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
         if let Some(s) = &t.site {
             let _ = writeln!(md, "- site: {s}");
         }
+        if let Some(r) = t.rank {
+            let _ = writeln!(
+                md,
+                "- rank: {r} faulted first. The run launches every rank (the repro command in `bisect.toml`); \
+                 each rank's own lines are in `logs/probes/*.rank<N>.log` beside the whole run's log."
+            );
+        }
         let _ = writeln!(md, "\n```\n{}\n```\n", t.summary);
     }
     if let Some(tr) = &input.triage {

@@ -432,6 +432,15 @@ impl WorktreeProber<'_> {
             run.duration.as_secs_f64()
         );
         std::fs::write(&path, text).ok()?;
+        // A distributed run's ranks interleave in one stream: each rank's own lines go beside it too.
+        let streams = crate::classify::RankStreams::split(&run.output);
+        for (rank, lines) in streams.rank_texts() {
+            let rank_path = self.log_dir.join(format!(
+                "{step:03}-{}-{name}.rank{rank}.log",
+                short_sha(commit)
+            ));
+            let _ = std::fs::write(rank_path, lines);
+        }
         Some(path.display().to_string())
     }
 }

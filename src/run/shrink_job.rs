@@ -71,7 +71,8 @@ pub fn shrink_job(
             }
             _ => (repo.workdir(), String::new()),
         };
-        let harness = ProcessHarness::from_config(&config, &section, &cwd, &commit, &run_dir)?;
+        let harness =
+            ProcessHarness::from_config(&config, &section, &cwd, &commit, &run_dir, None)?;
         let settings = ShrinkSettings {
             policy: &config.match_policy,
             out_dir: run_dir.join("shrink"),
@@ -94,6 +95,7 @@ pub fn shrink_job(
                         p.worktree.path(),
                         &parent.to_string(),
                         &run_dir,
+                        None,
                     ) {
                         Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
                         Err(e) => ParentCheck::NotRun(e.to_string()),

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
 
+use crate::classify::FaultClass;
 use crate::config::Config;
 use crate::protocol::client::ProcessHarness;
 use crate::report::event::{Event, Reporter};
@@ -82,12 +83,19 @@ pub fn run_stages(
         return true;
     }
     let commit = oid.to_string();
+    // A fault one rank met on its own (not a collective's) shrinks on that rank's work alone.
+    let fault_rank = report
+        .target
+        .as_ref()
+        .filter(|t| !matches!(t.class, FaultClass::Nccl | FaultClass::Hang))
+        .and_then(|t| t.rank);
     let harness = match ProcessHarness::from_config(
         config,
         section,
         prober.worktree.path(),
         &commit,
         run_dir,
+        fault_rank,
     ) {
         Ok(h) => h,
         Err(e) => {
@@ -124,6 +132,7 @@ pub fn run_stages(
                     prober.worktree.path(),
                     &p.to_string(),
                     run_dir,
+                    fault_rank,
                 ) {
                     Ok(h) => check_parent(&h, &result, &config.match_policy, cancel),
                     Err(e) => ParentCheck::NotRun(e.to_string()),
