@@ -53,6 +53,11 @@ if mode == "fault":
     say('  File "train.py", line 40, in step')
     say("    gather(x)")
     say("RuntimeError: CUDA error: an illegal memory access was encountered")
+    # What torchrun --log-dir writes: each local rank's streams in files of their own.
+    files = os.path.join(os.environ["CUDABISECT_RANK_LOG_DIR"], "none_ab12", "attempt_0", "1")
+    os.makedirs(files, exist_ok=True)
+    with open(os.path.join(files, "stdout.log"), "w") as f:
+        f.write("step 7: loss 2.31\n")
     sys.exit(1)
 if mode == "hang":
     all_reduce()
@@ -172,6 +177,8 @@ fn a_rank_one_kernel_fault_is_the_culprit_through_a_hang_stretch_and_no_process_
         rank1.starts_with("Traceback") && rank1.contains("illegal memory access"),
         "{rank1}"
     );
+    // The rank's own files from the launcher's log directory are collected under it too.
+    assert!(rank1.contains("step 7: loss 2.31"), "{rank1}");
     let hangs: Vec<&Value> = probes
         .iter()
         .filter(|p| p["signature"]["class"] == "hang")

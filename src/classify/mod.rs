@@ -11,6 +11,6 @@ pub mod trailer;
 
 pub use matcher::{MatchPolicy, MatchPolicyError, Sameness};
 pub use patterns::is_fault_line;
-pub use ranks::{classify, strip_rank, RankStreams};
+pub use ranks::{append_rank_logs, classify, strip_rank, RankStreams};
 pub use signature::{Exit, FaultClass, Signature};
 pub use trailer::LOG_TRAILER_PREFIX;

@@ -109,6 +109,48 @@ pub fn strip_rank(line: &str) -> Option<(u32, &str)> {
     rank.map(|r| (r, rest))
 }
 
+/// Appends the per-rank files a launcher wrote under `dir` (torchrun `--log-dir DIR --redirects 3`:
+/// `DIR/<run>/attempt_<n>/<local rank>/stdout.log`, `stderr.log`) to `output`, each line prefixed with its
+/// rank, so they are classified and logged with the run. Each file is cut to its last 256 KiB.
+pub fn append_rank_logs(dir: &std::path::Path, output: &mut String) {
+    const KEEP: usize = 256 * 1024;
+    let mut files = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() && depth < 4 {
+                stack.push((path, depth + 1));
+            } else if path.extension().is_some_and(|x| x == "log") {
+                let rank = path
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.parse::<u32>().ok());
+                if let Some(rank) = rank {
+                    files.push((rank, path));
+                }
+            }
+        }
+    }
+    files.sort();
+    for (rank, path) in files {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(KEEP)..]).into_owned();
+        if !output.is_empty() && !output.ends_with('\n') {
+            output.push('\n');
+        }
+        for line in text.lines() {
+            output.push_str(&format!("[rank{rank}]: {line}\n"));
+        }
+    }
+}
+
 fn join(lines: &[(usize, &str)]) -> String {
     let mut text = String::new();
     for (_, l) in lines {
@@ -342,6 +384,27 @@ mod tests {
         assert_eq!(s.rank, Some(1));
         assert_eq!(s.kernel.as_deref(), Some("indexSelectSmallIndex"));
         assert_eq!(s.launch.as_deref(), Some("/home/u/train.py:<module>"));
+    }
+
+    #[test]
+    fn a_launchers_rank_files_join_the_output_under_their_ranks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rank1 = tmp.path().join("none_x1/attempt_0/1");
+        std::fs::create_dir_all(&rank1).unwrap();
+        std::fs::create_dir_all(tmp.path().join("none_x1/attempt_0/0")).unwrap();
+        std::fs::write(
+            rank1.join("stderr.log"),
+            "Traceback (most recent call last):\n  File \"/home/u/train.py\", line 7, in step\n    k(x)\nRuntimeError: CUDA error: misaligned address\n",
+        )
+        .unwrap();
+        let mut out = String::from("torchrun banner");
+        append_rank_logs(tmp.path(), &mut out);
+        let s = classify(Exit::Code(1), &out);
+        assert_eq!((s.class, s.rank), (FaultClass::MisalignedAddress, Some(1)));
+        assert_eq!(s.site.as_deref(), Some("/home/u/train.py:7"));
+        let mut none = String::from("x\n");
+        append_rank_logs(&tmp.path().join("missing"), &mut none);
+        assert_eq!(none, "x\n");
     }
 
     #[test]

@@ -187,7 +187,12 @@ impl Probe for WorktreeProber<'_> {
         let mut attempt = 1;
         let (mut infra_retried, mut clean_runs) = (0, 0);
         loop {
-            let spec = command_spec(
+            let name = if attempt == 1 {
+                "repro".to_string()
+            } else {
+                format!("repro-{attempt}")
+            };
+            let mut spec = command_spec(
                 self.config,
                 ChildCommand {
                     command: &repro.command,
@@ -202,6 +207,16 @@ impl Probe for WorktreeProber<'_> {
                     slot: self.slot.as_ref(),
                 },
             );
+            // A launcher that writes each rank's output to files (torchrun `--log-dir`) writes them here.
+            let rank_dir = self.log_dir.join(format!(
+                "{:03}-{}-{name}.ranks",
+                ctx.step,
+                short_sha(&commit)
+            ));
+            spec.env.push((
+                "CUDABISECT_RANK_LOG_DIR".into(),
+                rank_dir.display().to_string(),
+            ));
             // No run starts on a GPU the previous one still holds (a killed rank lingers while the driver
             // tears its context down): wait, or give up as infrastructure.
             let devices = Devices {
@@ -221,7 +236,10 @@ impl Probe for WorktreeProber<'_> {
                 return record.done(sig, None, build_log, None, attempt);
             }
             let run = match process::run(&spec, self.cancel) {
-                Ok(run) => run,
+                Ok(mut run) => {
+                    crate::classify::append_rank_logs(&rank_dir, &mut run.output);
+                    run
+                }
                 Err(e) => {
                     let sig = Signature::new(
                         FaultClass::ExecFailure,
@@ -229,11 +247,6 @@ impl Probe for WorktreeProber<'_> {
                     );
                     return record.done(sig, None, build_log, None, attempt);
                 }
-            };
-            let name = if attempt == 1 {
-                "repro".to_string()
-            } else {
-                format!("repro-{attempt}")
             };
             self.lingering = run.lingering.clone();
             let log = self.write_log(ctx.step, &commit, &name, &run);
