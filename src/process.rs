@@ -141,6 +141,17 @@ fn tagged(tag: &str) -> Vec<i32> {
         .collect()
 }
 
+/// True while `pid` is a live process; a zombie (exited, not yet reaped) counts as gone: it holds no
+/// memory, GPU or otherwise.
+pub fn is_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
 /// Kills every process still carrying the run's tag (one that left both the group and this process's
 /// care, like a grandchild that called `setsid` under a parent still alive), and returns them.
 fn kill_tagged(tag: &str) -> Vec<i32> {

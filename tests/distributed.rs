@@ -102,15 +102,7 @@ fn repo(modes: &[&str]) -> Repo {
     }
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .is_some_and(|zombie| !zombie)
-}
+use cudabisect::process::is_alive as alive;
 
 fn start(repo: &Repo) -> (i32, String, Value) {
     let report = repo.path.parent().unwrap().join("report.json");

@@ -832,15 +832,7 @@ fn triage_without_compute_sanitizer_says_what_is_missing() {
 }
 
 /// True while `pid` runs (a zombie waiting for its reaper is not running).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .is_some_and(|zombie| !zombie)
-}
+use cudabisect::process::is_alive as alive;
 
 /// Waits (bounded, without sleeping) until `ready`, then sends Ctrl-C to `child` and checks that it exits
 /// 130, the code for an interrupted run.

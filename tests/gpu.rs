@@ -19,6 +19,19 @@ fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cudabisect")))
 }
 
+/// Fails the test unless nvidia-smi lists at least two GPUs.
+fn need_two_gpus() {
+    let gpus = Command::new("nvidia-smi")
+        .args(["--query-gpu=index", "--format=csv,noheader"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0);
+    assert!(
+        gpus >= 2,
+        "this test needs two GPUs; nvidia-smi lists {gpus}"
+    );
+}
+
 fn nvcc() -> PathBuf {
     let on_path = Command::new("nvcc").arg("--version").output().is_ok();
     if on_path {
@@ -848,15 +861,7 @@ print("ok", float(y.sum()))
 #[test]
 #[ignore = "needs two NVIDIA GPUs and torch: run with --include-ignored on the two-GPU machine"]
 fn a_parallel_bisection_on_two_gpus_pins_each_worker_to_its_own_gpu() {
-    let gpus = Command::new("nvidia-smi")
-        .args(["--query-gpu=index", "--format=csv,noheader"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-        .unwrap_or(0);
-    assert!(
-        gpus >= 2,
-        "this test needs two GPUs; nvidia-smi lists {gpus}"
-    );
+    need_two_gpus();
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let log = tmp.path().join("runs.log");
@@ -941,15 +946,7 @@ fn a_parallel_bisection_on_two_gpus_pins_each_worker_to_its_own_gpu() {
 #[test]
 #[ignore = "needs two NVIDIA GPUs, torch and triton: run with --include-ignored on the two-GPU machine"]
 fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_nccl_hang() {
-    let gpus = Command::new("nvidia-smi")
-        .args(["--query-gpu=index", "--format=csv,noheader"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-        .unwrap_or(0);
-    assert!(
-        gpus >= 2,
-        "this test needs two GPUs; nvidia-smi lists {gpus}"
-    );
+    need_two_gpus();
     let scenario =
         std::fs::read_to_string(root().join("fixtures/logs/multirank/scenario.py")).unwrap();
     let tmp = tempfile::tempdir().unwrap();

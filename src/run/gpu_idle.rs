@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::process::{env_of, RUN_TAG};
+use crate::process::{env_of, is_alive as alive, RUN_TAG};
 
 /// Asks which processes hold the GPUs.
 pub trait GpuProcesses {
@@ -52,16 +52,6 @@ pub struct StillBusy {
     pub pids: Vec<i32>,
     /// How long it waited.
     pub waited_s: f64,
-}
-
-/// True while `pid` is a live process (a zombie holds no GPU memory and counts as gone).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
 }
 
 /// Whether a listed pid is one to wait for: one of `ours`, or, on devices this prober has to itself, any
