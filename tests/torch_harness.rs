@@ -143,3 +143,9 @@ fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loa
 fn warm_start_forks_each_call_from_the_built_model_and_kills_it_with_its_client() {
     python_tests("test_warm_server.py", 6);
 }
+
+/// The warm server's Triton head start, with a stand-in `triton` package.
+#[test]
+fn the_warm_server_hashes_the_users_triton_kernels_once_for_every_child() {
+    python_tests("test_triton_hash.py", 2);
+}
