@@ -437,6 +437,61 @@ struct RawConfig {
     bundle: BundleSection,
     #[serde(default)]
     nightly: NightlySection,
+    #[serde(default)]
+    executor: ExecutorSection,
+}
+
+/// `[executor]`: where probes' builds and repros run.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ExecutorSection {
+    /// `local` (the default: processes on this machine) or `slurm` (each build and repro a Slurm job).
+    #[serde(default)]
+    pub kind: ExecutorKind,
+    /// Slurm partition (`--partition`).
+    pub partition: Option<String>,
+    /// Slurm account (`--account`).
+    pub account: Option<String>,
+    /// Generic resources per job (`--gres`, e.g. `gpu:2`); default `gpu:<gpus-per-probe>` for repros.
+    /// `""` asks for none.
+    pub gres: Option<String>,
+    /// Slurm's own time limit per job (`--time`); default: the phase's timeout plus 5 minutes. Queue time
+    /// never counts toward the repro's timeout, which cudabisect keeps itself.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub time: Option<Duration>,
+    /// Extra `sbatch` arguments, as given.
+    #[serde(default)]
+    pub sbatch_args: Vec<String>,
+    /// A directory the compute nodes see (a shared filesystem): probe worktrees and job files go there
+    /// instead of the repository's `.git/cudabisect/`.
+    pub workdir: Option<PathBuf>,
+    /// How long a job may wait in the queue for a reason that means it cannot run (its nodes down or
+    /// drained, a partition down) before the probe is an infrastructure failure. Default 1 hour.
+    #[serde(
+        default = "default_stuck_timeout",
+        deserialize_with = "duration",
+        rename = "stuck-timeout"
+    )]
+    pub stuck_timeout: Duration,
+}
+
+fn default_stuck_timeout() -> Duration {
+    Duration::from_secs(60 * 60)
+}
+
+/// `[executor] kind`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// Processes on this machine.
+    #[default]
+    Local,
+    /// Slurm jobs.
+    Slurm,
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 /// Checked settings.
@@ -464,6 +519,8 @@ pub struct Config {
     pub bundle: BundleSection,
     /// Nightly-job settings.
     pub nightly: NightlySection,
+    /// Where builds and repros run.
+    pub executor: ExecutorSection,
 }
 
 /// `[search]`'s flaky-fault settings, checked.
@@ -683,6 +740,7 @@ impl Config {
             shrink: raw.shrink,
             bundle: raw.bundle,
             nightly: raw.nightly,
+            executor: raw.executor,
         })
     }
 }

@@ -239,6 +239,8 @@ pub struct RunOutput {
     /// Processes of this run still found after it ended (killed then, but perhaps not yet gone: a process
     /// whose GPU context the driver is tearing down lingers): what the device-idle check waits for.
     pub lingering: Vec<i32>,
+    /// The scheduler job that ran it, when a scheduler did (its `duration` is then the run time only).
+    pub job: Option<crate::report::record::JobInfo>,
 }
 
 /// Why a command could not be run at all.
@@ -252,6 +254,14 @@ pub enum ProcessError {
         /// The OS error.
         #[source]
         source: std::io::Error,
+    },
+    /// The scheduler refused the job or could not be asked about it.
+    #[error("{scheduler}: {message}")]
+    Scheduler {
+        /// Which scheduler (`slurm`).
+        scheduler: &'static str,
+        /// What it said.
+        message: String,
     },
     /// Waiting on the child failed.
     #[error("lost track of `{program}`: {source}")]
@@ -351,6 +361,23 @@ impl BoundedCapture {
         text.push_str(&String::from_utf8_lossy(&tail));
         text
     }
+}
+
+/// A file's contents kept as a run's output is: the head and the tail, and the fault lines between, in
+/// bounded memory whatever its size (a scheduler job's output file). Returns the text and its size.
+pub fn bounded_file(path: &std::path::Path) -> (String, u64) {
+    let mut capture = BoundedCapture::default();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            capture.push(&buf[..n]);
+        }
+    }
+    let total = capture.total;
+    (capture.render(), total)
 }
 
 /// Runs `spec` to completion, timeout or cancellation. `cancel` is polled; when set, the group is stopped.
@@ -463,6 +490,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         total_bytes,
         interrupted,
         lingering,
+        job: None,
     })
 }
 

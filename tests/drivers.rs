@@ -98,6 +98,7 @@ impl Probe for Scripted {
                 sanitizer: None,
                 attempts: 1,
                 reused: false,
+                job: None,
             };
             record.reason = Some("stopped".into());
             return ProbeOutcome {
@@ -129,6 +130,7 @@ impl Probe for Scripted {
                 sanitizer: None,
                 attempts: 1,
                 reused: false,
+                job: None,
             },
             interrupted,
         }
@@ -567,6 +569,7 @@ fn out(exit: i32, text: String) -> RunOutput {
         total_bytes: 0,
         interrupted: false,
         lingering: Vec::new(),
+        job: None,
     }
 }
 

@@ -188,6 +188,10 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 r"|NVRTC \(libnvrtc\.so\) could not be loaded|NVIDIA-SMI has failed because",
                 r"|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b",
                 r"|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
+                // Slurm ending a job, not the job failing: its memory or time limit, node failure,
+                // preemption; and the line cudabisect adds when the job's final state says so.
+                r"|^slurmstepd\S*: error: .*(exceeded (job )?memory limit|DUE TO (TIME LIMIT|NODE FAILURE|PREEMPTION))",
+                r"|^\[cudabisect\] slurm job \S+ on .*: (NODE_FAIL|PREEMPTED|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|TIMEOUT|REVOKED|STUCK)",
             ),
         ),
         rule(
@@ -589,6 +593,22 @@ pub fn signal_name(sig: i32) -> String {
 mod tests {
     use super::*;
     use classify_stream as classify;
+
+    #[test]
+    fn slurm_ending_a_job_is_infrastructure_and_a_cancel_by_the_user_is_not() {
+        for line in [
+            "slurmstepd-node7: error: StepId=2.batch exceeded memory limit (644714496 > 104857600), being killed",
+            "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 DUE TO TIME LIMIT ***",
+            "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 DUE TO NODE FAILURE ***",
+            "[cudabisect] slurm job 41 on gpu-3: NODE_FAIL (NodeDown)",
+            "[cudabisect] slurm job 42 on no node: STUCK in the queue for 3600 s (ReqNodeNotAvail)",
+        ] {
+            assert_eq!(classify(Exit::Code(0), line).class, FaultClass::Infra, "{line}");
+        }
+        let cancelled =
+            "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 ***";
+        assert_ne!(classify(Exit::Code(1), cancelled).class, FaultClass::Infra);
+    }
 
     #[test]
     fn infrastructure_is_claimed_only_on_real_infrastructure_errors() {

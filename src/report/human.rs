@@ -166,6 +166,19 @@ impl Reporter for HumanReporter {
                 if record.reused {
                     text.push_str(" [reused from the journal]");
                 }
+                if let Some(job) = &record.job {
+                    // Queue time apart from run time: it never counted toward the timeout.
+                    text.push_str(&format!(
+                        " [{} job {}{}, queued {:.1}s]",
+                        job.scheduler,
+                        job.id,
+                        job.node
+                            .as_deref()
+                            .map(|n| format!(" on {n}"))
+                            .unwrap_or_default(),
+                        job.queue_s
+                    ));
+                }
                 self.line(&text);
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),

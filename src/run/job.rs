@@ -24,7 +24,7 @@ use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
 use crate::atomic_file::write_atomic;
-use crate::config::Jobs;
+use crate::config::{ExecutorKind, Jobs};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io {
@@ -57,13 +57,20 @@ pub fn start(
     if let Some(jobs) = opts.jobs {
         plan.config.workers.jobs = jobs;
     }
+    let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
+    if slurm {
+        crate::slurm::preflight(&plan.config.executor, plan.config.workers.gpus_per_probe)
+            .map_err(RunError::Usage)?;
+    }
     // Parallel probes: checked before anything is written.
     let slots = match plan.config.workers.jobs {
         Jobs::One => None,
         _ => {
-            let visible = match plan.config.workers.devices {
-                Some(_) => Vec::new(),
-                None => visible_devices(cancel),
+            // Slurm gives each job its GPUs itself: nothing here is pinned.
+            let visible = if slurm || plan.config.workers.devices.is_some() {
+                Vec::new()
+            } else {
+                visible_devices(cancel)
             };
             Some(plan_slots(&plan.config.workers, &visible).map_err(RunError::Usage)?)
         }
@@ -74,13 +81,32 @@ pub fn start(
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
     std::fs::write(run_dir.join("bisect.toml"), &plan.config.text).map_err(io_err(&run_dir))?;
-    let worktree = plan.repo.probe_worktree(&state_dir.join("worktree"))?;
+    // With a scheduler whose nodes do not see this repository, the worktrees go where they do.
+    // Each repository has a directory of its own there, named after the repository and its path.
+    let worktree_base = match &plan.config.executor.workdir {
+        Some(shared) => {
+            let name = plan
+                .repo
+                .workdir()
+                .file_name()
+                .map_or_else(|| "repo".into(), |n| n.to_string_lossy().into_owned());
+            let digest = state_dir
+                .to_string_lossy()
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+            shared.join(format!("{name}-{:08x}", digest as u32))
+        }
+        None => state_dir.clone(),
+    };
+    let worktree = plan.repo.probe_worktree(&worktree_base.join("worktree"))?;
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let slots = slots.unwrap_or_default();
     let mut extra_worktrees = Vec::new();
     for slot in slots.iter().skip(1) {
-        let path = state_dir.join(format!("worktree-{}", slot.worker));
+        let path = worktree_base.join(format!("worktree-{}", slot.worker));
         extra_worktrees.push(plan.repo.probe_worktree(&path)?);
     }
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();

@@ -355,6 +355,7 @@ mod tests {
                     sanitizer: None,
                     attempts: 1,
                     reused: false,
+                    job: None,
                 },
                 interrupted: false,
             }

@@ -224,7 +224,10 @@ impl Probe for WorktreeProber<'_> {
                 exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
             };
             let lingering = std::mem::take(&mut self.lingering);
-            if let Err(busy) = wait_idle(
+            let executor = crate::executor::for_config(self.config, &self.log_dir);
+            if !executor.is_local() {
+                // A scheduler's job runs elsewhere: the GPUs here are not its.
+            } else if let Err(busy) = wait_idle(
                 &NvidiaSmi,
                 devices,
                 &lingering,
@@ -235,16 +238,24 @@ impl Probe for WorktreeProber<'_> {
                 let sig = Signature::new(FaultClass::Infra, busy.to_string());
                 return record.done(sig, None, build_log, None, attempt);
             }
-            let run = match process::run(&spec, self.cancel) {
+            let run = match executor.run(&spec, self.cancel) {
                 Ok(mut run) => {
                     crate::classify::append_rank_logs(&rank_dir, &mut run.output);
                     run
                 }
                 Err(e) => {
-                    let sig = Signature::new(
-                        FaultClass::ExecFailure,
-                        format!("the repro could not start: {e}"),
-                    );
+                    // A scheduler that cannot take the job now (its controller unreachable) is the
+                    // machine's problem, retried; a command that cannot start is the commit's.
+                    let class = match e {
+                        process::ProcessError::Scheduler { .. } => FaultClass::Infra,
+                        _ => FaultClass::ExecFailure,
+                    };
+                    let sig = Signature::new(class, format!("the repro could not start: {e}"));
+                    if class == FaultClass::Infra && infra_retried < repro.infra_retries {
+                        infra_retried += 1;
+                        attempt += 1;
+                        continue;
+                    }
                     return record.done(sig, None, build_log, None, attempt);
                 }
             };
@@ -367,6 +378,7 @@ impl Finished<'_> {
                 sanitizer: None,
                 attempts,
                 reused: false,
+                job: run.and_then(|r| r.job.clone()),
             },
             interrupted: run.is_some_and(|r| r.interrupted),
         }
@@ -422,7 +434,8 @@ impl WorktreeProber<'_> {
                 slot: self.slot.as_ref(),
             },
         );
-        Some(process::run(&spec, self.cancel).map(|run| {
+        let executor = crate::executor::for_config(self.config, &self.log_dir);
+        Some(executor.run(&spec, self.cancel).map(|run| {
             let log = self.write_log(step_no, commit, log_name, &run);
             (run, log)
         }))

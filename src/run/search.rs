@@ -281,6 +281,7 @@ impl Driver<'_, '_> {
             sanitizer: Some(s.summary),
             attempts: 1,
             reused: false,
+            job: None,
         };
         self.reporter.event(&Event::ProbeFinished {
             step: ctx.step,

@@ -1,0 +1,474 @@
+//! End-to-end tests against a real Slurm (slurmctld and slurmd on this machine, started by
+//! `ci/slurm-up.sh`: one node, a `debug` partition, four count-only GPUs): bisections whose builds and
+//! repros run as Slurm jobs, serial and parallel, a probe timeout that queue time does not eat into, a job
+//! Slurm kills for its memory (infrastructure, retried), a drained node, and Ctrl-C leaving no job behind.
+//! Where Slurm is missing they say so and pass only when `CUDABISECT_REQUIRE_SLURM` is unset; CI sets it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use git2::Oid;
+use serde_json::Value;
+
+/// The cluster is one node: tests that drain it or fill its queue must not overlap.
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+/// True when a Slurm node is up. Without one: a failure when CI requires Slurm, else a skip that says so.
+fn slurm_up() -> bool {
+    let up = Command::new("sinfo")
+        .args(["-h", "-o", "%t"])
+        .output()
+        .map(|o| {
+            let s = String::from_utf8_lossy(&o.stdout).to_string();
+            s.contains("idle") || s.contains("mix") || s.contains("alloc")
+        })
+        .unwrap_or(false);
+    if !up {
+        assert!(
+            std::env::var_os("CUDABISECT_REQUIRE_SLURM").is_none(),
+            "CUDABISECT_REQUIRE_SLURM is set but no Slurm node is up (run ci/slurm-up.sh)"
+        );
+        eprintln!(
+            "skipped: no Slurm node is up here (ci/slurm-up.sh starts one; CI always has it)"
+        );
+    }
+    up
+}
+
+/// Each commit's mode: `clean`, `fault`, `hang`, `oom-once` (the first run blows its memory limit, the
+/// next is clean), `oom-once-fault`. Every run logs its Slurm job, attempt, devices and times.
+const REPRO: &str = r#"#!/bin/sh
+mode=$(cat mode.txt)
+echo "job=$SLURM_JOB_ID attempt=$CUDABISECT_ATTEMPT blocking=$CUDA_LAUNCH_BLOCKING devices=$CUDA_VISIBLE_DEVICES start=$(date +%s.%N)" >> "$RUN_LOG"
+case "$mode" in
+  oom-once*)
+    if [ "$CUDABISECT_ATTEMPT" = 1 ]; then
+      python3 -c "import time; a = bytearray(700 << 20); a[::4096] = b'x' * len(a[::4096]); time.sleep(30)"
+    fi ;;
+esac
+case "$mode" in
+  *fault) echo "RuntimeError: CUDA error: an illegal memory access was encountered" >&2; exit 1 ;;
+  hang) exec sleep 300 ;;
+esac
+sleep "${SLEEP:-0}"
+echo "end=$(date +%s.%N)" >> "$RUN_LOG"
+echo ok
+"#;
+
+struct Repo {
+    _tmp: tempfile::TempDir,
+    path: PathBuf,
+    log: PathBuf,
+    commits: Vec<Oid>,
+}
+
+fn repo(modes: &[&str], extra: &str) -> Repo {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let log = tmp.path().join("runs.log");
+    let config = format!(
+        "[build]\ncommand = [\"sh\", \"-c\", \"echo built\"]\ntimeout = \"1m\"\n\n[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"20s\"\ngrace-period = \"1s\"\ninfra-retries = 1\nenv = {{ RUN_LOG = \"{}\" }}\n\n[triage]\nenabled = false\n\n[executor]\nkind = \"slurm\"\npartition = \"debug\"\nsbatch-args = [\"--mem=200M\"]\n{extra}",
+        log.display()
+    );
+    let mut b = RepoBuilder::init(&path).unwrap();
+    let mut commits = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let mut f = Files::new();
+        put(&mut f, "repro.sh", REPRO, true);
+        put(&mut f, "mode.txt", *mode, false);
+        put(&mut f, "rev.txt", format!("{i}\n"), false);
+        put(&mut f, "bisect.toml", config.clone(), false);
+        let parents: Vec<Oid> = commits.last().copied().into_iter().collect();
+        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    Repo {
+        _tmp: tmp,
+        path,
+        log,
+        commits,
+    }
+}
+
+fn start_cmd(repo: &Repo, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cudabisect"));
+    cmd.args([
+        "start",
+        &format!("{}..main", repo.commits[0]),
+        "--no-shrink",
+    ])
+    .args(extra)
+    .arg("-C")
+    .arg(&repo.path)
+    .arg("--report")
+    .arg(repo.path.parent().unwrap().join("report.json"));
+    cmd
+}
+
+fn report(repo: &Repo) -> Value {
+    let text = std::fs::read_to_string(repo.path.parent().unwrap().join("report.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// cudabisect's jobs still in the queue.
+fn our_jobs() -> Vec<String> {
+    let out = Command::new("squeue")
+        .args(["-h", "-o", "%i %j %T"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("cudabisect-"))
+        .map(String::from)
+        .collect()
+}
+
+fn node() -> String {
+    let out = Command::new("sinfo")
+        .args(["-h", "-N", "-o", "%N"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A running `cudabisect start`, interrupted (so it cancels its jobs) if the test fails before it ends.
+struct Running(Option<std::process::Child>);
+
+impl Running {
+    fn spawn(mut cmd: Command) -> Self {
+        Running(Some(
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ))
+    }
+
+    fn id(&self) -> i32 {
+        self.0.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    fn wait(mut self) -> std::process::Output {
+        self.0.take().unwrap().wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SAFETY: signals our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Resumes the node when dropped, so a failed test never leaves it drained for the next.
+struct Resume(String);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.0), "state=resume"])
+            .status();
+    }
+}
+
+fn run_ok(repo: &Repo, extra: &[&str]) -> (Value, String) {
+    let out = start_cmd(repo, extra).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    (report(repo), text)
+}
+
+fn first_bad(report: &Value) -> &str {
+    report["first_bad"]["commit"].as_str().unwrap()
+}
+
+#[test]
+fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_for_memory() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    // Commit 4 is where the search looks first after the endpoints.
+    let modes = [
+        "clean", "clean", "clean", "clean", "oom-once", "fault", "fault", "fault", "fault",
+    ];
+    let repo = repo(&modes, "");
+    let (report, text) = run_ok(&repo, &[]);
+    assert_eq!(first_bad(&report), repo.commits[5].to_string(), "{text}");
+    let probes = report["probes"].as_array().unwrap();
+    for p in probes {
+        let job = &p["job"];
+        assert_eq!(job["scheduler"], "slurm", "{p:#}");
+        assert!(job["id"].as_str().is_some_and(|id| !id.is_empty()), "{p:#}");
+        assert!(job["node"].as_str().is_some(), "{p:#}");
+        assert!(job["queue_s"].as_f64().is_some(), "{p:#}");
+    }
+    // Slurm killed the first run of commit 4 for its memory: infrastructure, run again, then judged.
+    let oom = probes
+        .iter()
+        .find(|p| p["commit"] == repo.commits[4].to_string())
+        .unwrap_or_else(|| panic!("commit 4 never probed: {text}"));
+    assert_eq!(oom["attempts"], 2, "{oom:#}");
+    assert_eq!(oom["verdict"], "good", "{oom:#}");
+    // The child environment is the local one, and Slurm gave each repro its GPU.
+    let runs = std::fs::read_to_string(&repo.log).unwrap();
+    assert!(
+        runs.lines()
+            .all(|l| l.starts_with("end=") || l.contains("blocking=1")),
+        "{runs}"
+    );
+    assert!(runs.contains("devices=0"), "{runs}");
+    assert!(text.contains("[slurm job "), "{text}");
+    assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
+}
+
+#[test]
+fn parallel_probes_are_concurrent_jobs() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let mut modes = vec!["clean"; 10];
+    modes.extend(["fault"; 6]);
+    let repo = repo(&modes, "");
+    std::fs::write(
+        repo.path.join("bisect.toml"),
+        std::fs::read_to_string(repo.path.join("bisect.toml"))
+            .unwrap()
+            .replace("env = {", "env = { SLEEP = \"2\", "),
+    )
+    .unwrap();
+    let (report, text) = run_ok(&repo, &["--jobs", "2"]);
+    assert_eq!(first_bad(&report), repo.commits[10].to_string(), "{text}");
+    // Two clean runs overlapped in time: two jobs ran at once.
+    let runs = std::fs::read_to_string(&repo.log).unwrap();
+    let mut spans = Vec::new();
+    let mut start = None;
+    for line in runs.lines() {
+        if let Some(s) = line.split("start=").nth(1) {
+            start = s.trim().parse::<f64>().ok();
+        } else if let (Some(e), Some(s)) = (line.strip_prefix("end="), start) {
+            spans.push((s, e.trim().parse::<f64>().unwrap()));
+        }
+    }
+    let overlap = spans
+        .iter()
+        .enumerate()
+        .any(|(i, a)| spans.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+    assert!(overlap, "no two jobs ran at once: {runs}");
+    assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
+}
+
+#[test]
+fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let repo = repo(&["clean", "clean", "hang", "clean", "fault"], "");
+    // A 3 s timeout, and a blocker job holding every GPU for longer than that while the first probe
+    // queues behind it.
+    let toml = repo.path.join("bisect.toml");
+    std::fs::write(
+        &toml,
+        std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("timeout = \"20s\"", "timeout = \"3s\""),
+    )
+    .unwrap();
+    let release = repo.path.parent().unwrap().join("release");
+    let blocker = Command::new("sbatch")
+        .args([
+            "--parsable",
+            "--gres=gpu:4",
+            "--job-name=blocker",
+            "--mem=10M",
+        ])
+        .arg("--wrap")
+        .arg(format!(
+            "while [ ! -e {} ]; do sleep 0.1; done",
+            release.display()
+        ))
+        .output()
+        .unwrap();
+    let blocker_id = String::from_utf8_lossy(&blocker.stdout).trim().to_string();
+    let child = Running::spawn(start_cmd(&repo, &[]));
+    // Release the blocker once a probe job has queued behind it for longer than the repro's timeout.
+    let queued_since = std::time::Instant::now();
+    let deadline = queued_since + std::time::Duration::from_secs(120);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no probe ever queued");
+        let pending = our_jobs().iter().any(|j| j.ends_with("PENDING"));
+        if pending && queued_since.elapsed() > std::time::Duration::from_secs(5) {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    std::fs::write(&release, "").unwrap();
+    let out = child.wait();
+    let _ = Command::new("scancel").arg(&blocker_id).status();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let report = report(&repo);
+    assert_eq!(first_bad(&report), repo.commits[4].to_string(), "{text}");
+    let probes = report["probes"].as_array().unwrap();
+    let queued = probes
+        .iter()
+        .find(|p| p["job"]["queue_s"].as_f64().unwrap_or(0.0) > 3.0)
+        .unwrap_or_else(|| panic!("no probe queued past the timeout: {text}"));
+    assert_ne!(queued["signature"]["class"], "hang", "{queued:#}");
+    let hang = probes
+        .iter()
+        .find(|p| p["commit"] == repo.commits[2].to_string())
+        .unwrap_or_else(|| panic!("the hanging commit was never probed: {text}"));
+    assert_eq!(hang["signature"]["class"], "hang", "{hang:#}");
+    assert_eq!(hang["verdict"], "skip", "{hang:#}");
+    assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
+}
+
+#[test]
+fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goes_on() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let repo = repo(
+        &["clean", "clean", "clean", "fault", "fault"],
+        "stuck-timeout = \"1s\"\n",
+    );
+    let toml = repo.path.join("bisect.toml");
+    std::fs::write(
+        &toml,
+        std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("infra-retries = 1", "infra-retries = 3")
+            .replace("env = {", "env = { SLEEP = \"2\", "),
+    )
+    .unwrap();
+    let node = node();
+    let child = Running::spawn(start_cmd(&repo, &[]));
+    // Drain the node while a probe's job runs on it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !our_jobs().iter().any(|j| j.ends_with("RUNNING")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no probe job ever ran"
+        );
+        std::thread::yield_now();
+    }
+    let resume = Resume(node.clone());
+    Command::new("scontrol")
+        .args([
+            "update",
+            &format!("nodename={node}"),
+            "state=drain",
+            "reason=cudabisect-test",
+        ])
+        .status()
+        .unwrap();
+    // A later probe's job cannot start and is given up as infrastructure; then the node comes back.
+    let logs = repo.path.join(".git/cudabisect/runs");
+    while !stuck_seen(&logs) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no job was ever stuck"
+        );
+        std::thread::yield_now();
+    }
+    drop(resume);
+    let out = child.wait();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let report = report(&repo);
+    assert_eq!(first_bad(&report), repo.commits[3].to_string(), "{text}");
+    assert!(
+        report["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["attempts"].as_u64() > Some(1)),
+        "no probe was retried: {text}"
+    );
+    assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
+}
+
+/// True once some job's output under the run directories says it was stuck in the queue.
+fn stuck_seen(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let p = e.path();
+        if p.is_dir() {
+            stuck_seen(&p)
+        } else {
+            p.extension().is_some_and(|x| x == "log")
+                && std::fs::read_to_string(&p).is_ok_and(|t| t.contains("STUCK in the queue"))
+        }
+    })
+}
+
+#[test]
+fn ctrl_c_cancels_every_job_it_submitted() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let repo = repo(&["clean", "hang"], "");
+    let child = Running::spawn(start_cmd(&repo, &[]));
+    // The bad end's repro hangs: interrupt once its job runs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !our_jobs().iter().any(|j| j.ends_with("RUNNING")) {
+        assert!(std::time::Instant::now() < deadline, "the job never ran");
+        std::thread::yield_now();
+    }
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id(), libc::SIGINT) };
+    let out = child.wait();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
+}
+
+#[test]
+fn a_partition_slurm_does_not_have_is_one_line_of_bad_input() {
+    if !slurm_up() {
+        return;
+    }
+    let repo = repo(&["clean", "fault"], "");
+    let toml = repo.path.join("bisect.toml");
+    std::fs::write(
+        &toml,
+        std::fs::read_to_string(&toml)
+            .unwrap()
+            .replace("partition = \"debug\"", "partition = \"nosuch\""),
+    )
+    .unwrap();
+    let out = start_cmd(&repo, &[]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("Slurm would not take a probe job") && stderr.contains("artition"),
+        "{stderr}"
+    );
+    assert!(!repo.path.join(".git/cudabisect/runs").exists());
+}
