@@ -445,28 +445,30 @@ struct RawConfig {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ExecutorSection {
-    /// `local` (the default: processes on this machine) or `slurm` (each build and repro a Slurm job).
+    /// `local` (the default: processes on this machine) or `slurm` (a Slurm allocation per probe, its
+    /// build and repro run in it as job steps).
     #[serde(default)]
     pub kind: ExecutorKind,
     /// Slurm partition (`--partition`).
     pub partition: Option<String>,
     /// Slurm account (`--account`).
     pub account: Option<String>,
-    /// Generic resources per job (`--gres`, e.g. `gpu:2`); default `gpu:<gpus-per-probe>` for repros.
-    /// `""` asks for none.
+    /// Generic resources per allocation (`--gres`, e.g. `gpu:2`); default `gpu:<gpus-per-probe>`. `""`
+    /// asks for none.
     pub gres: Option<String>,
-    /// Slurm's own time limit per job (`--time`); default: the phase's timeout plus 5 minutes. Queue time
-    /// never counts toward the repro's timeout, which cudabisect keeps itself.
+    /// Slurm's own time limit per allocation (`--time`); default: the probe's build and repro runs
+    /// (retries included) plus 5 minutes. Queue time never counts toward the repro's timeout, which
+    /// cudabisect keeps itself.
     #[serde(default, deserialize_with = "opt_duration")]
     pub time: Option<Duration>,
     /// Extra `sbatch` arguments, as given.
     #[serde(default)]
     pub sbatch_args: Vec<String>,
-    /// A directory the compute nodes see (a shared filesystem): probe worktrees and job files go there
-    /// instead of the repository's `.git/cudabisect/`.
+    /// A directory the compute nodes see (a shared filesystem): probe worktrees and the allocations'
+    /// output files go there instead of the repository's `.git/cudabisect/`.
     pub workdir: Option<PathBuf>,
-    /// How long a job may wait in the queue for a reason that means it cannot run (its nodes down or
-    /// drained, a partition down) before the probe is an infrastructure failure. Default 1 hour.
+    /// How long an allocation may wait in the queue for a reason that means it cannot start (its nodes
+    /// down or drained, a partition down) before the probe is an infrastructure failure. Default 1 hour.
     #[serde(
         default = "default_stuck_timeout",
         deserialize_with = "duration",

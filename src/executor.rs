@@ -1,6 +1,8 @@
-//! Where a probe's build and repro run: processes on this machine (`local`, the default) or Slurm jobs
-//! (`[executor] kind = "slurm"`). The prober sees only this trait; both executors take the same command
-//! spec (the child environment contract included) and give back the same run output.
+//! Where a probe's build and repro run: processes on this machine (`local`, the default) or steps of a
+//! Slurm allocation (`[executor] kind = "slurm"`). The prober sees only these traits: it opens a session
+//! per probe, runs its commands in it, and drops it at the end (which, for Slurm, releases the
+//! allocation). Both executors take the same command spec, the child environment contract included, and
+//! give back the same run output.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -8,21 +10,28 @@ use std::sync::atomic::AtomicBool;
 use crate::config::{Config, ExecutorKind};
 use crate::process::{self, CommandSpec, ProcessError, RunOutput};
 
-/// Runs one command to completion, timeout or cancellation.
+/// Where commands run.
 pub trait Executor {
-    /// Runs `spec`; `cancel` is polled, and when set the command is stopped.
-    fn run(&self, spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError>;
+    /// A session for one probe: its commands share it (for Slurm, one allocation, made when the first
+    /// command needs it).
+    fn session(&self) -> Box<dyn Session>;
 
     /// True when commands run on this machine (so its GPUs are theirs, and worth checking after a run).
     fn is_local(&self) -> bool;
+}
+
+/// One probe's place to run commands. Dropping it releases whatever it holds.
+pub trait Session {
+    /// Runs `spec` to completion, timeout or cancellation; `cancel` is polled.
+    fn run(&mut self, spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError>;
 }
 
 /// Processes on this machine, in their own process group.
 pub struct Local;
 
 impl Executor for Local {
-    fn run(&self, spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
-        process::run(spec, cancel)
+    fn session(&self) -> Box<dyn Session> {
+        Box::new(Local)
     }
 
     fn is_local(&self) -> bool {
@@ -30,15 +39,17 @@ impl Executor for Local {
     }
 }
 
+impl Session for Local {
+    fn run(&mut self, spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
+        process::run(spec, cancel)
+    }
+}
+
 /// The configured executor. `spool` is where a scheduler's job files go when `[executor] workdir` is not
 /// set (the run's log directory).
-pub fn for_config(config: &Config, spool: &Path) -> Box<dyn Executor + Send + Sync> {
+pub fn for_config(config: &Config, spool: &Path) -> Box<dyn Executor> {
     match config.executor.kind {
         ExecutorKind::Local => Box::new(Local),
-        ExecutorKind::Slurm => Box::new(crate::slurm::Slurm::new(
-            config.executor.clone(),
-            config.workers.gpus_per_probe,
-            spool,
-        )),
+        ExecutorKind::Slurm => Box::new(crate::slurm::Slurm::new(config, spool)),
     }
 }

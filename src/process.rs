@@ -363,23 +363,6 @@ impl BoundedCapture {
     }
 }
 
-/// A file's contents kept as a run's output is: the head and the tail, and the fault lines between, in
-/// bounded memory whatever its size (a scheduler job's output file). Returns the text and its size.
-pub fn bounded_file(path: &std::path::Path) -> (String, u64) {
-    let mut capture = BoundedCapture::default();
-    if let Ok(mut f) = std::fs::File::open(path) {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            capture.push(&buf[..n]);
-        }
-    }
-    let total = capture.total;
-    (capture.render(), total)
-}
-
 /// Runs `spec` to completion, timeout or cancellation. `cancel` is polled; when set, the group is stopped.
 pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
     become_subreaper();

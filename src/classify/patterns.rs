@@ -191,7 +191,8 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 // Slurm ending a job, not the job failing: its memory or time limit, node failure,
                 // preemption; and the line cudabisect adds when the job's final state says so.
                 r"|^slurmstepd\S*: error: .*(exceeded (job )?memory limit|DUE TO (TIME LIMIT|NODE FAILURE|PREEMPTION))",
-                r"|^\[cudabisect\] slurm job \S+ on .*: (NODE_FAIL|PREEMPTED|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|TIMEOUT|REVOKED|STUCK)",
+                r"|^srun: error: (Unable to create step for job|Node failure on|Task launch for .* failed)",
+                r"|^\[cudabisect\] slurm job \S+ on .*: (NODE_FAIL|PREEMPTED|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|TIMEOUT|REVOKED|STUCK|ENDED)",
             ),
         ),
         rule(
@@ -602,6 +603,9 @@ mod tests {
             "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 DUE TO NODE FAILURE ***",
             "[cudabisect] slurm job 41 on gpu-3: NODE_FAIL (NodeDown)",
             "[cudabisect] slurm job 42 on no node: STUCK in the queue for 3600 s (ReqNodeNotAvail)",
+            "srun: error: Unable to create step for job 42: Job/step already completing or completed",
+            "srun: error: Node failure on gpu-3",
+            "[cudabisect] slurm job 43 on no node: ENDED before it started (CANCELLED, None)",
         ] {
             assert_eq!(classify(Exit::Code(0), line).class, FaultClass::Infra, "{line}");
         }

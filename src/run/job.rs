@@ -59,8 +59,7 @@ pub fn start(
     }
     let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
     if slurm {
-        crate::slurm::preflight(&plan.config.executor, plan.config.workers.gpus_per_probe)
-            .map_err(RunError::Usage)?;
+        crate::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
     }
     // Parallel probes: checked before anything is written.
     let slots = match plan.config.workers.jobs {

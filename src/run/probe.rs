@@ -166,20 +166,48 @@ impl Probe for WorktreeProber<'_> {
             let sig = Signature::new(class, format!("checkout failed: {e}"));
             return record.done(sig, None, None, None, 0);
         }
+        // Where this probe's commands run: for Slurm, one allocation for its build and repro, released
+        // when the probe ends.
+        let executor = crate::executor::for_config(self.config, &self.log_dir);
+        let mut session = executor.session();
         let mut build_log = None;
         if self.config.build.is_some() {
             phase(reporter, Phase::Build);
-            match self.build(&commit, ctx.step, "build") {
-                None => {}
-                Some(Err(e)) => {
-                    let sig = Signature::new(FaultClass::ExecFailure, e.to_string());
-                    return record.done(sig, None, None, None, 0);
+            // The machine failing under a build (no allocation, a node lost) is retried like a repro's
+            // infrastructure failure, and never blamed on the commit as a build break.
+            let mut infra_retried = 0;
+            loop {
+                match self.build(session.as_mut(), &commit, ctx.step, "build") {
+                    None => {}
+                    Some(Err(e)) => {
+                        let class = match e {
+                            process::ProcessError::Scheduler { .. } => FaultClass::Infra,
+                            _ => FaultClass::ExecFailure,
+                        };
+                        let sig = Signature::new(class, e.to_string());
+                        if class == FaultClass::Infra
+                            && infra_retried < self.config.repro.infra_retries
+                        {
+                            infra_retried += 1;
+                            continue;
+                        }
+                        return record.done(sig, None, None, None, 0);
+                    }
+                    Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
+                        let seen = classify(run.exit, &run.output);
+                        if seen.class == FaultClass::Infra && !run.interrupted {
+                            if infra_retried < self.config.repro.infra_retries {
+                                infra_retried += 1;
+                                continue;
+                            }
+                            return record.done(seen, Some(&run), log.clone(), log, 0);
+                        }
+                        let sig = build_failure(&run);
+                        return record.done(sig, Some(&run), log.clone(), log, 0);
+                    }
+                    Some(Ok((_, log))) => build_log = log,
                 }
-                Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
-                    let sig = build_failure(&run);
-                    return record.done(sig, Some(&run), log.clone(), log, 0);
-                }
-                Some(Ok((_, log))) => build_log = log,
+                break;
             }
         }
         phase(reporter, Phase::Repro);
@@ -224,7 +252,6 @@ impl Probe for WorktreeProber<'_> {
                 exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
             };
             let lingering = std::mem::take(&mut self.lingering);
-            let executor = crate::executor::for_config(self.config, &self.log_dir);
             if !executor.is_local() {
                 // A scheduler's job runs elsewhere: the GPUs here are not its.
             } else if let Err(busy) = wait_idle(
@@ -238,7 +265,7 @@ impl Probe for WorktreeProber<'_> {
                 let sig = Signature::new(FaultClass::Infra, busy.to_string());
                 return record.done(sig, None, build_log, None, attempt);
             }
-            let run = match executor.run(&spec, self.cancel) {
+            let run = match session.run(&spec, self.cancel) {
                 Ok(mut run) => {
                     crate::classify::append_rank_logs(&rank_dir, &mut run.output);
                     run
@@ -397,7 +424,13 @@ impl WorktreeProber<'_> {
             .checkout(oid, self.clean())
             .map_err(|source| PrepareError::Checkout { oid, source })?;
         let commit = oid.to_string();
-        match self.build(&commit, 0, &format!("{name}-build")) {
+        let executor = crate::executor::for_config(self.config, &self.log_dir);
+        match self.build(
+            executor.session().as_mut(),
+            &commit,
+            0,
+            &format!("{name}-build"),
+        ) {
             None => Ok(()),
             Some(Err(source)) => Err(PrepareError::BuildStart {
                 commit: short_sha(&commit).to_string(),
@@ -414,6 +447,7 @@ impl WorktreeProber<'_> {
     /// Runs the configured build in the worktree and logs it; `None` when there is no build step.
     fn build(
         &self,
+        session: &mut dyn crate::executor::Session,
         commit: &str,
         step_no: usize,
         log_name: &str,
@@ -434,8 +468,7 @@ impl WorktreeProber<'_> {
                 slot: self.slot.as_ref(),
             },
         );
-        let executor = crate::executor::for_config(self.config, &self.log_dir);
-        Some(executor.run(&spec, self.cancel).map(|run| {
+        Some(session.run(&spec, self.cancel).map(|run| {
             let log = self.write_log(step_no, commit, log_name, &run);
             (run, log)
         }))
