@@ -197,7 +197,23 @@ struct Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         scancel(&self.id);
+        // Wait (bounded) until the queue no longer lists it, even as completing: when cudabisect is
+        // done, `squeue` shows none of its jobs.
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until && in_queue(&self.id) {
+            std::thread::sleep(POLL);
+        }
     }
+}
+
+/// True while `squeue` still lists the job (pending, running or completing).
+fn in_queue(id: &str) -> bool {
+    Command::new("squeue")
+        .args(["-h", "-j", id, "-o", "%T"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && !String::from_utf8_lossy(&o.stdout).trim().is_empty())
 }
 
 /// Why a probe got no allocation.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use cudabisect::sample::repo_builder::{linear_history, put, Files};
 use git2::Oid;
 use serde_json::Value;
 
@@ -80,20 +80,19 @@ fn repo(modes: &[&str]) -> Repo {
         "[repro]\ncommand = [\"./launch.sh\"]\ntimeout = \"3s\"\ngrace-period = \"200ms\"\ngpus = 2\nenv = {{ PID_DIR = \"{}\" }}\n\n[triage]\nenabled = false\n",
         pids.display()
     );
-    let mut b = RepoBuilder::init(&path).unwrap();
-    let mut commits = Vec::new();
-    for (i, mode) in modes.iter().enumerate() {
-        let mut f = Files::new();
-        put(&mut f, "launch.sh", LAUNCHER, true);
-        put(&mut f, "rank.py", RANK, false);
-        put(&mut f, "mode.txt", *mode, false);
-        put(&mut f, "rev.txt", format!("{i}\n"), false);
-        put(&mut f, "bisect.toml", config.clone(), false);
-        let parents: Vec<Oid> = commits.last().copied().into_iter().collect();
-        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
-    }
-    b.set_branch("main", *commits.last().unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    let commits = linear_history(
+        &path,
+        modes.iter().enumerate().map(|(i, mode)| {
+            let mut f = Files::new();
+            put(&mut f, "launch.sh", LAUNCHER, true);
+            put(&mut f, "rank.py", RANK, false);
+            put(&mut f, "mode.txt", *mode, false);
+            put(&mut f, "rev.txt", format!("{i}\n"), false);
+            put(&mut f, "bisect.toml", config.clone(), false);
+            f
+        }),
+    )
+    .unwrap();
     Repo {
         _tmp: tmp,
         path,

@@ -92,6 +92,26 @@ impl RepoBuilder {
 }
 
 /// Sets one file in a file map.
+/// A linear history at `path`: one commit per file set (`commit 0`, `commit 1`, …), with `main` at the
+/// last one and checked out. Returns the commits, oldest first.
+pub fn linear_history(
+    path: &Path,
+    commits: impl IntoIterator<Item = Files>,
+) -> Result<Vec<Oid>, git2::Error> {
+    let mut b = RepoBuilder::init(path)?;
+    let mut oids: Vec<Oid> = Vec::new();
+    for (i, files) in commits.into_iter().enumerate() {
+        let parents: Vec<Oid> = oids.last().copied().into_iter().collect();
+        oids.push(b.commit(&parents, &files, &format!("commit {i}"))?);
+    }
+    if let Some(last) = oids.last() {
+        b.set_branch("main", *last)?;
+        b.checkout_main()?;
+    }
+    Ok(oids)
+}
+
+/// Adds a file to a commit's file set.
 pub fn put(files: &mut Files, path: &str, content: impl Into<String>, exec: bool) {
     files.insert(path.to_string(), (content.into(), exec));
 }
