@@ -88,6 +88,9 @@ impl Slurm {
         let mut args = vec![
             "--parsable".to_string(),
             "--job-name=cudabisect-probe".to_string(),
+            // A node failure ends the allocation (NODE_FAIL, which cudabisect reruns as infrastructure)
+            // rather than silently requeueing it under a step that died with it.
+            "--no-requeue".to_string(),
             format!("--output={}", output.display()),
         ];
         if let Some(p) = &self.settings.partition {
@@ -307,13 +310,20 @@ impl Session for SlurmSession {
             .get("Reason")
             .cloned()
             .filter(|r| r != "None" && !r.is_empty());
-        let ended_by_slurm = INFRA_STATES.contains(&state.as_str());
+        // Anything but still running, when cudabisect did not end the step itself, means Slurm took the
+        // allocation away under it: the step's result says nothing about the commit.
+        let ended_by_slurm = state != "RUNNING";
         if ended_by_slurm && !run.interrupted && run.exit != Exit::Timeout {
+            let what = if INFRA_STATES.contains(&state.as_str()) {
+                state.clone()
+            } else {
+                format!("LOST ({})", if state.is_empty() { "gone" } else { &state })
+            };
             if !run.output.is_empty() && !run.output.ends_with('\n') {
                 run.output.push('\n');
             }
             run.output.push_str(&format!(
-                "{INFRA_LINE} {} on {}: {state}{}\n",
+                "{INFRA_LINE} {} on {}: {what}{}\n",
                 alloc.id,
                 alloc.node.as_deref().unwrap_or("no node"),
                 reason

@@ -340,12 +340,10 @@ fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() 
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }
 
-#[test]
-fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goes_on() {
-    if !slurm_up() {
-        return;
-    }
-    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+/// Puts the node in `state` while a probe's allocation runs on it, waits until a probe's log shows
+/// `seen`, brings the node back, and checks that the run went on to the right culprit with nothing
+/// blamed or skipped for the machine's trouble.
+fn node_trouble_mid_run(state: &str, seen: &str) {
     let repo = repo(
         &["clean", "clean", "clean", "fault", "fault"],
         "stuck-timeout = \"1s\"\n",
@@ -361,7 +359,6 @@ fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goe
     .unwrap();
     let node = node();
     let child = Running::spawn(start_cmd(&repo, &[]));
-    // Drain the node while a probe's job runs on it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !our_jobs().iter().any(|j| j.ends_with("RUNNING")) {
         assert!(
@@ -375,17 +372,16 @@ fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goe
         .args([
             "update",
             &format!("nodename={node}"),
-            "state=drain",
+            &format!("state={state}"),
             "reason=cudabisect-test",
         ])
         .status()
         .unwrap();
-    // A later probe's job cannot start and is given up as infrastructure; then the node comes back.
     let logs = repo.path.join(".git/cudabisect/runs");
-    while !stuck_seen(&logs) {
+    while !log_says(&logs, seen) {
         assert!(
             std::time::Instant::now() < deadline,
-            "no job was ever stuck"
+            "no log ever said {seen}"
         );
         std::thread::yield_now();
     }
@@ -395,25 +391,44 @@ fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goe
     assert_eq!(out.status.code(), Some(0), "{text}");
     let report = report(&repo);
     assert_eq!(first_bad(&report), repo.commits[3].to_string(), "{text}");
-    // The stuck job was the machine's problem, retried: no probe was blamed or skipped for it.
     for p in report["probes"].as_array().unwrap() {
         assert!(p["verdict"] == "good" || p["verdict"] == "bad", "{p:#}");
     }
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }
 
-/// True once some job's output under the run directories says it was stuck in the queue.
-fn stuck_seen(dir: &Path) -> bool {
+#[test]
+fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goes_on() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    // The running allocation finishes; the next cannot start, and is given up as infrastructure.
+    node_trouble_mid_run("drain", "STUCK in the queue");
+}
+
+#[test]
+fn a_node_failing_under_a_probe_is_infrastructure_and_the_probe_is_run_again() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    // The node goes down under a running step: Slurm ends the allocation NODE_FAIL.
+    node_trouble_mid_run("down", "NODE_FAIL");
+}
+
+/// True once some log under `dir` (the run directories) holds `text`.
+fn log_says(dir: &Path, text: &str) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
     };
     entries.flatten().any(|e| {
         let p = e.path();
         if p.is_dir() {
-            stuck_seen(&p)
+            log_says(&p, text)
         } else {
             p.extension().is_some_and(|x| x == "log")
-                && std::fs::read_to_string(&p).is_ok_and(|t| t.contains("STUCK in the queue"))
+                && std::fs::read_to_string(&p).is_ok_and(|t| t.contains(text))
         }
     })
 }

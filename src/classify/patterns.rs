@@ -192,7 +192,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 // preemption; and the line cudabisect adds when the job's final state says so.
                 r"|^slurmstepd\S*: error: .*(exceeded (job )?memory limit|DUE TO (TIME LIMIT|NODE FAILURE|PREEMPTION))",
                 r"|^srun: error: (Unable to create step for job|Node failure on|Task launch for .* failed)",
-                r"|^\[cudabisect\] slurm job \S+ on .*: (NODE_FAIL|PREEMPTED|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|TIMEOUT|REVOKED|STUCK|ENDED)",
+                r"|^\[cudabisect\] slurm job \S+ on .*: (NODE_FAIL|PREEMPTED|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY|TIMEOUT|REVOKED|STUCK|ENDED|LOST)",
             ),
         ),
         rule(
@@ -606,6 +606,7 @@ mod tests {
             "srun: error: Unable to create step for job 42: Job/step already completing or completed",
             "srun: error: Node failure on gpu-3",
             "[cudabisect] slurm job 43 on no node: ENDED before it started (CANCELLED, None)",
+            "[cudabisect] slurm job 44 on gpu-3: LOST (PENDING) (BeginTime)",
         ] {
             assert_eq!(classify(Exit::Code(0), line).class, FaultClass::Infra, "{line}");
         }
