@@ -482,3 +482,41 @@ fn a_partition_slurm_does_not_have_is_one_line_of_bad_input() {
     );
     assert!(!repo.path.join(".git/cudabisect/runs").exists());
 }
+
+#[test]
+fn a_shared_workdir_holds_the_worktrees_and_the_allocations_files() {
+    if !slurm_up() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let shared = tempfile::tempdir().unwrap();
+    let repo = repo(
+        &["clean", "fault"],
+        &format!("workdir = \"{}\"\n", shared.path().display()),
+    );
+    let (report, text) = run_ok(&repo, &["--keep-worktree"]);
+    assert_eq!(first_bad(&report), repo.commits[1].to_string(), "{text}");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(shared.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    // One directory for this repository (named after it), holding its worktree; the allocations'
+    // output files beside it.
+    let own = dirs
+        .iter()
+        .find(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("repo-"))
+        })
+        .unwrap_or_else(|| panic!("no directory for the repository in {dirs:?}"));
+    assert!(own.join("worktree/mode.txt").is_file(), "{own:?}");
+    assert!(
+        std::fs::read_dir(shared.path().join("jobs"))
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("allocation-")),
+        "no allocation output under the shared jobs directory"
+    );
+    assert!(!repo.path.join(".git/cudabisect/worktree").exists());
+}
