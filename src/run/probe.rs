@@ -235,8 +235,19 @@ impl Probe for WorktreeProber<'_> {
                     slot: self.slot.as_ref(),
                 },
             );
-            // A launcher that writes each rank's output to files (torchrun `--log-dir`) writes them here.
-            let rank_dir = self.log_dir.join(format!(
+            // A launcher that writes each rank's output to files (torchrun `--log-dir`) writes them here:
+            // beside the logs, or in the shared workdir when the command runs on a node that only sees that.
+            let rank_root = match &self.config.executor.workdir {
+                Some(shared) if !executor.is_local() => shared.join("ranks").join(
+                    // The run's own id (its directory's name), so runs never read each other's files.
+                    self.log_dir
+                        .parent()
+                        .and_then(|run| run.file_name())
+                        .unwrap_or_default(),
+                ),
+                _ => self.log_dir.clone(),
+            };
+            let rank_dir = rank_root.join(format!(
                 "{:03}-{}-{name}.ranks",
                 ctx.step,
                 short_sha(&commit)
