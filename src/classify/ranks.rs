@@ -17,9 +17,11 @@ use regex::Regex;
 use super::patterns::{classify_stream, is_fault_line};
 use super::signature::{Exit, FaultClass, Signature};
 
-/// `[rank1]: `, `[default0]: `, `[trainer3]: ` (torchrun's `--role`, `worker` for other launchers).
+/// `[rank1]: `, `[default0]: `, `[trainer3]: ` (torchrun's `--role`, `worker` for other launchers), after an
+/// optional `host: ` that multi-node launchers (pdsh, DeepSpeed's runner) put first.
 static RANK_PREFIX: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\[(?P<role>rank|default|trainer|worker)(?P<n>\d{1,5})\]: ?").expect("pattern")
+    Regex::new(r"^(?:[A-Za-z0-9][\w.-]{0,62}: )?\[(?P<role>rank|default|trainer|worker)(?P<n>\d{1,5})\]: ?")
+        .expect("pattern")
 });
 /// Open MPI's `--tag-output`: `[job,rank]<stdout>: `.
 static MPI_PREFIX: LazyLock<Regex> =
@@ -30,6 +32,8 @@ static LAUNCHER: LazyLock<Regex> = LazyLock::new(|| {
 });
 static ROOT_CAUSE_RANK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^\s*rank\s*:\s*(\d+)").expect("pattern"));
+static ROOT_CAUSE_EXIT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^\s*exitcode\s*:\s*(-?\d+)").expect("pattern"));
 /// A frame of a `py-spy dump`: `    all_reduce (torch/distributed/distributed_c10d.py:3068)`.
 static DUMP_FRAME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^\s+(?P<func>\S.*?) \((?P<path>[^()]+):(?P<line>\d+)\)$").expect("pattern")
@@ -44,6 +48,8 @@ pub struct RankStreams<'a> {
     pub shared: Vec<(usize, &'a str)>,
     /// The rank torchrun names under "Root Cause (first observed failure)".
     pub root_cause: Option<u32>,
+    /// That rank's exit code as torchrun reports it (negative: killed by that signal).
+    pub root_cause_exit: Option<i32>,
     /// A launcher's own lines were seen.
     pub launcher: bool,
 }
@@ -63,6 +69,8 @@ impl<'a> RankStreams<'a> {
                     } else if in_root_cause {
                         if let Some(c) = ROOT_CAUSE_RANK.captures(line) {
                             out.root_cause = c[1].parse().ok();
+                        } else if let Some(c) = ROOT_CAUSE_EXIT.captures(line) {
+                            out.root_cause_exit = c[1].parse().ok();
                             in_root_cause = false;
                         }
                     }
@@ -266,6 +274,20 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
             signature.exception = Some(exception);
         }
     }
+    if signature.class == FaultClass::Other && chosen.rank.is_none() {
+        // Nothing but the launcher's own report: say what it says of the rank that failed first (killed by
+        // a signal, or its exit code), never its banner.
+        if let (Some(code), Some(r)) = (streams.root_cause_exit, streams.root_cause) {
+            if code < 0 {
+                let name = super::patterns::signal_name(-code);
+                signature.class = FaultClass::Signal;
+                signature.detail = Some(name.clone());
+                signature.summary = format!("killed by {name} (the launcher's root cause)");
+            } else if signature.exception.is_none() || signature.summary.contains("====") {
+                signature.summary = format!("exited {code} (the launcher's root cause: rank {r})");
+            }
+        }
+    }
     if signature.class == FaultClass::Hang {
         // What the launcher raised when it was ended is not where the job hung.
         signature.exception = None;
@@ -334,6 +356,10 @@ mod tests {
         assert_eq!(strip_rank("[default1]:[rank3]: boom"), Some((3, "boom")));
         assert_eq!(strip_rank("[trainer2]:x"), Some((2, "x")));
         assert_eq!(strip_rank("[1,4]<stderr>: y"), Some((4, "y")));
+        assert_eq!(
+            strip_rank("worker-1: [rank5]: RuntimeError: x"),
+            Some((5, "RuntimeError: x"))
+        );
         for none in [
             "[0]:",
             "[W1130 02:17:30.058000 2207 torch/distributed/run.py:851]",
@@ -405,6 +431,34 @@ mod tests {
         let mut none = String::from("x\n");
         append_rank_logs(&tmp.path().join("missing"), &mut none);
         assert_eq!(none, "x\n");
+    }
+
+    #[test]
+    fn a_rank_killed_by_a_signal_with_nothing_printed_is_named_from_the_launchers_root_cause() {
+        let out = "\
+W1130 02:14:23.397000 1668 torch/distributed/elastic/multiprocessing/api.py:1012] Sending process 1713 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_02:14:23
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -11 (pid: 1712)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 1712
+============================================================
+";
+        let s = classify(Exit::Code(1), out);
+        assert_eq!((s.class, s.rank), (FaultClass::Signal, Some(1)));
+        assert_eq!(s.detail.as_deref(), Some("SIGSEGV"));
+        assert!(!s.summary.contains("===="), "{}", s.summary);
+        let exited = out.replace("exitcode  : -11", "exitcode  : 3");
+        let s = classify(Exit::Code(1), &exited);
+        assert_eq!((s.class, s.rank), (FaultClass::Other, Some(1)));
+        assert!(s.summary.contains("exited 3"), "{}", s.summary);
     }
 
     #[test]
