@@ -221,3 +221,40 @@ fn a_probe_needing_more_gpus_than_there_are_is_refused_before_anything_runs() {
         "{stderr}"
     );
 }
+
+#[test]
+fn ctrl_c_stops_every_rank_the_launcher_and_what_escaped_it() {
+    let repo = repo(&["clean", "hang"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args([
+            "start",
+            &format!("{}..main", repo.commits[0]),
+            "--no-shrink",
+        ])
+        .arg("-C")
+        .arg(&repo.path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The bad end's ranks hang in their collective: interrupt once both ranks and the escapee are up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while ["rank0.pid", "rank1.pid", "escapee.pid"]
+        .iter()
+        .any(|n| pid_in(&repo.pids, n).is_none())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ranks never started"
+        );
+        std::thread::yield_now();
+    }
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    for name in ["rank0.pid", "rank1.pid", "escapee.pid"] {
+        let pid = pid_in(&repo.pids, name).unwrap();
+        assert!(!alive(pid), "{name} {pid} survived Ctrl-C");
+    }
+}
