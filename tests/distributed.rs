@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{linear_history, put, Files};
+use cudabisect::sample::repo_builder::{history_of_modes, put, Files};
 use git2::Oid;
 use serde_json::Value;
 
@@ -80,19 +80,10 @@ fn repo(modes: &[&str]) -> Repo {
         "[repro]\ncommand = [\"./launch.sh\"]\ntimeout = \"3s\"\ngrace-period = \"200ms\"\ngpus = 2\nenv = {{ PID_DIR = \"{}\" }}\n\n[triage]\nenabled = false\n",
         pids.display()
     );
-    let commits = linear_history(
-        &path,
-        modes.iter().enumerate().map(|(i, mode)| {
-            let mut f = Files::new();
-            put(&mut f, "launch.sh", LAUNCHER, true);
-            put(&mut f, "rank.py", RANK, false);
-            put(&mut f, "mode.txt", *mode, false);
-            put(&mut f, "rev.txt", format!("{i}\n"), false);
-            put(&mut f, "bisect.toml", config.clone(), false);
-            f
-        }),
-    )
-    .unwrap();
+    let mut fixed = Files::new();
+    put(&mut fixed, "launch.sh", LAUNCHER, true);
+    put(&mut fixed, "rank.py", RANK, false);
+    let commits = history_of_modes(&path, modes, &fixed, &config).unwrap();
     Repo {
         _tmp: tmp,
         path,
@@ -103,20 +94,24 @@ fn repo(modes: &[&str]) -> Repo {
 
 use cudabisect::process::is_alive as alive;
 
+/// `cudabisect start` over the whole history, writing its report beside the repository.
+fn start_command(repo: &Repo) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cudabisect"));
+    cmd.args([
+        "start",
+        &format!("{}..main", repo.commits[0]),
+        "--no-shrink",
+    ])
+    .arg("-C")
+    .arg(&repo.path)
+    .arg("--report")
+    .arg(repo.path.parent().unwrap().join("report.json"));
+    cmd
+}
+
 fn start(repo: &Repo) -> (i32, String, Value) {
     let report = repo.path.parent().unwrap().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
-        .args([
-            "start",
-            &format!("{}..main", repo.commits[0]),
-            "--no-shrink",
-        ])
-        .arg("-C")
-        .arg(&repo.path)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
+    let out = start_command(repo).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -225,14 +220,7 @@ fn a_probe_needing_more_gpus_than_there_are_is_refused_before_anything_runs() {
 #[test]
 fn ctrl_c_stops_every_rank_the_launcher_and_what_escaped_it() {
     let repo = repo(&["clean", "hang"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
-        .args([
-            "start",
-            &format!("{}..main", repo.commits[0]),
-            "--no-shrink",
-        ])
-        .arg("-C")
-        .arg(&repo.path)
+    let mut child = start_command(&repo)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

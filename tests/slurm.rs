@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use cudabisect::sample::repo_builder::{linear_history, put, Files};
+use cudabisect::sample::repo_builder::{history_of_modes, put, Files};
 use git2::Oid;
 use serde_json::Value;
 
@@ -72,18 +72,9 @@ fn repo(modes: &[&str], extra: &str) -> Repo {
         "[build]\ncommand = [\"sh\", \"-c\", \"echo built\"]\ntimeout = \"1m\"\n\n[repro]\ncommand = [\"./repro.sh\"]\ntimeout = \"20s\"\ngrace-period = \"1s\"\ninfra-retries = 1\nenv = {{ RUN_LOG = \"{}\" }}\n\n[triage]\nenabled = false\n\n[executor]\nkind = \"slurm\"\npartition = \"debug\"\nsbatch-args = [\"--mem=200M\"]\n{extra}",
         log.display()
     );
-    let commits = linear_history(
-        &path,
-        modes.iter().enumerate().map(|(i, mode)| {
-            let mut f = Files::new();
-            put(&mut f, "repro.sh", REPRO, true);
-            put(&mut f, "mode.txt", *mode, false);
-            put(&mut f, "rev.txt", format!("{i}\n"), false);
-            put(&mut f, "bisect.toml", config.clone(), false);
-            f
-        }),
-    )
-    .unwrap();
+    let mut fixed = Files::new();
+    put(&mut fixed, "repro.sh", REPRO, true);
+    let commits = history_of_modes(&path, modes, &fixed, &config).unwrap();
     Repo {
         _tmp: tmp,
         path,

@@ -111,6 +111,26 @@ pub fn linear_history(
     Ok(oids)
 }
 
+/// A linear history of test commits: each holds the `fixed` files, its mode in `mode.txt`, its index in
+/// `rev.txt`, and `config` as `bisect.toml` (what a scripted repro reads to decide how to fail).
+pub fn history_of_modes(
+    path: &Path,
+    modes: &[&str],
+    fixed: &Files,
+    config: &str,
+) -> Result<Vec<Oid>, git2::Error> {
+    linear_history(
+        path,
+        modes.iter().enumerate().map(|(i, mode)| {
+            let mut f = fixed.clone();
+            put(&mut f, "mode.txt", *mode, false);
+            put(&mut f, "rev.txt", format!("{i}\n"), false);
+            put(&mut f, "bisect.toml", config, false);
+            f
+        }),
+    )
+}
+
 /// Adds a file to a commit's file set.
 pub fn put(files: &mut Files, path: &str, content: impl Into<String>, exec: bool) {
     files.insert(path.to_string(), (content.into(), exec));
