@@ -60,24 +60,36 @@ if [ ! -s /etc/munge/munge.key ]; then
 fi
 chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
 chmod 700 /etc/munge; chmod 400 /etc/munge/munge.key
-pgrep -x munged >/dev/null || su -s /bin/sh munge -c /usr/sbin/munged 2>/dev/null || /usr/sbin/munged --force
+# munge: started as its own user, left over sockets and pid files from a killed one removed first, and
+# checked by a round trip (Slurm's authentication rests on it).
+if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+    pkill -x munged 2>/dev/null || true
+    while pgrep -x munged >/dev/null; do sleep 0.2; done
+    rm -f /run/munge/munged.pid /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock
+    su -s /bin/sh munge -c /usr/sbin/munged
+    i=0
+    until munge -n 2>/dev/null | unmunge >/dev/null 2>&1; do
+        i=$((i + 1))
+        [ $i -le 50 ] || { echo "munged did not come up" >&2; exit 1; }
+        sleep 0.2
+    done
+fi
 # A fresh start each time: the daemons read the configuration above.
 pkill -x slurmd 2>/dev/null || true
 pkill -x slurmctld 2>/dev/null || true
 while pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null; do sleep 0.2; done
 /usr/sbin/slurmctld -c
 /usr/sbin/slurmd
-# Wait for the node to come up (bounded).
-i=0
-until sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; do
-    i=$((i + 1))
-    if [ $i -gt 120 ]; then
+# Wait for the node to come up (at most 90 s).
+give_up=$(( $(date +%s) + 90 ))
+until timeout 5 sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; do
+    if [ "$(date +%s)" -ge "$give_up" ]; then
         echo "slurm did not come up:" >&2
-        sinfo >&2 || true
-        tail -20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log >&2 || true
+        timeout 5 sinfo >&2 || true
+        tail -n 20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log >&2 || true
         exit 1
     fi
-    scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
-    sleep 0.5
+    timeout 5 scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
+    sleep 1
 done
 sinfo
