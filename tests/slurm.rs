@@ -288,6 +288,7 @@ fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() 
             "--gres=gpu:4",
             "--job-name=blocker",
             "--mem=10M",
+            "--output=/dev/null",
         ])
         .arg("--wrap")
         .arg(format!(
