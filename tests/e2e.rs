@@ -193,6 +193,15 @@ fn cudabisect(dir: &Path, args: &[&str]) -> Run {
     }
 }
 
+/// `start <first commit>..main --config CONFIG EXTRA…` on `repo`.
+fn start_with_config(repo: &TestRepo, config: impl AsRef<Path>, extra: &[&str]) -> Run {
+    let range = format!("{}..main", repo.commits[0]);
+    let config = config.as_ref().display().to_string();
+    let mut args = vec![range.as_str(), "--config", config.as_str()];
+    args.extend_from_slice(extra);
+    cudabisect(&repo.path, &args)
+}
+
 fn first_bad(run: &Run) -> String {
     let report = run
         .report
@@ -393,10 +402,7 @@ fn build_breaks_other_bugs_crashes_and_hangs_are_skipped_not_blamed() {
         _ => ("clean", true),
     }));
     let short = short_timeout_config(&repo);
-    let run = cudabisect(
-        &repo.path,
-        &[&format!("{}..main", repo.commits[0]), "--config", &short],
-    );
+    let run = start_with_config(&repo, &short, &[]);
     assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
     assert_eq!(first_bad(&run), repo.commits[30].to_string());
     let report = run.report.unwrap();
@@ -426,10 +432,7 @@ fn crashes_hangs_and_build_breaks_report_their_own_outcomes() {
         ("fault", true),
     ]);
     let short = short_timeout_config(&repo);
-    let run = cudabisect(
-        &repo.path,
-        &[&format!("{}..main", repo.commits[0]), "--config", &short],
-    );
+    let run = start_with_config(&repo, &short, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     let report = run.report.unwrap();
     assert_eq!(report["result"], "ambiguous");
@@ -775,14 +778,7 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
             fixtures().display()
         );
     std::fs::write(&config_path, text).unwrap();
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-        ],
-    );
+    let run = start_with_config(&repo, &config_path, &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report = run.report.unwrap();
     let triage = &report["triage"];
@@ -1406,15 +1402,7 @@ fn the_sanitizer_tells_lookalike_faults_apart() {
             calls.display()
         );
     std::fs::write(&config_path, text).unwrap();
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-            "--no-shrink",
-        ],
-    );
+    let run = start_with_config(&repo, &config_path, &["--no-shrink"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[22].to_string());
     let report = run.report.as_ref().unwrap();
@@ -1893,16 +1881,7 @@ fn parallel_probes_run_in_worktrees_of_their_own_pinned_to_their_devices() {
         &[("PROBE_LOG", &log)],
         "\n[search]\njobs = 1\ndevices = [\"7\", \"8\", \"9\"]\n",
     );
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-            "--jobs",
-            "3",
-        ],
-    );
+    let run = start_with_config(&repo, &config_path, &["--jobs", "3"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[15].to_string());
     let lines = std::fs::read_to_string(&log).unwrap();
@@ -1953,16 +1932,7 @@ fn more_probes_than_devices_is_bad_input_that_writes_nothing() {
         &[],
         "\n[search]\ndevices = [0, 1]\ngpus-per-probe = 2\n",
     );
-    let run = cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-            "--jobs",
-            "2",
-        ],
-    );
+    let run = start_with_config(&repo, &config_path, &["--jobs", "2"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert_eq!(
         run.stderr.trim(),
@@ -2049,14 +2019,7 @@ fn coin_run(repo: &TestRepo, search: &str) -> Run {
         &[("COIN_DIR", &coins), ("PROBE_LOG", &log)],
         &format!("\n[search]\n{search}"),
     );
-    cudabisect(
-        &repo.path,
-        &[
-            &format!("{}..main", repo.commits[0]),
-            "--config",
-            config_path.to_str().unwrap(),
-        ],
-    )
+    start_with_config(repo, &config_path, &[])
 }
 
 /// 40 commits; from 25 on, a repro that faults on about half the runs.
