@@ -180,10 +180,7 @@ impl Probe for WorktreeProber<'_> {
                 match self.build(session.as_mut(), &commit, ctx.step, "build") {
                     None => {}
                     Some(Err(e)) => {
-                        let class = match e {
-                            process::ProcessError::Scheduler { .. } => FaultClass::Infra,
-                            _ => FaultClass::ExecFailure,
-                        };
+                        let class = start_failure_class(&e);
                         let sig = Signature::new(class, e.to_string());
                         if class == FaultClass::Infra
                             && infra_retried < self.config.repro.infra_retries
@@ -282,12 +279,7 @@ impl Probe for WorktreeProber<'_> {
                     run
                 }
                 Err(e) => {
-                    // A scheduler that cannot take the job now (its controller unreachable) is the
-                    // machine's problem, retried; a command that cannot start is the commit's.
-                    let class = match e {
-                        process::ProcessError::Scheduler { .. } => FaultClass::Infra,
-                        _ => FaultClass::ExecFailure,
-                    };
+                    let class = start_failure_class(&e);
                     let sig = Signature::new(class, format!("the repro could not start: {e}"));
                     if class == FaultClass::Infra && infra_retried < repro.infra_retries {
                         infra_retried += 1;
@@ -522,6 +514,15 @@ pub fn last_line(text: &str) -> &str {
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .trim()
+}
+
+/// The class of a command that never started: a scheduler that cannot take the job now (its controller
+/// unreachable) is the machine's problem, retried; a command that cannot start is the commit's.
+fn start_failure_class(e: &process::ProcessError) -> FaultClass {
+    match e {
+        process::ProcessError::Scheduler { .. } => FaultClass::Infra,
+        _ => FaultClass::ExecFailure,
+    }
 }
 
 fn build_failure(run: &RunOutput) -> Signature {
