@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cudabisect::sample::repo_builder::{history_of_modes, linear_history, put, Files};
+
 fn root() -> PathBuf {
     std::env::var_os("CUDABISECT_ROOT")
         .map(PathBuf::from)
@@ -774,27 +776,14 @@ fn two_bug_files(
 #[test]
 #[ignore = "needs an NVIDIA GPU, nvcc, compute-sanitizer and torch: run with --include-ignored on the GPU machine"]
 fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
-    use cudabisect::sample::repo_builder::RepoBuilder;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("twobugs");
-    let mut b = RepoBuilder::init(&dir).unwrap();
-    let mut commits = Vec::new();
-    for i in 0..30 {
-        // The other bug spans the middle of the range, where the first probes land; the target starts at 22.
-        let bias_bug = (10..=19).contains(&i);
-        let embed_bug = i >= 22;
-        let parents: Vec<_> = commits.last().copied().into_iter().collect();
-        commits.push(
-            b.commit(
-                &parents,
-                &two_bug_files(bias_bug, embed_bug, i),
-                &format!("change {i}"),
-            )
-            .unwrap(),
-        );
-    }
-    b.set_branch("main", *commits.last().unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    // The other bug spans the middle of the range, where the first probes land; the target starts at 22.
+    let commits = linear_history(
+        &dir,
+        (0..30).map(|i| two_bug_files((10..=19).contains(&i), i >= 22, i)),
+    )
+    .unwrap();
     let report = tmp.path().join("report.json");
     let started = std::time::Instant::now();
     let out = Command::new(bin())
@@ -865,25 +854,24 @@ fn a_parallel_bisection_on_two_gpus_pins_each_worker_to_its_own_gpu() {
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let log = tmp.path().join("runs.log");
-    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(&repo).unwrap();
     let culprit = 19;
-    let mut commits = Vec::new();
-    for i in 0..32 {
-        let mut f = cudabisect::sample::repo_builder::Files::new();
-        let state = if i >= culprit { "bad" } else { "good" };
-        cudabisect::sample::repo_builder::put(&mut f, "repro.py", TWO_GPU_REPRO.to_string(), false);
-        cudabisect::sample::repo_builder::put(&mut f, "state.txt", format!("{state}\n"), false);
-        cudabisect::sample::repo_builder::put(&mut f, "rev.txt", format!("{i}\n"), false);
-        let config = format!(
-            "[repro]\ncommand = [\"python3\", \"repro.py\"]\ntimeout = \"5m\"\nenv = {{ RUN_LOG = \"{}\" }}\n\n[triage]\nenabled = false\n\n[search]\njobs = \"auto\"\n",
-            log.display()
-        );
-        cudabisect::sample::repo_builder::put(&mut f, "bisect.toml", config, false);
-        let parents: Vec<git2::Oid> = commits.last().copied().into_iter().collect();
-        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
-    }
-    b.set_branch("main", *commits.last().unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    let config = format!(
+        "[repro]\ncommand = [\"python3\", \"repro.py\"]\ntimeout = \"5m\"\nenv = {{ RUN_LOG = \"{}\" }}\n\n[triage]\nenabled = false\n\n[search]\njobs = \"auto\"\n",
+        log.display()
+    );
+    let commits = linear_history(
+        &repo,
+        (0..32).map(|i| {
+            let mut f = Files::new();
+            let state = if i >= culprit { "bad" } else { "good" };
+            put(&mut f, "repro.py", TWO_GPU_REPRO, false);
+            put(&mut f, "state.txt", format!("{state}\n"), false);
+            put(&mut f, "rev.txt", format!("{i}\n"), false);
+            put(&mut f, "bisect.toml", config.clone(), false);
+            f
+        }),
+    )
+    .unwrap();
     let mut walls = Vec::new();
     for jobs in ["1", "auto"] {
         let _ = std::fs::remove_file(&log);
@@ -952,7 +940,6 @@ fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_n
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("repo");
     let report = tmp.path().join("report.json");
-    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(&repo).unwrap();
     // A collective mismatch (rank 1 leaves, rank 0 waits in all_reduce: under CUDA_LAUNCH_BLOCKING=1 a
     // silent hang) where the search looks first, then rank 1's Triton gather past its table from 8 on.
     let modes = [
@@ -970,18 +957,9 @@ fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_n
         "kernel_fault",
     ];
     let config = "[repro]\ncommand = [\"sh\", \"-c\", \"exec torchrun --nproc-per-node $CUDABISECT_GPUS scenario.py $(cat mode.txt)\"]\ntimeout = \"45s\"\ngpus = 2\n\n[triage]\nenabled = false\n";
-    let mut commits = Vec::new();
-    for (i, mode) in modes.iter().enumerate() {
-        let mut f = cudabisect::sample::repo_builder::Files::new();
-        cudabisect::sample::repo_builder::put(&mut f, "scenario.py", scenario.clone(), false);
-        cudabisect::sample::repo_builder::put(&mut f, "mode.txt", mode.to_string(), false);
-        cudabisect::sample::repo_builder::put(&mut f, "rev.txt", format!("{i}\n"), false);
-        cudabisect::sample::repo_builder::put(&mut f, "bisect.toml", config.to_string(), false);
-        let parents: Vec<git2::Oid> = commits.last().copied().into_iter().collect();
-        commits.push(b.commit(&parents, &f, &format!("commit {i}")).unwrap());
-    }
-    b.set_branch("main", *commits.last().unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    let mut fixed = Files::new();
+    put(&mut fixed, "scenario.py", scenario, false);
+    let commits = history_of_modes(&repo, &modes, &fixed, config).unwrap();
     let started = std::time::Instant::now();
     let out = Command::new(bin())
         .args([
