@@ -232,46 +232,16 @@ impl Probe for WorktreeProber<'_> {
                     slot: self.slot.as_ref(),
                 },
             );
-            // A launcher that writes each rank's output to files (torchrun `--log-dir`) writes them here:
-            // beside the logs, or in the shared workdir when the command runs on a node that only sees that.
-            let rank_root = match &self.config.executor.workdir {
-                Some(shared) if !executor.is_local() => shared.join("ranks").join(
-                    // The run's own id (its directory's name), so runs never read each other's files.
-                    self.log_dir
-                        .parent()
-                        .and_then(|run| run.file_name())
-                        .unwrap_or_default(),
-                ),
-                _ => self.log_dir.clone(),
-            };
-            let rank_dir = rank_root.join(format!(
-                "{:03}-{}-{name}.ranks",
-                ctx.step,
-                short_sha(&commit)
-            ));
+            let rank_dir = self.rank_log_dir(executor.is_local(), ctx.step, &commit, &name);
             spec.env.push((
                 "CUDABISECT_RANK_LOG_DIR".into(),
                 rank_dir.display().to_string(),
             ));
-            // No run starts on a GPU the previous one still holds (a killed rank lingers while the driver
-            // tears its context down): wait, or give up as infrastructure.
-            let devices = Devices {
-                ids: self.slot.as_ref().and_then(|s| s.devices.as_deref()),
-                exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
-            };
-            let lingering = std::mem::take(&mut self.lingering);
-            if !executor.is_local() {
-                // A scheduler's job runs elsewhere: the GPUs here are not its.
-            } else if let Err(busy) = wait_idle(
-                &NvidiaSmi,
-                devices,
-                &lingering,
-                repro.idle_timeout,
-                self.cancel,
-            ) {
-                self.lingering = busy.pids.clone();
-                let sig = Signature::new(FaultClass::Infra, busy.to_string());
-                return record.done(sig, None, build_log, None, attempt);
+            if executor.is_local() {
+                if let Err(busy) = self.wait_for_free_gpus() {
+                    let sig = Signature::new(FaultClass::Infra, busy.to_string());
+                    return record.done(sig, None, build_log, None, attempt);
+                }
             }
             let run = match session.run(&spec, self.cancel) {
                 Ok(mut run) => {
@@ -293,7 +263,6 @@ impl Probe for WorktreeProber<'_> {
             let log = self.write_log(ctx.step, &commit, &name, &run);
             let mut sig = classify(run.exit, &run.output);
             sig.relativize(self.worktree.path());
-
             if sig.class == FaultClass::Infra
                 && infra_retried < repro.infra_retries
                 && !run.interrupted
@@ -445,6 +414,40 @@ impl WorktreeProber<'_> {
             }),
             Some(Ok(_)) => Ok(()),
         }
+    }
+
+    /// Where a launcher that writes each rank's output to files (torchrun `--log-dir`) writes them for one
+    /// run: beside the logs, or in the shared workdir when the command runs on a node that sees only that
+    /// (under the run's own id, so runs never read each other's files).
+    fn rank_log_dir(&self, local: bool, step: usize, commit: &str, name: &str) -> PathBuf {
+        let root = match &self.config.executor.workdir {
+            Some(shared) if !local => shared.join("ranks").join(
+                self.log_dir
+                    .parent()
+                    .and_then(|run| run.file_name())
+                    .unwrap_or_default(),
+            ),
+            _ => self.log_dir.clone(),
+        };
+        root.join(format!("{step:03}-{}-{name}.ranks", short_sha(commit)))
+    }
+
+    /// Waits until the previous run's processes have left this prober's GPUs (a killed rank lingers while
+    /// the driver tears its context down), so no run starts on a GPU another still holds.
+    fn wait_for_free_gpus(&mut self) -> Result<(), super::gpu_idle::StillBusy> {
+        let devices = Devices {
+            ids: self.slot.as_ref().and_then(|s| s.devices.as_deref()),
+            exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
+        };
+        let lingering = std::mem::take(&mut self.lingering);
+        wait_idle(
+            &NvidiaSmi,
+            devices,
+            &lingering,
+            self.config.repro.idle_timeout,
+            self.cancel,
+        )
+        .inspect_err(|busy| self.lingering = busy.pids.clone())
     }
 
     /// Runs the configured build in the worktree and logs it; `None` when there is no build step.
