@@ -101,6 +101,7 @@ class Step:
         # call_recorded (a call found by descending into a module kept whole): how `target` is called,
         # call_module | call_function | call_method, on the (args, kwargs) recorded as the only argument.
         self.via = via
+        self.source = None  # file:line of the user's code that made it, when known
 
     @property
     def module(self):
@@ -145,7 +146,7 @@ def build_graph(model, example):
         traced_by = f"fx; kept whole, their forward cannot be traced: {', '.join(names)}"
         print(f"harness: {traced_by}", file=sys.stderr, flush=True)
     steps, placeholders, attrs = [], [], {}
-    refs = {}
+    refs, output, attr_targets = {}, None, {}
 
     def conv(a):
         # FX's own walk: tuples (named ones too), lists, dicts and slices.
@@ -161,8 +162,10 @@ def build_graph(model, example):
             for part in node.target.split("."):
                 value = getattr(value, part)
             attrs[node.name] = value
+            attr_targets[node.name] = node.target
             refs[node.name] = Ref(node.name, None)
         elif node.op == "output":
+            output = conv(node.args[0])
             continue
         else:
             if node.op == "call_module":
@@ -176,7 +179,10 @@ def build_graph(model, example):
                 op = f"Tensor.{node.target}"
                 kernel = node.target
             steps.append(Step(node.name, op, kernel, conv(node.args), conv(node.kwargs), node.target, node.op))
+            steps[-1].source = fx_source(node)
             refs[node.name] = Ref(node.name, node.name)
+    gm._cudabisect_output = output
+    gm._cudabisect_attr_targets = attr_targets
     return steps, placeholders, attrs, (traced_by, gm, opaque)
 
 
@@ -193,7 +199,56 @@ def _leaf_tracer_class():
         def is_leaf_module(self, m, qualname):
             return id(m) in self.opaque or super().is_leaf_module(m, qualname)
 
+        def trace(self, root, concrete_args=None):
+            self.record_stack_traces = True
+            with guarded_autograd_functions():
+                return super().trace(root, concrete_args)
+
     return Tracer
+
+
+class AutogradFunctionCall(Exception):
+    """FX met a torch.autograd.Function: tracing through its forward would lose its own backward."""
+
+
+def guarded_autograd_functions():
+    """While tracing: a `torch.autograd.Function` applied to traced values stops the trace, so the module
+    that applies it is kept whole and its own backward (a kernel library's backward kernel) still runs."""
+    import contextlib
+
+    import torch
+    import torch.fx
+    from torch.utils._pytree import tree_leaves
+
+    @contextlib.contextmanager
+    def guard():
+        original = torch.autograd.Function.__dict__["apply"]
+
+        def apply(cls, *args, **kwargs):
+            if any(isinstance(x, torch.fx.Proxy) for x in tree_leaves((args, kwargs))):
+                raise AutogradFunctionCall(f"{cls.__name__} is a torch.autograd.Function")
+            return original.__func__(cls, *args, **kwargs)
+
+        torch.autograd.Function.apply = classmethod(apply)
+        try:
+            yield
+        finally:
+            torch.autograd.Function.apply = original
+
+    return guard()
+
+
+def fx_source(node):
+    """file:line of the user's code that made an FX node (the last frame of its recorded stack)."""
+    trace = getattr(node, "stack_trace", None) or ""
+    found = None
+    for line in trace.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            parts = line.split(",")
+            if len(parts) >= 2 and "-packages/" not in parts[0] and "/lib/python3" not in parts[0]:
+                found = f"{os.path.relpath(parts[0][5:].strip().strip(chr(34)))}:{parts[1].strip().removeprefix('line ')}"
+    return found
 
 
 def LeafTracer(opaque):
@@ -242,22 +297,30 @@ def refs_in(a):
         yield from refs_in((a.start, a.stop, a.step))
 
 
-def describe(steps, placeholders, graph=None):
+def describe(steps, placeholders, graph=None, sources=None):
     def tensors(args):
         # The shape is unknown until the model runs (the recording's shapes.json fills it in).
         return [{"name": r.name, "shape": None, "producer": r.producer} for r in refs_in(args)]
+
+    sources = sources or {}
+
+    def node(s):
+        n = {"id": s.name, "op": s.op, "kernel": s.kernel, "phase": phase_of(s),
+             "inputs": tensors((s.args, s.kwargs)),
+             "outputs": [{"name": s.name, "shape": None, "producer": s.name}]}
+        if s.kind == "backward":
+            n["forward"] = s.target
+        where = sources.get(s.target if s.kind == "backward" else s.name)
+        if where:
+            n["source"] = where
+        return n
 
     return {
         "protocol": PROTOCOL_VERSION,
         "harness": "torch",
         "inputs": placeholders,
         "graph": graph,
-        "nodes": [
-            {"id": s.name, "op": s.op, "kernel": s.kernel,
-             "inputs": tensors((s.args, s.kwargs)),
-             "outputs": [{"name": s.name, "shape": None, "producer": s.name}]}
-            for s in steps
-        ],
+        "nodes": [node(s) for s in steps],
     }
 
 
@@ -330,6 +393,62 @@ def write_shapes(record, env, more=None):
         json.dump(shapes, f)
 
 
+# A failure of the harness's own making (a bug here, a fork that cannot use CUDA) is said on this line
+# and exits with HARNESS_ERROR_EXIT, so the driver never takes it for the model's failure.
+HARNESS_ERROR = "@@cudabisect harness-error"
+HARNESS_ERROR_EXIT = 4
+# Printed inside a node before every Triton launch: the kernel a node launched last is the one that
+# faulted (launches are synchronous under CUDA_LAUNCH_BLOCKING=1), whatever the node is called.
+LAUNCH = "@@cudabisect launch kernel={kernel}"
+DEVICE_ERROR_WORDS = ("CUDA", "CUBLAS", "CUDNN", "cuda", "device-side", "Triton Error", "illegal memory",
+                      "misaligned address", "AcceleratorError")
+
+
+def harness_error(text):
+    say(f"{HARNESS_ERROR}: {text}")
+    return HARNESS_ERROR_EXIT
+
+
+def node_failed(name):
+    """Prints the failure of node `name`; 1 when it is the model's (the finding), HARNESS_ERROR_EXIT
+    when the harness caused it itself (its own code raised, or a forked child cannot use CUDA)."""
+    etype, e, tb = sys.exc_info()
+    traceback.print_exc(file=sys.stdout)
+    sys.stdout.flush()
+    text = f"{etype.__name__}: {e}"
+    frames = traceback.extract_tb(tb)
+    ours = bool(frames) and os.path.abspath(frames[-1].filename) == os.path.abspath(__file__)
+    device_error = any(w in text for w in DEVICE_ERROR_WORDS)
+    if "Cannot re-initialize CUDA in forked subprocess" in text:
+        return harness_error(f"node {name}: a forked child cannot use CUDA: {text}")
+    if ours and not device_error:
+        return harness_error(f"node {name}: the harness itself raised {text}")
+    say(f"harness: node {name} failed")
+    timing("failed")
+    return 1
+
+
+def announce_triton_launches():
+    """Makes every Triton launch say its kernel's name first (a wrapper around JITFunction.run, the one
+    path autotuned, heuristic and plain kernels all take)."""
+    if "triton" not in sys.modules:
+        return
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:  # noqa: BLE001 - a Triton without it: nodes keep their own names
+        return
+    if getattr(JITFunction.run, "_cudabisect", False):
+        return
+    original = JITFunction.run
+
+    def launch(self, *args, **kwargs):
+        say(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"))
+        return original(self, *args, **kwargs)
+
+    launch._cudabisect = True
+    JITFunction.run = launch
+
+
 def run(steps, root, env, device, record=None, prepared=None):
     """Runs `steps` in order on `env`; returns 0 clean, 1 when a step raised. A recording run also
     records, through hooks, every call inside the modules kept whole (see `Recorder`)."""
@@ -349,11 +468,7 @@ def run(steps, root, env, device, record=None, prepared=None):
                 print(f"error: no recording of value {e} for node {s.name}", file=sys.stderr, flush=True)
                 return 2
             except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
-                traceback.print_exc(file=sys.stdout)
-                sys.stdout.flush()
-                say(f"harness: node {s.name} failed")
-                timing("failed")
-                return 1
+                return node_failed(s.name)
             if recorder:
                 recorder.leave()
             say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end"))
@@ -362,6 +477,365 @@ def run(steps, root, env, device, record=None, prepared=None):
         say(f"harness: ok: {len(steps)} nodes on {device}")
         timing("ran")
         return 0
+    finally:
+        if recorder:
+            write_shapes(record, env, recorder.shapes)
+            recorder.write()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training: the whole step as nodes. After the forward nodes come `loss` (the gradient of the model's
+# output: recorded from the user's own loss when the step was captured, else the given loss function's),
+# then one backward node per forward node, in reverse order, and last `optimizer_step` (the parameters'
+# update). Every forward node runs on inputs cut from the graph before it (detached leaves), so each
+# backward node is that node's own backward alone: `torch.autograd.grad` of its output, on the gradient
+# that the nodes after it passed back (live, or recorded when they are not kept), with a synchronise and
+# its own markers. A candidate that keeps a backward node without its forward runs that forward first, on
+# its recorded inputs: the candidate for a backward fault is the forward it differentiates plus its
+# backward on recorded gradients.
+
+LOSS_NODE = "loss"
+OPTIMIZER_NODE = "optimizer_step"
+BACKWARD = "__backward"
+GRADS_VALUE = "optimizer_step__grads"
+
+
+@dataclass
+class Training:
+    """What the training step needs besides the forward graph."""
+
+    output: object = None          # the model output's structure: Refs (what `loss` differentiates)
+    out_grads: object = None       # the gradient of the output recorded in the user's own step (a list)
+    loss_fn: object = None         # else: output -> scalar loss (default: the sum of every float output)
+    optimizer: object = None       # a spec {"cls", "groups", "state"} or a factory model -> optimizer
+    param_grads: object = None     # name -> the gradient the optimizer saw (captured; covers clipping)
+    phase: str = "forward"         # where the fault was when the step was captured
+    fault: dict = field(default_factory=dict)
+
+
+def grad_name(step_name):
+    return f"{step_name}__grad"
+
+
+def flat_tensors(v):
+    """The tensors inside a value, in pytree order."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    return [x for x in tree_leaves(v) if isinstance(x, torch.Tensor)]
+
+
+def differentiable(x):
+    import torch
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
+def training_steps(steps, training):
+    """The forward steps followed by the loss, the backward steps (reverse order) and the update."""
+    out = list(steps)
+    forward = {s.name: s for s in steps}
+    # The output's grad comes from `loss`; every other value's from the last consumer's backward to run.
+    consumers = collections.defaultdict(list)
+    for s in steps:
+        for r in refs_in((s.args, s.kwargs)):
+            if r.producer in forward:
+                consumers[r.producer].append(s.name)
+    outputs = {r.producer for r in refs_in(training.output) if r.producer}
+    out.append(Step(LOSS_NODE, "loss", "loss", (training.output,), {}, None, "loss"))
+    for s in reversed(steps):
+        producers = [c + BACKWARD for c in consumers[s.name]]
+        if s.name in outputs:
+            producers.append(LOSS_NODE)
+        grad_producer = producers[0] if producers else None  # the earliest consumer's backward runs last
+        grad = Ref(grad_name(s.name), grad_producer)
+        out.append(Step(s.name + BACKWARD, f"backward of {s.op}", s.kernel, (s.args, s.kwargs, grad), {},
+                        s.name, "backward"))
+    if training.optimizer is not None:
+        last = steps[0].name + BACKWARD if steps else None
+        out.append(Step(OPTIMIZER_NODE, f"{optimizer_class_name(training.optimizer)}.step", "optimizer",
+                        (Ref(GRADS_VALUE, last),), {}, None, "optimizer"))
+    return out
+
+
+def optimizer_class_name(spec):
+    if isinstance(spec, dict):
+        return spec["cls"].rsplit(".", 1)[-1]
+    return getattr(spec, "__name__", "optimizer")
+
+
+def phase_of(step):
+    return {"loss": "loss", "backward": "backward", "optimizer": "optimizer"}.get(step.kind, "forward")
+
+
+def step_source(step, root):
+    """file:line of the user's code that made a forward step (where FX saw the call), else of the code it
+    runs: where the inputs of that step's backward were created."""
+    if getattr(step, "source", None):
+        return step.source
+    try:
+        if step.module is not None:
+            fn = type(root.get_submodule(step.module)).forward
+        elif callable(step.target):
+            fn = step.target
+        else:
+            return None
+        fn = getattr(fn, "fn", fn)
+        _, line = inspect.getsourcelines(fn)
+        return f"{os.path.relpath(inspect.getsourcefile(fn))}:{line}"
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+class TrainRun:
+    """The state of one run of a training graph: each forward node's leaves and output, the gradients
+    accumulated so far, the parameters' gradients."""
+
+    def __init__(self, root, env, training, device, record, forward_steps, kept_names):
+        self.root, self.env, self.training, self.device, self.record = root, env, training, device, record
+        self.forward = {s.name: s for s in forward_steps}
+        self.kept = set(kept_names)
+        self.graphs = {}          # forward step -> (leaves [(ref name, index, leaf)], params [(name, p)], out)
+        self.grads = {}           # value name -> [grad or None per tensor of the value]
+        self.contributed = set()  # values that got a live contribution in this run
+        self.param_grads = {}     # parameter name -> accumulated gradient
+
+    def leaf_inputs(self, step):
+        """The step's args and kwargs with every differentiable tensor made from the graph a fresh leaf
+        (a copy of it when the step works in place, which a leaf cannot)."""
+        import torch
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+        inplace = step_is_inplace(step, self.root)
+        leaves = []
+
+        def cut(ref_name, value):
+            flat, spec = tree_flatten(value)
+            new = []
+            for i, x in enumerate(flat):
+                if differentiable(x):
+                    leaf = x.detach().requires_grad_(True)
+                    leaves.append((ref_name, i, leaf))
+                    x = leaf.clone() if inplace else leaf
+                new.append(x)
+            return tree_unflatten(new, spec)
+
+        def value(x):
+            if not isinstance(x, Ref):
+                return x
+            if x.name not in self.env:
+                raise MissingValue(x.name)
+            return cut(x.name, self.env[x.name])
+
+        from torch.fx.node import map_aggregate
+        args, kwargs = map_aggregate(step.args, value), map_aggregate(step.kwargs, value)
+        params = []
+        if step.module is not None:
+            params = [(f"{step.module}.{n}" if step.module else n, p)
+                      for n, p in self.root.get_submodule(step.module).named_parameters() if p.requires_grad]
+        with torch.enable_grad():
+            if step.kind == "call_module":
+                out = self.root.get_submodule(step.target)(*args, **kwargs)
+            elif step.kind == "call_function":
+                out = step.target(*args, **kwargs)
+            elif step.kind == "call_method":
+                self_obj, *rest = args
+                out = getattr(self_obj, step.target)(*rest, **kwargs)
+            else:
+                out = call(Step(step.name, step.op, step.kernel, args, kwargs, step.target, step.kind, step.via),
+                           self.root, {})
+        self.graphs[step.name] = (leaves, params, out)
+        return out
+
+    def forward_step(self, step):
+        self.env[step.name] = self.leaf_inputs(step)
+        return self.env[step.name]
+
+    def loss(self, step):
+        """The gradient of every model output: recorded from the user's loss, or from the loss function."""
+        import torch
+        refs = list(refs_in(step.args))
+        if self.training.out_grads is not None:
+            grads = [to_device(g, self.device) for g in self.training.out_grads]
+        else:
+            out = resolve(self.training.output, self.env)
+            flat = [x for x in flat_tensors(out)]
+            leaves = [x.detach().requires_grad_(True) if differentiable(x) else x for x in flat]
+            from torch.utils._pytree import tree_flatten, tree_unflatten
+            _, spec = tree_flatten(out)
+            it = iter(leaves)
+            rebuilt = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x
+                                      for x in tree_flatten(out)[0]], spec)
+            with torch.enable_grad():
+                value = (self.training.loss_fn(rebuilt) if self.training.loss_fn
+                         else sum(x.float().sum() for x in leaves if differentiable(x)))
+            wanted = [x for x in leaves if differentiable(x)]
+            got = iter(torch.autograd.grad(value, wanted, allow_unused=True)) if wanted else iter(())
+            grads = [next(got) if differentiable(x) else None for x in leaves]
+        # Hand each output value its share, in the order the outputs' tensors come.
+        at = 0
+        for r in refs:
+            if r.name not in self.env:
+                continue
+            n = len(flat_tensors(self.env[r.name]))
+            self.add_grad(r.name, list(range(n)), grads[at:at + n])
+            at += n
+
+    def add_grad(self, name, indices, grads):
+        slot = self.grads.setdefault(name, {})
+        for i, g in zip(indices, grads):
+            if g is None:
+                continue
+            slot[i] = g if slot.get(i) is None else slot[i] + g
+        self.contributed.add(name)
+
+    def output_grad(self, name):
+        """The gradient of a forward value: what this run's later nodes passed back, else the recording's
+        (loaded with the boundary values)."""
+        if name in self.contributed:
+            return self.grads.get(name, {})
+        return self.env.get(grad_name(name)) or {}
+
+    def backward_step(self, step, run_forward):
+        """The backward of forward node `step.target`: its own forward first when this run did not make it."""
+        import torch
+        name = step.target
+        if name not in self.graphs:
+            run_forward(self.forward[name])
+        leaves, params, out = self.graphs[name]
+        grads = self.output_grad(name)
+        if self.record:
+            torch.save({i: g.detach().cpu() for i, g in grads.items()},
+                       os.path.join(self.record, f"{grad_name(name)}.pt"))
+        outs, gos = [], []
+        for i, x in enumerate(flat_tensors(out)):
+            if isinstance(x, torch.Tensor) and x.requires_grad and grads.get(i) is not None:
+                outs.append(x)
+                gos.append(grads[i])
+        targets = [leaf for _, _, leaf in leaves] + [p for _, p in params]
+        if not outs or not targets:
+            return None
+        got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
+        for (ref_name, i, _), g in zip(leaves, got[:len(leaves)]):
+            if g is None:
+                continue
+            if ref_name in self.attr_targets:
+                # A get_attr input is a parameter (or buffer) of the model: its gradient is the parameter's.
+                self.add_param_grad(self.attr_targets[ref_name], g)
+            else:
+                self.add_grad(ref_name, [i], [g])
+        for (pname, _), g in zip(params, got[len(leaves):]):
+            if g is not None:
+                self.add_param_grad(pname, g)
+        return None
+
+    attr_targets = {}
+
+    def add_param_grad(self, name, g):
+        prev = self.param_grads.get(name)
+        self.param_grads[name] = g if prev is None else prev + g
+
+    def optimizer_step(self, step):
+        """The parameters' update: the optimizer rebuilt with its recorded state, on the gradients it saw."""
+        import torch
+        params = dict(self.root.named_parameters())
+        # The gradients the user's optimizer saw (captured: clipping and accumulation included), else
+        # those this run's backward nodes made, else the recording's.
+        if self.training.param_grads is not None:
+            grads = {k: to_device(v, self.device) for k, v in self.training.param_grads.items()}
+        elif self.param_grads:
+            grads = self.param_grads
+        else:
+            grads = self.env.get(GRADS_VALUE) or {}
+        if self.record:
+            torch.save({k: v.detach().cpu() for k, v in grads.items()}, os.path.join(self.record, f"{GRADS_VALUE}.pt"))
+        for name, p in params.items():
+            g = grads.get(name)
+            p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)
+        opt = build_optimizer(self.training.optimizer, self.root, self.device)
+        opt.step()
+        return None
+
+
+def step_is_inplace(step, root):
+    if step.module is not None:
+        try:
+            return bool(getattr(root.get_submodule(step.module), "inplace", False))
+        except AttributeError:
+            return False
+    name = step.target if isinstance(step.target, str) else getattr(step.target, "__name__", "")
+    return bool(step.kwargs.get("inplace")) or (isinstance(name, str) and name.endswith("_")
+                                                 and not name.endswith("__"))
+
+
+def build_optimizer(spec, root, device):
+    """The optimizer over the model's parameters (by name), with its recorded state: from a captured
+    spec, or from the user's factory."""
+    if not isinstance(spec, dict):
+        return spec(root)
+    module, _, cls_name = spec["cls"].rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name)
+    params = dict(root.named_parameters())
+    groups = []
+    for g in spec["groups"]:
+        group = {k: v for k, v in g.items() if k != "params"}
+        group["params"] = [params[n] for n in g["params"] if n in params]
+        groups.append(group)
+    opt = cls(groups)
+    if spec.get("state"):
+        opt.load_state_dict(spec["state"])
+    return opt
+
+
+TRAINING_KINDS = ("loss", "backward", "optimizer")
+
+
+def run_training(steps, root, env, device, record, prepared):
+    """Runs kept steps of a training graph in order, a marker and a synchronise around each; 0 clean, 1
+    when a step raised (the finding), 2 when a recorded value is missing."""
+    import torch
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    recorder = Recorder(root, prepared.forward_steps, prepared.opaque, record, sync) if record else None
+    tr = TrainRun(root, env, prepared.training, device, record, prepared.forward_steps, [s.name for s in steps])
+    tr.attr_targets = prepared.attr_targets
+    current = [None]
+
+    def marked(s, fn):
+        current[0] = s
+        op = s.op.replace(" ", "_")
+        say(MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"))
+        if recorder and s.kind not in TRAINING_KINDS:
+            recorder.enter(s.name)
+        out = fn(s)
+        sync()
+        if recorder and s.kind not in TRAINING_KINDS:
+            recorder.leave()
+        say(MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"))
+        if record and s.kind not in TRAINING_KINDS:
+            torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+        return out
+
+    def forward(s):
+        return marked(s, tr.forward_step)
+
+    try:
+        for s in steps:
+            if s.kind == "loss":
+                marked(s, tr.loss)
+            elif s.kind == "backward":
+                if s.target not in tr.graphs:
+                    forward(tr.forward[s.target])
+                marked(s, lambda st: tr.backward_step(st, forward))
+            elif s.kind == "optimizer":
+                marked(s, tr.optimizer_step)
+            else:
+                forward(s)
+        say(f"harness: ok: {len(steps)} nodes of the training step on {device}")
+        timing("ran")
+        return 0
+    except MissingValue as e:
+        name = current[0].name if current[0] else "?"
+        print(f"error: no recording of value {e} for node {name}", file=sys.stderr, flush=True)
+        return 2
+    except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
+        return node_failed(current[0].name if current[0] else "?")
     finally:
         if recorder:
             write_shapes(record, env, recorder.shapes)
@@ -652,6 +1126,8 @@ def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
             env[name] = attrs[name]
         else:
             if not inputs_dir:
+                if name.endswith("__grad") or name == GRADS_VALUE:
+                    continue  # a gradient: the kept backward nodes make it live
                 raise SystemExit(f"error: value {name!r} is made by a node that is not kept: pass --recording")
             path = os.path.join(inputs_dir, f"{name}.pt")
             if os.path.exists(path):
@@ -665,9 +1141,9 @@ def boundary_env(kept, placeholders, example, attrs, inputs_dir, device):
 
 
 def literal(a, names):
-    """Python source for an argument; Refs become env lookups."""
+    """Python source for an argument; Refs become env lookups (or `names`, a format of `name`)."""
     if isinstance(a, Ref):
-        return f"env[{a.name!r}]"
+        return names.format(name=a.name) if names else f"env[{a.name!r}]"
     if isinstance(a, tuple):
         inner = ", ".join(literal(x, names) for x in a)
         return f"({inner},)" if len(a) == 1 else f"({inner})"
@@ -707,6 +1183,7 @@ class Needs:
     imports: set = field(default_factory=set)        # extra import lines
     notes: list = field(default_factory=list)        # what the repro needs beyond torch and triton
     missing: list = field(default_factory=list)      # what could not be carried, for the extract error
+    optimizer_ref: str = "None"                      # how repro.py names the optimizer's class
 
 
 def op_path(fn):
@@ -859,6 +1336,10 @@ def globals_used(target, imports):
         for v in vars(target).values():
             fn = getattr(v, "__func__", v)
             if inspect.isfunction(fn):
+                # torch wraps some methods in place (an optimizer's `step`): the user's own is inside.
+                fn = inspect.unwrap(fn)
+                if (getattr(fn, "__module__", "") or "").split(".")[0] == "torch":
+                    continue
                 found.extend(globals_used(fn, imports))
         module = sys.modules.get(target.__module__)
         code = source_of(target)
@@ -1018,14 +1499,107 @@ def checked_ctor(m, torch):
     return ctor
 
 
-def render_repro(kept, boundary_names, modules, title, device="cuda"):
+# The training step's helpers, written into repro.py when it keeps backward or optimizer nodes. The
+# text is indented like the template it goes into.
+TRAINING_HELPERS = textwrap.indent(textwrap.dedent('''\
+    # --- the training step: forward nodes on fresh leaves, each backward node alone, the update ---
+    LEAVES, GRAPHS, GRADS, CONTRIBUTED = [], {}, {}, set()
+
+
+    def cut(v, name, clone=False):
+        # The differentiable tensors of a value become fresh leaves: a backward stops at them.
+        flat, spec = torch.utils._pytree.tree_flatten(v)
+        out = []
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
+                leaf = x.detach().requires_grad_(True)
+                LEAVES.append((name, i, leaf))
+                x = leaf.clone() if clone else leaf
+            out.append(x)
+        return torch.utils._pytree.tree_unflatten(out, spec)
+
+
+    def forward_done(name, out, module):
+        params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+        GRAPHS[name] = (list(LEAVES), params, out)
+        LEAVES.clear()
+
+
+    def give_grad(name, grads):
+        slot = GRADS.setdefault(name, {})
+        for i, g in grads.items():
+            if g is not None:
+                slot[i] = g if slot.get(i) is None else slot[i] + g
+        CONTRIBUTED.add(name)
+
+
+    def backward(name, recorded):
+        # Node `name`'s own backward, on the gradient the nodes after it passed back (else the recorded one).
+        leaves, params, out = GRAPHS[name]
+        grads = GRADS.get(name, {}) if name in CONTRIBUTED else {i: g.to(DEVICE) for i, g in (recorded or {}).items()}
+        outs, gos = [], []
+        tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for i, x in enumerate(tensors):
+            if x.requires_grad and grads.get(i) is not None:
+                outs.append(x)
+                gos.append(grads[i])
+        targets = [leaf for _, _, leaf in leaves] + params
+        if not outs or not targets:
+            return
+        got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
+        for (producer, i, _), g in zip(leaves, got):
+            give_grad(producer, {i: g})
+
+
+    def update(optimizer_class, spec, params_state, grads):
+        # The optimizer rebuilt over the recorded parameters, with its recorded state, on the recorded grads.
+        params = {n: torch.nn.Parameter(t.to(DEVICE)) for n, t in params_state.items()}
+        for n, p in params.items():
+            g = grads.get(n)
+            p.grad = None if g is None else g.to(device=DEVICE, dtype=p.dtype)
+        groups = []
+        for g in spec["groups"]:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["params"] = [params[n] for n in g["params"] if n in params]
+            groups.append(group)
+        optimizer = optimizer_class(groups)
+        if spec.get("state"):
+            optimizer.load_state_dict(spec["state"])
+        optimizer.step()
+    '''), "        ").lstrip()
+
+
+def training_call(s, needs):
+    """repro.py's lines for a loss, backward or optimizer node."""
+    begin = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin")
+    end = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end")
+    if s.kind == "loss":
+        body = ("    for name, g in data['output_grads'].items():\n"
+                "        give_grad(name, {i: x.to(DEVICE) for i, x in g.items()})\n")
+    elif s.kind == "backward":
+        body = f"    backward({s.target!r}, data['grads'].get({s.target!r}))\n"
+    else:
+        body = (f"    update({needs.optimizer_ref}, data['optimizer'], data['params'], data['param_grads'])\n")
+    return f"    print({begin!r}, flush=True)\n{body}    sync()\n    print({end!r}, flush=True)"
+
+
+def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None):
     """repro.py's text: markers and a synchronise around every node, like the harness, so the classifier
     reads it the same way. Raises ExtractError naming what it could not carry."""
-    needs = Needs(imports={"import os", "import sys", "import torch", "import torch.utils._pytree"})
+    needs = needs or Needs()
+    needs.imports.update({"import os", "import sys", "import torch", "import torch.utils._pytree"})
     lines = []
+    differentiated = {s.target for s in kept if s.kind == "backward"}
     for s in kept:
-        args = ", ".join([literal(a, None) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
-                         + [f"{k}={literal(v, None)}" for k, v in s.kwargs.items()])
+        if s.kind in TRAINING_KINDS:
+            lines.append(training_call(s, needs))
+            continue
+        fmt = None
+        if s.name in differentiated:
+            # Its inputs become fresh leaves, so its backward is its own alone.
+            fmt = "cut(env[{name!r}], {name!r}" + (", clone=True)" if s.inplace else ")")
+        args = ", ".join([literal(a, fmt) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
+                         + [f"{k}={literal(v, fmt)}" for k, v in s.kwargs.items()])
         if s.kind == "call_recorded":
             # A call found by descending into a module kept whole: its recorded (args, kwargs).
             rec = literal(s.args[0], None)
@@ -1038,13 +1612,18 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
         elif s.kind == "call_module":
             expr = f"modules[{s.target!r}]({args})"
         elif s.kind == "call_method":
-            expr = f"{literal(s.args[0], None)}.{s.target}({args})"
+            expr = f"{literal(s.args[0], fmt)}.{s.target}({args})"
         else:
             expr = f"{function_ref(s.target, needs)}({args})"
         begin = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin")
         end = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end")
+        done = ""
+        if s.name in differentiated:
+            module = f"modules[{s.module!r}]" if s.module is not None else "None"
+            done = f"    forward_done({s.name!r}, env[{s.name!r}], {module})\n"
         lines.append(f"    print({begin!r}, flush=True)\n"
                      f"    env[{s.name!r}] = {expr}\n"
+                     f"{done}"
                      f"    sync()\n"
                      f"    print({end!r}, flush=True)")
     # The user's own module classes that repro.py revives from code.
@@ -1113,6 +1692,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
             return module
 
 
+        {TRAINING_HELPERS if any(s.kind in TRAINING_KINDS for s in kept) else ""}
         def main():
             data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)
             # Inputs of the kept nodes that cut nodes made: {sorted(boundary_names)}
@@ -1155,11 +1735,85 @@ def render_repro(kept, boundary_names, modules, title, device="cuda"):
     return text
 
 
-def extract(kept, root, env, out_dir, title, device):
+def optimizer_spec(opt, root):
+    """An optimizer as plain data: its class, its groups by parameter name, its state dict."""
+    names = {id(p): n for n, p in root.named_parameters()}
+    groups = []
+    for g in opt.param_groups:
+        group = {k: v for k, v in g.items() if k != "params"}
+        group["params"] = [names[id(p)] for p in g["params"] if id(p) in names]
+        groups.append(group)
+    cls = type(opt)
+    return {"cls": f"{cls.__module__}.{cls.__qualname__}", "groups": groups, "state": opt.state_dict()}
+
+
+def repro_steps(kept, w):
+    """The kept steps with each kept backward node's forward run first when it is not kept itself."""
+    forward = {s.name: s for s in w.forward_steps}
+    out, done = [], set()
+    for s in kept:
+        if s.kind == "backward" and s.target not in done and s.target in forward:
+            out.append(forward[s.target])
+            done.add(s.target)
+        if s.name not in done:
+            out.append(s)
+            done.add(s.name)
+    return out
+
+
+def training_data(kept, w, env, recording, needs):
+    """What repro.py's training nodes read: recorded gradients, the optimizer, the parameters."""
+    import torch
+    data = {"grads": {}, "output_grads": {}}
+
+    def recorded(name):
+        path = os.path.join(recording or "", f"{name}.pt")
+        return load_recorded(path) if recording and os.path.exists(path) else None
+
+    for s in kept:
+        if s.kind == "backward":
+            g = env.get(grad_name(s.target)) or recorded(grad_name(s.target))
+            if g is not None:
+                data["grads"][s.target] = to_device(g, "cpu")
+        elif s.kind == "loss":
+            for r in refs_in(s.args):
+                g = recorded(grad_name(r.name))
+                if g is not None:
+                    data["output_grads"][r.name] = to_device(g, "cpu")
+        elif s.kind == "optimizer":
+            spec = w.training.optimizer
+            if not isinstance(spec, dict):
+                spec = optimizer_spec(spec(w.root), w.root)
+            module, _, name = spec["cls"].rpartition(".")
+            if module.split(".")[0] == "torch":
+                needs.optimizer_ref = spec["cls"]
+            else:
+                cls = importlib.import_module(module)
+                for part in name.split("."):
+                    cls = getattr(cls, part)
+                needs.user_fns.append(cls)
+                needs.optimizer_ref = cls.__name__
+            data["optimizer"] = to_device(spec, "cpu")
+            data["params"] = {n: p.detach().cpu() for n, p in w.root.named_parameters()}
+            grads = w.training.param_grads if w.training.param_grads is not None else \
+                (env.get(GRADS_VALUE) or recorded(GRADS_VALUE) or {})
+            data["param_grads"] = to_device(grads, "cpu")
+    return data
+
+
+def extract(kept, root, env, out_dir, title, device, w=None, recording=None):
     """Writes repro.py, repro_data.pt (safe to open) and, only for the model's own module classes,
-    repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer."""
+    repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer. With `w` (a
+    training graph) it also writes the backward and update nodes it keeps."""
     import torch
     specs, states, training, pickled = [], {}, {}, {}
+    needs = Needs()
+    extra = {}
+    if w is not None:
+        kept = repro_steps(kept, w)
+        for s in kept:
+            s.inplace = s.kind not in TRAINING_KINDS and step_is_inplace(s, root)
+        extra = training_data(kept, w, env, recording, needs)
     for s in kept:
         if s.module is None or s.module in states or s.module in pickled:
             continue
@@ -1181,9 +1835,10 @@ def extract(kept, root, env, out_dir, title, device):
                   f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable.")
         print(f"harness: repro.py needs the model's package for {', '.join(foreign)}", file=sys.stderr)
     names = sorted(env)
-    text = render_repro(kept, names, specs, title, device)
+    text = render_repro(kept, names, specs, title, device, needs)
     os.makedirs(out_dir, exist_ok=True)
     data = {"values": {k: to_device(env[k], "cpu") for k in names}, "states": states, "training": training}
+    data.update(extra)
     data_path = os.path.join(out_dir, "repro_data.pt")
     torch.save(data, data_path)
     try:
@@ -1215,13 +1870,23 @@ class Prepared:
     traced_by: str
     root: object
     opaque: set = field(default_factory=set)
+    training: Optional[Training] = None
+    forward_steps: list = field(default_factory=list)
+    attr_targets: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="torch_harness.py")
-    p.add_argument("--model", required=True, help="module:factory returning the nn.Module")
-    p.add_argument("--example-inputs", dest="example", required=True,
-                   help="module:factory returning the model's example inputs")
+    p.add_argument("--model", help="module:factory returning the nn.Module")
+    p.add_argument("--example-inputs", dest="example", help="module:factory returning the model's example inputs")
+    p.add_argument("--capture", help="a captured training step (model, optimizer, batch, gradients) instead of "
+                                     "factories: the directory the capture wrote")
+    p.add_argument("--train", action="store_true", help="the whole training step: forward, loss, backward "
+                                                        "and (with --optimizer) the update")
+    p.add_argument("--loss", help="module:function, the model's output -> a scalar loss (default: the sum of "
+                                  "the outputs)")
+    p.add_argument("--optimizer", help="module:factory, the model -> its optimizer")
     p.add_argument("--device", default="cuda")
     p.add_argument("--via", help="a warm server's socket: run there (forked from the built model); "
                                  "run cold here when it cannot be reached")
@@ -1240,7 +1905,40 @@ def parse_args(argv):
     x.add_argument("--out", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--socket", required=True, help="the Unix socket to listen on")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if not a.capture and not (a.model and a.example):
+        p.error("give --model and --example-inputs, or --capture DIR")
+    return a
+
+
+def prepare_key(a):
+    return (a.model, a.example, a.capture, a.train, a.loss, a.optimizer)
+
+
+def load_capture(d):
+    """The captured step: the model (unpickled on the CPU), its batch as positional inputs, and what the
+    training graph needs (the output's gradient, the optimizer, the gradients it saw)."""
+    import torch
+    if d not in sys.path:
+        sys.path.insert(0, d)  # the captured script's own definitions (cudabisect_main.py)
+    with open(os.path.join(d, "capture.json")) as f:
+        meta = json.load(f)
+
+    def load(name):
+        path = os.path.join(d, name)
+        return torch.load(path, map_location="cpu", weights_only=False) if os.path.exists(path) else None
+
+    model = load("model.pt")
+    batch = load("batch.pt") or {"args": [], "kwargs": {}}
+    try:
+        bound = inspect.signature(model.forward).bind(*batch["args"], **batch["kwargs"])
+        bound.apply_defaults()
+        example = tuple(bound.arguments.values())
+    except TypeError:
+        example = tuple(batch["args"])
+    training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
+                        param_grads=load("param_grads.pt"), phase=meta.get("phase") or "forward", fault=meta)
+    return model, example, training, meta
 
 
 def prepare(a):
@@ -1248,13 +1946,29 @@ def prepare(a):
     CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
     import torch
     torch.manual_seed(0)
-    model = load_attr(a.model)()
-    example = load_attr(a.example)()
-    if not isinstance(example, (tuple, list)):
-        example = (example,)
-    model = model.eval()
+    training = None
+    if a.capture:
+        model, example, training, meta = load_capture(a.capture)
+        if meta.get("phase") == "forward" and not a.train:
+            training = None  # a forward fault needs no backward
+    else:
+        model = load_attr(a.model)()
+        example = load_attr(a.example)()
+        if not isinstance(example, (tuple, list)):
+            example = (example,)
+        if a.train or a.optimizer or a.loss:
+            training = Training(loss_fn=load_attr(a.loss) if a.loss else None,
+                                optimizer=load_attr(a.optimizer) if a.optimizer else None, phase="backward")
+        model = model.train() if training else model.eval()
     steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, tuple(example))
-    return Prepared((a.model, a.example), tuple(example), steps, placeholders, attrs, traced_by, root, opaque)
+    forward_steps = steps
+    if training is not None:
+        training.output = getattr(root, "_cudabisect_output", None) or Ref("model", "model")
+        steps = training_steps(forward_steps, training)
+        traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
+    sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
+    return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources)
 
 
 def execute(a, w):
@@ -1262,12 +1976,16 @@ def execute(a, w):
     or extracts."""
     import torch
     torch.manual_seed(0)
+    announce_triton_launches()
     steps, levels = w.steps, []
     if getattr(a, "recording", None):
         steps, levels = expand(w.steps, w.root, a.recording, w.opaque)
+        if levels:
+            # Descended into a forward node: a forward fault needs no backward.
+            steps = [s for s in steps if s.kind not in TRAINING_KINDS]
     if a.verb == "describe":
         graph = describe_graph(w.traced_by, levels)
-        text = json.dumps(describe(steps, w.placeholders, graph), indent=1)
+        text = json.dumps(describe(steps, w.placeholders, graph, w.sources), indent=1)
         if a.out:
             tmp = a.out + ".tmp"
             with open(tmp, "w") as f:
@@ -1295,26 +2013,35 @@ def execute(a, w):
     timing("start")
     example = tuple(to_device(x, a.device) for x in w.example)
     timing("inputs on the device")
+    training = any(s.kind in TRAINING_KINDS for s in kept)
     with torch.no_grad():
         env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
         timing("boundary values on the device")
         if a.verb == "extract":
-            title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {a.model} ({', '.join(s.name for s in kept)})"
+            source = a.capture and "a captured training step" or a.model
+            title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
             try:
-                written = extract(kept, w.root, env, a.out, title, a.device)
+                written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
+                                  getattr(a, "recording", None))
             except ExtractError as e:
                 print(f"error: extract: {e}", file=sys.stderr, flush=True)
                 return 2
             print(json.dumps(written), flush=True)
             return 0
         # Only the modules the kept steps call go to the device: a candidate of three nodes does not pay
-        # for moving the whole model.
+        # for moving the whole model (the update moves all of it: it changes every parameter).
+        forward = {s.name: s for s in w.forward_steps}
         for s in kept:
-            if s.module is not None:
-                w.root.get_submodule(s.module).to(a.device)
+            if s.kind == "optimizer":
+                w.root.to(a.device)
+            module = forward[s.target].module if s.kind == "backward" and s.target in forward else s.module
+            if module is not None:
+                w.root.get_submodule(module).to(a.device)
         timing("modules on the device")
         if a.record:
             os.makedirs(a.record, exist_ok=True)
+        if training:
+            return run_training(kept, w.root, env, a.device, a.record, w)
         return run(kept, w.root, env, a.device, a.record, w)
 
 
@@ -1327,9 +2054,15 @@ def main(argv=None, warm=None):
         code = forward(a.via, without_via(argv))
         if code is not None:
             return code
-    if getattr(warm, "key", None) != (a.model, a.example):
-        warm = prepare(a)
-    return execute(a, warm)
+    try:
+        if getattr(warm, "key", None) != prepare_key(a):
+            warm = prepare(a)
+        return execute(a, warm)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - outside every node: the harness failed, not the model
+        traceback.print_exc()
+        return harness_error(f"{a.verb}: {type(e).__name__}: {e}")
 
 
 # ----------------------------------------------------------------------------------------------------
