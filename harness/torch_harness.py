@@ -247,7 +247,8 @@ def fx_source(node):
         if line.startswith("File "):
             parts = line.split(",")
             if len(parts) >= 2 and "-packages/" not in parts[0] and "/lib/python3" not in parts[0]:
-                found = f"{os.path.relpath(parts[0][5:].strip().strip(chr(34)))}:{parts[1].strip().removeprefix('line ')}"
+                path = os.path.relpath(parts[0][5:].strip().strip(chr(34)))
+                found = f"{path}:{parts[1].strip().removeprefix('line ')}"
     return found
 
 
@@ -1763,7 +1764,6 @@ def repro_steps(kept, w):
 
 def training_data(kept, w, env, recording, needs):
     """What repro.py's training nodes read: recorded gradients, the optimizer, the parameters."""
-    import torch
     data = {"grads": {}, "output_grads": {}}
 
     def recorded(name):

@@ -30,7 +30,7 @@ def prepare(a):
     print(f"built in {{os.getpid()}}", flush=True)
     if os.environ.get("WARM_TEST_DIE_BUILDING") and sys.argv[-2] == "--socket":
         os._exit(9)  # the server dies while building the model (an out-of-memory, say)
-    return types.SimpleNamespace(key=(a.model, a.example))
+    return types.SimpleNamespace(key=h.prepare_key(a))
 
 
 WARMED = [None]
