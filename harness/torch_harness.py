@@ -1919,10 +1919,15 @@ def load_capture(d):
     """The captured step: the model (unpickled on the CPU), its batch as positional inputs, and what the
     training graph needs (the output's gradient, the optimizer, the gradients it saw)."""
     import torch
-    if d not in sys.path:
-        sys.path.insert(0, d)  # the captured script's own definitions (cudabisect_main.py)
+    for path in (d, os.getcwd()):  # the captured script's own definitions (cudabisect_main.py), the project
+        if path not in sys.path:
+            sys.path.insert(0, path)
     with open(os.path.join(d, "capture.json")) as f:
         meta = json.load(f)
+    fault = os.path.join(d, "fault.json")
+    if os.path.exists(fault):
+        with open(fault) as f:
+            meta.update(json.load(f))  # where the step failed, not where it was saved
 
     def load(name):
         path = os.path.join(d, name)

@@ -1,0 +1,292 @@
+"""cudabisect's capture of a faulting training step from the user's own script, with no change to it.
+
+Python imports `sitecustomize` at start-up; cudabisect puts this directory first on PYTHONPATH for two runs
+of the repro command, and this file does nothing unless CUDABISECT_CAPTURE is set (like coverage.py's
+process start-up hook):
+
+    CUDABISECT_CAPTURE=find     note the step, the phase (forward, loss, backward, optimizer) and the module
+                                and Triton kernel that were running when the run failed: fault.json
+    CUDABISECT_CAPTURE=replay   the same run again (same seeds); at the start of the faulting step's model
+                                call, save what the harness needs to run that step alone: the model (a
+                                pickle, the script's own classes through cudabisect_main.py), the batch, the
+                                optimizer's class, groups and state, then the gradient that reached the
+                                model's output and the gradients the optimizer saw: capture.json and *.pt
+
+Everything goes to CUDABISECT_CAPTURE_DIR. Only the first process of the run captures (not data-loader
+workers), and of several ranks only CUDABISECT_FAULT_RANK (default 0).
+"""
+
+import ast
+import atexit
+import json
+import os
+import sys
+import weakref
+
+MODE = os.environ.get("CUDABISECT_CAPTURE")
+OUT = os.environ.get("CUDABISECT_CAPTURE_DIR")
+
+
+def _mine():
+    if MODE not in ("find", "replay") or not OUT:
+        return False
+    if os.environ.get("CUDABISECT_CAPTURE_PID", str(os.getpid())) != str(os.getpid()):
+        return False  # a child process (a data-loader worker): the first process captures
+    rank = os.environ.get("RANK")
+    return rank is None or rank == os.environ.get("CUDABISECT_FAULT_RANK", "0")
+
+
+STATE = {"step": 1, "phase": "setup", "depth": 0, "call": 0, "module": None, "kernel": None,
+         "exception": None, "forward_trace": None, "saved": False, "notes": []}
+OPTIMIZERS = weakref.WeakSet()
+ROOT = [None]
+
+
+def _write_json(name, value):
+    tmp = os.path.join(OUT, name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, default=str)
+    os.replace(tmp, os.path.join(OUT, name))
+
+
+def _fault():
+    return {k: STATE[k] for k in ("step", "phase", "call", "module", "kernel", "exception", "forward_trace")}
+
+
+def _seen(exc, module=None):
+    """The first failure of the run, with where the step was."""
+    if STATE["exception"] is not None:
+        return
+    STATE["exception"] = f"{type(exc).__name__}: {exc}"[:2000]
+    STATE["module"] = module
+    _write_json("fault.json", _fault())
+
+
+def _main_module_source():
+    """The script's definitions without its statements: what unpickling the script's own classes needs."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    keep = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            keep.append(node)
+        elif isinstance(node, ast.Assign):
+            try:
+                ast.literal_eval(node.value)
+                keep.append(node)
+            except ValueError:
+                pass
+    return ast.unparse(ast.Module(body=keep, type_ignores=[]))
+
+
+def _save(torch, name, value):
+    torch.save(value, os.path.join(OUT, name))
+
+
+def _pickle_model(torch, module):
+    """Pickles the model; classes defined in the script itself are pickled as cudabisect_main's."""
+    moved = [cls for cls in {type(m) for m in module.modules()} if cls.__module__ == "__main__"]
+    if moved:
+        src = _main_module_source()
+        if src is None:
+            raise RuntimeError("the model's classes are defined in a script whose source cannot be read")
+        with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
+            f.write(src)
+        sys.modules["cudabisect_main"] = sys.modules["__main__"]
+    for cls in moved:
+        cls.__module__ = "cudabisect_main"
+    try:
+        _save(torch, "model.pt", module)
+    finally:
+        for cls in moved:
+            cls.__module__ = "__main__"
+
+
+def _unwrap(module):
+    kind = type(module).__name__
+    if kind in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel") and hasattr(module, "module"):
+        return module.module, None
+    if kind == "OptimizedModule" and hasattr(module, "_orig_mod"):
+        return module._orig_mod, "torch.compile"
+    return module, None
+
+
+def _optimizer_spec(opt, names):
+    groups = []
+    for g in opt.param_groups:
+        group = {k: v for k, v in g.items() if k != "params"}
+        group["params"] = [names[id(p)] for p in g["params"] if id(p) in names]
+        groups.append(group)
+    cls = type(opt)
+    return {"cls": f"{cls.__module__}.{cls.__qualname__}", "groups": groups, "state": opt.state_dict()}
+
+
+def _save_step(torch, module, args, kwargs):
+    """At the start of the faulting step's model call: the model, the batch, the optimizer."""
+    root, compiled = _unwrap(module)
+    ROOT[0] = root
+    notes = []
+    if compiled:
+        notes.append("the model is torch.compile'd: the harness runs its original module eagerly")
+    if torch.is_autocast_enabled():
+        notes.append("the step runs under autocast (AMP)")
+    _pickle_model(torch, root)
+    cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    from torch.utils._pytree import tree_map
+    _save(torch, "batch.pt", {"args": tree_map(cpu, list(args)), "kwargs": tree_map(cpu, dict(kwargs))})
+    names = {id(p): n for n, p in root.named_parameters()}
+    for opt in list(OPTIMIZERS):
+        if any(id(p) in names for g in opt.param_groups for p in g["params"]):
+            _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
+            break
+    STATE["notes"] = notes
+    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}",
+                                     autocast=torch.is_autocast_enabled()))
+
+
+def _install():
+    import torch
+
+    os.environ["CUDABISECT_CAPTURE_PID"] = str(os.getpid())
+    os.makedirs(OUT, exist_ok=True)
+    import random
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        import numpy
+        numpy.random.seed(0)
+    except ImportError:
+        pass
+    want_step = int(os.environ.get("CUDABISECT_CAPTURE_STEP", "0") or 0)
+    want_call = int(os.environ.get("CUDABISECT_CAPTURE_CALL", "0") or 0)
+    if MODE == "find":
+        # The forward line that created a failing backward node (anomaly mode prints it as a warning).
+        torch.autograd.set_detect_anomaly(True, check_nan=False)
+        import warnings
+        shown = warnings.showwarning
+
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            text = str(message)
+            if "Traceback of forward call" in text and STATE["forward_trace"] is None:
+                STATE["forward_trace"] = text[-4000:]
+            return shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+
+    call = torch.nn.Module.__call__
+
+    def module_call(self, *args, **kwargs):
+        top = STATE["depth"] == 0
+        if top and any(True for _ in self.parameters()):
+            STATE["call"] += 1
+            STATE["phase"] = "forward"
+            if MODE == "replay" and STATE["step"] == want_step and STATE["call"] == want_call:
+                _save_step(torch, self, args, kwargs)
+                STATE["saved"] = True
+                out = None
+        STATE["depth"] += 1
+        try:
+            out = call(self, *args, **kwargs)
+        except Exception as e:
+            _seen(e, type(self).__name__)
+            raise
+        finally:
+            STATE["depth"] -= 1
+        if top and STATE["phase"] == "forward":
+            STATE["phase"] = "loss"
+            if MODE == "replay" and STATE["saved"] and STATE["step"] == want_step and STATE["call"] == want_call:
+                _hook_output(torch, out)
+        return out
+
+    torch.nn.Module.__call__ = module_call
+
+    backward = torch.autograd.backward
+
+    def autograd_backward(*args, **kwargs):
+        STATE["phase"] = "backward"
+        try:
+            return backward(*args, **kwargs)
+        except Exception as e:
+            _seen(e)
+            raise
+
+    torch.autograd.backward = autograd_backward
+
+    init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self, *args, **kwargs):
+        OPTIMIZERS.add(self)
+        return init(self, *args, **kwargs)
+
+    torch.optim.Optimizer.__init__ = optimizer_init
+
+    def pre(opt, args, kwargs):
+        STATE["phase"] = "optimizer"
+        if MODE == "replay" and STATE["saved"] and STATE["step"] == want_step and ROOT[0] is not None:
+            names = {id(p): n for n, p in ROOT[0].named_parameters()}
+            grads = {names[id(p)]: p.grad.detach().cpu() for g in opt.param_groups for p in g["params"]
+                     if id(p) in names and p.grad is not None}
+            _save(torch, "param_grads.pt", grads)
+            _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
+
+    def post(opt, args, kwargs):
+        STATE["step"] += 1
+        STATE["call"] = 0
+        STATE["phase"] = "data"
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+    _hook_triton()
+
+    hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        _seen(value)
+        return hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: STATE["exception"] and _write_json("fault.json", _fault()))
+
+
+def _hook_output(torch, out):
+    """Saves the gradient that reaches each of the model's outputs (what the user's loss passed back)."""
+    from torch.utils._pytree import tree_leaves
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    grads = {}
+
+    def keep(i):
+        def hook(g):
+            grads[i] = g.detach().cpu()
+            _save(torch, "output_grads.pt", [grads.get(j) for j in range(len(tensors))])
+        return hook
+
+    for i, t in enumerate(tensors):
+        if t.requires_grad:
+            t.register_hook(keep(i))
+
+
+def _hook_triton():
+    """Every Triton launch notes its kernel (the last one launched is the one that faulted)."""
+    try:
+        import triton  # noqa: F401
+        from triton.runtime.jit import JITFunction
+    except Exception:  # noqa: BLE001 - no Triton: nothing to note
+        return
+    original = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        STATE["kernel"] = getattr(getattr(self, "fn", None), "__name__", None)
+        return original(self, *args, **kwargs)
+
+    JITFunction.run = run
+
+
+if _mine():
+    try:
+        _install()
+    except Exception as e:  # noqa: BLE001 - the run goes on uncaptured; the driver says what was missing
+        print(f"cudabisect capture: not installed: {type(e).__name__}: {e}", file=sys.stderr)
