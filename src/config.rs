@@ -306,6 +306,23 @@ pub struct ShrinkSection {
     pub model: Option<String>,
     /// The PyTorch harness: the factory of the model's example inputs (`package.module:example_inputs`).
     pub inputs: Option<String>,
+    /// The PyTorch harness: shrink the whole training step (forward, loss, backward and, with
+    /// `optimizer`, the update), not the forward pass alone.
+    #[serde(default)]
+    pub train: bool,
+    /// The PyTorch harness with factories: the loss (`package.module:loss`, the model's output -> a
+    /// scalar; default the sum of the outputs). Implies `train`.
+    pub loss: Option<String>,
+    /// The PyTorch harness with factories: the optimizer's factory (`package.module:make`, the model ->
+    /// its optimizer). Implies `train`.
+    pub optimizer: Option<String>,
+    /// The user's own training step (`package.module:train_step`, called with no arguments): captured
+    /// like a training script, in its own process.
+    pub step: Option<String>,
+    /// Take the model, optimizer and batch from the repro command itself (the default when no model,
+    /// harness or step is named).
+    #[serde(default)]
+    pub capture: bool,
     /// The PyTorch harness: the Python interpreter (default `python3`).
     #[serde(default = "default_python")]
     pub python: String,
@@ -339,6 +356,19 @@ pub struct ShrinkSection {
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+}
+
+impl ShrinkSection {
+    /// The model comes from a capture of the repro command (or of `step`), not from factories, a model
+    /// file or a harness of the user's own.
+    pub fn captures(&self) -> bool {
+        self.capture || self.step.is_some() || (self.harness.is_none() && self.model.is_none())
+    }
+
+    /// The PyTorch harness runs the whole training step.
+    pub fn trains(&self) -> bool {
+        self.train || self.loss.is_some() || self.optimizer.is_some()
+    }
 }
 
 /// `[bundle]`: where the hand-off bundle goes.
@@ -704,12 +734,20 @@ impl Config {
             };
             match (&shrink.harness, &shrink.model) {
                 (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
-                (None, None) => {
-                    return Err(err(
-                        "needs harness (a protocol command) or model (a native model file)",
-                    ))
+                (Some(_), None) if shrink.capture || shrink.step.is_some() => {
+                    return Err(err("capture and step use the PyTorch harness: leave harness out"))
+                }
+                (None, Some(_)) if shrink.capture || shrink.step.is_some() => {
+                    if shrink.inputs.is_none() || shrink.capture {
+                        return Err(err(
+                            "capture takes the model from the repro command: leave model and inputs out",
+                        ));
+                    }
                 }
                 _ => {}
+            }
+            if shrink.step.as_deref().is_some_and(|s| !s.contains(':')) {
+                return Err(err("step: expected `package.module:function`"));
             }
             if shrink.inputs.is_some() && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
             {

@@ -76,6 +76,52 @@ pub fn open_markers(output: &str) -> Vec<Marker<'_>> {
     open
 }
 
+/// What a harness prints inside a node before each kernel launch it can name (the PyTorch harness: every
+/// Triton launch): `@@cudabisect launch kernel=<name>`.
+pub const LAUNCH_PREFIX: &str = "@@cudabisect launch kernel=";
+
+/// What a harness prints when it failed by itself (its own bug, a fork that cannot use CUDA), so that
+/// the failure is never taken for the model's.
+pub const HARNESS_ERROR_PREFIX: &str = "@@cudabisect harness-error";
+
+/// The kernel named by a launch line, if `line` is one.
+pub fn parse_launch(line: &str) -> Option<&str> {
+    let name = line.trim_end().strip_prefix(LAUNCH_PREFIX)?.trim();
+    (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
+}
+
+/// The kernel launched last inside the node the run died in (launches are synchronous under
+/// `CUDA_LAUNCH_BLOCKING=1`, so that is the kernel that faulted), when the harness named one.
+pub fn launched_in_open_node(output: &str) -> Option<&str> {
+    let mut open: Vec<(&str, Option<&str>)> = Vec::new();
+    for line in output.lines() {
+        if let Some(k) = parse_launch(line) {
+            if let Some(last) = open.last_mut() {
+                last.1 = Some(k);
+            }
+            continue;
+        }
+        match Marker::parse(line) {
+            Some(m) if m.phase == MarkerPhase::Begin => open.push((m.node, None)),
+            Some(m) => {
+                if let Some(i) = open.iter().rposition(|(n, _)| *n == m.node) {
+                    open.truncate(i);
+                }
+            }
+            None => {}
+        }
+    }
+    open.last().and_then(|(_, k)| *k)
+}
+
+/// The harness's own failure line, when it printed one.
+pub fn harness_error(output: &str) -> Option<&str> {
+    output
+        .lines()
+        .find(|l| l.starts_with(HARNESS_ERROR_PREFIX))
+        .map(str::trim)
+}
+
 /// The innermost marker whose `begin` has no `end`: the node the run died in.
 pub fn open_marker(output: &str) -> Option<Marker<'_>> {
     open_markers(output).pop()
@@ -120,11 +166,28 @@ mod tests {
     }
 
     #[test]
+    fn the_last_launch_inside_the_open_node_names_the_kernel() {
+        let out = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect launch kernel=early\n@@cudabisect node=a op=x kernel=k end\n@@cudabisect node=emb__backward op=backward_of_Embed kernel=Embed begin\n@@cudabisect launch kernel=_gather_fwd\n@@cudabisect launch kernel=_gather_bwd\nRuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n";
+        assert_eq!(launched_in_open_node(out), Some("_gather_bwd"));
+        // A launch in a node that ended says nothing about the node that died.
+        let ended = "@@cudabisect node=a op=x kernel=k begin\n@@cudabisect launch kernel=early\n@@cudabisect node=a op=x kernel=k end\n@@cudabisect node=b op=y kernel=y begin\nRuntimeError\n";
+        assert_eq!(launched_in_open_node(ended), None);
+        assert_eq!(parse_launch("@@cudabisect launch kernel=a b"), None);
+        assert_eq!(
+            harness_error("x\n@@cudabisect harness-error: run: TypeError: boom\n"),
+            Some("@@cudabisect harness-error: run: TypeError: boom")
+        );
+        assert_eq!(harness_error("RuntimeError: CUDA error"), None);
+    }
+
+    #[test]
     fn the_python_harness_writes_the_same_grammar() {
         let py = include_str!("../harness/torch_harness.py");
         assert!(
             py.contains(r#"MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}""#),
             "torch_harness.py's MARKER must match Marker::format"
         );
+        assert!(py.contains(&format!("LAUNCH = \"{LAUNCH_PREFIX}{{kernel}}\"")));
+        assert!(py.contains(&format!("HARNESS_ERROR = \"{HARNESS_ERROR_PREFIX}\"")));
     }
 }

@@ -125,32 +125,42 @@ impl ProcessHarness {
         commit: &str,
         run_dir: &Path,
         fault_rank: Option<u32>,
+        capture: Option<&Path>,
     ) -> Result<Self, ProtocolError> {
         let mut shipped = false;
-        let (prefix, native) = match (&shrink.harness, &shrink.model, &shrink.inputs) {
+        let torch_source = match (capture, &shrink.model, &shrink.inputs) {
+            (Some(dir), _, _) => Some(vec!["--capture".into(), dir.display().to_string()]),
+            (None, Some(model), Some(inputs)) if shrink.harness.is_none() => Some(vec![
+                "--model".into(),
+                model.clone(),
+                "--example-inputs".into(),
+                inputs.clone(),
+            ]),
+            _ => None,
+        };
+        let (prefix, native) = match (&shrink.harness, torch_source, &shrink.model) {
             (Some(h), _, _) => (h.clone(), None),
-            (None, Some(model), Some(inputs)) => {
+            (None, Some(source), _) => {
                 shipped = true;
                 let script =
                     super::torch::install(run_dir).map_err(|source| ProtocolError::Install {
                         path: run_dir.to_path_buf(),
                         source,
                     })?;
-                (
-                    CommandLine::Argv(vec![
-                        shrink.python.clone(),
-                        script.display().to_string(),
-                        "--model".into(),
-                        model.clone(),
-                        "--example-inputs".into(),
-                        inputs.clone(),
-                        "--device".into(),
-                        shrink.device.clone(),
-                    ]),
-                    None,
-                )
+                let mut argv = vec![shrink.python.clone(), script.display().to_string()];
+                argv.extend(source);
+                if shrink.trains() {
+                    argv.push("--train".into());
+                }
+                for (flag, value) in [("--loss", &shrink.loss), ("--optimizer", &shrink.optimizer)] {
+                    if let Some(v) = value {
+                        argv.extend([flag.to_string(), v.clone()]);
+                    }
+                }
+                argv.extend(["--device".into(), shrink.device.clone()]);
+                (CommandLine::Argv(argv), None)
             }
-            (None, model, _) => {
+            (None, None, model) => {
                 let exe = std::env::current_exe()
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|_| "cudabisect".into());

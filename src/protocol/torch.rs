@@ -10,14 +10,31 @@ pub const TORCH_HARNESS: &str = include_str!("../../harness/torch_harness.py");
 /// The file name the harness is installed under.
 pub const TORCH_HARNESS_FILE: &str = "torch_harness.py";
 
-/// Writes the harness into `dir` (created when missing) atomically and returns its path.
-pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
+/// The capture hook: a `sitecustomize.py` that does nothing unless `CUDABISECT_CAPTURE` is set.
+pub const CAPTURE_HOOK: &str = include_str!("../../harness/capture/sitecustomize.py");
+
+/// The folder, inside a run directory, that goes first on `PYTHONPATH` for a capture.
+pub const CAPTURE_HOOK_DIR: &str = "capture-hook";
+
+fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let path = dir.join(TORCH_HARNESS_FILE);
+    let path = dir.join(name);
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(TORCH_HARNESS.as_bytes())?;
+    tmp.write_all(text.as_bytes())?;
     tmp.persist(&path).map_err(|e| e.error)?;
     Ok(path)
+}
+
+/// Writes the harness into `dir` (created when missing) atomically and returns its path.
+pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
+    write_atomically(dir, TORCH_HARNESS_FILE, TORCH_HARNESS)
+}
+
+/// Writes the capture hook into `dir/capture-hook/` and returns that folder (for `PYTHONPATH`).
+pub fn install_capture_hook(dir: &Path) -> std::io::Result<PathBuf> {
+    let hook = dir.join(CAPTURE_HOOK_DIR);
+    write_atomically(&hook, "sitecustomize.py", CAPTURE_HOOK)?;
+    Ok(hook)
 }
 
 #[cfg(test)]

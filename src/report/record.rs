@@ -309,6 +309,51 @@ pub struct ShrinkReport {
     /// definition it cannot carry, a value it cannot save safely).
     #[serde(default)]
     pub extract_error: Option<String>,
+    /// The training step the model was taken from, when it was captured from the repro command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<CapturedFault>,
+}
+
+/// Where a run of the user's own training script failed, as the capture saw it (`fault.json`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct CapturedFault {
+    /// The training step (1-based: optimizer steps done before it, plus one).
+    pub step: u64,
+    /// forward, loss, backward, optimizer, data or setup.
+    pub phase: String,
+    /// The model call of that step (several with gradient accumulation).
+    pub call: u64,
+    /// The innermost module whose call raised, when the failure came out of one.
+    #[serde(default)]
+    pub module: Option<String>,
+    /// The Triton kernel launched last.
+    #[serde(default)]
+    pub kernel: Option<String>,
+    /// The exception.
+    #[serde(default)]
+    pub exception: Option<String>,
+    /// For a backward failure: anomaly mode's traceback of the forward call that created the node.
+    #[serde(default)]
+    pub forward_trace: Option<String>,
+}
+
+impl CapturedFault {
+    /// The last line of the user's code in the forward traceback: where the failing backward node was made.
+    pub fn forward_line(&self) -> Option<String> {
+        let trace = self.forward_trace.as_deref()?;
+        trace
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("File \""))
+            .filter_map(|l| {
+                let (path, rest) = l.split_once('"')?;
+                let line = rest.trim_start_matches(", line ").split(',').next()?;
+                let user = !(path.contains("-packages/")
+                    || path.contains("/lib/python3")
+                    || path.ends_with("sitecustomize.py"));
+                user.then(|| format!("{path}:{line}"))
+            })
+            .last()
+    }
 }
 
 /// A compute-sanitizer tool, in escalation order.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
-use crate::marker::open_markers;
+use crate::marker::{harness_error, launched_in_open_node, open_markers};
 use crate::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
@@ -177,6 +177,16 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         reproduce: None,
         extract_error: None,
         graph: None,
+        captured: None,
+    }
+}
+
+/// The report of a shrink that could not start (no step captured, no harness): its status and why.
+pub fn not_started(out_dir: &Path, status: ShrinkStatus, summary: String) -> ShrinkReport {
+    ShrinkReport {
+        status,
+        summary,
+        ..empty_report(out_dir)
     }
 }
 
@@ -230,9 +240,18 @@ fn locate(
         let run = harness.run(&request, cancel)?;
         report.harness_runs += 1;
         let _ = std::fs::write(log_dir.join("locate.log"), &run.output);
+        if let Some(line) = harness_error(&run.output) {
+            // The harness failed by itself: never the model's failure, never "a different bug".
+            return Err(Stop::Failed(format!(
+                "the harness failed by itself, not the model: {}",
+                line.trim_start_matches(crate::marker::HARNESS_ERROR_PREFIX)
+                    .trim_start_matches(':')
+                    .trim()
+            )));
+        }
         let sig = classify(run.exit, &run.output);
         let same = match &settings.target {
-            Some(t) => settings.policy.matches(t, &sig, &run.output),
+            Some(t) => same_bug_across_stages(settings.policy, t, &sig, &run.output),
             None => {
                 !matches!(sig.class, FaultClass::None)
                     && !crate::run::verdict::is_host_problem(sig.class)
@@ -257,6 +276,37 @@ fn locate(
     Err(Stop::NotReproduced(format!(
         "the harness's full run showed {seen}, not {want}"
     )))
+}
+
+/// Whether the harness's full run shows the bisection's target. The harness sees the fault from another
+/// level: a node (an op, a module, an `autograd.Function`) where the repro named the kernel it launched.
+/// When the node that died named no kernel it launched, its kernel field is only the node's label, and
+/// its launch site may be the harness's own frame: those naming differences are set aside. A kernel the
+/// node did launch, another class, another exception still tell a different bug.
+pub fn same_bug_across_stages(
+    policy: &MatchPolicy,
+    target: &Signature,
+    harness: &Signature,
+    output: &str,
+) -> bool {
+    if policy.matches(target, harness, output) {
+        return true;
+    }
+    if !matches!(policy, MatchPolicy::ClassAndKernel) || harness.class != target.class {
+        return false;
+    }
+    let mut relaxed = harness.clone();
+    if launched_in_open_node(output).is_none() {
+        relaxed.kernel = None;
+    }
+    if relaxed
+        .launch
+        .as_deref()
+        .is_some_and(|l| l.contains(crate::protocol::torch::TORCH_HARNESS_FILE))
+    {
+        relaxed.launch = None;
+    }
+    policy.matches(target, &relaxed, output)
 }
 
 /// A finer graph the fault was pinned in: its nodes, the harness's account of its levels, and where the

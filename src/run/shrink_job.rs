@@ -71,8 +71,30 @@ pub fn shrink_job(
             }
             _ => (repo.workdir(), String::new()),
         };
-        let harness =
-            ProcessHarness::from_config(&config, &section, &cwd, &commit, &run_dir, None)?;
+        let captured = if section.captures() {
+            match super::capture::capture(&config, &section, &cwd, &commit, &run_dir, cancel) {
+                Ok(found) => Some(found),
+                Err(e) => {
+                    return Ok(super::shrink::not_started(
+                        &run_dir.join("shrink"),
+                        ShrinkStatus::Failed,
+                        e.to_string(),
+                    ))
+                }
+            }
+        } else {
+            None
+        };
+        let capture_dir = captured.as_ref().map(|(d, _)| d.clone());
+        let harness = ProcessHarness::from_config(
+            &config,
+            &section,
+            &cwd,
+            &commit,
+            &run_dir,
+            None,
+            capture_dir.as_deref(),
+        )?;
         let settings = ShrinkSettings {
             policy: &config.match_policy,
             out_dir: run_dir.join("shrink"),
@@ -82,6 +104,7 @@ pub fn shrink_job(
             confirm_jobs: section.confirm_jobs,
         };
         let mut report = shrink(&harness, &settings, reporter, cancel);
+        report.captured = captured.map(|(_, fault)| fault);
         if report.status == ShrinkStatus::Minimal && section.check_parent {
             let parent = oid
                 .and_then(|o| repo.parents(o).ok())
@@ -96,6 +119,7 @@ pub fn shrink_job(
                         &parent.to_string(),
                         &run_dir,
                         None,
+                        capture_dir.as_deref(),
                     ) {
                         Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
                         Err(e) => ParentCheck::NotRun(e.to_string()),

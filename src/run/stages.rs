@@ -89,6 +89,33 @@ pub fn run_stages(
         .as_ref()
         .filter(|t| !matches!(t.class, FaultClass::Nccl | FaultClass::Hang))
         .and_then(|t| t.rank);
+    // No factories: the step is captured from the repro command at the first bad commit.
+    let captured = if section.captures() {
+        reporter.event(&Event::StageStarted {
+            message: "shrink: capturing the faulting training step from the repro command".into(),
+        });
+        match super::capture::capture(
+            config,
+            section,
+            prober.worktree.path(),
+            &commit,
+            run_dir,
+            cancel,
+        ) {
+            Ok(found) => Some(found),
+            Err(e) => {
+                report.shrink = Some(super::shrink::not_started(
+                    &run_dir.join("shrink"),
+                    ShrinkStatus::Failed,
+                    e.to_string(),
+                ));
+                return cancel.load(Ordering::SeqCst);
+            }
+        }
+    } else {
+        None
+    };
+    let capture_dir = captured.as_ref().map(|(d, _)| d.as_path());
     let harness = match ProcessHarness::from_config(
         config,
         section,
@@ -96,6 +123,7 @@ pub fn run_stages(
         &commit,
         run_dir,
         fault_rank,
+        capture_dir,
     ) {
         Ok(h) => h,
         Err(e) => {
@@ -114,6 +142,7 @@ pub fn run_stages(
         confirm_jobs: section.confirm_jobs,
     };
     let mut result = shrink(&harness, &settings, reporter, cancel);
+    result.captured = captured.as_ref().map(|(_, fault)| fault.clone());
     if result.status == ShrinkStatus::Minimal
         && section.check_parent
         && !cancel.load(Ordering::SeqCst)
@@ -133,6 +162,7 @@ pub fn run_stages(
                     &p.to_string(),
                     run_dir,
                     fault_rank,
+                    capture_dir,
                 ) {
                     Ok(h) => check_parent(&h, &result, &config.match_policy, cancel),
                     Err(e) => ParentCheck::NotRun(e.to_string()),

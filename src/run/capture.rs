@@ -1,0 +1,187 @@
+//! Captures the faulting training step from the user's own repro command (or `[shrink] step`), with no
+//! factories and no change to their script: a first run finds the step, phase and module that faulted, a
+//! replay with the same seeds saves that step (model, batch, optimizer, gradients) for the PyTorch harness
+//! to run alone (`--capture DIR`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::config::{CommandLine, Config, ShrinkSection};
+use crate::process;
+use crate::protocol::torch::install_capture_hook;
+pub use crate::report::record::CapturedFault;
+
+/// Why no step was captured: each says it in a maintainer's words.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// A file of the capture could not be written or read.
+    #[error("capture: {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The repro command could not be run.
+    #[error("capture: the repro command could not run: {0}")]
+    Process(#[from] process::ProcessError),
+    /// The first run recorded no failure.
+    #[error("capture: the repro run under capture recorded no failure ({0})")]
+    NoFault(String),
+    /// The replay did not save the step.
+    #[error("capture: the replay of step {step} did not save it ({why})")]
+    NotSaved {
+        /// The step.
+        step: u64,
+        /// What was missing.
+        why: String,
+    },
+}
+
+/// The command a capture runs: the repro command, or a Python one-liner calling `[shrink] step`.
+fn capture_command(config: &Config, section: &ShrinkSection) -> CommandLine {
+    let Some(step) = &section.step else {
+        return config.repro.command.clone();
+    };
+    let (module, function) = step.split_once(':').unwrap_or((step, "main"));
+    let call = match (&section.model, &section.inputs) {
+        (Some(model), Some(inputs)) => {
+            let load = |spec: &str| {
+                let (m, f) = spec.split_once(':').unwrap_or((spec, ""));
+                format!("getattr(importlib.import_module({m:?}), {f:?})")
+            };
+            format!(
+                "x = {}(); x = x if isinstance(x, (tuple, list)) else (x,); fn({}(), *x)",
+                load(inputs),
+                load(model)
+            )
+        }
+        _ => "fn()".into(),
+    };
+    CommandLine::Argv(vec![
+        section.python.clone(),
+        "-c".into(),
+        format!(
+            "import importlib, sys; sys.path.insert(0, '.'); fn = getattr(importlib.import_module({module:?}), {function:?}); {call}"
+        ),
+    ])
+}
+
+/// Runs the find and replay runs in `cwd` and returns the capture directory (in `run_dir`).
+pub fn capture(
+    config: &Config,
+    section: &ShrinkSection,
+    cwd: &Path,
+    commit: &str,
+    run_dir: &Path,
+    cancel: &AtomicBool,
+) -> Result<(PathBuf, CapturedFault), CaptureError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CaptureError::Io { path, source }
+    };
+    let hook = install_capture_hook(run_dir).map_err(io(run_dir))?;
+    let dir = run_dir.join("capture");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let command = capture_command(config, section);
+    let run = |extra: &[(&str, String)], log: &str| -> Result<String, CaptureError> {
+        let mut env: BTreeMap<String, String> = config.repro.env.clone();
+        let inherited = env
+            .get("PYTHONPATH")
+            .cloned()
+            .or_else(|| std::env::var("PYTHONPATH").ok())
+            .filter(|p| !p.is_empty());
+        let path = match inherited {
+            Some(p) => format!("{}:{p}", hook.display()),
+            None => hook.display().to_string(),
+        };
+        env.insert("PYTHONPATH".into(), path);
+        env.insert("PYTHONHASHSEED".into(), "0".into());
+        env.insert("CUDABISECT_CAPTURE_DIR".into(), dir.display().to_string());
+        for (k, v) in extra {
+            env.insert((*k).into(), v.clone());
+        }
+        let ctx = ChildContext {
+            worktree: cwd,
+            commit,
+            phase: ChildPhase::Shrink,
+            attempt: 1,
+            slot: None,
+        };
+        let spec = command_spec(
+            config,
+            ChildCommand {
+                command: &command,
+                timeout: config.repro.timeout,
+                env: &env,
+            },
+            &ctx,
+        );
+        let out = process::run(&spec, cancel)?;
+        let _ = std::fs::write(dir.join(log), &out.output);
+        Ok(out.output)
+    };
+    let output = run(&[("CUDABISECT_CAPTURE", "find".into())], "find.log")?;
+    let fault = read_fault(&dir).ok_or_else(|| {
+        CaptureError::NoFault(
+            output
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map_or("it printed nothing".into(), |l| format!("its last line: {}", l.trim())),
+        )
+    })?;
+    // The first run's account is the one the report gives; the replay writes its own over it.
+    let found = dir.join("fault-found.json");
+    let _ = std::fs::copy(dir.join("fault.json"), &found);
+    run(
+        &[
+            ("CUDABISECT_CAPTURE", "replay".into()),
+            ("CUDABISECT_CAPTURE_STEP", fault.step.to_string()),
+            ("CUDABISECT_CAPTURE_CALL", fault.call.to_string()),
+        ],
+        "replay.log",
+    )?;
+    let _ = std::fs::copy(&found, dir.join("fault.json"));
+    for needed in ["capture.json", "model.pt"] {
+        if !dir.join(needed).is_file() {
+            return Err(CaptureError::NotSaved {
+                step: fault.step,
+                why: format!(
+                    "no {needed}; see {}",
+                    dir.join("replay.log").display()
+                ),
+            });
+        }
+    }
+    Ok((dir, fault))
+}
+
+fn read_fault(dir: &Path) -> Option<CapturedFault> {
+    let text = std::fs::read(dir.join("fault.json")).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_forward_line_is_the_last_frame_of_the_users_code() {
+        let fault = CapturedFault {
+            step: 3,
+            phase: "backward".into(),
+            call: 1,
+            module: None,
+            kernel: None,
+            exception: None,
+            forward_trace: Some("Error detected in ScatterBackward. Traceback of forward call that caused the error:\n  File \"/w/train.py\", line 11, in <module>\n    out = model(idx)\n  File \"/h/capture-hook/sitecustomize.py\", line 192, in module_call\n  File \"/v/lib/python3.11/site-packages/torch/nn/modules/module.py\", line 1787, in _wrapped_call_impl\n  File \"/w/toy/model.py\", line 31, in forward\n    return Scatter.apply(self.weight, idx)\n".into()),
+        };
+        assert_eq!(fault.forward_line().as_deref(), Some("/w/toy/model.py:31"));
+    }
+}
