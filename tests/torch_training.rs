@@ -1,0 +1,180 @@
+//! Training-step shrinks end to end with a real torch on the CPU: a training script with no factories is
+//! shrunk by capturing its faulting step (a backward fault that only step 3 meets), a model named by
+//! factories is shrunk through its whole training step (backward and optimizer faults), and each ends in
+//! a `repro.py` that fails the same way alone, from a fresh directory. These tests need torch
+//! (`python3 -c "import torch"`); CI installs it. Without it they fail, saying so: they never pass unrun.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cudabisect")
+}
+
+fn require_torch() {
+    let ok = Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "these tests need a real torch: pip install torch (CI installs it)"
+    );
+}
+
+fn fixture(rel: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/torch/training")
+            .join(rel),
+    )
+    .unwrap()
+}
+
+/// A repository with the training fixture and `config` as its bisect.toml.
+fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut f = Files::new();
+    for p in ["toy/__init__.py", "toy/model.py", "train.py"] {
+        put(&mut f, p, fixture(p), false);
+    }
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    let c = b.commit(&[], &f, "training fixture").unwrap();
+    b.set_branch("main", c).unwrap();
+    b.checkout_main().unwrap();
+    (tmp, dir)
+}
+
+fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["shrink", "--message-format", "json", "-C"]).arg(dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let done = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "shrink_done")
+        .map(|v| v["data"]["report"].clone())
+        .unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        done,
+        stdout + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn kept(report: &Value) -> Vec<String> {
+    report["kept"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| n["id"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Copies the minimal repro into a fresh directory (away from the project) and runs it there.
+fn run_alone(report: &Value, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
+    let fresh = tempfile::tempdir().unwrap();
+    for f in ["repro.py", "repro_data.pt"] {
+        std::fs::copy(repro.parent().unwrap().join(f), fresh.path().join(f)).unwrap();
+    }
+    let mut cmd = Command::new("python3");
+    cmd.arg(fresh.path().join("repro.py"))
+        .current_dir(fresh.path())
+        .env_remove("PYTHONPATH");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\n\n[triage]\nenabled = false\n\n";
+
+#[test]
+fn a_training_script_without_factories_is_shrunk_by_capturing_its_faulting_step() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r["status"], "minimal", "{out}");
+    // The fault is in the embedding's own backward, met at step 3 of the script.
+    assert_eq!(r["captured"]["step"], 3, "{r}");
+    assert_eq!(r["captured"]["phase"], "backward", "{r}");
+    assert!(
+        r["captured"]["forward_trace"]
+            .as_str()
+            .is_some_and(|t| t.contains("toy/model.py")),
+        "{r}"
+    );
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+    assert!(text.contains("node=emb__backward"), "{text}");
+}
+
+#[test]
+fn a_model_from_factories_shrinks_through_its_training_step_to_the_faulting_backward_or_update() {
+    require_torch();
+    let config = format!(
+        "{BASE}[shrink]\nmodel = \"toy.model:build\"\ninputs = \"toy.model:example_inputs\"\noptimizer = \"toy.model:make_optimizer\"\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n"
+    );
+    let (_tmp, dir) = repo(&config);
+    // The example batch reaches row 7: the embedding's backward faults.
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert!(
+        r["graph"]
+            .as_str()
+            .is_some_and(|g| g.contains("training step")),
+        "{r}"
+    );
+    let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+
+    // The update faults: the shrink keeps the optimizer step alone, and repro.py carries the optimizer.
+    let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "optimizer")]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&r), ["optimizer_step"], "{out}");
+    let (exit, text) = run_alone(&r, &[("TOY_FAULT", "optimizer")]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("node=optimizer_step"), "{text}");
+    // Without the planted fault the same repro runs clean: it is the update that fails, nothing else.
+    let (exit, text) = run_alone(&r, &[("TOY_FAULT", "none")]);
+    assert_eq!(exit, Some(0), "{text}");
+}
+
+#[test]
+fn a_capture_of_a_script_that_never_fails_says_so() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\ncapture = true\ndevice = \"cpu\"\ntimeout = \"120s\"\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "none")]);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(r["status"], "failed", "{out}");
+    assert!(
+        r["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("recorded no failure")),
+        "{r}"
+    );
+}
