@@ -2297,6 +2297,24 @@ def child(req, fds, warm, inherited):
             os._exit(code if isinstance(code, int) else 1)
 
 
+def cuda_initialised():
+    """Why this process can no longer fork children that use CUDA, or None: torch initialised it, or the
+    driver was (a library that queried the device through it). Checked before every fork: a request can
+    make the server import or trace code that touches the device."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised in the server (torch)"
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4))
+    except OSError:
+        return None  # the driver library is not even loaded
+    ctx = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3:  # 3: CUDA_ERROR_NOT_INITIALIZED
+        return "CUDA was initialised in the server (the driver)"
+    return None
+
+
 def serve(a):
     """The warm server: listens first (the driver waits for that line), then builds the model, then forks
     a child per request. Ends when its stdin closes (the driver is gone) or on SIGTERM."""
@@ -2317,8 +2335,7 @@ def serve(a):
     try:
         warm = prepare(a)
         hash_triton_kernels()
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
+        if cuda_initialised():
             warm, why = None, "the model's factory initialised CUDA, which a forked child cannot use"
         elif not hasattr(os, "pidfd_open"):
             warm, why = None, "this Python has no os.pidfd_open"
@@ -2405,6 +2422,19 @@ def serve(a):
                     conn.close()
                     continue
                 preload(req, warm)
+                touched = cuda_initialised() if str(a.device).startswith("cuda") else None
+                if touched:
+                    # From now on every request runs cold, and says why.
+                    warm, why = None, f"{touched}: a forked child could not use it"
+                    say(f"harness: warm server cold from now on: {why}")
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        conn.sendall(f"cold {why}\n".encode())
+                    except OSError:
+                        pass
+                    conn.close()
+                    continue
                 pid = None
                 if spare is not None and device_env(req["env"]) == device_env(os.environ):
                     # The spare takes it: it started the device under the same settings.
