@@ -735,14 +735,16 @@ impl Config {
             match (&shrink.harness, &shrink.model) {
                 (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
                 (Some(_), None) if shrink.capture || shrink.step.is_some() => {
-                    return Err(err("capture and step use the PyTorch harness: leave harness out"))
+                    return Err(err(
+                        "capture and step use the PyTorch harness: leave harness out",
+                    ))
                 }
-                (None, Some(_)) if shrink.capture || shrink.step.is_some() => {
-                    if shrink.inputs.is_none() || shrink.capture {
-                        return Err(err(
-                            "capture takes the model from the repro command: leave model and inputs out",
-                        ));
-                    }
+                (None, Some(_))
+                    if shrink.capture || (shrink.step.is_some() && shrink.inputs.is_none()) =>
+                {
+                    return Err(err(
+                        "capture takes the model from the repro command: leave model and inputs out",
+                    ));
                 }
                 _ => {}
             }

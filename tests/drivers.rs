@@ -596,6 +596,9 @@ impl HarnessClient for FakeHarness {
                     producer: (i > 0).then(|| format!("n{}", i - 1)),
                 }],
                 outputs: vec![],
+                phase: None,
+                forward: None,
+                source: None,
             })
             .collect();
         Ok(Description {
@@ -901,6 +904,9 @@ fn node(id: &str) -> GraphNode {
         kernel: Some("k".into()),
         inputs: vec![],
         outputs: vec![],
+        phase: None,
+        forward: None,
+        source: None,
     }
 }
 

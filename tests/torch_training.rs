@@ -52,7 +52,8 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
 
 fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
     let mut cmd = Command::new(bin());
-    cmd.args(["shrink", "--message-format", "json", "-C"]).arg(dir);
+    cmd.args(["shrink", "--message-format", "json", "-C"])
+        .arg(dir);
     for (k, v) in env {
         cmd.env(k, v);
     }

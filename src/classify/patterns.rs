@@ -373,8 +373,10 @@ impl Context {
     fn fill(&self, s: &mut Signature, lines: &[&str]) {
         if let Some((node, kernel)) = self.open_nodes.last() {
             // The kernel the node launched last beats the node's own label (an op, a module).
-            let launched = crate::marker::launched_in_open_node(&lines.join("\n")).map(String::from);
-            s.kernel.get_or_insert_with(|| launched.unwrap_or_else(|| kernel.clone()));
+            let launched =
+                crate::marker::launched_in_open_node(&lines.join("\n")).map(String::from);
+            s.kernel
+                .get_or_insert_with(|| launched.unwrap_or_else(|| kernel.clone()));
             s.site.get_or_insert_with(|| format!("node {node}"));
         }
         if let Some(frame) = &self.user_frame {

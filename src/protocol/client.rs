@@ -152,7 +152,8 @@ impl ProcessHarness {
                 if shrink.trains() {
                     argv.push("--train".into());
                 }
-                for (flag, value) in [("--loss", &shrink.loss), ("--optimizer", &shrink.optimizer)] {
+                for (flag, value) in [("--loss", &shrink.loss), ("--optimizer", &shrink.optimizer)]
+                {
                     if let Some(v) = value {
                         argv.extend([flag.to_string(), v.clone()]);
                     }

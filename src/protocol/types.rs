@@ -24,6 +24,15 @@ pub struct GraphNode {
     /// Tensors written.
     #[serde(default)]
     pub outputs: Vec<GraphTensor>,
+    /// Where in a training step: forward, loss, backward or optimizer (harnesses that say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// For a backward node: the forward node it differentiates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward: Option<String>,
+    /// The user's line that made the node (for a backward node, its forward call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// A tensor as the harness describes it.
@@ -190,6 +199,9 @@ mod tests {
             kernel: None,
             inputs: vec![tensor("pos", None), tensor("known", Some(vec![7]))],
             outputs: vec![tensor("wpe", None)],
+            phase: None,
+            forward: None,
+            source: None,
         }];
         assert_eq!(
             with_recorded_shapes(nodes.clone(), dir.path())[0].inputs[0].shape_text(),

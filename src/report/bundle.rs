@@ -317,6 +317,39 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
             if let Some(g) = &s.graph {
                 let _ = writeln!(md, "\nGraph: {g}.");
             }
+            if let Some(c) = &s.captured {
+                let _ = writeln!(
+                    md,
+                    "\nCaptured from the training script: step {}, in the {} phase (model call {} of the step){}.",
+                    c.step,
+                    c.phase,
+                    c.call,
+                    c.kernel
+                        .as_deref()
+                        .map_or(String::new(), |k| format!(", Triton kernel `{k}` launched last"))
+                );
+                if let Some(line) = c.forward_line() {
+                    let _ = writeln!(
+                        md,
+                        "The failing backward node was created by the forward call at `{line}`."
+                    );
+                }
+            }
+            for n in s
+                .kept
+                .iter()
+                .filter(|n| n.phase.as_deref() == Some("backward"))
+            {
+                let _ = writeln!(
+                    md,
+                    "`{}` is the backward of `{}`{}.",
+                    n.id,
+                    n.forward.as_deref().unwrap_or("?"),
+                    n.source.as_deref().map_or(String::new(), |src| format!(
+                        ", whose forward call is at `{src}`"
+                    ))
+                );
+            }
             let kept: Vec<&str> = s.kept.iter().map(|n| n.id.as_str()).collect();
             let boundary: Vec<String> = s
                 .kept

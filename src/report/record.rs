@@ -343,6 +343,7 @@ impl CapturedFault {
         let trace = self.forward_trace.as_deref()?;
         trace
             .lines()
+            .rev()
             .filter_map(|l| l.trim().strip_prefix("File \""))
             .filter_map(|l| {
                 let (path, rest) = l.split_once('"')?;
@@ -352,7 +353,7 @@ impl CapturedFault {
                     || path.ends_with("sitecustomize.py"));
                 user.then(|| format!("{path}:{line}"))
             })
-            .last()
+            .next()
     }
 }
 

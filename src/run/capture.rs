@@ -133,7 +133,9 @@ pub fn capture(
                 .lines()
                 .rev()
                 .find(|l| !l.trim().is_empty())
-                .map_or("it printed nothing".into(), |l| format!("its last line: {}", l.trim())),
+                .map_or("it printed nothing".into(), |l| {
+                    format!("its last line: {}", l.trim())
+                }),
         )
     })?;
     // The first run's account is the one the report gives; the replay writes its own over it.
@@ -152,10 +154,7 @@ pub fn capture(
         if !dir.join(needed).is_file() {
             return Err(CaptureError::NotSaved {
                 step: fault.step,
-                why: format!(
-                    "no {needed}; see {}",
-                    dir.join("replay.log").display()
-                ),
+                why: format!("no {needed}; see {}", dir.join("replay.log").display()),
             });
         }
     }
