@@ -450,34 +450,67 @@ def announce_triton_launches():
     JITFunction.run = launch
 
 
+def markers(s):
+    """The begin and end marker lines of step `s`."""
+    op = s.op.replace(" ", "_")
+    return (MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"),
+            MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"))
+
+
 def run(steps, root, env, device, record=None, prepared=None):
-    """Runs `steps` in order on `env`; returns 0 clean, 1 when a step raised. A recording run also
-    records, through hooks, every call inside the modules kept whole (see `Recorder`)."""
+    """Runs `steps` in order on `env`, a marker and a synchronise around each; returns 0 clean, 1 when a
+    step raised (the finding), 2 when a recorded value is missing. A recording run also records, through
+    hooks, every call inside the modules kept whole (see `Recorder`). With training steps among them,
+    forward steps run on fresh leaves so that each backward step is its node's own (see `TrainRun`); a
+    kept backward step whose forward is not kept runs that forward first."""
     import torch
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     recorder = Recorder(root, steps, prepared.opaque if prepared else set(), record, sync) if record else None
+    tr = None
+    if any(s.kind in TRAINING_KINDS for s in steps):
+        tr = TrainRun(root, env, prepared.training, device, record, prepared.forward_steps, prepared.attr_targets)
+    current = [None]
+
+    def plain(s):
+        env[s.name] = call(s, root, env)
+
+    def marked(s, fn):
+        current[0] = s
+        forward = s.kind not in TRAINING_KINDS
+        begin, end = markers(s)
+        say(begin)
+        if recorder and forward:
+            recorder.enter(s.name)
+        fn(s)
+        sync()
+        if recorder and forward:
+            recorder.leave()
+        say(end)
+        if record and forward:
+            torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+
     try:
         for s in steps:
-            say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin"))
-            if recorder:
-                recorder.enter(s.name)
-            try:
-                env[s.name] = call(s, root, env)
-                sync()
-            except MissingValue as e:
-                # Not a finding: the recording ends where the recorded run died.
-                print(f"error: no recording of value {e} for node {s.name}", file=sys.stderr, flush=True)
-                return 2
-            except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
-                return node_failed(s.name)
-            if recorder:
-                recorder.leave()
-            say(MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end"))
-            if record:
-                torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+            if s.kind == "loss":
+                marked(s, tr.loss)
+            elif s.kind == "backward":
+                if s.target not in tr.graphs:
+                    marked(tr.forward[s.target], tr.forward_step)
+                marked(s, tr.backward_step)
+            elif s.kind == "optimizer":
+                marked(s, tr.optimizer_step)
+            else:
+                marked(s, tr.forward_step if tr else plain)
         say(f"harness: ok: {len(steps)} nodes on {device}")
         timing("ran")
         return 0
+    except MissingValue as e:
+        # Not a finding: the recording ends where the recorded run died.
+        name = current[0].name if current[0] else "?"
+        print(f"error: no recording of value {e} for node {name}", file=sys.stderr, flush=True)
+        return 2
+    except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
+        return node_failed(current[0].name if current[0] else "?")
     finally:
         if recorder:
             write_shapes(record, env, recorder.shapes)
@@ -510,8 +543,6 @@ class Training:
     loss_fn: object = None         # else: output -> scalar loss (default: the sum of every float output)
     optimizer: object = None       # a spec {"cls", "groups", "state"} or a factory model -> optimizer
     param_grads: object = None     # name -> the gradient the optimizer saw (captured; covers clipping)
-    phase: str = "forward"         # where the fault was when the step was captured
-    fault: dict = field(default_factory=dict)
 
 
 def grad_name(step_name):
@@ -523,11 +554,6 @@ def flat_tensors(v):
     import torch
     from torch.utils._pytree import tree_leaves
     return [x for x in tree_leaves(v) if isinstance(x, torch.Tensor)]
-
-
-def differentiable(x):
-    import torch
-    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
 
 
 def training_steps(steps, training):
@@ -586,163 +612,160 @@ def step_source(step, root):
         return None
 
 
+# The training step's arithmetic, shared with repro.py: these functions are copied into it as they are
+# (so each imports torch itself), and the harness runs the same code.
+
+
+def cut(v, name, leaves, clone=False):
+    """`v` with its differentiable tensors made fresh leaves (noted in `leaves` as (name, index, leaf)):
+    a backward stops at them. A step that works in place gets a copy, which a leaf cannot be."""
+    import torch
+    flat, spec = torch.utils._pytree.tree_flatten(v)
+    out, i = [], 0  # i: the tensor's position among the value's tensors, as gradients are indexed
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() or x.is_complex():
+                leaf = x.detach().requires_grad_(True)
+                leaves.append((name, i, leaf))
+                x = leaf.clone() if clone else leaf
+            i += 1
+        out.append(x)
+    return torch.utils._pytree.tree_unflatten(out, spec)
+
+
+def add_grads(store, name, grads):
+    """Accumulates gradients {tensor index: grad} of value `name` into `store`."""
+    slot = store.setdefault(name, {})
+    for i, g in grads.items():
+        if g is not None:
+            slot[i] = g if slot.get(i) is None else slot[i] + g
+
+
+def node_backward(leaves, params, out, grads):
+    """One node's own backward, given the gradients {index: grad} of its output's tensors: the gradients
+    of its leaves as [(name, index, grad)] and of its parameters as [grad]."""
+    import torch
+    tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    outs, gos = [], []
+    for i, x in enumerate(tensors):
+        if x.requires_grad and grads.get(i) is not None:
+            outs.append(x)
+            gos.append(grads[i])
+    targets = [leaf for _, _, leaf in leaves] + list(params)
+    if not outs or not targets:
+        return [], []
+    got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
+    return [(name, i, g) for (name, i, _), g in zip(leaves, got)], list(got[len(leaves):])
+
+
+def optimizer_from_spec(optimizer_class, spec, params):
+    """The optimizer over `params` (by name) with its recorded groups and state."""
+    groups = []
+    for g in spec["groups"]:
+        group = {k: v for k, v in g.items() if k != "params"}
+        group["params"] = [params[n] for n in g["params"] if n in params]
+        groups.append(group)
+    optimizer = optimizer_class(groups)
+    if spec.get("state"):
+        optimizer.load_state_dict(spec["state"])
+    return optimizer
+
+
 class TrainRun:
     """The state of one run of a training graph: each forward node's leaves and output, the gradients
     accumulated so far, the parameters' gradients."""
 
-    def __init__(self, root, env, training, device, record, forward_steps, kept_names):
+    def __init__(self, root, env, training, device, record, forward_steps, attr_targets):
         self.root, self.env, self.training, self.device, self.record = root, env, training, device, record
         self.forward = {s.name: s for s in forward_steps}
-        self.kept = set(kept_names)
+        self.attr_targets = attr_targets  # get_attr value -> the parameter's name
         self.graphs = {}          # forward step -> (leaves [(ref name, index, leaf)], params [(name, p)], out)
-        self.grads = {}           # value name -> [grad or None per tensor of the value]
+        self.grads = {}           # value name -> {tensor index: grad}
         self.contributed = set()  # values that got a live contribution in this run
         self.param_grads = {}     # parameter name -> accumulated gradient
 
-    def leaf_inputs(self, step):
-        """The step's args and kwargs with every differentiable tensor made from the graph a fresh leaf
-        (a copy of it when the step works in place, which a leaf cannot)."""
+    def forward_step(self, step):
+        """Runs a forward step on fresh leaves and keeps what its backward needs."""
         import torch
-        from torch.utils._pytree import tree_flatten, tree_unflatten
-        inplace = step_is_inplace(step, self.root)
-        leaves = []
-
-        def cut(ref_name, value):
-            flat, spec = tree_flatten(value)
-            new = []
-            for i, x in enumerate(flat):
-                if differentiable(x):
-                    leaf = x.detach().requires_grad_(True)
-                    leaves.append((ref_name, i, leaf))
-                    x = leaf.clone() if inplace else leaf
-                new.append(x)
-            return tree_unflatten(new, spec)
+        from torch.fx.node import map_aggregate
+        inplace, leaves = step_is_inplace(step, self.root), []
 
         def value(x):
             if not isinstance(x, Ref):
                 return x
             if x.name not in self.env:
                 raise MissingValue(x.name)
-            return cut(x.name, self.env[x.name])
+            return cut(self.env[x.name], x.name, leaves, inplace)
 
-        from torch.fx.node import map_aggregate
-        args, kwargs = map_aggregate(step.args, value), map_aggregate(step.kwargs, value)
+        cut_step = Step(step.name, step.op, step.kernel, map_aggregate(step.args, value),
+                        map_aggregate(step.kwargs, value), step.target, step.kind, step.via)
+        with torch.enable_grad():
+            out = call(cut_step, self.root, {})
         params = []
         if step.module is not None:
             params = [(f"{step.module}.{n}" if step.module else n, p)
                       for n, p in self.root.get_submodule(step.module).named_parameters() if p.requires_grad]
-        with torch.enable_grad():
-            if step.kind == "call_module":
-                out = self.root.get_submodule(step.target)(*args, **kwargs)
-            elif step.kind == "call_function":
-                out = step.target(*args, **kwargs)
-            elif step.kind == "call_method":
-                self_obj, *rest = args
-                out = getattr(self_obj, step.target)(*rest, **kwargs)
-            else:
-                out = call(Step(step.name, step.op, step.kernel, args, kwargs, step.target, step.kind, step.via),
-                           self.root, {})
         self.graphs[step.name] = (leaves, params, out)
-        return out
+        self.env[step.name] = out
 
-    def forward_step(self, step):
-        self.env[step.name] = self.leaf_inputs(step)
-        return self.env[step.name]
+    def give_grad(self, name, grads):
+        add_grads(self.grads, name, grads)
+        self.contributed.add(name)
 
     def loss(self, step):
         """The gradient of every model output: recorded from the user's loss, or from the loss function."""
         import torch
-        refs = list(refs_in(step.args))
         if self.training.out_grads is not None:
             grads = [to_device(g, self.device) for g in self.training.out_grads]
         else:
-            out = resolve(self.training.output, self.env)
-            flat = [x for x in flat_tensors(out)]
-            leaves = [x.detach().requires_grad_(True) if differentiable(x) else x for x in flat]
-            from torch.utils._pytree import tree_flatten, tree_unflatten
-            _, spec = tree_flatten(out)
-            it = iter(leaves)
-            rebuilt = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x
-                                      for x in tree_flatten(out)[0]], spec)
+            leaves = []
+            out = cut(resolve(self.training.output, self.env), "output", leaves)
             with torch.enable_grad():
-                value = (self.training.loss_fn(rebuilt) if self.training.loss_fn
-                         else sum(x.float().sum() for x in leaves if differentiable(x)))
-            wanted = [x for x in leaves if differentiable(x)]
-            got = iter(torch.autograd.grad(value, wanted, allow_unused=True)) if wanted else iter(())
-            grads = [next(got) if differentiable(x) else None for x in leaves]
-        # Hand each output value its share, in the order the outputs' tensors come.
+                value = (self.training.loss_fn(out) if self.training.loss_fn
+                         else sum(leaf.float().sum() for _, _, leaf in leaves))
+            got = torch.autograd.grad(value, [leaf for _, _, leaf in leaves], allow_unused=True) if leaves else ()
+            by_index = {i: g for (_, i, _), g in zip(leaves, got)}
+            grads = [by_index.get(i) for i in range(len(flat_tensors(out)))]
+        # Each output value gets its share, in the order the outputs' tensors come.
         at = 0
-        for r in refs:
-            if r.name not in self.env:
-                continue
-            n = len(flat_tensors(self.env[r.name]))
-            self.add_grad(r.name, list(range(n)), grads[at:at + n])
-            at += n
+        for r in refs_in(step.args):
+            if r.name in self.env:
+                n = len(flat_tensors(self.env[r.name]))
+                self.give_grad(r.name, dict(enumerate(grads[at:at + n])))
+                at += n
 
-    def add_grad(self, name, indices, grads):
-        slot = self.grads.setdefault(name, {})
-        for i, g in zip(indices, grads):
-            if g is None:
-                continue
-            slot[i] = g if slot.get(i) is None else slot[i] + g
-        self.contributed.add(name)
-
-    def output_grad(self, name):
-        """The gradient of a forward value: what this run's later nodes passed back, else the recording's
-        (loaded with the boundary values)."""
-        if name in self.contributed:
-            return self.grads.get(name, {})
-        return self.env.get(grad_name(name)) or {}
-
-    def backward_step(self, step, run_forward):
-        """The backward of forward node `step.target`: its own forward first when this run did not make it."""
+    def backward_step(self, step):
+        """The backward of forward node `step.target`, on what the later nodes passed back (else the
+        recording's, loaded with the boundary values)."""
         import torch
-        name = step.target
-        if name not in self.graphs:
-            run_forward(self.forward[name])
-        leaves, params, out = self.graphs[name]
-        grads = self.output_grad(name)
+        leaves, params, out = self.graphs[step.target]
+        grads = (self.grads.get(step.target, {}) if step.target in self.contributed
+                 else self.env.get(grad_name(step.target)) or {})
         if self.record:
             torch.save({i: g.detach().cpu() for i, g in grads.items()},
-                       os.path.join(self.record, f"{grad_name(name)}.pt"))
-        outs, gos = [], []
-        for i, x in enumerate(flat_tensors(out)):
-            if isinstance(x, torch.Tensor) and x.requires_grad and grads.get(i) is not None:
-                outs.append(x)
-                gos.append(grads[i])
-        targets = [leaf for _, _, leaf in leaves] + [p for _, p in params]
-        if not outs or not targets:
-            return None
-        got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
-        for (ref_name, i, _), g in zip(leaves, got[:len(leaves)]):
+                       os.path.join(self.record, f"{grad_name(step.target)}.pt"))
+        leaf_grads, param_grads = node_backward(leaves, [p for _, p in params], out, grads)
+        for name, i, g in leaf_grads:
             if g is None:
                 continue
-            if ref_name in self.attr_targets:
-                # A get_attr input is a parameter (or buffer) of the model: its gradient is the parameter's.
-                self.add_param_grad(self.attr_targets[ref_name], g)
+            if name in self.attr_targets:
+                # A get_attr input is a parameter of the model: its gradient is the parameter's.
+                add_grads(self.param_grads, self.attr_targets[name], {0: g})
             else:
-                self.add_grad(ref_name, [i], [g])
-        for (pname, _), g in zip(params, got[len(leaves):]):
-            if g is not None:
-                self.add_param_grad(pname, g)
-        return None
-
-    attr_targets = {}
-
-    def add_param_grad(self, name, g):
-        prev = self.param_grads.get(name)
-        self.param_grads[name] = g if prev is None else prev + g
+                self.give_grad(name, {i: g})
+        for (name, _), g in zip(params, param_grads):
+            add_grads(self.param_grads, name, {0: g})
 
     def optimizer_step(self, step):
-        """The parameters' update: the optimizer rebuilt with its recorded state, on the gradients it saw."""
+        """The parameters' update: the optimizer rebuilt with its recorded state, on the gradients it saw
+        (captured: clipping and accumulation included), else those this run's backward nodes made, else
+        the recording's."""
         import torch
         params = dict(self.root.named_parameters())
-        # The gradients the user's optimizer saw (captured: clipping and accumulation included), else
-        # those this run's backward nodes made, else the recording's.
         if self.training.param_grads is not None:
             grads = {k: to_device(v, self.device) for k, v in self.training.param_grads.items()}
         elif self.param_grads:
-            grads = self.param_grads
+            grads = {k: v[0] for k, v in self.param_grads.items()}
         else:
             grads = self.env.get(GRADS_VALUE) or {}
         if self.record:
@@ -750,9 +773,7 @@ class TrainRun:
         for name, p in params.items():
             g = grads.get(name)
             p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)
-        opt = build_optimizer(self.training.optimizer, self.root, self.device)
-        opt.step()
-        return None
+        build_optimizer(self.training.optimizer, self.root).step()
 
 
 def step_is_inplace(step, root):
@@ -766,81 +787,19 @@ def step_is_inplace(step, root):
                                                  and not name.endswith("__"))
 
 
-def build_optimizer(spec, root, device):
+def build_optimizer(spec, root):
     """The optimizer over the model's parameters (by name), with its recorded state: from a captured
     spec, or from the user's factory."""
     if not isinstance(spec, dict):
         return spec(root)
     module, _, cls_name = spec["cls"].rpartition(".")
-    cls = getattr(importlib.import_module(module), cls_name)
-    params = dict(root.named_parameters())
-    groups = []
-    for g in spec["groups"]:
-        group = {k: v for k, v in g.items() if k != "params"}
-        group["params"] = [params[n] for n in g["params"] if n in params]
-        groups.append(group)
-    opt = cls(groups)
-    if spec.get("state"):
-        opt.load_state_dict(spec["state"])
-    return opt
+    cls = importlib.import_module(module)
+    for part in cls_name.split("."):
+        cls = getattr(cls, part)
+    return optimizer_from_spec(cls, spec, dict(root.named_parameters()))
 
 
 TRAINING_KINDS = ("loss", "backward", "optimizer")
-
-
-def run_training(steps, root, env, device, record, prepared):
-    """Runs kept steps of a training graph in order, a marker and a synchronise around each; 0 clean, 1
-    when a step raised (the finding), 2 when a recorded value is missing."""
-    import torch
-    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
-    recorder = Recorder(root, prepared.forward_steps, prepared.opaque, record, sync) if record else None
-    tr = TrainRun(root, env, prepared.training, device, record, prepared.forward_steps, [s.name for s in steps])
-    tr.attr_targets = prepared.attr_targets
-    current = [None]
-
-    def marked(s, fn):
-        current[0] = s
-        op = s.op.replace(" ", "_")
-        say(MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"))
-        if recorder and s.kind not in TRAINING_KINDS:
-            recorder.enter(s.name)
-        out = fn(s)
-        sync()
-        if recorder and s.kind not in TRAINING_KINDS:
-            recorder.leave()
-        say(MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"))
-        if record and s.kind not in TRAINING_KINDS:
-            torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
-        return out
-
-    def forward(s):
-        return marked(s, tr.forward_step)
-
-    try:
-        for s in steps:
-            if s.kind == "loss":
-                marked(s, tr.loss)
-            elif s.kind == "backward":
-                if s.target not in tr.graphs:
-                    forward(tr.forward[s.target])
-                marked(s, lambda st: tr.backward_step(st, forward))
-            elif s.kind == "optimizer":
-                marked(s, tr.optimizer_step)
-            else:
-                forward(s)
-        say(f"harness: ok: {len(steps)} nodes of the training step on {device}")
-        timing("ran")
-        return 0
-    except MissingValue as e:
-        name = current[0].name if current[0] else "?"
-        print(f"error: no recording of value {e} for node {name}", file=sys.stderr, flush=True)
-        return 2
-    except Exception:  # noqa: BLE001 - the failure is the finding; the classifier reads the text
-        return node_failed(current[0].name if current[0] else "?")
-    finally:
-        if recorder:
-            write_shapes(record, env, recorder.shapes)
-            recorder.write()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1500,80 +1459,54 @@ def checked_ctor(m, torch):
     return ctor
 
 
-# The training step's helpers, written into repro.py when it keeps backward or optimizer nodes. The
-# text is indented like the template it goes into.
-TRAINING_HELPERS = textwrap.indent(textwrap.dedent('''\
-    # --- the training step: forward nodes on fresh leaves, each backward node alone, the update ---
-    LEAVES, GRAPHS, GRADS, CONTRIBUTED = [], {}, {}, set()
+# repro.py's training runtime when it keeps backward or optimizer nodes: the harness's own arithmetic
+# (cut, add_grads, node_backward, optimizer_from_spec: copied from their source, so repro.py computes
+# exactly what the harness did) and the state it keeps between nodes.
+TRAINING_GLUE = '''\
+LEAVES, GRAPHS, GRADS, CONTRIBUTED = [], {}, {}, set()
 
 
-    def cut(v, name, clone=False):
-        # The differentiable tensors of a value become fresh leaves: a backward stops at them.
-        flat, spec = torch.utils._pytree.tree_flatten(v)
-        out = []
-        for i, x in enumerate(flat):
-            if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
-                leaf = x.detach().requires_grad_(True)
-                LEAVES.append((name, i, leaf))
-                x = leaf.clone() if clone else leaf
-            out.append(x)
-        return torch.utils._pytree.tree_unflatten(out, spec)
+def forward_done(name, out, module):
+    params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+    GRAPHS[name] = (list(LEAVES), params, out)
+    LEAVES.clear()
 
 
-    def forward_done(name, out, module):
-        params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
-        GRAPHS[name] = (list(LEAVES), params, out)
-        LEAVES.clear()
+def give_grad(name, grads):
+    add_grads(GRADS, name, grads)
+    CONTRIBUTED.add(name)
 
 
-    def give_grad(name, grads):
-        slot = GRADS.setdefault(name, {})
-        for i, g in grads.items():
-            if g is not None:
-                slot[i] = g if slot.get(i) is None else slot[i] + g
-        CONTRIBUTED.add(name)
+def backward(name, recorded):
+    # Node `name`'s own backward, on the gradient the nodes after it passed back (else the recorded one).
+    leaves, params, out = GRAPHS[name]
+    grads = GRADS.get(name, {}) if name in CONTRIBUTED else {i: g.to(DEVICE) for i, g in (recorded or {}).items()}
+    leaf_grads, _ = node_backward(leaves, params, out, grads)
+    for producer, i, g in leaf_grads:
+        give_grad(producer, {i: g})
 
 
-    def backward(name, recorded):
-        # Node `name`'s own backward, on the gradient the nodes after it passed back (else the recorded one).
-        leaves, params, out = GRAPHS[name]
-        grads = GRADS.get(name, {}) if name in CONTRIBUTED else {i: g.to(DEVICE) for i, g in (recorded or {}).items()}
-        outs, gos = [], []
-        tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        for i, x in enumerate(tensors):
-            if x.requires_grad and grads.get(i) is not None:
-                outs.append(x)
-                gos.append(grads[i])
-        targets = [leaf for _, _, leaf in leaves] + params
-        if not outs or not targets:
-            return
-        got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
-        for (producer, i, _), g in zip(leaves, got):
-            give_grad(producer, {i: g})
+def update(optimizer_class, spec, params_state, grads):
+    # The optimizer rebuilt over the recorded parameters, with its recorded state, on the recorded grads.
+    params = {n: torch.nn.Parameter(t.to(DEVICE)) for n, t in params_state.items()}
+    for n, p in params.items():
+        g = grads.get(n)
+        p.grad = None if g is None else g.to(device=DEVICE, dtype=p.dtype)
+    optimizer_from_spec(optimizer_class, spec, params).step()
+'''
 
 
-    def update(optimizer_class, spec, params_state, grads):
-        # The optimizer rebuilt over the recorded parameters, with its recorded state, on the recorded grads.
-        params = {n: torch.nn.Parameter(t.to(DEVICE)) for n, t in params_state.items()}
-        for n, p in params.items():
-            g = grads.get(n)
-            p.grad = None if g is None else g.to(device=DEVICE, dtype=p.dtype)
-        groups = []
-        for g in spec["groups"]:
-            group = {k: v for k, v in g.items() if k != "params"}
-            group["params"] = [params[n] for n in g["params"] if n in params]
-            groups.append(group)
-        optimizer = optimizer_class(groups)
-        if spec.get("state"):
-            optimizer.load_state_dict(spec["state"])
-        optimizer.step()
-    '''), "        ").lstrip()
+def training_helpers():
+    """repro.py's training runtime, indented like the template it goes into."""
+    shared = [inspect.getsource(f) for f in (cut, add_grads, node_backward, optimizer_from_spec)]
+    text = "# --- the training step: forward nodes on fresh leaves, each backward node alone, the update ---\n"
+    text += "\n\n".join(shared + [TRAINING_GLUE])
+    return textwrap.indent(text, "        ").lstrip()
 
 
 def training_call(s, needs):
     """repro.py's lines for a loss, backward or optimizer node."""
-    begin = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin")
-    end = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end")
+    begin, end = markers(s)
     if s.kind == "loss":
         body = ("    for name, g in data['output_grads'].items():\n"
                 "        give_grad(name, {i: x.to(DEVICE) for i, x in g.items()})\n")
@@ -1598,7 +1531,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         fmt = None
         if s.name in differentiated:
             # Its inputs become fresh leaves, so its backward is its own alone.
-            fmt = "cut(env[{name!r}], {name!r}" + (", clone=True)" if s.inplace else ")")
+            fmt = "cut(env[{name!r}], {name!r}, LEAVES" + (", clone=True)" if s.inplace else ")")
         args = ", ".join([literal(a, fmt) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
                          + [f"{k}={literal(v, fmt)}" for k, v in s.kwargs.items()])
         if s.kind == "call_recorded":
@@ -1616,8 +1549,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             expr = f"{literal(s.args[0], fmt)}.{s.target}({args})"
         else:
             expr = f"{function_ref(s.target, needs)}({args})"
-        begin = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="begin")
-        end = MARKER.format(node=s.name, op=s.op.replace(" ", "_"), kernel=s.kernel, phase="end")
+        begin, end = markers(s)
         done = ""
         if s.name in differentiated:
             module = f"modules[{s.module!r}]" if s.module is not None else "None"
@@ -1693,7 +1625,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             return module
 
 
-        {TRAINING_HELPERS if any(s.kind in TRAINING_KINDS for s in kept) else ""}
+        {training_helpers() if any(s.kind in TRAINING_KINDS for s in kept) else ""}
         def main():
             data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)
             # Inputs of the kept nodes that cut nodes made: {sorted(boundary_names)}
@@ -1942,7 +1874,7 @@ def load_capture(d):
     except TypeError:
         example = tuple(batch["args"])
     training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
-                        param_grads=load("param_grads.pt"), phase=meta.get("phase") or "forward", fault=meta)
+                        param_grads=load("param_grads.pt"))
     return model, example, training, meta
 
 
@@ -1963,7 +1895,7 @@ def prepare(a):
             example = (example,)
         if a.train or a.optimizer or a.loss:
             training = Training(loss_fn=load_attr(a.loss) if a.loss else None,
-                                optimizer=load_attr(a.optimizer) if a.optimizer else None, phase="backward")
+                                optimizer=load_attr(a.optimizer) if a.optimizer else None)
         model = model.train() if training else model.eval()
     steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, tuple(example))
     forward_steps = steps
@@ -2023,7 +1955,7 @@ def execute(a, w):
         env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
         timing("boundary values on the device")
         if a.verb == "extract":
-            source = a.capture and "a captured training step" or a.model
+            source = "a captured training step" if a.capture else a.model
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
             try:
                 written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
@@ -2045,8 +1977,6 @@ def execute(a, w):
         timing("modules on the device")
         if a.record:
             os.makedirs(a.record, exist_ok=True)
-        if training:
-            return run_training(kept, w.root, env, a.device, a.record, w)
         return run(kept, w.root, env, a.device, a.record, w)
 
 
