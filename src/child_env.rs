@@ -62,6 +62,19 @@ pub struct ChildContext<'a> {
     pub slot: Option<&'a WorkerSlot>,
 }
 
+impl<'a> ChildContext<'a> {
+    /// A shrink-phase child (the harness, a capture of the repro) in `worktree` at `commit`.
+    pub fn shrink(worktree: &'a Path, commit: &'a str) -> Self {
+        Self {
+            worktree,
+            commit,
+            phase: ChildPhase::Shrink,
+            attempt: 1,
+            slot: None,
+        }
+    }
+}
+
 /// One parallel probe worker: its number and the devices pinned to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerSlot {

@@ -57,25 +57,6 @@ impl<'a> Marker<'a> {
     }
 }
 
-/// The markers still open when the output ends, outermost first: a harness that descends into a module
-/// nests the markers of the calls inside it within the module's own. An `end` closes its node and anything
-/// opened inside it; an `end` of a node that is not open is ignored.
-pub fn open_markers(output: &str) -> Vec<Marker<'_>> {
-    let mut open: Vec<Marker<'_>> = Vec::new();
-    for line in output.lines() {
-        match Marker::parse(line) {
-            Some(m) if m.phase == MarkerPhase::Begin => open.push(m),
-            Some(m) => {
-                if let Some(i) = open.iter().rposition(|o| o.node == m.node) {
-                    open.truncate(i);
-                }
-            }
-            None => {}
-        }
-    }
-    open
-}
-
 /// What a harness prints inside a node before each kernel launch it can name (the PyTorch harness: every
 /// Triton launch): `@@cudabisect launch kernel=<name>`.
 pub const LAUNCH_PREFIX: &str = "@@cudabisect launch kernel=";
@@ -90,10 +71,11 @@ pub fn parse_launch(line: &str) -> Option<&str> {
     (!name.is_empty() && !name.contains(char::is_whitespace)).then_some(name)
 }
 
-/// The kernel launched last inside the node the run died in (launches are synchronous under
-/// `CUDA_LAUNCH_BLOCKING=1`, so that is the kernel that faulted), when the harness named one.
-pub fn launched_in_open_node(output: &str) -> Option<&str> {
-    let mut open: Vec<(&str, Option<&str>)> = Vec::new();
+/// The nodes still open when the output ends, outermost first, each with the kernel it launched last
+/// (when the harness named its launches). Markers nest when a harness descends into a module: an `end`
+/// closes its node and anything opened inside it; an `end` of a node that is not open is ignored.
+fn open_nodes(output: &str) -> Vec<(Marker<'_>, Option<&str>)> {
+    let mut open: Vec<(Marker<'_>, Option<&str>)> = Vec::new();
     for line in output.lines() {
         if let Some(k) = parse_launch(line) {
             if let Some(last) = open.last_mut() {
@@ -102,16 +84,27 @@ pub fn launched_in_open_node(output: &str) -> Option<&str> {
             continue;
         }
         match Marker::parse(line) {
-            Some(m) if m.phase == MarkerPhase::Begin => open.push((m.node, None)),
+            Some(m) if m.phase == MarkerPhase::Begin => open.push((m, None)),
             Some(m) => {
-                if let Some(i) = open.iter().rposition(|(n, _)| *n == m.node) {
+                if let Some(i) = open.iter().rposition(|(o, _)| o.node == m.node) {
                     open.truncate(i);
                 }
             }
             None => {}
         }
     }
-    open.last().and_then(|(_, k)| *k)
+    open
+}
+
+/// The markers still open when the output ends, outermost first (see [`open_nodes`]).
+pub fn open_markers(output: &str) -> Vec<Marker<'_>> {
+    open_nodes(output).into_iter().map(|(m, _)| m).collect()
+}
+
+/// The kernel launched last inside the node the run died in (launches are synchronous under
+/// `CUDA_LAUNCH_BLOCKING=1`, so that is the kernel that faulted), when the harness named one.
+pub fn launched_in_open_node(output: &str) -> Option<&str> {
+    open_nodes(output).pop().and_then(|(_, k)| k)
 }
 
 /// The harness's own failure line, when it printed one.

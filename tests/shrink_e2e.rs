@@ -2,15 +2,14 @@
 //! exactly the nodes they need, a candidate failing another way is rejected, and `start` shrinks at the
 //! first bad commit and checks the minimal subgraph at its parent.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cudabisect")
-}
+use support::{bin, kept, shrink};
 
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(
@@ -48,35 +47,6 @@ fn repo_with(
     (tmp, dir)
 }
 
-fn shrink(dir: &Path) -> (i32, Value, String) {
-    let out = Command::new(bin())
-        .args(["shrink", "--message-format", "json", "-C"])
-        .arg(dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let done = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["data"]["report"].clone())
-        .unwrap_or(Value::Null);
-    (
-        out.status.code().unwrap_or(-1),
-        done,
-        stdout + &String::from_utf8_lossy(&out.stderr),
-    )
-}
-
-fn kept(report: &Value) -> Vec<String> {
-    report["kept"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[test]
 fn each_fixture_shrinks_to_exactly_the_nodes_it_needs() {
     for (file, want, nodes) in [
@@ -93,7 +63,7 @@ fn each_fixture_shrinks_to_exactly_the_nodes_it_needs() {
             "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 3",
             &[],
         );
-        let (code, r, out) = shrink(&dir);
+        let (code, r, out) = shrink(&dir, &[]);
         assert_eq!(code, 0, "{file}: {out}");
         assert_eq!(kept(&r), want, "{file}");
         assert_eq!(r["nodes_before"], nodes, "{file}");
@@ -142,7 +112,7 @@ fn a_candidate_that_fails_another_way_is_rejected() {
         "harness = [\"./harness.sh\"]\nconfirm = 2",
         &[("harness.sh", &wrapper, true)],
     );
-    let (code, r, out) = shrink(&dir);
+    let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), vec!["b1_mm", "b2_lookup"]);
     let rejected = r["rejected"].as_array().unwrap();
@@ -160,7 +130,7 @@ fn a_model_that_does_not_fault_is_reported_not_shrunk() {
         "model = \"model.toml\"\nbackend = \"cpu\"",
         &[],
     );
-    let (code, r, out) = shrink(&dir);
+    let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 3, "{out}");
     assert_eq!(r["status"], "not_reproduced");
     assert!(
@@ -177,7 +147,7 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
         "model = \"model.toml\"\nharness = [\"x\"]",
         &[],
     );
-    let (code, _, out) = shrink(&dir);
+    let (code, _, out) = shrink(&dir, &[]);
     assert_eq!(code, 2);
     assert!(
         out.contains("[shrink] give either harness or model, not both"),
@@ -188,7 +158,7 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
         "model = \"model.toml\"\nbackend = \"tpu\"",
         &[],
     );
-    let (code, _, out) = shrink(&dir);
+    let (code, _, out) = shrink(&dir, &[]);
     assert_eq!(code, 2);
     assert!(
         out.contains("unknown variant `tpu`, expected one of `cuda`, `cpu`, `auto`"),
@@ -285,7 +255,7 @@ fn a_description_of_thousands_of_nodes_goes_through_whole() {
         "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 1\ncheck-parent = false",
         &[],
     );
-    let (code, report, out) = shrink(&dir);
+    let (code, report, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(report["nodes_before"], 6001, "{out}");
     assert_eq!(kept(&report), ["lookup"]);
@@ -327,7 +297,7 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
         &shrink_cfg,
         &[("own_harness.sh", &own_harness(&description), true)],
     );
-    let (code, report, out) = shrink(&dir);
+    let (code, report, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&report), ["b2_lookup"]);
 
@@ -337,7 +307,7 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
         &shrink_cfg,
         &[("own_harness.sh", &own_harness(&old), true)],
     );
-    let (code, report, out) = shrink(&dir);
+    let (code, report, out) = shrink(&dir, &[]);
     assert_eq!(code, 70, "{out}");
     assert!(
         report["summary"]

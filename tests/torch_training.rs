@@ -4,15 +4,14 @@
 //! a `repro.py` that fails the same way alone, from a fresh directory. These tests need torch
 //! (`python3 -c "import torch"`); CI installs it. Without it they fail, saying so: they never pass unrun.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cudabisect")
-}
+use support::{kept, shrink};
 
 fn require_torch() {
     let ok = Command::new("python3")
@@ -48,39 +47,6 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
     b.set_branch("main", c).unwrap();
     b.checkout_main().unwrap();
     (tmp, dir)
-}
-
-fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
-    let mut cmd = Command::new(bin());
-    cmd.args(["shrink", "--message-format", "json", "-C"])
-        .arg(dir);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let done = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["data"]["report"].clone())
-        .unwrap_or(Value::Null);
-    (
-        out.status.code().unwrap_or(-1),
-        done,
-        stdout + &String::from_utf8_lossy(&out.stderr),
-    )
-}
-
-fn kept(report: &Value) -> Vec<String> {
-    report["kept"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|n| n["id"].as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Copies the minimal repro into a fresh directory (away from the project) and runs it there.

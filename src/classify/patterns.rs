@@ -319,7 +319,8 @@ struct Context {
     exception: Option<String>,
     panic: Option<String>,
     last_line: Option<String>,
-    /// The nodes whose begin marker has no end yet, outermost first.
+    /// The nodes whose begin marker has no end yet, outermost first, with the kernel each names: the
+    /// one it launched last when the harness said, else its marker's.
     open_nodes: Vec<(String, String)>,
 }
 
@@ -345,6 +346,11 @@ impl Context {
                 if ctx.exception.is_none() && !c["name"].ends_with("Warning") {
                     ctx.exception = Some(clip(trimmed));
                     ctx.exception_type = Some(c["name"].to_string());
+                }
+            } else if let Some(kernel) = crate::marker::parse_launch(trimmed) {
+                // The kernel a node launched last beats the node's own label (an op, a module).
+                if let Some(open) = ctx.open_nodes.last_mut() {
+                    open.1 = kernel.to_string();
                 }
             } else if let Some(m) = Marker::parse(trimmed) {
                 // Markers nest when a harness descends into a module: an end closes its own node and
@@ -372,11 +378,7 @@ impl Context {
 
     fn fill(&self, s: &mut Signature, lines: &[&str]) {
         if let Some((node, kernel)) = self.open_nodes.last() {
-            // The kernel the node launched last beats the node's own label (an op, a module).
-            let launched =
-                crate::marker::launched_in_open_node(&lines.join("\n")).map(String::from);
-            s.kernel
-                .get_or_insert_with(|| launched.unwrap_or_else(|| kernel.clone()));
+            s.kernel.get_or_insert_with(|| kernel.clone());
             s.site.get_or_insert_with(|| format!("node {node}"));
         }
         if let Some(frame) = &self.user_frame {
@@ -759,5 +761,11 @@ mod tests {
         let s = classify(Exit::Code(1), nested);
         assert_eq!(s.kernel.as_deref(), Some("embedding"));
         assert_eq!(s.site.as_deref(), Some("node blk__emb"));
+        // The kernel the open node launched last names the fault, not the node's label; a launch in a
+        // node that ended does not.
+        let launched = "@@cudabisect node=a op=x kernel=x begin\n@@cudabisect launch kernel=early\n@@cudabisect node=a op=x kernel=x end\n@@cudabisect node=hash_embed_default op=hash_embed kernel=hash_embed.default begin\n@@cudabisect launch kernel=_hash_embed_kernel\nRuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n";
+        let s = classify(Exit::Code(1), launched);
+        assert_eq!(s.kernel.as_deref(), Some("_hash_embed_kernel"));
+        assert_eq!(s.site.as_deref(), Some("node hash_embed_default"));
     }
 }

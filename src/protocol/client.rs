@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::backend::BackendChoice;
-use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::classify::Exit;
 use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::process::{self, ProcessError, RunOutput};
@@ -178,13 +178,7 @@ impl ProcessHarness {
                 )
             }
         };
-        let ctx = ChildContext {
-            worktree: cwd,
-            commit,
-            phase: ChildPhase::Shrink,
-            attempt: 1,
-            slot: None,
-        };
+        let ctx = ChildContext::shrink(cwd, commit);
         let mut env = shrink.env.clone();
         if let Some(rank) = fault_rank {
             env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());

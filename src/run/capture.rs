@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::process;
 use crate::protocol::torch::install_capture_hook;
@@ -106,13 +106,7 @@ pub fn capture(
         for (k, v) in extra {
             env.insert((*k).into(), v.clone());
         }
-        let ctx = ChildContext {
-            worktree: cwd,
-            commit,
-            phase: ChildPhase::Shrink,
-            attempt: 1,
-            slot: None,
-        };
+        let ctx = ChildContext::shrink(cwd, commit);
         let spec = command_spec(
             config,
             ChildCommand {

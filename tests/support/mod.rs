@@ -1,0 +1,45 @@
+//! Helpers shared by the test binaries that run `cudabisect shrink` through the real binary.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cudabisect")
+}
+
+/// Runs `cudabisect shrink` in `dir` (with `env` added) and returns its exit status, the report of its
+/// `shrink_done` event (null when there was none) and everything it printed.
+pub fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["shrink", "--message-format", "json", "-C"])
+        .arg(dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let done = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "shrink_done")
+        .map(|v| v["data"]["report"].clone())
+        .unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        done,
+        stdout + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The ids of a shrink report's kept nodes.
+pub fn kept(report: &Value) -> Vec<String> {
+    report["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap().to_string())
+        .collect()
+}
