@@ -2167,3 +2167,35 @@ fn a_flaky_search_with_several_workers_runs_its_rounds_and_verification_on_all_o
         "{log}"
     );
 }
+
+#[test]
+fn without_a_minimal_repro_the_bundle_reproduces_with_the_projects_own_repro_at_the_culprit() {
+    let repo = faulting_from(12, 7);
+    let before = snapshot(&repo.path);
+    let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
+    let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
+    assert!(
+        md.contains("No minimal repro: no shrink was configured"),
+        "{md}"
+    );
+    // reproduce.sh, run from elsewhere against the project: it builds and runs the culprit in a fresh
+    // clone, and the fault shows; the user's checkout is as it was.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(bundle.join("reproduce.sh"))
+        .arg(&repo.path)
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(42), "{text}");
+    assert!(text.contains("illegal memory access"), "{text}");
+    assert!(
+        text.contains(&repo.commits[7].to_string()),
+        "it checks out the culprit: {text}"
+    );
+    assert_eq!(snapshot(&repo.path), before, "the user's checkout changed");
+}

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::classify::Signature;
+use crate::config::{BuildSection, CommandLine, ReproSection};
 use crate::git::CommitInfo;
 use crate::protocol::types::GraphTensor;
 
@@ -52,6 +53,18 @@ pub struct BundleInput<'a> {
     pub backend: Option<String>,
     /// Copy the cudabisect binary into `bin/` (native-harness repros on machines without it).
     pub include_binary: bool,
+    /// The project's own build and repro: what `reproduce.sh` runs at the commit when there is no
+    /// minimal repro.
+    pub full_repro: Option<FullRepro<'a>>,
+}
+
+/// The project's own build and repro commands, with their environments.
+#[derive(Clone, Copy)]
+pub struct FullRepro<'a> {
+    /// `[build]`, when there is one.
+    pub build: Option<&'a BuildSection>,
+    /// `[repro]`.
+    pub repro: &'a ReproSection,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
@@ -124,7 +137,13 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
             });
         }
     }
-    let md = render(input, env, reproduce.as_deref());
+    let mut full = None;
+    if let (None, Some(f), Some(c)) = (&reproduce, input.full_repro, &input.commit) {
+        // No minimal repro: the hand-off still runs, with the project's own repro at the commit.
+        write_script(&dir, &full_repro_script(&c.commit, f))?;
+        full = Some(c.commit.clone());
+    }
+    let md = render(input, env, reproduce.as_deref(), full.as_deref());
     std::fs::write(dir.join("REPORT.md"), md).map_err(io(&dir))?;
     Ok(dir)
 }
@@ -174,12 +193,99 @@ exec "$bin" harness run "$here/minimal/model.toml" --backend "${{CUDABISECT_BACK
     Ok(format!("CUDA_LAUNCH_BLOCKING=1 cudabisect harness run minimal/model.toml --backend {backend}   # or: ./reproduce.sh"))
 }
 
+/// A command as one shell line: an argv array quoted word by word, a shell line as written.
+fn shell_line(command: &CommandLine) -> String {
+    match command {
+        CommandLine::Argv(v) => v
+            .iter()
+            .map(|a| {
+                shlex::try_quote(a)
+                    .map(|q| q.into_owned())
+                    .unwrap_or_else(|_| format!("'{}'", a.replace('\0', "").replace('\'', r"'\''")))
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        CommandLine::Shell(s) => s.clone(),
+    }
+}
+
+/// `export K=V` lines for an environment.
+fn exports(env: &std::collections::BTreeMap<String, String>) -> String {
+    env.iter()
+        .map(|(k, v)| {
+            let v = shlex::try_quote(v).map_or_else(|_| "''".into(), |q| q.into_owned());
+            format!("export {k}={v}\n")
+        })
+        .collect()
+}
+
+/// `reproduce.sh` when there is no minimal repro: the project's own build and repro at `commit`, in a
+/// fresh clone of the repository (the argument, else the one around the current directory), with the
+/// environment the probes had.
+fn full_repro_script(commit: &str, full: FullRepro) -> String {
+    let build = full.build.map_or(String::new(), |b| {
+        format!(
+            "echo \"reproduce.sh: building\" >&2\n(\n{}{}\n)\n",
+            exports(&b.env),
+            shell_line(&b.command)
+        )
+    });
+    let blocking = if full.repro.launch_blocking { 1 } else { 0 };
+    format!(
+        r#"#!/bin/sh
+# Reproduces the fault with the project's own repro at the first bad commit {commit}: no smaller repro
+# could be made (REPORT.md says why). Usage: ./reproduce.sh [REPOSITORY]
+# REPOSITORY: a clone or URL of the project (default: the git repository around the current directory).
+# The checkout is made in a fresh directory, which is kept and printed; your own checkout is not touched.
+# Exit status non-zero and the CUDA error mean the fault reproduced.
+set -eu
+repo=${{1:-$(git rev-parse --show-toplevel)}}
+work=$(mktemp -d "${{TMPDIR:-/tmp}}/cudabisect-repro.XXXXXX")
+echo "reproduce.sh: checking out {commit} in $work/src" >&2
+git clone --quiet --no-checkout "$repo" "$work/src"
+cd "$work/src"
+git checkout --quiet --detach {commit}
+git submodule update --init --recursive --quiet 2>/dev/null || true
+{build}export CUDA_LAUNCH_BLOCKING={blocking}
+{env}echo "reproduce.sh: running the repro" >&2
+exec {repro}
+"#,
+        env = exports(&full.repro.env),
+        repro = match &full.repro.command {
+            CommandLine::Shell(s) => format!(
+                "sh -c {}",
+                shlex::try_quote(s).map_or_else(|_| "''".into(), |q| q.into_owned())
+            ),
+            argv => shell_line(argv),
+        }
+    )
+}
+
 /// Writes `reproduce.sh`, executable.
 fn write_script(dir: &Path, script: &str) -> Result<(), BundleError> {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join("reproduce.sh");
     std::fs::write(&path, script).map_err(io(&path))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io(&path))
+}
+
+/// Why a shrink left no minimal repro, in a maintainer's words.
+fn no_minimal_reason(s: &ShrinkReport) -> String {
+    use super::record::ShrinkStatus;
+    let captured = s.captured.as_ref().map_or(String::new(), |c| {
+        format!(
+            " (the fault was captured at step {} of the training script, in the {} phase)",
+            c.step, c.phase
+        )
+    });
+    match s.status {
+        ShrinkStatus::NotReproduced => format!(
+            "the shrink harness did not reproduce the fault{captured}: {}",
+            s.summary
+        ),
+        ShrinkStatus::Interrupted => "the shrink was interrupted".to_string(),
+        _ => format!("the shrink stopped{captured}: {}", s.summary),
+    }
 }
 
 /// A PyTorch repro that had to pickle the user's own module classes says so in its docstring.
@@ -200,7 +306,12 @@ fn dir_has_repro_py(input: &BundleInput) -> bool {
 }
 
 /// REPORT.md: ready to paste into an issue.
-pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -> String {
+pub fn render(
+    input: &BundleInput,
+    env: &Environment,
+    reproduce: Option<&str>,
+    full_repro: Option<&str>,
+) -> String {
     let mut md = String::new();
     let title = match (&input.target, &input.commit) {
         (Some(t), Some(c)) => format!("{} since {}", t.short(), short_sha(&c.commit)),
@@ -419,12 +530,34 @@ pub fn render(input: &BundleInput, env: &Environment, reproduce: Option<&str>) -
                 .unwrap_or_default();
             let _ = writeln!(md, "The harness could not write a standalone model{why}; from the repository at the first bad commit:\n\n```\n{line}\n```\n");
         }
-        (None, None) => {
+        (None, None) if full_repro.is_none() => {
             let _ = writeln!(md, "No minimal repro was made; the repro command is in `bisect.toml`, the failing run's log in `logs/`.\n");
         }
+        (None, _) => {}
+    }
+    if let Some(commit) = full_repro {
+        let why = match input.shrink {
+            None => "no shrink was configured (`[shrink]` in `bisect.toml`)".to_string(),
+            Some(s) => match &s.extract_error {
+                Some(e) if s.minimal_model.is_none() && !s.kept.is_empty() => {
+                    format!("the minimal subgraph was found, but no standalone repro could be written: {e}")
+                }
+                _ => no_minimal_reason(s),
+            },
+        };
+        let _ = writeln!(
+            md,
+            "No minimal repro: {why}.\n\n`reproduce.sh` runs the project's own repro at the first bad commit instead: it clones the repository (its argument, default the one around the current directory) into a fresh directory, checks out `{commit}`, builds it as the bisection did and runs the repro command of `bisect.toml` with the same environment (`CUDA_LAUNCH_BLOCKING=1`):\n\n```\n./reproduce.sh /path/to/the/project\n```\n"
+        );
     }
     let _ = writeln!(md, "## Environment\n\n{}", env.markdown());
     let _ = writeln!(md, "\n## Files\n\n- `report.json`: the whole run, machine-readable\n- `bisect.toml`: the config used\n- `logs/`: probe, shrink and sanitizer logs\n- `environment.json`: the environment above");
+    if full_repro.is_some() {
+        let _ = writeln!(
+            md,
+            "- `reproduce.sh`: the project's own repro at the first bad commit, in a fresh clone"
+        );
+    }
     if reproduce.is_some() {
         if dir_has_repro_py(input) {
             let _ = writeln!(md, "- `minimal/repro.py`, `minimal/repro_data.pt`: the standalone PyTorch repro, and its saved tensors and module state dicts (loads with `weights_only=True`: opening it runs no code)\n- `reproduce.sh`: runs it");

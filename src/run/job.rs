@@ -498,6 +498,7 @@ fn write_bundle(
         extra_files: triage_files,
         backend,
         include_binary: plan.config.bundle.include_binary,
+        full_repro: Some(crate::report::bundle::FullRepro { build: plan.config.build.as_ref(), repro: &plan.config.repro }),
     };
     write_bundle_with_env(&input, reporter, cancel)
 }

@@ -171,6 +171,10 @@ pub fn shrink_job(
                     .to_string(),
             ),
             include_binary: config.bundle.include_binary,
+            full_repro: Some(crate::report::bundle::FullRepro {
+                build: config.build.as_ref(),
+                repro: &config.repro,
+            }),
         };
         write_bundle_reporting(&input, reporter, cancel);
     }

@@ -46,6 +46,7 @@ pub fn triage_job(
         }
         (Err(e), _) => return Err(e),
     };
+    let own_repro = command.is_none() && config.triage.command.is_none();
     let command = command.unwrap_or_else(|| {
         config
             .triage
@@ -128,6 +129,11 @@ pub fn triage_job(
             extra_files: result.files.iter().map(PathBuf::from).collect(),
             backend: None,
             include_binary: false,
+            // The project's own repro, unless another command was triaged.
+            full_repro: own_repro.then_some(crate::report::bundle::FullRepro {
+                build: config.build.as_ref(),
+                repro: &config.repro,
+            }),
         };
         write_bundle_reporting(&input, reporter, cancel);
     }
