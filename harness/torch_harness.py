@@ -45,6 +45,7 @@ import ast
 import builtins
 import collections
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -1144,6 +1145,8 @@ class Needs:
     notes: list = field(default_factory=list)        # what the repro needs beyond torch and triton
     missing: list = field(default_factory=list)      # what could not be carried, for the extract error
     optimizer_ref: str = "None"                      # how repro.py names the optimizer's class
+    requires: list = field(default_factory=list)     # what must be installed: torch, triton, packages
+    project: list = field(default_factory=list)      # the project's own modules the copied code imports
 
 
 def op_path(fn):
@@ -1284,8 +1287,62 @@ def user_source(fns, missing=None):
             # The caller names it differently (`kernel = triton.jit(store_kernel)`): keep that name too.
             code += f"\n\n{alias} = {target.__name__}\n"
         out.append(code)
+        imports.update(body_imports(code, getattr(target, "__module__", None)))
         queue.extend(globals_used(target, imports))
     return sorted(imports), out
+
+
+def body_imports(code, module):
+    """The imports a copied definition makes inside its body (`from mylib.ops import fused` in a
+    forward), as import lines for the top of repro.py: what they need is then said there, and a missing
+    one fails at once. A relative import names the definition's own package, absolutely."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    package = (module or "").rpartition(".")[0]
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            lines.update(f"import {a.name}" + (f" as {a.asname}" if a.asname else "") for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join(p for p in parts + ([node.module] if node.module else []) if p)
+            if base and base != "__future__":
+                names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+                lines.add(f"from {base} import {names}")
+    return lines
+
+
+def import_top(line):
+    """The top-level module an import line loads, or None for a constant line."""
+    words = line.split()
+    if len(words) >= 2 and words[0] in ("import", "from"):
+        return words[1].split(".")[0]
+    return None
+
+
+def requirement(top):
+    """What running repro.py asks of the machine for module `top`: None (torch, triton, the standard
+    library), "project" (the project under test: a module of the worktree the harness runs in) or
+    "package" (something else that must be installed)."""
+    if top in ("torch", "triton", "__future__") or top in getattr(sys, "stdlib_module_names", ()):
+        return None
+    mod = sys.modules.get(top)
+    path = getattr(mod, "__file__", None)
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        path = getattr(spec, "origin", None)
+    here = os.path.realpath(os.getcwd()) + os.sep
+    if path and os.path.realpath(path).startswith(here):
+        return "project"
+    return "package"
 
 
 def globals_used(target, imports):
@@ -1332,8 +1389,9 @@ def named_globals(names, globs, imports):
             continue
         g = globs[name]
         if inspect.ismodule(g):
-            if g.__name__.split(".")[0] in ("torch", "triton", "math", "numpy"):
-                imports.add(f"import {g.__name__} as {name}" if g.__name__ != name else f"import {name}")
+            # Any module the copied code reads: torch and the standard library as they are, others (the
+            # project's own modules, packages) declared at the top of repro.py as what it needs.
+            imports.add(f"import {g.__name__} as {name}" if g.__name__ != name else f"import {name}")
             continue
         if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
             mod = getattr(g, "__module__", "") or ""
@@ -1578,17 +1636,30 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         needs.imports.add("import collections")
     pickled = [s.name for s in modules if s.ctor is None]
     triton = any("triton" in i for i in needs.imports)
+    tops = sorted({t for t in map(import_top, needs.imports) if t})
+    packages = [t for t in tops if requirement(t) == "package"]
+    project = [t for t in tops if requirement(t) == "project"]
+    needs.project = project
+    needs.requires = ["torch"] + (["triton"] if triton else []) + packages
+    if packages:
+        needs.notes.append(f"these installed packages: {', '.join(packages)}")
+    if project:
+        needs.notes.append(f"the project under test at the culprit commit on PYTHONPATH (the copied code imports "
+                           f"{', '.join(project)}); reproduce.sh checks it out")
     notes = "".join(f"\n        Needs: {n}." for n in needs.notes)
+    base = "torch and triton" if triton else "torch"
+    needs_text = f"{base}, and what follows" if packages or project else f"only {base}"
     head = textwrap.dedent(f'''\
         #!/usr/bin/env python3
         """{title}
 
-        Generated by cudabisect. Needs only torch{" and triton" if triton else ""}.{notes}
+        Generated by cudabisect. Needs {needs_text}.{notes}
         Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it reproduced)
         The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;
         it loads with weights_only=True (no code runs when it is opened).
         """
         from __future__ import annotations
+        # cudabisect-needs-project: {", ".join(project)}
         ''')
     plain = sorted(i for i in needs.imports if i.startswith(("import ", "from ")))
     consts = sorted(i for i in needs.imports if not i.startswith(("import ", "from ")))
@@ -1782,8 +1853,8 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None):
     path = os.path.join(out_dir, "repro.py")
     with open(path, "w") as f:
         f.write(text)
-    return {"repro": path, "nodes": [s.name for s in kept], "standalone": not pickled,
-            "pickled_modules": sorted(pickled)}
+    return {"repro": path, "nodes": [s.name for s in kept], "standalone": not pickled and not needs.project,
+            "pickled_modules": sorted(pickled), "requires": needs.requires, "project": needs.project}
 
 
 # ----------------------------------------------------------------------------------------------------

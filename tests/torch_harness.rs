@@ -136,7 +136,7 @@ fn python_tests(file: &str, count: usize) {
 /// The harness's code generation, torch-free.
 #[test]
 fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loading() {
-    python_tests("test_codegen.py", 11);
+    python_tests("test_codegen.py", 12);
 }
 
 /// The harness's warm start, torch-free: a real server and real clients with stand-ins for building the

@@ -145,3 +145,82 @@ fn a_capture_of_a_script_that_never_fails_says_so() {
         "{r}"
     );
 }
+
+/// The training fixture at one commit of a history: `limit` is where the embedding's backward starts to
+/// fault (in `toy/limits.py`, which the backward imports inside its body, as library code often does).
+fn files_with_limit(limit: u32, config: &str) -> Files {
+    let mut f = Files::new();
+    let model = fixture("toy/model.py").replace(
+        "        if int(idx.max()) >= 3 and",
+        "        from toy import limits\n\n        if int(idx.max()) >= limits.LIMIT and",
+    );
+    assert!(model.contains("limits.LIMIT"));
+    put(&mut f, "toy/__init__.py", "", false);
+    put(&mut f, "toy/model.py", model, false);
+    put(&mut f, "toy/limits.py", format!("LIMIT = {limit}\n"), false);
+    put(&mut f, "train.py", fixture("train.py"), false);
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    f
+}
+
+#[test]
+fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the_culprits_code() {
+    require_torch();
+    let config = format!("{BASE}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let mut commits = vec![];
+    for (i, limit) in [99, 99, 99, 3, 3, 3].into_iter().enumerate() {
+        let parents: Vec<_> = commits.last().copied().into_iter().collect();
+        commits.push(
+            b.commit(
+                &parents,
+                &files_with_limit(limit, &config),
+                &format!("commit {i}"),
+            )
+            .unwrap(),
+        );
+    }
+    b.set_branch("main", *commits.last().unwrap()).unwrap();
+    b.checkout_main().unwrap();
+    let report = tmp.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", commits[0]), "-C"])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    assert_eq!(kept(&r["shrink"]), ["emb__backward"], "{text}");
+    assert_eq!(r["shrink"]["captured"]["phase"], "backward");
+    // The copied backward imports the project: repro.py says so, and reproduce.sh checks the culprit
+    // out and puts it on PYTHONPATH; run from elsewhere, it reproduces.
+    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    let repro = std::fs::read_to_string(bundle.join("minimal/repro.py")).unwrap();
+    assert!(repro.contains("# cudabisect-needs-project: toy"), "{repro}");
+    let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
+    assert!(
+        md.contains("Captured from the training script: step 3, in the backward phase"),
+        "{md}"
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = Command::new(bundle.join("reproduce.sh"))
+        .arg(&dir)
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let out =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{out}");
+    assert!(out.contains("an illegal memory access"), "{out}");
+    assert!(out.contains("node=emb__backward"), "{out}");
+}

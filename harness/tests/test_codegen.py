@@ -115,6 +115,34 @@ def test_repro_has_markers_calls_and_the_models_own_kernels():
     assert "import h" not in text and "spec_from_file_location" not in text, text
 
 
+def test_imports_inside_copied_code_are_carried_and_what_they_need_is_said():
+    import tempfile
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
+        pkg = os.path.join(tmp, "projmod_cb")
+        os.makedirs(pkg)
+        with open(os.path.join(pkg, "__init__.py"), "w") as f:
+            f.write("")
+        with open(os.path.join(pkg, "ops.py"), "w") as f:
+            f.write("def fused(x):\n    return x\n")
+        with open(os.path.join(pkg, "model.py"), "w") as f:
+            f.write("import json as js\n\n\ndef forward(x):\n"
+                    "    from projmod_cb.ops import fused\n    from . import ops\n"
+                    "    return ops.fused(fused(x)), js.dumps(1)\n")
+        sys.path.insert(0, tmp)
+        try:
+            model = importlib.import_module("projmod_cb.model")
+            steps = [h.Step("f", "forward", "forward", (R("x", None),), {}, model.forward, "call_function")]
+            text = h.render_repro(steps, ["x"], [], "t")
+            for want in ["from projmod_cb.ops import fused", "from projmod_cb import ops", "import json as js",
+                         "# cudabisect-needs-project: projmod_cb", "the project under test at the culprit commit"]:
+                assert want in text, (want, text)
+            assert h.requirement("json") is None and h.requirement("projmod_cb") == "project"
+        finally:
+            sys.path.remove(tmp)
+            for name in [m for m in sys.modules if m.startswith("projmod_cb")]:
+                del sys.modules[name]
+
+
 def test_modules_of_the_users_own_classes_are_pickled_and_flagged():
     steps = [h.Step("blk", "Block", "Block", (R("x", None),), {}, "blk", "call_module")]
     text = h.render_repro(steps, ["x"], [h.ModuleSpec("blk", None)], "t")

@@ -56,6 +56,11 @@ pub enum ProtocolError {
 /// What the shrink driver needs from a harness. The process-backed client implements it; tests drive the
 /// shrink with scripted fakes.
 pub trait HarnessClient: Sync {
+    /// The directory the harness runs in (the probe worktree): paths in its runs' signatures are made
+    /// relative to it, as the bisection's are. `None`: the paths are left as printed.
+    fn cwd(&self) -> Option<&Path> {
+        None
+    }
     /// `describe`: the graph, checked.
     fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError>;
     /// `describe --recording`: the graph as the recorded run saw it, descended into the modules the plain
@@ -315,6 +320,10 @@ impl ProcessHarness {
 }
 
 impl HarnessClient for ProcessHarness {
+    fn cwd(&self) -> Option<&Path> {
+        Some(&self.cwd)
+    }
+
     fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
         self.describe_with(&[], cancel)
     }

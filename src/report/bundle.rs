@@ -127,7 +127,10 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         if let Some(src) = minimal.parent().filter(|p| p.is_dir()) {
             copy_dir(src, &dir.join("minimal")).map_err(io(&dir))?;
             reproduce = Some(if minimal.extension().is_some_and(|e| e == "py") {
-                write_python_script(&dir)?
+                let project = needs_project(&minimal)
+                    .zip(input.commit.as_ref())
+                    .map(|(modules, c)| (modules, c.commit.as_str()));
+                write_python_script(&dir, project)?
             } else {
                 write_native_script(
                     &dir,
@@ -148,9 +151,12 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
     Ok(dir)
 }
 
-/// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`, torch being the only requirement.
-fn write_python_script(dir: &Path) -> Result<String, BundleError> {
-    let script = r#"#!/bin/sh
+/// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`. When the repro's copied code imports
+/// the project under test (`project`: its modules and the culprit commit), the script checks the
+/// project out at that commit in a fresh directory and puts it on `PYTHONPATH` first.
+fn write_python_script(dir: &Path, project: Option<(String, &str)>) -> Result<String, BundleError> {
+    let Some((modules, commit)) = project else {
+        let script = r#"#!/bin/sh
 # Reproduces the fault from this bundle alone: minimal/repro.py with its saved tensors (repro_data.pt).
 # Needs only torch (and triton when the repro's own kernels use it). Set PYTHON to pick the interpreter.
 # Exit status 1 and the CUDA error mean the fault reproduced.
@@ -158,8 +164,52 @@ here=$(cd "$(dirname "$0")" && pwd)
 export CUDA_LAUNCH_BLOCKING=1
 exec "${PYTHON:-python3}" "$here/minimal/repro.py"
 "#;
-    write_script(dir, script)?;
-    Ok("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py   # or: ./reproduce.sh".into())
+        write_script(dir, script)?;
+        return Ok("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py   # or: ./reproduce.sh".into());
+    };
+    let script = format!(
+        r#"#!/bin/sh
+# Reproduces the fault from this bundle: minimal/repro.py with its saved tensors (repro_data.pt), and the
+# project under test at the first bad commit {commit} (the repro's copied code imports {modules}).
+# Usage: ./reproduce.sh [REPOSITORY]   Set PYTHON to pick the interpreter.
+# Exit status 1 and the CUDA error mean the fault reproduced.
+here=$(cd "$(dirname "$0")" && pwd)
+{clone}export PYTHONPATH="$work/src${{PYTHONPATH:+:$PYTHONPATH}}"
+export CUDA_LAUNCH_BLOCKING=1
+exec "${{PYTHON:-python3}}" "$here/minimal/repro.py"
+"#,
+        clone = clone_at(commit)
+    );
+    write_script(dir, &script)?;
+    Ok(format!(
+        "./reproduce.sh /path/to/the/project   # repro.py needs the project at {} on PYTHONPATH",
+        short_sha(commit)
+    ))
+}
+
+/// The project modules a repro.py says it imports (its `# cudabisect-needs-project:` line), if any.
+fn needs_project(repro: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(repro).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("# cudabisect-needs-project:"))
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(String::from)
+}
+
+/// Shell lines that clone the repository (the script's argument, else the one around the current
+/// directory) into a fresh directory `$work/src` and check out `commit` there, submodules included.
+fn clone_at(commit: &str) -> String {
+    format!(
+        r#"set -eu
+repo=${{1:-$(git rev-parse --show-toplevel)}}
+work=$(mktemp -d "${{TMPDIR:-/tmp}}/cudabisect-repro.XXXXXX")
+echo "reproduce.sh: checking out {commit} in $work/src" >&2
+git clone --quiet --no-checkout "$repo" "$work/src"
+git -C "$work/src" checkout --quiet --detach {commit}
+git -C "$work/src" submodule update --init --recursive --quiet 2>/dev/null || true
+"#
+    )
 }
 
 /// `reproduce.sh` for a native-harness minimal model; with `include_binary`, the binary that found it
@@ -238,19 +288,13 @@ fn full_repro_script(commit: &str, full: FullRepro) -> String {
 # REPOSITORY: a clone or URL of the project (default: the git repository around the current directory).
 # The checkout is made in a fresh directory, which is kept and printed; your own checkout is not touched.
 # Exit status non-zero and the CUDA error mean the fault reproduced.
-set -eu
-repo=${{1:-$(git rev-parse --show-toplevel)}}
-work=$(mktemp -d "${{TMPDIR:-/tmp}}/cudabisect-repro.XXXXXX")
-echo "reproduce.sh: checking out {commit} in $work/src" >&2
-git clone --quiet --no-checkout "$repo" "$work/src"
-cd "$work/src"
-git checkout --quiet --detach {commit}
-git submodule update --init --recursive --quiet 2>/dev/null || true
+{clone}cd "$work/src"
 {build}export CUDA_LAUNCH_BLOCKING={blocking}
 {env}echo "reproduce.sh: running the repro" >&2
 exec {repro}
 "#,
         env = exports(&full.repro.env),
+        clone = clone_at(commit),
         repro = match &full.repro.command {
             CommandLine::Shell(s) => format!(
                 "sh -c {}",
@@ -516,12 +560,24 @@ pub fn render(
                 "From this directory:\n\n```\n{line}\n```\n\nNot standalone: `repro.py` unpickles the model's own module classes from `minimal/repro_modules.pt` (a full pickle: opening it runs code, so open it only from a source you trust), and their package must be importable (see the top of `repro.py`). Everything else (`minimal/repro_data.pt`) loads with `weights_only=True`.\n"
             );
         }
-        (Some(line), _) => {
-            let _ = writeln!(
-                md,
-                "From this directory, with nothing else:\n\n```\n{line}\n```\n"
-            );
-        }
+        (Some(line), _) => match input
+            .shrink
+            .and_then(|s| s.minimal_model.as_deref())
+            .and_then(|m| needs_project(Path::new(m)))
+        {
+            Some(modules) => {
+                let _ = writeln!(
+                    md,
+                    "From this directory, with a clone of the project (its own code is not copied into the bundle: `repro.py` imports {modules}); the script checks the first bad commit out in a fresh directory and puts it on `PYTHONPATH`:\n\n```\n{line}\n```\n"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "From this directory, with nothing else:\n\n```\n{line}\n```\n"
+                );
+            }
+        },
         (None, Some(line)) => {
             let why = input
                 .shrink

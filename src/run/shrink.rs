@@ -89,7 +89,7 @@ impl Oracle<'_> {
             self.log_dir.join(format!("run-{:04}.log", self.runs)),
             &run.output,
         );
-        let sig = classify(run.exit, &run.output);
+        let sig = judged(self.harness, run);
         if self.policy.matches(&self.target, &sig, &run.output) {
             return true;
         }
@@ -149,6 +149,16 @@ impl Oracle<'_> {
         }
         reproduced
     }
+}
+
+/// The signature of one harness run, its paths relative to the harness's directory like the
+/// bisection's, so the located fault, the candidates and the target all read the same place the same way.
+fn judged(harness: &dyn HarnessClient, run: &RunOutput) -> Signature {
+    let mut sig = classify(run.exit, &run.output);
+    if let Some(root) = harness.cwd() {
+        sig.relativize(root);
+    }
+    sig
 }
 
 fn ids(nodes: &[GraphNode], picks: &[usize]) -> Vec<String> {
@@ -249,7 +259,7 @@ fn locate(
                     .trim()
             )));
         }
-        let sig = classify(run.exit, &run.output);
+        let sig = judged(harness, &run);
         let same = match &settings.target {
             Some(t) => same_bug_across_stages(settings.policy, t, &sig, &run.output),
             None => {
@@ -345,7 +355,7 @@ fn descend(
     if cancel.load(Ordering::SeqCst) {
         return Err(Stop::Interrupted);
     }
-    let sig = classify(run.exit, &run.output);
+    let sig = judged(harness, &run);
     let same = settings.policy.matches(target, &sig, &run.output)
         && open_nodes(&run.output).last().map(String::as_str) == Some(inner);
     if !same {
@@ -524,7 +534,7 @@ pub fn check_parent(
     match harness.run(&request, cancel) {
         Err(e) => ParentCheck::NotRun(e.to_string()),
         Ok(run) => {
-            let sig = classify(run.exit, &run.output);
+            let sig = judged(harness, &run);
             if policy.matches(target, &sig, &run.output) {
                 ParentCheck::Reproduced
             } else if sig.class == FaultClass::None {
@@ -533,5 +543,51 @@ pub fn check_parent(
                 ParentCheck::FailedDifferently(sig.short())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(kernel: Option<&str>, launch: Option<&str>) -> Signature {
+        let mut s = Signature::new(FaultClass::InvalidAddressSpace, "x");
+        s.kernel = kernel.map(String::from);
+        s.launch = launch.map(String::from);
+        s.exception = Some("RuntimeError".into());
+        s
+    }
+
+    #[test]
+    fn a_node_label_is_not_another_kernel_but_a_launched_kernel_is() {
+        let p = MatchPolicy::ClassAndKernel;
+        let target = sig(
+            Some("_hash_embed_kernel"),
+            Some("tinyllm/kernels.py:hash_embed"),
+        );
+        // The node named only itself (no launch line): its label is set aside, and so is a launch site
+        // in the harness's own file.
+        let labelled = "@@cudabisect node=hash_embed_default op=hash_embed kernel=hash_embed.default begin\nRuntimeError\n";
+        let harness = sig(
+            Some("hash_embed.default"),
+            Some("/run/torch_harness.py:call"),
+        );
+        assert!(same_bug_across_stages(&p, &target, &harness, labelled));
+        // The node launched the target's kernel: the same bug, by name.
+        let launched = "@@cudabisect node=n op=o kernel=o begin\n@@cudabisect launch kernel=_hash_embed_kernel\nRuntimeError\n";
+        let mut named = harness.clone();
+        named.kernel = Some("_hash_embed_kernel".into());
+        assert!(same_bug_across_stages(&p, &target, &named, launched));
+        // It launched another kernel: another bug, whatever the rest says.
+        let other = "@@cudabisect node=n op=o kernel=o begin\n@@cudabisect launch kernel=_bias_gelu\nRuntimeError\n";
+        let mut wrong = harness.clone();
+        wrong.kernel = Some("_bias_gelu".into());
+        assert!(!same_bug_across_stages(&p, &target, &wrong, other));
+        // Another class or another user launch site is another bug even behind a label.
+        let mut class = harness.clone();
+        class.class = FaultClass::IllegalAddress;
+        assert!(!same_bug_across_stages(&p, &target, &class, labelled));
+        let elsewhere = sig(Some("hash_embed.default"), Some("tinyllm/other.py:f"));
+        assert!(!same_bug_across_stages(&p, &target, &elsewhere, labelled));
     }
 }
