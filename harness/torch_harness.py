@@ -672,6 +672,76 @@ def optimizer_from_spec(optimizer_class, spec, params):
     return optimizer
 
 
+# Data reduction: a recorded value larger than a limit can stand as a spec of its shape, dtype and
+# range, and be generated again (the exact minimum and maximum put back where they were: an index that
+# reaches past a buffer stays). The shrink checks the fault still shows that way before repro.py ships
+# specs instead of data. `generated_spec` and `regenerate` are copied into repro.py as they are.
+
+
+def generated_spec(t):
+    """A tensor as its shape, dtype, range and where its extremes are."""
+    import torch
+    flat = t.detach().reshape(-1)
+    spec = {"__generated__": True, "shape": [int(d) for d in t.shape], "dtype": str(t.dtype).replace("torch.", "")}
+    if flat.numel():
+        values = flat.to(torch.int8) if t.dtype == torch.bool else flat
+        spec.update(min=values.min().item(), max=values.max().item(), argmin=int(values.argmin()),
+                    argmax=int(values.argmax()))
+    return spec
+
+
+def regenerate(v, device):
+    """`v` with every generated spec in it made a tensor again (seeded: the same values every time)."""
+    import torch
+    if isinstance(v, dict) and v.get("__generated__"):
+        dtype, shape = getattr(torch, v["dtype"]), v["shape"]
+        gen = torch.Generator(device=device).manual_seed(0)
+        lo, hi = v.get("min", 0), v.get("max", 0)
+        if dtype == torch.bool:
+            t = torch.randint(0, 2, shape, generator=gen, device=device).to(torch.bool)
+        elif dtype.is_floating_point:
+            t = torch.empty(shape, dtype=dtype, device=device).uniform_(lo, hi, generator=gen)
+        else:
+            top = hi + 1 if hi < torch.iinfo(dtype).max else hi
+            t = torch.randint(lo, max(top, lo + 1), shape, dtype=dtype, device=device, generator=gen)
+        if "argmin" in v:
+            flat = t.view(-1)
+            flat[v["argmin"]] = lo
+            flat[v["argmax"]] = hi
+        return t
+    if isinstance(v, dict):
+        return {k: regenerate(x, device) for k, x in v.items()}
+    if isinstance(v, list):
+        return [regenerate(x, device) for x in v]
+    if isinstance(v, tuple) and not hasattr(v, "_fields"):
+        return tuple(regenerate(x, device) for x in v)
+    return v
+
+
+def with_generated(v, over):
+    """`v` with every tensor of more than `over` bytes (finite, real) replaced by its spec."""
+    import torch
+    if isinstance(v, torch.Tensor):
+        big = v.numel() * v.element_size() > over and not v.is_complex()
+        finite = not v.is_floating_point() or bool(torch.isfinite(v).all())
+        return generated_spec(v) if big and finite else v
+    if isinstance(v, dict):
+        return {k: with_generated(x, over) for k, x in v.items()}
+    if isinstance(v, list):
+        return [with_generated(x, over) for x in v]
+    if isinstance(v, tuple) and not hasattr(v, "_fields"):
+        return tuple(with_generated(x, over) for x in v)
+    return v
+
+
+def count_generated(v):
+    if isinstance(v, dict):
+        return 1 if v.get("__generated__") else sum(count_generated(x) for x in v.values())
+    if isinstance(v, (list, tuple)):
+        return sum(count_generated(x) for x in v)
+    return 0
+
+
 class TrainRun:
     """The state of one run of a training graph: each forward node's leaves and output, the gradients
     accumulated so far, the parameters' gradients."""
@@ -1147,6 +1217,7 @@ class Needs:
     optimizer_ref: str = "None"                      # how repro.py names the optimizer's class
     requires: list = field(default_factory=list)     # what must be installed: torch, triton, packages
     project: list = field(default_factory=list)      # the project's own modules the copied code imports
+    generated: int = 0                               # recorded values repro.py generates instead of loading
 
 
 def op_path(fn):
@@ -1554,6 +1625,13 @@ def update(optimizer_class, spec, params_state, grads):
 '''
 
 
+def generation_helpers():
+    """repro.py's generator of the values it does not ship, indented like the template."""
+    text = "# --- values generated from their recorded shape, dtype and range ---\n"
+    text += "\n\n".join(inspect.getsource(f) for f in (regenerate,)) + "\n\n"
+    return textwrap.indent(text, "        ").lstrip()
+
+
 def training_helpers():
     """repro.py's training runtime, indented like the template it goes into."""
     shared = [inspect.getsource(f) for f in (cut, add_grads, node_backward, optimizer_from_spec)]
@@ -1647,6 +1725,12 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         needs.notes.append(f"the project under test at the culprit commit on PYTHONPATH (the copied code imports "
                            f"{', '.join(project)}); reproduce.sh checks it out")
     notes = "".join(f"\n        Needs: {n}." for n in needs.notes)
+    if needs.generated:
+        values_text = (f"{needs.generated} large recorded values are generated from their recorded shape, dtype\n"
+                       "        and range (extremes in place: the fault was checked to show that way); the rest of\n"
+                       "        repro_data.pt is exact;")
+    else:
+        values_text = "The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;"
     base = "torch and triton" if triton else "torch"
     needs_text = f"{base}, and what follows" if packages or project else f"only {base}"
     head = textwrap.dedent(f'''\
@@ -1655,7 +1739,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
 
         Generated by cudabisect. Needs {needs_text}.{notes}
         Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it reproduced)
-        The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;
+        {values_text}
         it loads with weights_only=True (no code runs when it is opened).
         """
         from __future__ import annotations
@@ -1697,8 +1781,10 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
 
 
         {training_helpers() if any(s.kind in TRAINING_KINDS for s in kept) else ""}
+        {generation_helpers() if needs.generated else ""}
         def main():
             data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)
+            {"data = regenerate(data, DEVICE)" if needs.generated else ""}
             # Inputs of the kept nodes that cut nodes made: {sorted(boundary_names)}
             env = to_device(data["values"])
 
@@ -1804,7 +1890,7 @@ def training_data(kept, w, env, recording, needs):
     return data
 
 
-def extract(kept, root, env, out_dir, title, device, w=None, recording=None):
+def extract(kept, root, env, out_dir, title, device, w=None, recording=None, generate_over=None):
     """Writes repro.py, repro_data.pt (safe to open) and, only for the model's own module classes,
     repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer. With `w` (a
     training graph) it also writes the backward and update nodes it keeps."""
@@ -1838,10 +1924,17 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None):
                   f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable.")
         print(f"harness: repro.py needs the model's package for {', '.join(foreign)}", file=sys.stderr)
     names = sorted(env)
-    text = render_repro(kept, names, specs, title, device, needs)
-    os.makedirs(out_dir, exist_ok=True)
     data = {"values": {k: to_device(env[k], "cpu") for k in names}, "states": states, "training": training}
     data.update(extra)
+    generated = 0
+    if generate_over is not None:
+        for key in ("values", "grads", "output_grads", "param_grads"):
+            if key in data:
+                data[key] = with_generated(data[key], generate_over)
+        generated = count_generated(data)
+    needs.generated = generated
+    text = render_repro(kept, names, specs, title, device, needs)
+    os.makedirs(out_dir, exist_ok=True)
     data_path = os.path.join(out_dir, "repro_data.pt")
     torch.save(data, data_path)
     try:
@@ -1854,7 +1947,8 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None):
     with open(path, "w") as f:
         f.write(text)
     return {"repro": path, "nodes": [s.name for s in kept], "standalone": not pickled and not needs.project,
-            "pickled_modules": sorted(pickled), "requires": needs.requires, "project": needs.project}
+            "pickled_modules": sorted(pickled), "requires": needs.requires, "project": needs.project,
+            "generated": generated, "bytes": os.path.getsize(data_path)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1902,10 +1996,14 @@ def parse_args(argv):
     r.add_argument("--keep")
     r.add_argument("--recording", help="the recording boundary inputs come from")
     r.add_argument("--record")
+    r.add_argument("--generate-over", type=int, help="recorded values over this many bytes are generated "
+                                                     "from their shape, dtype and range instead")
     x = sub.add_parser("extract")
     x.add_argument("--keep", required=True)
     x.add_argument("--recording")
     x.add_argument("--out", required=True)
+    x.add_argument("--generate-over", type=int, help="repro.py generates the values over this many bytes "
+                                                     "from their shape, dtype and range instead of shipping them")
     s = sub.add_parser("serve")
     s.add_argument("--socket", required=True, help="the Unix socket to listen on")
     a = p.parse_args(argv)
@@ -2024,13 +2122,16 @@ def execute(a, w):
     training = any(s.kind in TRAINING_KINDS for s in kept)
     with torch.no_grad():
         env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
+        over = getattr(a, "generate_over", None)
+        if over is not None and a.verb == "run":
+            env = {k: regenerate(with_generated(v, over), a.device) for k, v in env.items()}
         timing("boundary values on the device")
         if a.verb == "extract":
             source = "a captured training step" if a.capture else a.model
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
             try:
                 written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
-                                  getattr(a, "recording", None))
+                                  getattr(a, "recording", None), over)
             except ExtractError as e:
                 print(f"error: extract: {e}", file=sys.stderr, flush=True)
                 return 2

@@ -224,3 +224,22 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
     assert!(out.contains("an illegal memory access"), "{out}");
     assert!(out.contains("node=emb__backward"), "{out}");
 }
+
+#[test]
+fn large_recorded_values_are_generated_when_the_fault_still_shows_with_them() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\nmodel = \"toy.model:build_small\"\ninputs = \"toy.model:big_inputs\"\ntrain = true\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    let data = &r["data"];
+    assert_eq!(data["generated"], true, "{r}");
+    assert!(data["exact_bytes"].as_u64().unwrap() > 8 << 20, "{data}");
+    assert!(data["bytes"].as_u64().unwrap() < 1 << 20, "{data}");
+    // The repro generates the indices (the one past row 2 in its place) and the gradient, and still faults.
+    let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+}

@@ -2,7 +2,11 @@
 
 use std::path::Path;
 
+use cudabisect::report::human::human_bytes;
 use cudabisect::report::pack::pack as pack_bundle;
+
+/// Above this an archive may not attach to an issue.
+const ATTACHMENT_LIMIT: u64 = 25_000_000;
 
 use super::common::print_stdout;
 use super::error::{CommandError, CommandResult, ErrorKind};
@@ -18,11 +22,14 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> CommandResu
         };
         CommandError::new(kind, e)
     })?;
-    let size = if packed.bytes >= 1 << 20 {
-        format!("{:.1} MiB", packed.bytes as f64 / f64::from(1u32 << 20))
-    } else {
-        format!("{:.1} KiB", packed.bytes as f64 / 1024.0)
-    };
+    let size = human_bytes(packed.bytes);
+    if packed.bytes > ATTACHMENT_LIMIT {
+        // Issue trackers refuse large attachments (GitHub: 25 MB for a file).
+        eprintln!(
+            "warning: {} is {size}, over the 25 MB an issue attachment may be: share it another way, or look at what in it is large (minimal/repro_data.pt holds the recorded values)",
+            packed.path.display()
+        );
+    }
     print_stdout(&format!(
         "{} ({size}, {} files{})\n",
         packed.path.display(),

@@ -82,6 +82,23 @@ pub trait HarnessClient: Sync {
         out: &Path,
         cancel: &AtomicBool,
     ) -> Result<(), ProtocolError>;
+    /// `extract --generate-over BYTES`: like `extract`, with the recorded values over `over` bytes
+    /// written as their shape, dtype and range for repro.py to generate. `Ok(false)`: this harness does
+    /// not generate values.
+    fn extract_generated(
+        &self,
+        _keep: &[String],
+        _recording: &Path,
+        _out: &Path,
+        _over: u64,
+        _cancel: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        Ok(false)
+    }
+    /// Whether `run` and `extract` take `--generate-over` (the shipped PyTorch harness does).
+    fn generates_values(&self) -> bool {
+        false
+    }
     /// The line a maintainer runs to reproduce the kept nodes.
     fn reproduce_line(
         &self,
@@ -100,10 +117,14 @@ pub struct RunRequest<'a> {
     pub recording: Option<&'a Path>,
     /// Record every node's output here.
     pub record: Option<&'a Path>,
+    /// Generate the recorded values over this many bytes from their shape, dtype and range.
+    pub generate_over: Option<u64>,
 }
 
 /// A harness run as a child process, speaking the protocol on its command line.
 pub struct ProcessHarness {
+    /// The shipped PyTorch harness (it generates values: `--generate-over`).
+    torch: bool,
     prefix: CommandLine,
     /// The native harness's backend, for the reproduce line.
     native: Option<BackendChoice>,
@@ -209,6 +230,7 @@ impl ProcessHarness {
             _ => None,
         };
         Ok(Self {
+            torch: shipped,
             prefix,
             native,
             cwd: cwd.to_path_buf(),
@@ -218,6 +240,31 @@ impl ProcessHarness {
             scratch: run_dir.to_path_buf(),
             warm,
         })
+    }
+
+    fn extract_with(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        extra: &[String],
+        cancel: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        let mut args = vec![
+            "extract".into(),
+            "--keep".into(),
+            keep.join(","),
+            "--recording".into(),
+            recording.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        args.extend_from_slice(extra);
+        let run = self.exec(&args, cancel)?;
+        match run.exit {
+            Exit::Code(0) => Ok(()),
+            _ => Err(ProtocolError::Extract(ended(&run))),
+        }
     }
 
     /// Whether calls go through a warm server.
@@ -348,7 +395,35 @@ impl HarnessClient for ProcessHarness {
         if let Some(r) = request.record {
             args.extend(["--record".into(), r.display().to_string()]);
         }
+        if let Some(over) = request.generate_over {
+            args.extend(["--generate-over".into(), over.to_string()]);
+        }
         self.exec(&args, cancel)
+    }
+
+    fn generates_values(&self) -> bool {
+        self.torch
+    }
+
+    fn extract_generated(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        over: u64,
+        cancel: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        if !self.torch {
+            return Ok(false);
+        }
+        self.extract_with(
+            keep,
+            recording,
+            out,
+            &["--generate-over".into(), over.to_string()],
+            cancel,
+        )?;
+        Ok(true)
     }
 
     fn extract(
@@ -358,20 +433,7 @@ impl HarnessClient for ProcessHarness {
         out: &Path,
         cancel: &AtomicBool,
     ) -> Result<(), ProtocolError> {
-        let args = vec![
-            "extract".into(),
-            "--keep".into(),
-            keep.join(","),
-            "--recording".into(),
-            recording.display().to_string(),
-            "--out".into(),
-            out.display().to_string(),
-        ];
-        let run = self.exec(&args, cancel)?;
-        match run.exit {
-            Exit::Code(0) => Ok(()),
-            _ => Err(ProtocolError::Extract(ended(&run))),
-        }
+        self.extract_with(keep, recording, out, &[], cancel)
     }
 
     fn reproduce_line(

@@ -472,6 +472,20 @@ pub fn render(
             if let Some(g) = &s.graph {
                 let _ = writeln!(md, "\nGraph: {g}.");
             }
+            if let Some(d) = &s.data {
+                use super::human::human_bytes;
+                let how = if d.generated {
+                    format!(
+                        ": its large recorded values are generated from their shape, dtype and range (the fault was checked to show that way), {} with them exact",
+                        human_bytes(d.exact_bytes)
+                    )
+                } else {
+                    d.note
+                        .as_deref()
+                        .map_or(String::new(), |n| format!(" ({n})"))
+                };
+                let _ = writeln!(md, "\nThe minimal repro is {}{how}.", human_bytes(d.bytes));
+            }
             if let Some(c) = &s.captured {
                 let _ = writeln!(
                     md,

@@ -65,6 +65,13 @@ pub enum Event {
         /// The text.
         message: String,
     },
+    /// The hand-off bundle was written.
+    BundleWritten {
+        /// Its directory.
+        path: String,
+        /// The bytes of its files (`bundle pack` warns above 25 MB).
+        bytes: u64,
+    },
     /// A stage after the search started (triage, shrink, the bundle's environment probes).
     StageStarted {
         /// What it does.

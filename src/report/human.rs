@@ -183,6 +183,9 @@ impl Reporter for HumanReporter {
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::Note { message } => self.line(&format!("note: {message}")),
+            Event::BundleWritten { path, bytes } => {
+                self.line(&format!("note: bundle: {path} ({})", human_bytes(*bytes)))
+            }
             Event::StageStarted { message } => self.line(message),
             Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
             Event::ShrinkStarted { nodes } => self.line(&format!(
@@ -392,4 +395,13 @@ pub fn shrink_summary(r: &ShrinkReport) -> String {
         r.harness_runs, r.duration_s
     ));
     out
+}
+
+/// A size as people read it: `812.0 KiB`, `31.4 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
 }

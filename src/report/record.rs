@@ -309,9 +309,27 @@ pub struct ShrinkReport {
     /// definition it cannot carry, a value it cannot save safely).
     #[serde(default)]
     pub extract_error: Option<String>,
+    /// The size of the minimal repro, and whether its large values are generated instead of shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ReproData>,
     /// The training step the model was taken from, when it was captured from the repro command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<CapturedFault>,
+}
+
+/// What the minimal repro ships.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct ReproData {
+    /// Bytes of the minimal repro's directory, as written.
+    pub bytes: u64,
+    /// Bytes it took with every recorded value exact.
+    pub exact_bytes: u64,
+    /// Its large values are generated from their recorded shape, dtype and range (the fault was checked
+    /// to show that way).
+    pub generated: bool,
+    /// Why they are not, when a reduction was tried and did not hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Where a run of the user's own training script failed, as the capture saw it (`fault.json`).

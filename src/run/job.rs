@@ -332,8 +332,9 @@ pub fn write_bundle_reporting(
     cancel: &AtomicBool,
 ) {
     match write_bundle_with_env(input, reporter, cancel) {
-        Ok(dir) => reporter.event(&Event::Note {
-            message: format!("bundle: {}", dir.display()),
+        Ok(dir) => reporter.event(&Event::BundleWritten {
+            bytes: super::shrink::dir_bytes(&dir),
+            path: dir.display().to_string(),
         }),
         Err(e) => reporter.event(&Event::Warning {
             message: e.to_string(),

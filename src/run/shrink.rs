@@ -13,7 +13,9 @@ use crate::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{Confirmation, ParentCheck, Rejected, ShrinkReport, ShrinkStatus};
+use crate::report::record::{
+    Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
+};
 use crate::shrink::{Reducer, Reduction, Step};
 
 /// What a shrink needs to know besides the harness.
@@ -69,6 +71,7 @@ impl Oracle<'_> {
                 keep: Some(keep),
                 recording: Some(recording),
                 record: None,
+                generate_over: None,
             };
             let run = self.harness.run(&request, cancel)?;
             if self.account(keep, &run) {
@@ -120,6 +123,7 @@ impl Oracle<'_> {
             keep: Some(keep),
             recording: Some(recording),
             record: None,
+            generate_over: None,
         };
         let mut reproduced = 0;
         let mut left = runs;
@@ -161,6 +165,82 @@ fn judged(harness: &dyn HarnessClient, run: &RunOutput) -> Signature {
     sig
 }
 
+/// A recorded tensor over this many bytes may be generated from its shape, dtype and range.
+const GENERATE_OVER: u64 = 1 << 20;
+/// The data of a minimal repro is reduced only above this size: below it, exact values cost little.
+const REDUCE_ABOVE: u64 = 8 << 20;
+
+/// The size of a directory's files, in bytes.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Shrinks what the minimal repro ships: when its recorded values are large and the fault still shows
+/// (every one of `runs` runs) with the large ones generated from their shape, dtype and range, the repro
+/// is written again to generate them. Otherwise it stays exact, and the report says why.
+fn reduce_data(
+    harness: &dyn HarnessClient,
+    oracle: &mut Oracle,
+    keep: &[String],
+    record: &Path,
+    minimal: &Path,
+    runs: u32,
+    cancel: &AtomicBool,
+) -> ReproData {
+    let exact = dir_bytes(minimal);
+    let mut data = ReproData {
+        bytes: exact,
+        exact_bytes: exact,
+        generated: false,
+        note: None,
+    };
+    if exact <= REDUCE_ABOVE || !harness.generates_values() {
+        return data;
+    }
+    let request = RunRequest {
+        keep: Some(keep),
+        recording: Some(record),
+        record: None,
+        generate_over: Some(GENERATE_OVER),
+    };
+    for _ in 0..runs.max(1) {
+        let shown = harness
+            .run(&request, cancel)
+            .is_ok_and(|run| oracle.account(keep, &run));
+        if !shown || cancel.load(Ordering::SeqCst) {
+            data.note = Some(
+                "the fault needs the recorded values: with generated ones of the same shapes, dtypes and ranges it did not show"
+                    .into(),
+            );
+            return data;
+        }
+    }
+    let generated = minimal.with_file_name("minimal-generated");
+    let _ = std::fs::remove_dir_all(&generated);
+    let swapped = harness
+        .extract_generated(keep, record, &generated, GENERATE_OVER, cancel)
+        .is_ok_and(|written| written)
+        && std::fs::remove_dir_all(minimal).is_ok()
+        && std::fs::rename(&generated, minimal).is_ok();
+    if swapped {
+        data.bytes = dir_bytes(minimal);
+        data.generated = true;
+    } else {
+        data.note = Some("the repro with generated values could not be written".into());
+    }
+    data
+}
+
 fn ids(nodes: &[GraphNode], picks: &[usize]) -> Vec<String> {
     picks.iter().map(|&i| nodes[i].id.clone()).collect()
 }
@@ -188,6 +268,7 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         extract_error: None,
         graph: None,
         captured: None,
+        data: None,
     }
 }
 
@@ -246,6 +327,7 @@ fn locate(
             keep: None,
             recording: None,
             record: Some(record),
+            generate_over: None,
         };
         let run = harness.run(&request, cancel)?;
         report.harness_runs += 1;
@@ -348,6 +430,7 @@ fn descend(
         keep: None,
         recording: Some(record),
         record: None,
+        generate_over: None,
     };
     let run = harness.run(&request, cancel)?;
     report.harness_runs += 1;
@@ -496,6 +579,19 @@ fn drive(
         // The shrink result stands; the report says why there is no standalone model.
         Err(e) => report.extract_error = Some(e.to_string()),
     }
+    if report.minimal_model.is_some() {
+        report.data = Some(reduce_data(
+            harness,
+            &mut oracle,
+            &keep,
+            &record,
+            &minimal,
+            settings.confirm.min(3),
+            cancel,
+        ));
+        report.harness_runs += std::mem::take(&mut oracle.runs);
+        report.rejected.append(&mut oracle.rejected);
+    }
     report.reproduce = Some(harness.reproduce_line(
         report.minimal_model.as_deref().map(Path::new),
         &keep,
@@ -530,6 +626,7 @@ pub fn check_parent(
         keep: Some(&keep),
         recording: Some(&record),
         record: None,
+        generate_over: None,
     };
     match harness.run(&request, cancel) {
         Err(e) => ParentCheck::NotRun(e.to_string()),
