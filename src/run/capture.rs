@@ -76,6 +76,7 @@ pub fn capture(
     cwd: &Path,
     commit: &str,
     run_dir: &Path,
+    fault_rank: Option<u32>,
     cancel: &AtomicBool,
 ) -> Result<(PathBuf, CapturedFault), CaptureError> {
     let io = |path: &Path| {
@@ -103,6 +104,10 @@ pub fn capture(
         env.insert("PYTHONPATH".into(), path);
         env.insert("PYTHONHASHSEED".into(), "0".into());
         env.insert("CUDABISECT_CAPTURE_DIR".into(), dir.display().to_string());
+        if let Some(rank) = fault_rank {
+            // Of several ranks, the one that faulted captures.
+            env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());
+        }
         for (k, v) in extra {
             env.insert((*k).into(), v.clone());
         }

@@ -72,7 +72,8 @@ pub fn shrink_job(
             _ => (repo.workdir(), String::new()),
         };
         let captured = if section.captures() {
-            match super::capture::capture(&config, &section, &cwd, &commit, &run_dir, cancel) {
+            match super::capture::capture(&config, &section, &cwd, &commit, &run_dir, None, cancel)
+            {
                 Ok(found) => Some(found),
                 Err(e) => {
                     return Ok(super::shrink::not_started(

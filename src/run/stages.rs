@@ -100,6 +100,7 @@ pub fn run_stages(
             prober.worktree.path(),
             &commit,
             run_dir,
+            fault_rank,
             cancel,
         ) {
             Ok(found) => Some(found),
