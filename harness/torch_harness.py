@@ -432,7 +432,8 @@ def node_failed(name):
 
 def announce_triton_launches():
     """Makes every Triton launch say its kernel's name first (a wrapper around JITFunction.run, the one
-    path autotuned, heuristic and plain kernels all take)."""
+    path autotuned, heuristic and plain kernels all take). repro.py carries it too, so a repro's fault
+    names the same kernel as the harness's."""
     if "triton" not in sys.modules:
         return
     try:
@@ -444,7 +445,8 @@ def announce_triton_launches():
     original = JITFunction.run
 
     def launch(self, *args, **kwargs):
-        say(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"))
+        print(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"),
+              flush=True)
         return original(self, *args, **kwargs)
 
     launch._cudabisect = True
@@ -1332,11 +1334,13 @@ def is_triton_kernel(fn):
     return type(fn).__name__ in ("JITFunction", "Autotuner", "Heuristics")
 
 
-def user_source(fns, missing=None):
+def user_source(fns, missing=None, carried_ops=None):
     """Source of the user's functions the kept steps call, and of the globals they use that are functions,
-    classes, Triton kernels or plain constants from the user's code: enough to run without the user's
-    package. What cannot be read is appended to `missing`."""
+    classes, Triton kernels, Python custom ops (those not in `carried_ops` already) or plain constants from
+    the user's code: enough to run without the user's package. What cannot be read is appended to
+    `missing`."""
     missing = [] if missing is None else missing
+    carried_ops = set() if carried_ops is None else carried_ops
     out, seen, imports = [], set(), set()
     queue = [f if isinstance(f, tuple) else (f, None) for f in fns]
     while queue:
@@ -1344,6 +1348,18 @@ def user_source(fns, missing=None):
         if id(fn) in seen:
             continue
         seen.add(id(fn))
+        if type(fn).__name__ == "CustomOpDef":
+            # A custom op the copied code calls by its Python name (a backward calling another op).
+            qual = f"{fn._namespace}::{fn._name}"
+            if qual not in carried_ops:
+                carried_ops.add(qual)
+                src, deps = custom_op_source(qual, fn, missing)
+                if src:
+                    var = fn._init_fn.__name__
+                    out.append(src + (f"\n\n{alias} = {var}\n" if alias and alias != var else ""))
+                    for dep in deps:
+                        queue.extend(globals_used(dep, imports))
+            continue
         target = getattr(fn, "fn", fn)
         code = source_of(fn)
         if code is None:
@@ -1464,6 +1480,9 @@ def named_globals(names, globs, imports):
             # project's own modules, packages) declared at the top of repro.py as what it needs.
             imports.add(f"import {g.__name__} as {name}" if g.__name__ != name else f"import {name}")
             continue
+        if type(g).__name__ == "CustomOpDef":
+            found.append((g, name))  # carried with its registration
+            continue
         if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
             mod = getattr(g, "__module__", "") or ""
             if mod.split(".")[0] in ("torch", "triton", "builtins", "math", "typing", "dataclasses"):
@@ -1511,6 +1530,21 @@ def custom_op_source(qual, opdef, missing):
     if fake_src is not None and fake.__name__ != "<lambda>":
         # Only tracing needs the fake; carried so the repro also works under torch.compile.
         parts += [strip_decorators(fake_src), f"{var}.register_fake({fake.__name__})"]
+    # Its backward (register_autograd): a backward node of a training step runs it.
+    backward, setup = getattr(opdef, "_backward_fn", None), getattr(opdef, "_setup_context_fn", None)
+    if backward is not None:
+        for fn in (setup, backward):
+            if fn is None:
+                continue
+            src = source_of(fn)
+            if src is None:
+                missing.append(f"custom op {qual}: the source of its autograd function "
+                               f"{getattr(fn, '__qualname__', fn)} cannot be read")
+                continue
+            parts.append(strip_decorators(src))
+            deps.append(fn)
+        context = f", setup_context={setup.__name__}" if setup is not None else ""
+        parts.append(f"{var}.register_autograd({backward.__name__}{context})")
     return "\n\n".join(parts) + "\n", deps
 
 
@@ -1625,6 +1659,13 @@ def update(optimizer_class, spec, params_state, grads):
 '''
 
 
+def launch_helpers():
+    """repro.py's announcement of each Triton launch (the harness's own), indented like the template."""
+    text = "# --- every Triton launch says its kernel, as in the harness's runs ---\n"
+    text += f"LAUNCH = {LAUNCH!r}\n\n\n" + inspect.getsource(announce_triton_launches) + "\n\n"
+    return textwrap.indent(text, "        ").lstrip()
+
+
 def generation_helpers():
     """repro.py's generator of the values it does not ship, indented like the template."""
     text = "# --- values generated from their recorded shape, dtype and range ---\n"
@@ -1706,7 +1747,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             for fn in deps:
                 op_deps.extend(globals_used(fn, needs.imports))
     # (value, name) pairs keep the names the op's kernels use (`kernel = triton.jit(...)`).
-    extra_imports, sources = user_source(op_deps + needs.user_fns, needs.missing)
+    extra_imports, sources = user_source(op_deps + needs.user_fns, needs.missing, set(needs.custom_ops))
     if needs.missing:
         raise ExtractError("; ".join(dict.fromkeys(needs.missing)))
     needs.imports.update(extra_imports)
@@ -1782,7 +1823,9 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
 
         {training_helpers() if any(s.kind in TRAINING_KINDS for s in kept) else ""}
         {generation_helpers() if needs.generated else ""}
+        {launch_helpers()}
         def main():
+            announce_triton_launches()
             data = torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)
             {"data = regenerate(data, DEVICE)" if needs.generated else ""}
             # Inputs of the kept nodes that cut nodes made: {sorted(boundary_names)}

@@ -1027,3 +1027,215 @@ fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_n
         hangs.len()
     );
 }
+
+/// The GPU training fixture (`fixtures/torch/training_gpu`: trainpkg and train.py) as one commit's files,
+/// `kernels.py` edited by `edits` (text replacements), with `config` as bisect.toml.
+fn trainpkg_files(edits: &[(&str, &str)], config: &str) -> Files {
+    let base = root().join("fixtures/torch/training_gpu");
+    let mut f = Files::new();
+    for p in ["trainpkg/__init__.py", "trainpkg/model.py", "train.py"] {
+        put(
+            &mut f,
+            p,
+            std::fs::read_to_string(base.join(p)).unwrap(),
+            false,
+        );
+    }
+    let mut kernels = std::fs::read_to_string(base.join("trainpkg/kernels.py")).unwrap();
+    for (from, to) in edits {
+        assert!(kernels.contains(from), "kernels.py has no {from:?}");
+        kernels = kernels.replace(from, to);
+    }
+    put(&mut f, "trainpkg/kernels.py", kernels, false);
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    f
+}
+
+/// Runs the bundle's reproduce.sh against the repository from another directory; its exit status and
+/// signature.
+fn reproduce_from_bundle(
+    bundle: &Path,
+    repo: &Path,
+) -> (i32, cudabisect::classify::Signature, String) {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} {} 2>&1",
+            bundle.join("reproduce.sh").display(),
+            repo.display()
+        ))
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let code = out.status.code().unwrap_or(-1);
+    let sig = cudabisect::classify::classify(cudabisect::classify::Exit::Code(code), &text);
+    (code, sig, text)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, torch and triton: run with --include-ignored on the GPU machine"]
+fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_on_cuda() {
+    let mut failures = Vec::new();
+    for (case, args, edits, want, phase, step) in [
+        // A Triton backward kernel behind a torch.autograd.Function; only step 3's batch has a hot row.
+        (
+            "autograd.Function",
+            "--emb fn",
+            vec![],
+            "emb__backward",
+            "backward",
+            3,
+        ),
+        // The same kernel behind a custom_op whose register_autograd backward is another custom_op (FX
+        // traces the module down to the op's call: the node is the op's).
+        (
+            "custom_op + register_autograd",
+            "--emb op",
+            vec![],
+            "embed_default__backward",
+            "backward",
+            3,
+        ),
+        // A fused Triton SGD update writes far away: the optimizer step, from step 1.
+        (
+            "optimizer",
+            "--emb plain --opt triton",
+            vec![("BUG_SGD_STRIDE = 1\n", "BUG_SGD_STRIDE = 1 << 22\n")],
+            "optimizer_step",
+            "optimizer",
+            1,
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        let argv: Vec<String> = args.split(' ').map(|a| format!("{a:?}")).collect();
+        let config = format!(
+            "[repro]\ncommand = [\"python3\", \"train.py\", {}]\ntimeout = \"5m\"\n\n[shrink]\nconfirm = 3\ntimeout = \"10m\"\n",
+            argv.join(", ")
+        );
+        linear_history(&dir, [trainpkg_files(&edits, &config)]).unwrap();
+        let started = std::time::Instant::now();
+        let out = Command::new(bin())
+            .args(["shrink", "--message-format", "json", "-C"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let report = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["type"] == "shrink_done")
+            .map(|v| v["data"]["report"].clone())
+            .unwrap_or_default();
+        let kept: Vec<&str> = report["kept"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
+            .unwrap_or_default();
+        println!(
+            "{case}: {} | captured step {} phase {} | kept {kept:?} | signature {} | {:.1}s",
+            report["summary"],
+            report["captured"]["step"],
+            report["captured"]["phase"],
+            report["signature"]["summary"],
+            started.elapsed().as_secs_f64()
+        );
+        if kept != [want]
+            || report["captured"]["phase"] != phase
+            || report["captured"]["step"] != step
+        {
+            failures.push(format!(
+                "{case}: kept {kept:?} captured {}, want [{want}] in {phase} at step {step}\n{}",
+                report["captured"],
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        }
+        let bundle = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["type"] == "bundle_written")
+            .and_then(|v| v["data"]["path"].as_str().map(PathBuf::from));
+        let Some(bundle) = bundle else {
+            failures.push(format!("{case}: no bundle"));
+            continue;
+        };
+        let (code, sig, text) = reproduce_from_bundle(&bundle, &dir);
+        println!(
+            "{case}: reproduce.sh: exit {code}, {} (target {} in {})",
+            sig.short(),
+            report["signature"]["class"],
+            report["signature"]["kernel"]
+        );
+        let same = sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
+            && sig.kernel.as_deref() == report["signature"]["kernel"].as_str();
+        if !same {
+            failures.push(format!(
+                "{case}: reproduce.sh shows {}:\n{text}",
+                sig.short()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
+fn start_on_a_custom_op_package_names_the_culprit_and_keeps_its_minimal_training_repro() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\", \"--emb\", \"op\"]\ntimeout = \"5m\"\n\n[shrink]\nconfirm = 3\ntimeout = \"10m\"\n";
+    let clean = [("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1\n")];
+    let commits = linear_history(
+        &dir,
+        (0..6).map(|i| trainpkg_files(if i < 3 { &clean[..] } else { &[] }, config)),
+    )
+    .unwrap();
+    let report_path = tmp.path().join("report.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args(["start", &format!("{}..main", commits[0]), "-C"])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report_path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
+            .unwrap_or_default();
+    println!(
+        "start: culprit {} (want {}), target {}, shrink {} | kept {} | {:.1}s",
+        r["first_bad"]["commit"],
+        commits[3],
+        r["target"]["summary"],
+        r["shrink"]["summary"],
+        r["shrink"]["kept"].as_array().map_or(0, |a| a.len()),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    let kept: Vec<&str> = r["shrink"]["kept"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(kept, ["embed_default__backward"], "{text}");
+    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    let (code, sig, repro) = reproduce_from_bundle(&bundle, &dir);
+    println!("start: reproduce.sh: exit {code}, {}", sig.short());
+    assert_eq!(
+        sig.class.as_str(),
+        r["target"]["class"].as_str().unwrap(),
+        "{repro}"
+    );
+    assert_eq!(
+        sig.kernel.as_deref(),
+        r["shrink"]["signature"]["kernel"].as_str(),
+        "{repro}"
+    );
+}

@@ -243,3 +243,28 @@ fn large_recorded_values_are_generated_when_the_fault_still_shows_with_them() {
     assert_eq!(exit, Some(1), "{text}");
     assert!(text.contains("an illegal memory access"), "{text}");
 }
+
+#[test]
+fn a_custom_op_backward_is_carried_with_its_register_autograd_into_a_standalone_repro() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\nmodel = \"toy.model:build_op\"\ninputs = \"toy.model:example_inputs\"\ntrain = true\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    let kept = kept(&r);
+    assert!(
+        kept.len() == 1 && kept[0].ends_with("__backward"),
+        "{kept:?} {out}"
+    );
+    // repro.py registers both ops again, and the backward formula; it runs away from the project.
+    let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    assert!(
+        repro.contains(".register_autograd(_gather_bwd, setup_context=_gather_setup)"),
+        "{repro}"
+    );
+    assert!(repro.contains("toy::gather_backward"), "{repro}");
+}
