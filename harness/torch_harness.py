@@ -347,6 +347,20 @@ def resolve(a, env):
     return map_aggregate(a, value)
 
 
+def model_call(fn, *args, **kwargs):
+    """Calls the model's code (a module, an op, a loss, a backward, an update): whatever it raises is
+    marked as the model's failure, never the harness's, even when no Python frame of the model's is on
+    the traceback (an op implemented in C raises right at the harness's call)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        try:
+            e._cudabisect_model = True
+        except AttributeError:
+            pass
+        raise
+
+
 def call(step, root, env):
     args, kwargs = resolve(step.args, env), resolve(step.kwargs, env)
     if step.kind == "call_recorded":
@@ -355,11 +369,11 @@ def call(step, root, env):
         return call(Step(step.name, step.op, step.kernel, tuple(args), dict(kwargs), step.target, step.via),
                     root, {})
     if step.kind == "call_module":
-        return root.get_submodule(step.target)(*args, **kwargs)
+        return model_call(root.get_submodule(step.target), *args, **kwargs)
     if step.kind == "call_function":
-        return step.target(*args, **kwargs)
+        return model_call(step.target, *args, **kwargs)
     self_obj, *rest = args
-    return getattr(self_obj, step.target)(*rest, **kwargs)
+    return model_call(getattr(self_obj, step.target), *rest, **kwargs)
 
 
 def to_device(v, device):
@@ -420,10 +434,11 @@ def node_failed(name):
     text = f"{etype.__name__}: {e}"
     frames = traceback.extract_tb(tb)
     ours = bool(frames) and os.path.abspath(frames[-1].filename) == os.path.abspath(__file__)
+    models = getattr(e, "_cudabisect_model", False)
     device_error = any(w in text for w in DEVICE_ERROR_WORDS)
     if "Cannot re-initialize CUDA in forked subprocess" in text:
         return harness_error(f"node {name}: a forked child cannot use CUDA: {text}")
-    if ours and not device_error:
+    if ours and not models and not device_error:
         return harness_error(f"node {name}: the harness itself raised {text}")
     say(f"harness: node {name} failed")
     timing("failed")
@@ -794,7 +809,7 @@ class TrainRun:
             leaves = []
             out = cut(resolve(self.training.output, self.env), "output", leaves)
             with torch.enable_grad():
-                value = (self.training.loss_fn(out) if self.training.loss_fn
+                value = (model_call(self.training.loss_fn, out) if self.training.loss_fn
                          else sum(leaf.float().sum() for _, _, leaf in leaves))
             got = torch.autograd.grad(value, [leaf for _, _, leaf in leaves], allow_unused=True) if leaves else ()
             by_index = {i: g for (_, i, _), g in zip(leaves, got)}
@@ -817,7 +832,7 @@ class TrainRun:
         if self.record:
             torch.save({i: g.detach().cpu() for i, g in grads.items()},
                        os.path.join(self.record, f"{grad_name(step.target)}.pt"))
-        leaf_grads, param_grads = node_backward(leaves, [p for _, p in params], out, grads)
+        leaf_grads, param_grads = model_call(node_backward, leaves, [p for _, p in params], out, grads)
         for name, i, g in leaf_grads:
             if g is None:
                 continue
@@ -846,7 +861,7 @@ class TrainRun:
         for name, p in params.items():
             g = grads.get(name)
             p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)
-        build_optimizer(self.training.optimizer, self.root).step()
+        model_call(lambda: build_optimizer(self.training.optimizer, self.root).step())
 
 
 def step_is_inplace(step, root):
