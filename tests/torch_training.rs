@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
 use serde_json::Value;
 use support::{kept, shrink};
 
@@ -169,21 +169,11 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
     let config = format!("{BASE}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
-    let mut b = RepoBuilder::init(&dir).unwrap();
-    let mut commits = vec![];
-    for (i, limit) in [99, 99, 99, 3, 3, 3].into_iter().enumerate() {
-        let parents: Vec<_> = commits.last().copied().into_iter().collect();
-        commits.push(
-            b.commit(
-                &parents,
-                &files_with_limit(limit, &config),
-                &format!("commit {i}"),
-            )
-            .unwrap(),
-        );
-    }
-    b.set_branch("main", *commits.last().unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    let commits = linear_history(
+        &dir,
+        [99, 99, 99, 3, 3, 3].map(|limit| files_with_limit(limit, &config)),
+    )
+    .unwrap();
     let report = tmp.path().join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args(["start", &format!("{}..main", commits[0]), "-C"])
