@@ -2572,21 +2572,14 @@ def serve(a):
                     say(f"harness: bad request: {e}")
                     conn.close()
                     continue
+                if warm is not None:
+                    preload(req, warm)
+                    touched = cuda_initialised() if str(a.device).startswith("cuda") else None
+                    if touched:
+                        # From now on every request runs cold, and says why.
+                        warm, why = None, f"{touched}: a forked child could not use it"
+                        say(f"harness: warm server cold from now on: {why}")
                 if warm is None:
-                    for fd in fds:
-                        os.close(fd)
-                    try:
-                        conn.sendall(f"cold {why}\n".encode())
-                    except OSError:
-                        pass
-                    conn.close()
-                    continue
-                preload(req, warm)
-                touched = cuda_initialised() if str(a.device).startswith("cuda") else None
-                if touched:
-                    # From now on every request runs cold, and says why.
-                    warm, why = None, f"{touched}: a forked child could not use it"
-                    say(f"harness: warm server cold from now on: {why}")
                     for fd in fds:
                         os.close(fd)
                     try:

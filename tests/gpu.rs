@@ -394,24 +394,37 @@ fn the_demo_runs_on_cuda_with_sanitizer_triage() {
 }
 
 /// Shrinks a PyTorch fixture through the PyTorch harness and runs the written repro.py alone.
+/// `cudabisect shrink --message-format json` in `dir`: the process's output and its JSON events.
+fn shrink_json(dir: &Path) -> (std::process::Output, Vec<serde_json::Value>) {
+    let out = Command::new(bin())
+        .args(["shrink", "--message-format", "json", "-C"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let events = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect();
+    (out, events)
+}
+
+/// The data of the first event of `kind` (null when there is none).
+fn event_data(events: &[serde_json::Value], kind: &str) -> serde_json::Value {
+    events
+        .iter()
+        .find(|v| v["type"] == kind)
+        .map(|v| v["data"].clone())
+        .unwrap_or_default()
+}
+
 fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     let source = std::fs::read_to_string(root().join("fixtures/torch").join(fixture)).unwrap();
     let config = "[repro]\ncommand = [\"python3\", \"-c\", \"import toy_model\"]\n\n[shrink]\nmodel = \"toy_model:build\"\ninputs = \"toy_model:example_inputs\"\nconfirm = 3\ntimeout = \"10m\"\n".to_string();
     git_repo_with(&dir, &[("toy_model.py", source), ("bisect.toml", config)]);
-    let out = Command::new(bin())
-        .args(["shrink", "--message-format", "json", "-C"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["data"]["report"].clone())
-        .unwrap_or_default();
+    let (out, events) = shrink_json(&dir);
+    let report = event_data(&events, "shrink_done")["report"].clone();
     let log = |name: &str| {
         std::fs::read_dir(dir.join(".git/cudabisect/runs"))
             .ok()
@@ -1119,18 +1132,8 @@ fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_o
         );
         linear_history(&dir, [trainpkg_files(&edits, &config)]).unwrap();
         let started = std::time::Instant::now();
-        let out = Command::new(bin())
-            .args(["shrink", "--message-format", "json", "-C"])
-            .arg(&dir)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let report = stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["type"] == "shrink_done")
-            .map(|v| v["data"]["report"].clone())
-            .unwrap_or_default();
+        let (out, events) = shrink_json(&dir);
+        let report = event_data(&events, "shrink_done")["report"].clone();
         let kept: Vec<&str> = report["kept"]
             .as_array()
             .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
@@ -1154,11 +1157,9 @@ fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_o
             ));
             continue;
         }
-        let bundle = stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["type"] == "bundle_written")
-            .and_then(|v| v["data"]["path"].as_str().map(PathBuf::from));
+        let bundle = event_data(&events, "bundle_written")["path"]
+            .as_str()
+            .map(PathBuf::from);
         let Some(bundle) = bundle else {
             failures.push(format!("{case}: no bundle"));
             continue;
