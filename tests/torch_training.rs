@@ -39,7 +39,12 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tmp.path().join("repo");
     let mut b = RepoBuilder::init(&dir).unwrap();
     let mut f = Files::new();
-    for p in ["toy/__init__.py", "toy/model.py", "train.py"] {
+    for p in [
+        "toy/__init__.py",
+        "toy/model.py",
+        "train.py",
+        "train_amp.py",
+    ] {
         put(&mut f, p, fixture(p), false);
     }
     put(&mut f, "bisect.toml", config.to_string(), false);
@@ -257,4 +262,23 @@ fn a_custom_op_backward_is_carried_with_its_register_autograd_into_a_standalone_
         "{repro}"
     );
     assert!(repro.contains("toy::gather_backward"), "{repro}");
+}
+
+#[test]
+fn a_step_under_autocast_is_captured_and_the_report_says_the_harness_runs_it_without() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n",
+        BASE.replace("train.py", "train_amp.py")
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    // The fault does not depend on the dtype: it still shrinks, and the capture's note is kept.
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert!(
+        r["captured"]["notes"].as_array().is_some_and(|n| n
+            .iter()
+            .any(|x| x.as_str().is_some_and(|t| t.contains("autocast")))),
+        "{r}"
+    );
 }

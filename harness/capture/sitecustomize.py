@@ -124,15 +124,28 @@ def _optimizer_spec(opt, names):
     return {"cls": f"{cls.__module__}.{cls.__qualname__}", "groups": groups, "state": opt.state_dict()}
 
 
+def _autocast(torch):
+    """Whether the step runs under autocast, on any device type this torch can ask about."""
+    for device in (None, "cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled() if device is None else torch.is_autocast_enabled(device):
+                return True
+        except (TypeError, RuntimeError):
+            pass
+    return False
+
+
 def _save_step(torch, module, args, kwargs):
     """At the start of the faulting step's model call: the model, the batch, the optimizer."""
     root, compiled = _unwrap(module)
     ROOT[0] = root
     notes = []
     if compiled:
-        notes.append("the model is torch.compile'd: the harness runs its original module eagerly")
-    if torch.is_autocast_enabled():
-        notes.append("the step runs under autocast (AMP)")
+        notes.append("the model is torch.compile'd: the harness runs its original module eagerly, so a fault "
+                     "inside compiled code may not show")
+    if _autocast(torch):
+        notes.append("it runs under autocast (AMP), which the harness does not replay: its ops run in the "
+                     "parameters' own dtypes")
     _pickle_model(torch, root)
     cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
     from torch.utils._pytree import tree_map
@@ -143,8 +156,7 @@ def _save_step(torch, module, args, kwargs):
             _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
             break
     STATE["notes"] = notes
-    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}",
-                                     autocast=torch.is_autocast_enabled()))
+    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}"))
 
 
 def _install():
@@ -186,7 +198,6 @@ def _install():
             if MODE == "replay" and STATE["step"] == want_step and STATE["call"] == want_call:
                 _save_step(torch, self, args, kwargs)
                 STATE["saved"] = True
-                out = None
         STATE["depth"] += 1
         try:
             out = call(self, *args, **kwargs)

@@ -353,6 +353,10 @@ pub struct CapturedFault {
     /// For a backward failure: anomaly mode's traceback of the forward call that created the node.
     #[serde(default)]
     pub forward_trace: Option<String>,
+    /// What the replay noticed about the step that the harness runs differently (a `torch.compile`d
+    /// model run eagerly, autocast): the reason to give when the harness does not reproduce the fault.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl CapturedFault {

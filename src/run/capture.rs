@@ -12,6 +12,7 @@ use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::process;
 use crate::protocol::torch::install_capture_hook;
 pub use crate::report::record::CapturedFault;
+use crate::report::record::{ShrinkReport, ShrinkStatus};
 
 /// Why no step was captured: each says it in a maintainer's words.
 #[derive(Debug, thiserror::Error)]
@@ -157,12 +158,41 @@ pub fn capture(
             });
         }
     }
+    let mut fault = fault;
+    fault.notes = read_notes(&dir);
     Ok((dir, fault))
+}
+
+/// Puts what the capture noticed about the step (a compiled model run eagerly, autocast) into the
+/// summary of a shrink whose harness did not reproduce the fault: the likeliest reason.
+pub fn explain(report: &mut ShrinkReport) {
+    let Some(notes) = report.captured.as_ref().map(|c| c.notes.clone()) else {
+        return;
+    };
+    if report.status == ShrinkStatus::NotReproduced && !notes.is_empty() {
+        report.summary = format!(
+            "{} (the captured step: {})",
+            report.summary,
+            notes.join("; ")
+        );
+    }
 }
 
 fn read_fault(dir: &Path) -> Option<CapturedFault> {
     let text = std::fs::read(dir.join("fault.json")).ok()?;
     serde_json::from_slice(&text).ok()
+}
+
+fn read_notes(dir: &Path) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        #[serde(default)]
+        notes: Vec<String>,
+    }
+    std::fs::read(dir.join("capture.json"))
+        .ok()
+        .and_then(|t| serde_json::from_slice::<Saved>(&t).ok())
+        .map_or_else(Vec::new, |s| s.notes)
 }
 
 #[cfg(test)]
@@ -178,6 +208,7 @@ mod tests {
             module: None,
             kernel: None,
             exception: None,
+            notes: vec![],
             forward_trace: Some("Error detected in ScatterBackward. Traceback of forward call that caused the error:\n  File \"/w/train.py\", line 11, in <module>\n    out = model(idx)\n  File \"/h/capture-hook/sitecustomize.py\", line 192, in module_call\n  File \"/v/lib/python3.11/site-packages/torch/nn/modules/module.py\", line 1787, in _wrapped_call_impl\n  File \"/w/toy/model.py\", line 31, in forward\n    return Scatter.apply(self.weight, idx)\n".into()),
         };
         assert_eq!(fault.forward_line().as_deref(), Some("/w/toy/model.py:31"));

@@ -106,6 +106,7 @@ pub fn shrink_job(
         };
         let mut report = shrink(&harness, &settings, reporter, cancel);
         report.captured = captured.map(|(_, fault)| fault);
+        super::capture::explain(&mut report);
         if report.status == ShrinkStatus::Minimal && section.check_parent {
             let parent = oid
                 .and_then(|o| repo.parents(o).ok())

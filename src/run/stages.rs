@@ -144,6 +144,7 @@ pub fn run_stages(
     };
     let mut result = shrink(&harness, &settings, reporter, cancel);
     result.captured = captured.as_ref().map(|(_, fault)| fault.clone());
+    super::capture::explain(&mut result);
     if result.status == ShrinkStatus::Minimal
         && section.check_parent
         && !cancel.load(Ordering::SeqCst)
