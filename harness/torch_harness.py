@@ -2029,6 +2029,7 @@ class Prepared:
     forward_steps: list = field(default_factory=list)
     attr_targets: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
+    rng: object = None  # the random state at the start of a captured step
 
 
 def parse_args(argv):
@@ -2102,6 +2103,7 @@ def load_capture(d):
         example = tuple(batch["args"])
     training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
                         param_grads=load("param_grads.pt"))
+    meta["rng"] = load("rng.pt")
     return model, example, training, meta
 
 
@@ -2110,9 +2112,10 @@ def prepare(a):
     CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
     import torch
     torch.manual_seed(0)
-    training = None
+    training, rng = None, None
     if a.capture:
         model, example, training, meta = load_capture(a.capture)
+        rng = meta.get("rng")
         if meta.get("phase") == "forward" and not a.train:
             training = None  # a forward fault needs no backward
     else:
@@ -2132,7 +2135,7 @@ def prepare(a):
         traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
     sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
     return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
-                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources)
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng)
 
 
 def execute(a, w):
@@ -2178,6 +2181,12 @@ def execute(a, w):
     example = tuple(to_device(x, a.device) for x in w.example)
     timing("inputs on the device")
     training = any(s.kind in TRAINING_KINDS for s in kept)
+    rng = w.rng
+    if rng:
+        # The captured step's random state (its dropout masks), as the user's run had it.
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and str(a.device).startswith("cuda"):
+            torch.cuda.set_rng_state(rng["cuda"])
     with torch.no_grad():
         env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
         over = getattr(a, "generate_over", None)

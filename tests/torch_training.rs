@@ -282,3 +282,15 @@ fn a_step_under_autocast_is_captured_and_the_report_says_the_harness_runs_it_wit
         "{r}"
     );
 }
+
+#[test]
+fn a_users_own_step_function_is_captured_like_a_script() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\nstep = \"toy.model:train_step\"\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r["captured"]["step"], 3, "{r}");
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+}

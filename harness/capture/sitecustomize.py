@@ -146,6 +146,11 @@ def _save_step(torch, module, args, kwargs):
     if _autocast(torch):
         notes.append("it runs under autocast (AMP), which the harness does not replay: its ops run in the "
                      "parameters' own dtypes")
+    # The random state at the start of the step (dropout and the like draw from it).
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    _save(torch, "rng.pt", rng)
     _pickle_model(torch, root)
     cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
     from torch.utils._pytree import tree_map
