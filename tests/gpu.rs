@@ -394,6 +394,12 @@ fn the_demo_runs_on_cuda_with_sanitizer_triage() {
 }
 
 /// Shrinks a PyTorch fixture through the PyTorch harness and runs the written repro.py alone.
+/// Whether a repro's signature has the class and kernel of a shrink report's.
+fn same_signature(sig: &cudabisect::classify::Signature, report: &serde_json::Value) -> bool {
+    sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
+        && sig.kernel.as_deref() == report["signature"]["kernel"].as_str()
+}
+
 /// `cudabisect shrink --message-format json` in `dir`: the process's output and its JSON events.
 fn shrink_json(dir: &Path) -> (std::process::Output, Vec<serde_json::Value>) {
     let out = Command::new(bin())
@@ -518,9 +524,7 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
         report["signature"]["class"],
         report["signature"]["kernel"]
     );
-    let same = sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
-        && sig.kernel.as_deref() == report["signature"]["kernel"].as_str();
-    if !same {
+    if !same_signature(&sig, &report) {
         return Err(format!(
             "repro.py shows {}:\n{text}\n--- repro.py ---\n{}",
             sig.short(),
@@ -1171,9 +1175,7 @@ fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_o
             report["signature"]["class"],
             report["signature"]["kernel"]
         );
-        let same = sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
-            && sig.kernel.as_deref() == report["signature"]["kernel"].as_str();
-        if !same {
+        if !same_signature(&sig, &report) {
             failures.push(format!(
                 "{case}: reproduce.sh shows {}:\n{text}",
                 sig.short()

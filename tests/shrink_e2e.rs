@@ -9,7 +9,7 @@ use std::process::Command;
 
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
-use support::{bin, kept, shrink};
+use support::{bin, kept, shrink, start_report};
 
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(
@@ -201,32 +201,16 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     }
     b.set_branch("main", parent.unwrap()).unwrap();
     b.checkout_main().unwrap();
-    let report = tmp.path().join("report.json");
-    let out = Command::new(bin())
-        .args(["start", "good..main", "-C"])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (code, r, text) = start_report(&dir, &["good..main"], tmp.path());
+    assert_eq!(code, 0, "{text}");
     assert_eq!(r["first_bad"]["commit"], culprit.unwrap().to_string());
     assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
     assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
     assert!(text.contains("Shrink: 1 of 24 nodes (b2_lookup)"), "{text}");
 
-    let out = Command::new(bin())
-        .args(["start", "good..main", "--no-shrink", "-C"])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (code, r, text) = start_report(&dir, &["good..main", "--no-shrink"], tmp.path());
+    assert_eq!(code, 0);
+    assert!(r.is_object(), "no report: {text}");
     assert!(r["shrink"].is_null());
 }
 

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
 use serde_json::Value;
-use support::{kept, shrink};
+use support::{kept, shrink, start_report};
 
 fn require_torch() {
     let ok = Command::new("python3")
@@ -179,18 +179,8 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
         [99, 99, 99, 3, 3, 3].map(|limit| files_with_limit(limit, &config)),
     )
     .unwrap();
-    let report = tmp.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
-        .args(["start", &format!("{}..main", commits[0]), "-C"])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (code, r, text) = start_report(&dir, &[&format!("{}..main", commits[0])], tmp.path());
+    assert_eq!(code, 0, "{text}");
     assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
     assert_eq!(r["shrink"]["status"], "minimal", "{text}");
     assert_eq!(kept(&r["shrink"]), ["emb__backward"], "{text}");

@@ -43,3 +43,26 @@ pub fn kept(report: &Value) -> Vec<String> {
         .map(|n| n["id"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// Runs `cudabisect start ARGS…` in `dir` with `--report` in `scratch`; its exit status, the report (null
+/// when none was written) and everything it printed.
+pub fn start_report(dir: &Path, args: &[&str], scratch: &Path) -> (i32, Value, String) {
+    let report = scratch.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let out = Command::new(bin())
+        .arg("start")
+        .args(args)
+        .arg("-C")
+        .arg(dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let r = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), r, text)
+}
