@@ -60,6 +60,30 @@ fn bundle_pack_writes_an_archive_beside_the_bundle_and_refuses_other_directories
         "{out}"
     );
     assert!(!out.contains("with the binary"), "{out}");
+    assert!(err.is_empty(), "a small archive warns of nothing: {err}");
+
+    // Over the 25 MB an issue attachment may be: packed all the same, with a warning. (The data is
+    // random, so the archive does not compress below the limit.)
+    let big = tmp.path().join("big");
+    std::fs::create_dir_all(big.join("minimal")).unwrap();
+    std::fs::write(big.join("REPORT.md"), "# First bad commit\n").unwrap();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let noise: Vec<u8> = (0..26_000_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    std::fs::write(big.join("minimal/repro_data.pt"), noise).unwrap();
+    let (code, out, err) = run(&["bundle", "pack", big.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("MiB"), "{out}");
+    assert!(
+        err.contains("over the 25 MB an issue attachment may be"),
+        "{err}"
+    );
 
     let other = tmp.path().join("not-a-bundle");
     std::fs::create_dir_all(&other).unwrap();

@@ -143,7 +143,7 @@ fn the_generated_repro_is_standalone_python_with_markers_custom_ops_and_safe_loa
 /// model and running a verb.
 #[test]
 fn warm_start_forks_each_call_from_the_built_model_and_kills_it_with_its_client() {
-    python_tests("test_warm_server.py", 6);
+    python_tests("test_warm_server.py", 7);
 }
 
 /// The warm server's Triton head start, with a stand-in `triton` package.

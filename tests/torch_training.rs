@@ -195,6 +195,12 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
         md.contains("Captured from the training script: step 3, in the backward phase"),
         "{md}"
     );
+    // The forward line that made the failing backward node: the embedding's call of its Function.
+    assert!(
+        md.contains("The failing backward node was created by the forward call at `")
+            && md.contains("toy/model.py:"),
+        "{md}"
+    );
     let elsewhere = tempfile::tempdir().unwrap();
     let run = Command::new(bundle.join("reproduce.sh"))
         .arg(&dir)

@@ -54,9 +54,16 @@ def execute(a, w):
     return 0
 
 
+def cuda_initialised():
+    # Stands for a request that made the server touch the device (a library querying it while traced).
+    flag = os.environ.get("WARM_TEST_TOUCHED")
+    return "CUDA was initialised in the server (stand-in)" if flag and os.path.exists(flag) else None
+
+
 h.prepare = prepare
 h.execute = execute
 h.warm_device = warm_device
+h.cuda_initialised = cuda_initialised
 sys.exit(h.main())
 """
 
@@ -221,6 +228,28 @@ def test_a_spare_child_that_started_the_device_takes_the_next_call():
         c.stdout.close()
         log = s.stop()
         assert log.count("warmed in") >= 3, log
+
+
+def test_a_server_that_touched_cuda_forks_no_more_and_every_later_call_runs_cold():
+    with tempfile.TemporaryDirectory() as tmp:
+        flag = os.path.join(tmp, "touched")
+        os.environ["WARM_TEST_TOUCHED"] = flag
+        try:
+            s = Server(tmp, device="cuda")
+        finally:
+            del os.environ["WARM_TEST_TOUCHED"]
+        c = s.client(["--keep", "ok"])
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 0 and "built in" not in out, out  # forked warm
+        with open(flag, "w"):
+            pass  # from here on the server's CUDA is initialised
+        for _ in range(2):
+            c = s.client(["--keep", "ok"])
+            out = c.communicate(timeout=60)[0].decode()
+            assert c.returncode == 0, out
+            assert "built in" in out and "ran ok" in out, out  # the client ran it cold itself
+        log = s.stop()
+        assert "cold from now on: CUDA was initialised in the server (stand-in)" in log, log
 
 
 def test_the_server_ends_with_its_driver_and_takes_running_children_along():
