@@ -118,7 +118,7 @@ pub struct Repo {
 
 /// A `git` command with the environment of an outer git (a hook, a script run by `git rebase -x`) removed,
 /// so it talks to the repository it is pointed at.
-fn git(dir: &Path) -> Command {
+pub(crate) fn git(dir: &Path) -> Command {
     let mut cmd = Command::new("git");
     for var in [
         "GIT_DIR",

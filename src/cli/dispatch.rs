@@ -78,6 +78,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 journal: None,
                 bundle_dir,
                 jobs,
+                state_locked: false,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)
         }

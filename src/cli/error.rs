@@ -16,6 +16,8 @@ pub enum ErrorKind {
     Locked,
     /// cudabisect, git or the disk failed.
     Internal,
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
 }
 
 /// An error a command returns: printed as one `error:` line with its causes, mapped to an exit code.
@@ -48,6 +50,7 @@ impl CommandError {
             ErrorKind::Unavailable => exit_codes::UNAVAILABLE,
             ErrorKind::Locked => exit_codes::LOCKED,
             ErrorKind::Internal => exit_codes::INTERNAL,
+            ErrorKind::Interrupted => exit_codes::INTERRUPTED,
         }
     }
 }
@@ -72,8 +75,12 @@ impl From<cudabisect::run::plan::RunError> for CommandError {
     fn from(e: cudabisect::run::plan::RunError) -> Self {
         use cudabisect::run::plan::RunError;
         let kind = match &e {
-            RunError::Locked(_) => ErrorKind::Locked,
+            // Only another run holding the lock is 7 (a script may retry on it); a lock that cannot be
+            // made (a read-only checkout, a directory in its place) is the user's to fix.
+            RunError::Locked(cudabisect::run::lock::LockError::Held { .. }) => ErrorKind::Locked,
+            RunError::Locked(_) => ErrorKind::Usage,
             RunError::Unavailable(_) => ErrorKind::Unavailable,
+            RunError::Interrupted => ErrorKind::Interrupted,
             e if e.is_usage() => ErrorKind::Usage,
             _ => ErrorKind::Internal,
         };

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudabisect::report::event::Reporter;
 use cudabisect::run::nightly::{nightly, NightlyOptions, NightlyStatus};
 
-use super::common::print_stdout;
 use super::error::CommandResult;
 use super::exit_codes;
 
@@ -17,7 +16,6 @@ pub fn run(
 ) -> CommandResult {
     let night = nightly(opts, reporter, cancel)?;
     let n = &night.nightly;
-    print_stdout(&format!("Nightly: {}: {}\n", n.status.as_str(), n.message));
     if cancel.load(Ordering::SeqCst) {
         return Ok(exit_codes::INTERRUPTED);
     }

@@ -115,6 +115,11 @@ pub enum Event {
         /// Its report.
         report: Box<ShrinkReport>,
     },
+    /// A night of `nightly` is decided: its status (the exit code's meaning) and what it kept.
+    Nightly {
+        /// The night.
+        record: Box<crate::report::record::NightlyRecord>,
+    },
     /// The run is over.
     Finished {
         /// The report.

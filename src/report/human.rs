@@ -219,6 +219,11 @@ impl Reporter for HumanReporter {
             Event::ShrinkFinished { summary } => self.line(&format!("shrink: {summary}")),
             Event::ShrinkDone { report } => self.print(&shrink_summary(report)),
             Event::Finished { report } => self.print(&summary(report)),
+            Event::Nightly { record } => self.print(&format!(
+                "Nightly: {}: {}\n",
+                record.status.as_str(),
+                record.message
+            )),
         }
     }
 }

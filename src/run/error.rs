@@ -33,6 +33,9 @@ pub enum RunError {
     /// The harness could not be set up.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
+    /// Ctrl-C or SIGTERM stopped it before it had anything to report.
+    #[error("interrupted")]
+    Interrupted,
     /// Filesystem trouble in the state directory.
     #[error("{path}: {source}")]
     Io {

@@ -75,7 +75,11 @@ pub fn start(
         }
     };
     let state_dir = plan.repo.state_dir();
-    let _lock = lock_state_dir(&state_dir, &format!("start {}", opts.range))?;
+    let _lock = if opts.state_locked {
+        None
+    } else {
+        Some(lock_state_dir(&state_dir, &format!("start {}", opts.range))?)
+    };
     let run_dir = state_dir.join("runs").join(run_id());
     let log_dir = run_dir.join("logs");
     std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
@@ -154,7 +158,11 @@ pub fn start(
         .journal
         .clone()
         .unwrap_or_else(|| journal::journal_path(&state_dir));
-    let fingerprint = journal::fingerprint(&plan.config.text, &environment::fingerprint(cancel));
+    let fingerprint = journal::fingerprint(
+        &plan.config.text,
+        &journal::outside_programs(&plan.config, &plan.repo.workdir()),
+        &environment::fingerprint(cancel),
+    );
     let opened = if opts.fresh {
         Ok((Journal::empty(&journal_path, &fingerprint), Vec::new()))
     } else {
@@ -162,7 +170,16 @@ pub fn start(
     };
     let outcome = match opened {
         Ok((journal, warnings)) => {
-            let reusable = journal.len();
+            let commits: std::collections::HashSet<String> = plan
+                .range
+                .iter()
+                .map(|c| c.oid.to_string())
+                .chain(std::iter::once(plan.bad.1.to_string()))
+                .chain(plan.goods.iter().map(|g| g.1.to_string()))
+                .chain(plan.merge_bases.iter().map(|o| o.to_string()))
+                .collect();
+            let reusable = journal.reusable_among(&commits);
+            let retried = journal.retried();
             let journal = std::sync::Mutex::new(journal);
             for message in warnings {
                 reporter.event(&Event::Warning { message });
@@ -170,8 +187,14 @@ pub fn start(
             if reusable > 0 {
                 reporter.event(&Event::Note {
                     message: format!(
-                        "resuming: {} journaled result(s) from an earlier run with this config can be reused",
-                        reusable
+                        "resuming: {reusable} commit(s) of this range have journaled results from an earlier run with this config"
+                    ),
+                });
+            }
+            if retried > 0 {
+                reporter.event(&Event::Note {
+                    message: format!(
+                        "{retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"
                     ),
                 });
             }
@@ -184,6 +207,7 @@ pub fn start(
                         journal: &journal,
                         warnings: Vec::new(),
                         cancel: stop,
+                        log_dir: Some(log_dir.clone()),
                     }
                 })
                 .collect();

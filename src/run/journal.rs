@@ -2,7 +2,9 @@
 //! flushed to disk as it completes, so a run killed at any point (SIGKILL, preemption, power loss) and
 //! started again reuses what it already knows. Entries are keyed by commit, the target they were judged
 //! against, and a fingerprint of the config, the GPU/driver and cudabisect's version; a torn last line is
-//! ignored with a warning. [`JournaledProbe`] puts it in front of any [`Probe`].
+//! ignored with a warning. Only facts about a commit are replayed: an outcome of the machine (an
+//! infrastructure failure, a repro that could not start, objects missing from the clone) is run again, as
+//! is a commit whose entries contradict each other. [`JournaledProbe`] puts it in front of any [`Probe`].
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -53,20 +55,67 @@ pub fn journal_path(state_dir: &Path) -> PathBuf {
     state_dir.join("journal.jsonl")
 }
 
-/// The fingerprint entries must share to be reused: the config text, the machine's GPU/driver line and
-/// cudabisect's version (a new classifier may judge the same output differently).
-pub fn fingerprint(config_text: &str, environment: &str) -> String {
+/// The fingerprint entries must share to be reused: the config's meaning (its comments and layout
+/// left out), the contents of the programs it names outside the repository (a repro script fixed
+/// between runs is a new repro), the machine's GPU/driver line and cudabisect's version (a new
+/// classifier may judge the same output differently).
+pub fn fingerprint(config_text: &str, outside: &[PathBuf], environment: &str) -> String {
     let mut h = Sha256::new();
-    h.update(config_text.as_bytes());
+    h.update(config_meaning(config_text).as_bytes());
     h.update([0]);
+    for path in outside {
+        h.update(path.to_string_lossy().as_bytes());
+        h.update([0]);
+        if let Ok(bytes) = std::fs::read(path) {
+            h.update(&bytes);
+        }
+        h.update([0]);
+    }
     h.update(environment.as_bytes());
     h.update([0]);
     h.update(env!("CARGO_PKG_VERSION").as_bytes());
-    h.finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex16(&h.finalize())
+}
+
+fn hex16(digest: &[u8]) -> String {
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A config's meaning: its TOML parsed and written back in one canonical form, so a comment, blank
+/// lines or the order of keys change nothing (the text itself when it does not parse).
+pub fn config_meaning(text: &str) -> String {
+    match text.parse::<toml::Table>() {
+        Ok(table) => serde_json::to_string(&table).unwrap_or_else(|_| text.to_string()),
+        Err(_) => text.to_string(),
+    }
+}
+
+/// A short digest of a config's meaning (see [`config_meaning`]).
+pub fn config_digest(text: &str) -> String {
+    hex16(&Sha256::digest(config_meaning(text).as_bytes()))
+}
+
+/// The programs the build and repro commands name by a path outside `repo_root` (a script in the
+/// user's home): their contents are part of what a verdict depends on.
+pub fn outside_programs(config: &crate::config::Config, repo_root: &Path) -> Vec<PathBuf> {
+    let commands = std::iter::once(&config.repro.command)
+        .chain(config.build.as_ref().map(|b| &b.command));
+    let mut out = Vec::new();
+    for c in commands {
+        let words: Vec<String> = match c {
+            crate::config::CommandLine::Argv(v) => v.clone(),
+            crate::config::CommandLine::Shell(s) => {
+                s.split_whitespace().map(str::to_string).collect()
+            }
+        };
+        for w in words {
+            let p = Path::new(&w);
+            if p.is_absolute() && !p.starts_with(repo_root) && p.is_file() {
+                out.push(p.to_path_buf());
+            }
+        }
+    }
+    out
 }
 
 fn target_key(target: Option<&Signature>, repeat: Option<u32>) -> String {
@@ -89,6 +138,34 @@ pub struct Journal {
     sanitized: HashMap<String, SanitizedEntry>,
     /// The file does not end with a newline (a torn write): the next append starts a new line.
     torn: bool,
+    /// Keys whose entries disagree (a hand edit, a journal merged from elsewhere): never reused.
+    contradicted: std::collections::HashSet<(String, String)>,
+    /// Entries of this fingerprint left to be run again: outcomes of the machine, not of the commit.
+    not_facts: usize,
+}
+
+/// Whether a journaled outcome says something about the commit. The machine failing (no driver, a full
+/// disk, a stuck scheduler queue), a repro that could not start and objects missing from this clone say
+/// nothing about it, and are run again next time.
+fn is_fact(record: &ProbeRecord) -> bool {
+    use crate::classify::FaultClass;
+    !matches!(
+        record.signature.class,
+        FaultClass::Infra | FaultClass::ExecFailure | FaultClass::MissingObject
+    )
+}
+
+/// Whether a record is consistent with itself: a hand-flipped verdict (a `good` whose signature is the
+/// target's fault, a record of another commit) is not reused.
+fn is_consistent(commit: &str, record: &ProbeRecord) -> bool {
+    use crate::bisect::Verdict;
+    use crate::classify::FaultClass;
+    record.commit == commit
+        && match record.verdict {
+            Verdict::Good => !record.matched_target && record.signature.class == FaultClass::None,
+            Verdict::Bad => record.signature.class != FaultClass::None,
+            Verdict::Skip => true,
+        }
 }
 
 impl Journal {
@@ -101,6 +178,8 @@ impl Journal {
             probes: HashMap::new(),
             sanitized: HashMap::new(),
             torn,
+            contradicted: Default::default(),
+            not_facts: 0,
         }
     }
 
@@ -108,6 +187,17 @@ impl Journal {
     /// read (a write torn by a kill) are skipped; each one is described in the returned warnings.
     pub fn open(path: &Path, fingerprint: &str) -> std::io::Result<(Journal, Vec<String>)> {
         Self::open_capped(path, fingerprint, MAX_LINES)
+    }
+
+    /// Refuses a journal that is not a regular file (a FIFO would block, a device would be an endless
+    /// line): reading or appending it is never attempted.
+    pub fn check_regular(path: &Path) -> std::io::Result<()> {
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => Err(std::io::Error::other(
+                "not a regular file (remove it, or pass --journal with another path)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn open_capped(
@@ -121,8 +211,11 @@ impl Journal {
             probes: HashMap::new(),
             sanitized: HashMap::new(),
             torn: false,
+            contradicted: Default::default(),
+            not_facts: 0,
         };
         let mut warnings = Vec::new();
+        Self::check_regular(path)?;
         let mut file = match File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((journal, warnings)),
@@ -136,11 +229,13 @@ impl Journal {
         }
         file.seek(SeekFrom::Start(0))?;
         let mut kept: Vec<Vec<u8>> = Vec::new();
+        let (mut unreadable, mut first_unreadable, mut lines) = (0usize, None, 0usize);
         for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
             let line = line?;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
+            lines += 1;
             let parsed = serde_json::from_slice::<Entry>(&line);
             if parsed.is_ok() {
                 kept.push(line);
@@ -148,25 +243,56 @@ impl Journal {
             match parsed {
                 Ok(e) if e.v == VERSION && e.fingerprint == fingerprint => {
                     if let Some(r) = e.record {
-                        journal
-                            .probes
-                            .insert((e.commit, e.target.unwrap_or_else(|| "null".into())), r);
+                        let key = (e.commit, e.target.unwrap_or_else(|| "null".into()));
+                        if !is_consistent(&key.0, &r) {
+                            journal.contradicted.insert(key);
+                        } else if !is_fact(&r) {
+                            journal.not_facts += 1;
+                            journal.probes.remove(&key);
+                        } else if let Some(old) = journal.probes.get(&key) {
+                            if old.verdict != r.verdict || old.matched_target != r.matched_target {
+                                journal.contradicted.insert(key);
+                            }
+                        } else {
+                            journal.probes.insert(key, r);
+                        }
                     } else if let Some(s) = e.sanitized {
                         journal.sanitized.insert(e.commit, s);
                     }
                 }
                 Ok(_) => {}
-                Err(err) => warnings.push(format!(
-                    "{}: line {} cannot be read and is ignored ({err})",
-                    path.display(),
-                    n + 1
-                )),
+                Err(err) => {
+                    unreadable += 1;
+                    first_unreadable.get_or_insert((n + 1, err.to_string()));
+                }
             }
         }
-        if kept.len() > cap {
+        for key in &journal.contradicted {
+            journal.probes.remove(key);
+        }
+        if let Some((line, err)) = first_unreadable {
+            warnings.push(if unreadable == 1 {
+                format!("{}: line {line} cannot be read and is ignored ({err})", path.display())
+            } else {
+                format!(
+                    "{}: {unreadable} lines cannot be read and are ignored (the first, line {line}: {err})",
+                    path.display()
+                )
+            });
+        }
+        if !journal.contradicted.is_empty() {
+            warnings.push(format!(
+                "{}: {} journaled probe(s) contradict each other or themselves and are run again",
+                path.display(),
+                journal.contradicted.len()
+            ));
+        }
+        // Unreadable lines are dropped when the file is rewritten: they would otherwise be warned about
+        // on every later run. Lines count toward the cap whether readable or not.
+        if lines > cap || unreadable > 0 {
             // The newest lines, atomically in place of the old file (the caller holds the state lock).
             let mut text = Vec::new();
-            for line in &kept[kept.len() - cap..] {
+            for line in &kept[kept.len().saturating_sub(cap)..] {
                 text.extend_from_slice(line);
                 text.push(b'\n');
             }
@@ -184,6 +310,21 @@ impl Journal {
     /// True when nothing can be reused.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Journaled outcomes of the machine (not the commit) that this run tries again.
+    pub fn retried(&self) -> usize {
+        self.not_facts
+    }
+
+    /// How many journaled probes are of commits in `commits`: what this run can actually reuse.
+    pub fn reusable_among(&self, commits: &std::collections::HashSet<String>) -> usize {
+        self.probes
+            .keys()
+            .filter(|(c, _)| commits.contains(c))
+            .map(|(c, _)| c)
+            .collect::<std::collections::HashSet<_>>()
+            .len()
     }
 
     fn probe(
@@ -227,6 +368,37 @@ pub struct JournaledProbe<'a> {
     pub warnings: Vec<String>,
     /// Ctrl-C or SIGTERM: what a stopped run returns is not journaled.
     pub cancel: &'a AtomicBool,
+    /// This run's log directory: a reused probe's logs are copied there, so the run (and its bundle)
+    /// holds the evidence of every probe it reports, whatever happens to the earlier run's directory.
+    pub log_dir: Option<PathBuf>,
+}
+
+/// Copies a reused probe's log (with its per-rank siblings) into `log_dir`; the new path, or the old one
+/// when it cannot be copied.
+fn adopt_log(old: &str, log_dir: &Path) -> String {
+    let from = Path::new(old);
+    let (Some(dir), Some(name)) = (from.parent(), from.file_name()) else {
+        return old.to_string();
+    };
+    if dir == log_dir {
+        return old.to_string();
+    }
+    let to = log_dir.join(name);
+    if std::fs::copy(from, &to).is_err() {
+        return old.to_string();
+    }
+    // `NNN-sha-repro.log` has `NNN-sha-repro.rank<R>.log` beside it for a distributed run.
+    let stem = name.to_string_lossy();
+    let prefix = format!("{}.rank", stem.trim_end_matches(".log"));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let n = e.file_name();
+            if n.to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::copy(e.path(), log_dir.join(&n));
+            }
+        }
+    }
+    to.display().to_string()
 }
 
 impl Probe for JournaledProbe<'_> {
@@ -241,6 +413,10 @@ impl Probe for JournaledProbe<'_> {
         if let Some(mut record) = reused {
             record.reused = true;
             record.role = ctx.role;
+            if let Some(dir) = &self.log_dir {
+                record.log = record.log.as_deref().map(|l| adopt_log(l, dir));
+                record.build_log = record.build_log.as_deref().map(|l| adopt_log(l, dir));
+            }
             return ProbeOutcome {
                 record,
                 interrupted: false,
@@ -392,6 +568,7 @@ mod tests {
             journal: &journal,
             warnings: Vec::new(),
             cancel: &cancel,
+            log_dir: None,
         };
         let first = j.probe(oid, &ctx(), None, &mut Quiet);
         drop(j);
@@ -415,8 +592,68 @@ mod tests {
         assert_eq!((runs, reused), (1, false));
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].contains("cannot be read"), "{warnings:?}");
+        // The unreadable line was dropped when the file was rewritten: no warning on every later run.
         let (runs, reused, warnings) = probe_twice(&path, "c");
-        assert_eq!((runs, reused, warnings.len()), (0, true, 1));
+        assert_eq!((runs, reused, warnings.len()), (0, true, 0));
+    }
+
+    fn entry_line(commit: &str, verdict: &str, class: &str, matched: bool) -> String {
+        format!(
+            r#"{{"v":1,"fingerprint":"f","commit":"{commit}","target":"null","record":{{"commit":"{commit}","role":"search","verdict":"{verdict}","signature":{{"class":"{class}","summary":"x"}},"matched_target":{matched},"reason":null,"exit_code":1,"signal":null,"duration_s":1.0,"build_log":null,"log":null,"attempts":1}}}}"#
+        )
+    }
+
+    #[test]
+    fn outcomes_of_the_machine_and_contradictions_are_not_reused_and_garbage_is_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let (a, b, c, d) = ("a".repeat(40), "b".repeat(40), "c".repeat(40), "d".repeat(40));
+        let mut text = String::new();
+        text += &(entry_line(&a, "skip", "infra", false) + "\n");
+        text += &(entry_line(&b, "bad", "illegal_address", true) + "\n");
+        text += &(entry_line(&b, "good", "none", false) + "\n");
+        // A hand-flipped verdict: `good`, but its signature is the target's fault.
+        text += &(entry_line(&c, "good", "illegal_address", true) + "\n");
+        text += &(entry_line(&d, "bad", "illegal_address", true) + "\n");
+        for _ in 0..1000 {
+            text += "garbage\n";
+        }
+        std::fs::write(&path, &text).expect("write");
+        let (journal, warnings) = Journal::open(&path, "f").expect("open");
+        assert_eq!(journal.retried(), 1, "the infrastructure outcome is run again");
+        assert_eq!(journal.len(), 1, "only d is a fact: {:?}", journal.probes.keys());
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("1000 lines cannot be read"), "{warnings:?}");
+        assert!(warnings[1].contains("2 journaled probe(s) contradict"), "{warnings:?}");
+        let after = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(after.lines().count(), 5, "garbage pruned, entries kept");
+    }
+
+    #[test]
+    fn a_journal_that_is_not_a_regular_file_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        std::fs::create_dir(&path).expect("mkdir");
+        assert!(Journal::open(&path, "f").is_err());
+        let link = dir.path().join("j2");
+        std::os::unix::fs::symlink("/dev/zero", &link).expect("symlink");
+        let err = Journal::open(&link, "f").err().expect("refused");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn a_comment_or_key_order_in_the_config_keeps_the_fingerprint_a_value_does_not() {
+        let a = "[repro]\ncommand = \"./r.sh\"\ntimeout = \"5s\"\n";
+        let b = "# a comment\n[repro]\ntimeout = \"5s\"   # why\ncommand = \"./r.sh\"\n";
+        let c = "[repro]\ncommand = \"./r.sh\"\ntimeout = \"6s\"\n";
+        assert_eq!(fingerprint(a, &[], "gpu"), fingerprint(b, &[], "gpu"));
+        assert_ne!(fingerprint(a, &[], "gpu"), fingerprint(c, &[], "gpu"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("r.sh");
+        std::fs::write(&script, "exit 1").expect("write");
+        let before = fingerprint(a, std::slice::from_ref(&script), "gpu");
+        std::fs::write(&script, "exit 0").expect("write");
+        assert_ne!(before, fingerprint(a, &[script], "gpu"), "a fixed script is a new repro");
     }
 
     #[test]

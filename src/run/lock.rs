@@ -1,5 +1,5 @@
-//! One run at a time per state directory: `start`, `shrink --at` and `triage --at` share the probe
-//! worktree, so each takes an exclusive lock first and a second one is told who holds it.
+//! One run at a time per state directory: `start`, `shrink --at`, `triage --at` and `nightly` share the
+//! probe worktree, so each takes an exclusive lock first and a second one is told who holds it.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
@@ -30,17 +30,71 @@ pub enum LockError {
 /// The held lock; released when dropped (or when the process dies, however it dies).
 #[derive(Debug)]
 pub struct StateLock {
-    _file: File,
+    file: File,
+    owner: String,
 }
 
-/// Takes the lock of `state_dir`, writing who holds it (pid and command) for a second run to read.
+impl Drop for StateLock {
+    fn drop(&mut self) {
+        // A finished run leaves no owner behind: a run on another host (which cannot check whether
+        // this one is alive) then takes the lock without a word.
+        let mut now = String::new();
+        if self.file.rewind().is_ok()
+            && self.file.read_to_string(&mut now).is_ok()
+            && now.trim() == self.owner.trim()
+        {
+            let _ = self.file.set_len(0);
+        }
+    }
+}
+
+/// Where the lock of `state_dir` lives: beside it, not inside it, so a repro or a user removing the state
+/// directory mid-run does not let a second run in.
+pub fn lock_path(state_dir: &Path) -> PathBuf {
+    let name = state_dir
+        .file_name()
+        .map_or_else(|| "cudabisect".into(), |n| n.to_string_lossy().into_owned());
+    match state_dir.parent() {
+        Some(parent) => parent.join(format!("{name}.lock")),
+        None => state_dir.join("lock"),
+    }
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Whether `pid` on this host is a live cudabisect process (not a recycled pid).
+fn alive_cudabisect(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains("cudabisect"))
+}
+
+/// Reads `pid P on host H: …` back.
+fn parse_owner(text: &str) -> Option<(u32, String)> {
+    let rest = text.trim().strip_prefix("pid ")?;
+    let (pid, rest) = rest.split_once(" on host ")?;
+    let (host, _) = rest.split_once(':')?;
+    Some((pid.parse().ok()?, host.to_string()))
+}
+
+/// Takes the lock of `state_dir`, writing who holds it (pid, host and command) for a second run to read.
+/// The file lock is the guard; the owner line written into it is a second one for file systems whose
+/// locks are per host or per mount (NFS without a lock manager): a live owner there still refuses.
 pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockError> {
-    let path = state_dir.join("lock");
+    let path = lock_path(state_dir);
     let io = |source| LockError::Io {
         path: path.clone(),
         source,
     };
     std::fs::create_dir_all(state_dir).map_err(io)?;
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Err(io(std::io::Error::other(
+            "not a regular file (remove it; cudabisect creates it)",
+        )));
+    }
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -48,27 +102,46 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
         .truncate(false)
         .open(&path)
         .map_err(io)?;
+    let held = |holder: &str| LockError::Held {
+        path: path.clone(),
+        holder: if holder.is_empty() {
+            "a run that is starting".into()
+        } else {
+            holder.to_string()
+        },
+    };
+    let mut previous = String::new();
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
-            return Err(LockError::Held {
-                path,
-                holder: if holder.is_empty() {
-                    "a run that is starting".into()
-                } else {
-                    holder.to_string()
-                },
-            });
+            let _ = file.read_to_string(&mut previous);
+            return Err(held(previous.trim()));
         }
         Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
     }
+    let _ = file.read_to_string(&mut previous);
+    let me = host();
+    if let Some((pid, owner_host)) = parse_owner(&previous) {
+        if pid != std::process::id() {
+            if owner_host == me && alive_cudabisect(pid) {
+                // The file lock was granted although its owner lives: this file system's locks do not
+                // see each other (two mounts of one repository).
+                return Err(held(previous.trim()));
+            }
+            if owner_host != me {
+                return Err(held(&format!(
+                    "{}; file locks do not reach across hosts here, so if that run is gone, remove {}",
+                    previous.trim(),
+                    path.display()
+                )));
+            }
+        }
+    }
+    let owner = format!("pid {} on host {me}: cudabisect {what}\n", std::process::id());
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
-    writeln!(file, "pid {}: cudabisect {what}", std::process::id()).map_err(io)?;
-    Ok(StateLock { _file: file })
+    file.write_all(owner.as_bytes()).map_err(io)?;
+    Ok(StateLock { file, owner })
 }
 
 #[cfg(test)]
@@ -88,5 +161,40 @@ mod tests {
         }
         drop(first);
         lock_state_dir(dir.path(), "again").expect("free after drop");
+    }
+
+    #[test]
+    fn the_lock_outlives_its_state_directory_and_a_live_owner_refuses_without_a_file_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("cudabisect");
+        let first = lock_state_dir(&state, "start a..b").expect("first");
+        std::fs::remove_dir_all(&state).expect("rm");
+        assert!(matches!(
+            lock_state_dir(&state, "start"),
+            Err(LockError::Held { .. })
+        ));
+        drop(first);
+        // An owner line naming a live cudabisect on this host (a second mount whose file lock is not
+        // shared): refused. This test binary's own pid is not cudabisect's, so use a parent that is not
+        // alive as cudabisect either: the stale line is taken over.
+        std::fs::write(lock_path(&state), format!("pid 1 on host {}: cudabisect start\n", host()))
+            .expect("write");
+        let taken = lock_state_dir(&state, "start").expect("a stale owner is taken over");
+        drop(taken);
+        assert_eq!(std::fs::read_to_string(lock_path(&state)).expect("read"), "");
+        std::fs::write(lock_path(&state), "pid 4242 on host elsewhere: cudabisect start\n")
+            .expect("write");
+        match lock_state_dir(&state, "start") {
+            Err(LockError::Held { holder, .. }) => assert!(holder.contains("elsewhere"), "{holder}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_lock_path_that_is_not_a_file_is_an_error_not_a_held_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("cudabisect");
+        std::fs::create_dir_all(lock_path(&state)).expect("mkdir");
+        assert!(matches!(lock_state_dir(&state, "x"), Err(LockError::Io { .. })));
     }
 }

@@ -5,6 +5,7 @@
 //! not bisected again; a clean head closes it.
 
 use crate::report::record::short_sha;
+use git2::Oid;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -26,30 +27,82 @@ use crate::atomic_file::write_atomic;
 
 pub use super::nightly_state::*;
 
-fn state_file(dir: &Path, branch: &str, fingerprint: &str) -> PathBuf {
-    let safe: String = branch
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
+/// The state file of one repository, branch and config. The branch is escaped injectively (`feature/x`
+/// and `feature_x` stay apart); the key holds only what changes verdicts: the repository, and the
+/// config's meaning without the sections that judge nothing (`[nightly]`, `[bundle]`, `[triage]`,
+/// `[shrink]`) and without comments. A failing `nvidia-smi`, a driver or cudabisect upgrade keep it.
+fn state_file(dir: &Path, repo_key: &str, branch: &str, config_text: &str) -> PathBuf {
+    let mut safe = String::new();
+    for c in branch.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+            safe.push(c);
+        } else {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                safe.push_str(&format!("_{b:02x}"));
             }
-        })
-        .collect();
-    dir.join(format!("{safe}-{fingerprint}.json"))
+        }
+    }
+    let judged = match config_text.parse::<toml::Table>() {
+        Ok(mut t) => {
+            for section in ["nightly", "bundle", "triage", "shrink"] {
+                t.remove(section);
+            }
+            toml::to_string(&t).unwrap_or_else(|_| config_text.to_string())
+        }
+        Err(_) => config_text.to_string(),
+    };
+    let key = journal::config_digest(&format!("{repo_key}\0{judged}"));
+    dir.join(format!("{safe}-{}.json", &key[..16]))
+}
+
+/// What names the repository across fresh CI checkouts: its `origin` URL without credentials, else its
+/// path.
+fn repo_key(repo: &Repo) -> String {
+    let url = crate::git::git(&repo.workdir())
+        .args(["config", "--get", "remote.origin.url"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|u| !u.is_empty());
+    match url {
+        Some(u) => match u.split_once("://") {
+            Some((scheme, rest)) => {
+                let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+                format!("{scheme}://{host}")
+            }
+            None => u,
+        },
+        None => repo.workdir().display().to_string(),
+    }
 }
 
 fn load_state(path: &Path) -> Result<NightlyState, RunError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| {
-            RunError::Usage(format!("{}: not a nightly state file: {e}", path.display()))
-        }),
+    let unreadable = |e: String| {
+        RunError::Usage(format!(
+            "{}: not a nightly state file ({e}); remove it to start a new baseline",
+            path.display()
+        ))
+    };
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(NightlyState::default()),
-        Err(source) => Err(RunError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(e) => Err(unreadable(e.to_string())),
+    }
+}
+
+/// A state's commit still on the branch: it exists in this clone and is an ancestor of the head. When it
+/// is not (a force-push, a reset behind it), why, for a warning.
+fn still_on_branch(repo: &Repo, commit: &str, head: Oid) -> Result<(), &'static str> {
+    let oid = Oid::from_str(commit).map_err(|_| "is not a commit id")?;
+    if repo.resolve(&oid.to_string()).is_err() {
+        return Err("no longer exists (the history was rewritten)");
+    }
+    match repo.is_ancestor(oid, head) {
+        Ok(true) => Ok(()),
+        _ => Err("is not an ancestor of the head (the branch was reset or rewritten)"),
     }
 }
 
@@ -67,22 +120,87 @@ pub fn nightly(
         })?,
     };
     let head = repo.resolve(&branch)?;
+    if repo.resolve(&format!("refs/heads/{branch}")).is_err()
+        && repo.resolve(&format!("refs/remotes/{branch}")).is_err()
+    {
+        return Err(RunError::Usage(format!(
+            "--branch {branch} is not a branch (a local or remote-tracking branch name, such as main or origin/main)"
+        )));
+    }
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
     let config = Config::load(&config_path(&repo, opts.config.as_deref()))?;
     let state_dir = opts
         .state
         .clone()
         .unwrap_or_else(|| repo.state_dir().join("nightly"));
-    let fingerprint = journal::fingerprint(&config.text, &environment::fingerprint(cancel));
-    let path = state_file(&state_dir, &branch, &fingerprint);
+    if std::fs::metadata(&state_dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(RunError::Usage(format!(
+            "--state {} exists and is not a directory",
+            state_dir.display()
+        )));
+    }
+    let path = state_file(&state_dir, &repo_key(&repo), &branch, &config.text);
+    let fingerprint = journal::fingerprint(
+        &config.text,
+        &journal::outside_programs(&config, &repo.workdir()),
+        &environment::fingerprint(cancel),
+    );
     // The journal lives beside the state, so a night cut short in CI resumes in the next job's fresh
     // checkout from the cached state directory.
-    std::fs::create_dir_all(&state_dir).map_err(|source| RunError::Io {
-        path: state_dir.clone(),
-        source,
+    std::fs::create_dir_all(&state_dir).map_err(|e| {
+        RunError::Usage(format!(
+            "cannot create the state directory {}: {e}",
+            state_dir.display()
+        ))
     })?;
+    // One lock for the whole night: no second night slips in between the head probe and the bisection.
+    let _lock = lock_state_dir(&repo.state_dir(), &format!("nightly {branch}"))?;
     let journal_file = journal_path(&state_dir);
     let mut state = load_state(&path)?;
+    let warn = |reporter: &mut dyn Reporter, message: String| {
+        reporter.event(&Event::Warning { message })
+    };
+    if let Some(lg) = state.last_good.clone() {
+        if let Err(why) = still_on_branch(&repo, &lg, head) {
+            warn(reporter, format!(
+                "the last good commit {} kept in {} {why}: {}",
+                short_sha(&lg),
+                path.display(),
+                if since.is_some() { "using --since instead" } else { "a clean head becomes the new baseline; pass --since REV to bisect a fault before then" }
+            ));
+            state.last_good = None;
+        }
+    }
+    if let Some(open) = state.open.as_mut() {
+        if still_on_branch(&repo, &open.last_failing, head).is_err() {
+            // The open bug is still known by its signature; only its last failing head is gone.
+            open.last_failing = head.to_string();
+        }
+    }
+    if state == NightlyState::default() && !path.exists() {
+        let prefix = path
+            .file_name()
+            .map(|n| n.to_string_lossy().rsplit_once('-').map(|(b, _)| format!("{b}-")).unwrap_or_default())
+            .unwrap_or_default();
+        let others = std::fs::read_dir(&state_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.starts_with(&prefix) && n.ends_with(".json") && n.len() == prefix.len() + 21
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if others > 0 {
+            reporter.event(&Event::Note {
+                message: format!(
+                    "a new state for {branch}: the config's judging sections changed since the {others} other state file(s) of this branch in {}",
+                    state_dir.display()
+                ),
+            });
+        }
+    }
     let last_good = state
         .last_good
         .clone()
@@ -93,7 +211,6 @@ pub fn nightly(
         message: format!("nightly: testing {branch} at {}", &head.to_string()[..12]),
     });
     let record = {
-        let _lock = lock_state_dir(&repo.state_dir(), &format!("nightly {branch}"))?;
         let log_dir = repo
             .state_dir()
             .join("runs")
@@ -137,6 +254,7 @@ pub fn nightly(
             journal: &journal,
             warnings: Vec::new(),
             cancel,
+            log_dir: None,
         };
         let out = journaled.probe(head, &ctx, None, reporter);
         for message in std::mem::take(&mut journaled.warnings) {
@@ -146,6 +264,10 @@ pub fn nightly(
             reporter.event(&Event::Warning {
                 message: format!("the probe worktree was not removed: {e}"),
             });
+        }
+        if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
+            // A stopped head says nothing: nothing is decided and the state is left as it was.
+            return Err(RunError::Interrupted);
         }
         out.record
     };
@@ -167,7 +289,7 @@ pub fn nightly(
             Some(open) => (
                 NightlyStatus::Fixed,
                 format!(
-                    "fixed: the head is clean again after {} night(s) of {}",
+                    "the head is clean again after {} night(s) of {}",
                     open.nights,
                     open.signature.short()
                 ),
@@ -176,12 +298,12 @@ pub fn nightly(
             None if first => (
                 NightlyStatus::Baseline,
                 format!(
-                    "baseline: {} is clean and is the last good commit",
+                    "{} is clean and is the last good commit",
                     &head_s[..12]
                 ),
                 None,
             ),
-            None => (NightlyStatus::Clean, "clean".to_string(), None),
+            None => (NightlyStatus::Clean, "the head is clean".to_string(), None),
         }
     } else if let Some(open) = state
         .open
@@ -193,7 +315,7 @@ pub fn nightly(
         (
             NightlyStatus::StillFailing,
             format!(
-                "still failing ({} nights): {}{}",
+                "{} nights: {}{}",
                 open.nights,
                 sig.short(),
                 open.first_bad
@@ -214,11 +336,18 @@ pub fn nightly(
             Some(o) => (Some(o.last_failing.clone()), true),
             None => (last_good, false),
         };
-        let Some(good) = last_good else {
-            return Err(RunError::Usage(format!(
-                "the head of {branch} faults ({}) and there is no last good commit yet: pass --since REV",
-                sig.short()
-            )));
+        let good = match last_good {
+            Some(good) => good,
+            None => {
+                let message = format!(
+                    "the head of {branch} faults ({}) and there is no last good commit to bisect from: pass --since REV",
+                    sig.short()
+                );
+                return Ok(finish_night(
+                    Night { status: NightlyStatus::Inconclusive, message, fixed_range: None, bisect: None },
+                    &state, &path, &branch, head_s, sig, &config, &repo, opts, reporter, cancel,
+                ));
+            }
         };
         let start_opts = StartOptions {
             dir: opts.dir.clone(),
@@ -228,6 +357,7 @@ pub fn nightly(
             no_shrink: opts.no_stages,
             goods_may_show_other_bugs,
             journal: Some(journal_file.clone()),
+            state_locked: true,
             ..StartOptions::default()
         };
         let report = start(&start_opts, reporter, cancel)?;
@@ -245,36 +375,71 @@ pub fn nightly(
                 nights: 1,
             });
         }
-        let message = format!("regression: {}", report.message);
+        let message = report.message.clone();
         bisect = Some(report);
         (status, message, None)
     };
-    std::fs::create_dir_all(&state_dir).map_err(|source| RunError::Io {
-        path: state_dir.clone(),
-        source,
-    })?;
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| RunError::Usage(e.to_string()))?;
-    write_atomic(&path, &json).map_err(|source| RunError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    Ok(finish_night(
+        Night { status, message, fixed_range, bisect },
+        &state, &path, &branch, head_s, sig, &config, &repo, opts, reporter, cancel,
+    ))
+}
+
+/// How a night was decided, before it is written.
+struct Night {
+    status: NightlyStatus,
+    message: String,
+    fixed_range: Option<String>,
+    bisect: Option<crate::report::record::Report>,
+}
+
+/// Writes the state (a failure is a warning: the night's outputs still go out), announces the night and
+/// writes what CI reads.
+#[allow(clippy::too_many_arguments)]
+fn finish_night(
+    night: Night,
+    state: &NightlyState,
+    path: &Path,
+    branch: &str,
+    head: String,
+    sig: crate::classify::Signature,
+    config: &Config,
+    repo: &Repo,
+    opts: &NightlyOptions,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> NightlyReport {
+    let written = serde_json::to_vec_pretty(state)
+        .map_err(std::io::Error::other)
+        .and_then(|json| write_atomic(path, &json));
+    if let Err(e) = written {
+        reporter.event(&Event::Warning {
+            message: format!(
+                "the nightly state was not saved ({}: {e}): the next night will not know this one",
+                path.display()
+            ),
+        });
+    }
     let open = state.open.as_ref();
-    let night = NightlyReport {
+    let report = NightlyReport {
         nightly: NightlyRecord {
-            status,
-            message,
-            branch,
-            head: head_s,
+            status: night.status,
+            message: night.message,
+            branch: branch.to_string(),
+            head,
             last_good: state.last_good.clone(),
             first_bad: open.and_then(|o| o.first_bad.clone()),
             open_since: open.map(|o| o.open_since.clone()),
             nights_failing: open.map(|o| o.nights).unwrap_or(0),
-            fixed_range,
+            fixed_range: night.fixed_range,
             signature: sig,
         },
-        bisect,
+        bisect: night.bisect,
     };
+    reporter.event(&Event::Nightly {
+        record: Box::new(report.nightly.clone()),
+    });
     // What CI reads, and the team's hook, from the config this night ran with.
-    nightly_outputs(&night, &config, &repo.workdir(), opts, reporter, cancel);
-    Ok(night)
+    nightly_outputs(&report, config, &repo.workdir(), opts, reporter, cancel);
+    report
 }

@@ -48,6 +48,8 @@ pub struct StartOptions {
     pub bundle_dir: Option<PathBuf>,
     /// Probes at once, overriding `[search] jobs`.
     pub jobs: Option<crate::config::Jobs>,
+    /// The caller already holds the state directory's lock (the nightly job, for its whole night).
+    pub state_locked: bool,
 }
 
 pub use super::error::RunError;
