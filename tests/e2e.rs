@@ -898,16 +898,22 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
 #[test]
 fn a_second_run_in_the_same_clone_is_refused_while_the_first_holds_the_lock() {
     let repo = faulting_from(6, 3);
-    let state = repo.path.join(".git/cudabisect");
-    std::fs::create_dir_all(&state).unwrap();
+    // The lock lives beside the state directory, so removing that directory does not let a second
+    // run in.
+    let lock_path = repo.path.join(".git/cudabisect.lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(state.join("lock"))
+        .open(&lock_path)
         .unwrap();
     lock.try_lock().unwrap();
-    std::fs::write(state.join("lock"), "pid 1: cudabisect start a..b\n").unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    std::fs::write(
+        &lock_path,
+        format!("pid 1 on host {}: cudabisect start a..b\n", host.trim()),
+    )
+    .unwrap();
     let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
     assert_eq!(run.code, 7, "{}", run.stderr);
     assert!(
@@ -918,6 +924,7 @@ fn a_second_run_in_the_same_clone_is_refused_while_the_first_holds_the_lock() {
     assert!(run.stderr.contains("start a..b"), "{}", run.stderr);
     assert_eq!(run.stderr.trim().lines().count(), 1, "{}", run.stderr);
     drop(lock);
+    // Its holder gone, the owner line names a pid that is not cudabisect: the lock is taken over.
     let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[3].to_string());

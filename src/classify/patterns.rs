@@ -196,12 +196,27 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
             ),
         ),
         rule(
+            // A stack dump taken of a process that stopped making progress (py-spy dump): a hang.
+            Hang,
+            r#"^Thread (0x)?[0-9a-fA-F]+ \((active|idle)[^)]*\): ""#,
+        ),
+        rule(
             Signal,
-            r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error)( \(core dumped\))?$",
+            concat!(
+                r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error)( \(core dumped\))?$",
+                // The kernel's OOM killer, as the shell reports it (`Killed`, or a job line
+                // `script: line 6:  3305 Killed   cmd`), and a DataLoader worker it took.
+                r"|^Killed\s*$|: line \d+:\s+\d+ Killed\s|is killed by signal: Killed",
+            ),
         ),
         rule(
             BuildFailure,
-            r"ninja: build stopped: subcommand failed|^nvcc fatal|Error compiling objects for extension|Error building extension|error: command '[^']*nvcc' failed|^CMake Error|^make(\[\d+\])?: \*\*\* .*Error \d+|collect2: error: ld returned|^nvlink error",
+            concat!(
+                r"ninja: build stopped: subcommand failed|^nvcc fatal|Error compiling objects for extension|Error building extension|error: command '[^']*nvcc' failed|^CMake Error|^make(\[\d+\])?: \*\*\* .*Error \d+|collect2: error: ld returned|^nvlink error",
+                // A compiled extension that does not link against what it runs with: built against
+                // another torch or CUDA, or a device function the link never resolved.
+                r"|^ImportError: \S+\.so(\.\d+)*: undefined symbol: |undefined reference to `|^ptxas fatal|Unresolved extern function",
+            ),
         ),
     ]
 });
@@ -237,6 +252,19 @@ static RANK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
 static RUST_PANIC: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^thread '.*' panicked at (?P<site>\S+?):?$").expect("pattern"));
+
+/// `text` without terminal escape sequences (colours, cursor moves, window titles); borrowed as it is
+/// when it holds none.
+pub fn strip_ansi(text: &str) -> std::borrow::Cow<'_, str> {
+    static ESCAPE: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+            .expect("pattern")
+    });
+    if !text.contains('\x1b') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    ESCAPE.replace_all(text, "")
+}
 
 /// True for a line that names a fault the classifier reads (a CUDA error, a device assert, a sanitizer
 /// record, an NCCL or infrastructure failure): the lines worth keeping from the middle of a huge output.
@@ -410,6 +438,7 @@ fn is_user_path(path: &str) -> bool {
 
 fn first_text_finding(lines: &[&str]) -> Option<Signature> {
     let mut after_frame = false;
+    let mut generic: Option<Signature> = None;
     for line in lines {
         let quoted_source = after_frame && line.starts_with(char::is_whitespace);
         after_frame = PY_FRAME.is_match(line);
@@ -432,6 +461,15 @@ fn first_text_finding(lines: &[&str]) -> Option<Signature> {
             return Some(s);
         }
         if let Some(mut s) = classify_line(line) {
+            if s.class == FaultClass::Other {
+                // A `CUDA error:` line no rule knows: a device fault later in the output is the one to
+                // name; this one is kept when none follows (what follows it is usually its fallout).
+                generic.get_or_insert(s);
+                continue;
+            }
+            if generic.is_some() && !s.class.is_device_fault() {
+                continue;
+            }
             if is_fallout(&s) {
                 // A peer's collective error or a closed connection is printed first when another rank
                 // faulted: a device fault later in the output is the cause.
@@ -451,7 +489,7 @@ fn first_text_finding(lines: &[&str]) -> Option<Signature> {
             return Some(s);
         }
     }
-    None
+    generic
 }
 
 /// Errors other ranks print because one rank faulted: never the cause while a device fault follows.
@@ -528,6 +566,8 @@ fn classify_line(line: &str) -> Option<Signature> {
                 "SIGBUS"
             } else if line.contains("Floating point") || line.contains("SIGFPE") {
                 "SIGFPE"
+            } else if line.contains("Killed") || line.contains("SIGKILL") {
+                "SIGKILL"
             } else {
                 "signal"
             }

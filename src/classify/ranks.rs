@@ -219,6 +219,9 @@ fn candidate(rank: Option<u32>, exit: Exit, lines: &[(usize, &str)]) -> Candidat
 
 /// Classifies a run's output, rank by rank when it came from several ranks.
 pub fn classify(exit: Exit, output: &str) -> Signature {
+    // Colour codes inside a line (rich, loguru, `pytest --color=yes`, FORCE_COLOR) are not text.
+    let plain = super::patterns::strip_ansi(output);
+    let output: &str = &plain;
     let streams = RankStreams::split(output);
     if !streams.is_multi_rank() {
         return classify_stream(exit, output);

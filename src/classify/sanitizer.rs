@@ -76,7 +76,7 @@ pub struct Finding {
 }
 
 static HEADER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(?:=+ )?(Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+)(?: bytes?)?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|Error: Race reported between .*|Barrier error detected.*|(?P<exception>Trace/breakpoint trap|Warp assert|Warp Illegal Address|Warp Misaligned Address|Warp Illegal Instruction|Warp Out-of-range Address))$").expect("pattern")
+    Regex::new(r"^(?:=+ )?(Invalid __(?P<space>\w+)__ (?P<dir>read|write|atomic)\w* of size (?P<size>\d+)(?: bytes?)?|Uninitialized __\w+__ memory read of size (?P<usize>\d+) bytes?|(?:Error|Warning): Race reported between .*|(?:ERROR|WARN)\b[^:]*:\s*(?:\([^)]*\)\s*)?Potential \w+ hazard detected at .*|Barrier error detected.*|(?P<exception>Trace/breakpoint trap|Warp assert|Warp Illegal Address|Warp Misaligned Address|Warp Illegal Instruction|Warp Out-of-range Address))$").expect("pattern")
 });
 static AT: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^=+\s+at (?:0x[0-9a-f]+ in )?(?P<func>.+?)\+0x(?P<pc>[0-9a-f]+)(?: in (?P<file>[^:\s]+):(?P<line>\d+))?").expect("pattern")
@@ -177,7 +177,8 @@ fn header_finding(c: &regex::Captures, line: &str) -> Finding {
         f.size = size.as_str().parse().ok();
     } else if let Some(e) = c.name("exception") {
         f.kind = Some(exception_kind(e.as_str()));
-    } else if text.starts_with("Error: Race") {
+    } else if text.contains("Race reported between") || text.contains("hazard detected at") {
+        // Warnings too: a race the tool only warns about is still a race, and the log's reason to exist.
         f.kind = Some(FindingKind::Race);
         if let Some(rc) = RACE_AT.captures(&text) {
             set_location(&mut f, &rc);
@@ -203,10 +204,24 @@ fn exception_kind(name: &str) -> FindingKind {
 }
 
 fn set_location(f: &mut Finding, c: &regex::Captures) {
-    f.kernel = Some(short_kernel_name(&c["func"]));
+    // A debug build puts the source first: `at 0x120 in /path/file.cuh:59:ns::kernel(args)`.
+    static SOURCE_FIRST: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"^(?P<file>[^:\s()]+):(?P<line>\d+):(?P<func>.+)$").expect("pattern")
+    });
+    let func = &c["func"];
+    let (func, source) = match SOURCE_FIRST.captures(func) {
+        Some(s) => (
+            s.name("func").map_or(func, |m| m.as_str()),
+            Some(format!("{}:{}", &s["file"], &s["line"])),
+        ),
+        None => (func, None),
+    };
+    f.kernel = Some(short_kernel_name(func));
     f.pc = Some(format!("0x{}", &c["pc"]));
     if let (Some(file), Some(line)) = (c.name("file"), c.name("line")) {
         f.source = Some(format!("{}:{}", file.as_str(), line.as_str()));
+    } else if source.is_some() {
+        f.source = source;
     }
 }
 

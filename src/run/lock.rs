@@ -31,20 +31,30 @@ pub enum LockError {
 #[derive(Debug)]
 pub struct StateLock {
     file: File,
+    path: PathBuf,
     owner: String,
 }
 
 impl Drop for StateLock {
     fn drop(&mut self) {
-        // A finished run leaves no owner behind: a run on another host (which cannot check whether
-        // this one is alive) then takes the lock without a word.
+        // A finished run leaves nothing behind in the git directory. The file goes while it is still
+        // locked; a run that opened it meanwhile sees its lock on a removed file and tries again.
         let mut now = String::new();
         if self.file.rewind().is_ok()
             && self.file.read_to_string(&mut now).is_ok()
             && now.trim() == self.owner.trim()
         {
-            let _ = self.file.set_len(0);
+            let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+/// Whether `file` is still what `path` names (not removed or replaced since it was opened).
+fn still_at(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        _ => false,
     }
 }
 
@@ -95,13 +105,6 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
             "not a regular file (remove it; cudabisect creates it)",
         )));
     }
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io)?;
     let held = |holder: &str| LockError::Held {
         path: path.clone(),
         holder: if holder.is_empty() {
@@ -111,14 +114,32 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
         },
     };
     let mut previous = String::new();
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let _ = file.read_to_string(&mut previous);
-            return Err(held(previous.trim()));
+    let mut tries = 0;
+    let mut file = loop {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let _ = file.read_to_string(&mut previous);
+                return Err(held(previous.trim()));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-    }
+        // The holder removed the file as it finished, after this run opened it: lock the new one.
+        if still_at(&file, &path) {
+            break file;
+        }
+        tries += 1;
+        if tries > 100 {
+            return Err(io(std::io::Error::other("the lock file keeps being replaced")));
+        }
+    };
     let _ = file.read_to_string(&mut previous);
     let me = host();
     if let Some((pid, owner_host)) = parse_owner(&previous) {
@@ -141,7 +162,7 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     file.write_all(owner.as_bytes()).map_err(io)?;
-    Ok(StateLock { file, owner })
+    Ok(StateLock { file, path, owner })
 }
 
 #[cfg(test)]
@@ -181,7 +202,7 @@ mod tests {
             .expect("write");
         let taken = lock_state_dir(&state, "start").expect("a stale owner is taken over");
         drop(taken);
-        assert_eq!(std::fs::read_to_string(lock_path(&state)).expect("read"), "");
+        assert!(!lock_path(&state).exists(), "a finished run leaves no lock file");
         std::fs::write(lock_path(&state), "pid 4242 on host elsewhere: cudabisect start\n")
             .expect("write");
         match lock_state_dir(&state, "start") {
