@@ -82,7 +82,23 @@ pub struct WorkerSlot {
     pub worker: usize,
     /// Device ids for `CUDA_VISIBLE_DEVICES` (comma-separated); `None` where no GPU is visible (no pinning).
     pub devices: Option<String>,
+    /// The worker's own scratch directory: its temporary files and the JIT and kernel caches go there, so
+    /// workers never read what another wrote (a shared extension build directory names wrong culprits).
+    pub scratch: Option<std::path::PathBuf>,
 }
+
+/// The variables that point temporary files and the usual JIT and kernel caches into a worker's scratch
+/// directory: (variable, subdirectory).
+pub const WORKER_PRIVATE_DIRS: [(&str, &str); 8] = [
+    ("TMPDIR", "tmp"),
+    ("XDG_CACHE_HOME", "cache"),
+    ("TORCH_EXTENSIONS_DIR", "cache/torch_extensions"),
+    ("TRITON_CACHE_DIR", "cache/triton"),
+    ("CUDA_CACHE_PATH", "cache/nv"),
+    ("CUPY_CACHE_DIR", "cache/cupy"),
+    ("NUMBA_CACHE_DIR", "cache/numba"),
+    ("TORCHINDUCTOR_CACHE_DIR", "cache/torchinductor"),
+];
 
 /// The variables cudabisect sets, in the order it sets them (after the user's own, so they win).
 pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String)> {
@@ -141,6 +157,14 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         }
     }
     env.extend(contract_vars(config, ctx));
+    if let Some(scratch) = ctx.slot.and_then(|s| s.scratch.as_ref()) {
+        // What the user's `env` sets for the phase stays theirs.
+        for (var, sub) in WORKER_PRIVATE_DIRS {
+            if !command.env.contains_key(var) {
+                env.push((var.into(), scratch.join(sub).display().to_string()));
+            }
+        }
+    }
     let stack_dump = (ctx.phase == ChildPhase::Repro && config.repro.stack_dump)
         .then(|| crate::tools::find_program("py-spy", &[]))
         .flatten();

@@ -171,11 +171,12 @@ pub struct SearchSection {
     pub gpus_per_probe: u32,
     /// Runs of the bad end at the start. When any of them is clean, the fault is flaky and the search is
     /// the Bayesian one. Default 1 (a fault taken to show every time).
-    #[serde(default = "one", rename = "endpoint-runs")]
-    pub endpoint_runs: u32,
-    /// The flaky search stops when its answer is this likely.
-    #[serde(default = "default_confidence")]
-    pub confidence: f64,
+    #[serde(default, rename = "endpoint-runs")]
+    pub endpoint_runs: Option<u32>,
+    /// The flaky search stops when its answer is this likely. Writing it says the fault may be flaky:
+    /// the search is flaky-aware from the start.
+    #[serde(default)]
+    pub confidence: Option<f64>,
     /// The flaky search's budget of repro runs.
     #[serde(default = "default_max_runs", rename = "max-runs")]
     pub max_runs: u32,
@@ -196,11 +197,18 @@ impl Default for SearchSection {
             jobs: Jobs::One,
             devices: None,
             gpus_per_probe: 1,
-            endpoint_runs: 1,
-            confidence: default_confidence(),
+            endpoint_runs: None,
+            confidence: None,
             max_runs: default_max_runs(),
         }
     }
+}
+
+/// Runs of the bad end (all faulting) and of the culprit's parent (all clean) that make a plain answer
+/// trustworthy at `confidence`: a fault that shows in at least half the runs would have shown in one of
+/// them with that probability.
+pub fn runs_for_confidence(confidence: f64) -> u32 {
+    (1.0 / (1.0 - confidence)).log2().ceil().max(1.0) as u32
 }
 
 /// `[search] jobs`: how many probes run at once.
@@ -562,15 +570,21 @@ pub struct FlakySettings {
     pub endpoint_runs: u32,
     /// The confidence the answer must reach, in (0.5, 1).
     pub confidence: f64,
+    /// Whether the config wrote a confidence (then every answer states the one it reached).
+    pub asked: bool,
     /// The budget of repro runs.
     pub max_runs: u32,
 }
+
+/// `[repro] attempts` above this is refused: it is a flaky fault, and the flaky search's job.
+pub const MAX_ATTEMPTS: u32 = 100;
 
 impl Default for FlakySettings {
     fn default() -> Self {
         Self {
             endpoint_runs: 1,
             confidence: default_confidence(),
+            asked: false,
             max_runs: default_max_runs(),
         }
     }
@@ -687,20 +701,50 @@ impl Config {
                 message: "[repro] attempts must be at least 1".into(),
             });
         }
-        if raw.search.endpoint_runs == 0 || raw.search.max_runs == 0 {
-            return Err(ConfigError::Search {
-                path: path.to_path_buf(),
-                message: "endpoint-runs and max-runs must be at least 1".into(),
-            });
+        let search_err = |message: String| ConfigError::Search {
+            path: path.to_path_buf(),
+            message,
+        };
+        if raw.search.endpoint_runs == Some(0) || raw.search.max_runs == 0 {
+            return Err(search_err("endpoint-runs and max-runs must be at least 1".into()));
         }
-        if !(raw.search.confidence > 0.5 && raw.search.confidence < 1.0) {
-            return Err(ConfigError::Search {
-                path: path.to_path_buf(),
-                message: format!(
+        if let Some(c) = raw.search.confidence {
+            if !(c > 0.5 && c < 1.0) {
+                return Err(search_err(format!(
                     "confidence must be between 0.5 and 1 (exclusive), not {}",
-                    raw.search.confidence
-                ),
-            });
+                    if c.is_finite() && c.abs() < 1e6 && c.abs() > 1e-6 {
+                        c.to_string()
+                    } else {
+                        format!("{c:e}")
+                    }
+                )));
+            }
+        }
+        // A confidence written down says the fault may not show every time: the bad end runs enough
+        // times for a clean run there not to mislead at that confidence.
+        let needed = raw.search.confidence.map(runs_for_confidence);
+        let endpoint_runs = match (raw.search.endpoint_runs, needed) {
+            (Some(given), Some(needed)) if given < needed => {
+                return Err(search_err(format!(
+                    "confidence = {} needs at least {needed} runs of the bad end to tell a flaky fault, and endpoint-runs = {given}: remove endpoint-runs (cudabisect then runs it {needed} times) or raise it",
+                    raw.search.confidence.unwrap_or_default()
+                )));
+            }
+            (Some(given), _) => given,
+            (None, Some(needed)) => needed,
+            (None, None) => 1,
+        };
+        if endpoint_runs > raw.search.max_runs {
+            return Err(search_err(format!(
+                "endpoint-runs = {endpoint_runs} is more than the max-runs budget ({}): raise max-runs or lower endpoint-runs",
+                raw.search.max_runs
+            )));
+        }
+        if raw.repro.attempts > MAX_ATTEMPTS {
+            return Err(search_err(format!(
+                "[repro] attempts = {} is more than {MAX_ATTEMPTS}: a fault that needs more runs than that is a flaky one; set [search] confidence instead",
+                raw.repro.attempts
+            )));
         }
         if let Some(gpus) = raw.repro.gpus {
             if raw.search.gpus_per_probe != 1 && raw.search.gpus_per_probe != gpus {
@@ -766,8 +810,9 @@ impl Config {
             repro: raw.repro,
             match_policy,
             flaky: FlakySettings {
-                endpoint_runs: raw.search.endpoint_runs,
-                confidence: raw.search.confidence,
+                endpoint_runs,
+                confidence: raw.search.confidence.unwrap_or_else(default_confidence),
+                asked: raw.search.confidence.is_some(),
                 max_runs: raw.search.max_runs,
             },
             workers: WorkerSettings {

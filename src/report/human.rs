@@ -256,6 +256,11 @@ pub fn summary(report: &Report) -> String {
     if let Some(target) = &report.target {
         out.push_str(&format!("Fault: {} — {}\n", target.short(), target.summary));
     }
+    if let (Some(c), None) = (report.confidence, &report.flaky) {
+        out.push_str(&format!(
+            "Confidence: {c:.3} (the fault showed on every run of the bad end, and the culprit's parent ran clean as often)\n"
+        ));
+    }
     if let Some(f) = &report.flaky {
         out.push_str(&format!(
             "Flaky: the fault shows on about {:.0}% of runs of a bad commit; {} is the first bad commit with probability {:.3} ({} the {} asked, {} runs)\n",

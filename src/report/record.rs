@@ -167,6 +167,11 @@ pub struct Report {
     pub flaky: Option<FlakyAnswer>,
     /// True when Ctrl-C or SIGTERM stopped the run (during the search or a stage after it).
     pub interrupted: bool,
+    /// With `[search] confidence` written: the confidence the answer reached (the flaky search's
+    /// posterior, or for a fault that showed every time, how unlikely the parent's clean runs would be
+    /// if it were bad).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
 }
 
 /// The answer of the search for a flaky fault, with its confidence.

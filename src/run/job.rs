@@ -20,7 +20,8 @@ use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
+use super::cross_check::{cross_check, CrossCheck};
+use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
 use crate::atomic_file::write_atomic;
@@ -106,7 +107,18 @@ pub fn start(
     let worktree = plan.repo.probe_worktree(&worktree_base.join("worktree"))?;
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
-    let slots = slots.unwrap_or_default();
+    let mut slots = slots.unwrap_or_default();
+    // Parallel workers each get a scratch directory of their own (temporary files, JIT caches), kept
+    // between runs so a worker's caches stay warm.
+    if slots.len() > 1 {
+        for slot in &mut slots {
+            let dir = state_dir.join("workers").join(slot.worker.to_string());
+            for (_, sub) in crate::child_env::WORKER_PRIVATE_DIRS {
+                std::fs::create_dir_all(dir.join(sub)).map_err(io_err(&dir))?;
+            }
+            slot.scratch = Some(dir);
+        }
+    }
     let mut extra_worktrees = Vec::new();
     for slot in slots.iter().skip(1) {
         let path = worktree_base.join(format!("worktree-{}", slot.worker));
@@ -168,7 +180,7 @@ pub fn start(
     } else {
         Journal::open(&journal_path, &fingerprint)
     };
-    let outcome = match opened {
+    let mut outcome = match opened {
         Ok((journal, warnings)) => {
             let commits: std::collections::HashSet<String> = plan
                 .range
@@ -246,12 +258,37 @@ pub fn start(
             })
         }
     };
+    if slots.len() > 1 {
+        // A worker stopped because its answer no longer mattered is free again.
+        for stop in &stops {
+            stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        outcome = with_cancel_passed_on(cancel, &stops, || {
+            cross_checked(
+                outcome,
+                &plan,
+                &input,
+                &journal_path,
+                &fingerprint,
+                &log_dir,
+                &mut prober,
+                reporter,
+                cancel,
+            )
+        });
+    }
     let mut report = empty_report(&plan, &run_dir);
     report.target = outcome.target;
     report.probes = outcome.probes;
     report.other_bugs = outcome.other_bugs;
     report.flaky = outcome.flaky;
     let first_bad = fill_result(&plan, &outcome.end, &mut report);
+    if plan.config.flaky.asked {
+        report.confidence = reached_confidence(&report, &plan);
+        if let Some(c) = report.confidence {
+            report.message = format!("{} (confidence {c:.3})", report.message);
+        }
+    }
     // The result is on disk before anything else can fail.
     save_report(&report, &run_dir, None, reporter);
     if let Some(oid) = first_bad {
@@ -295,6 +332,63 @@ pub fn start(
         }
     }
     Ok(report)
+}
+
+/// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]). When the
+/// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
+/// worker, reusing nothing the workers journaled, and the answer says so.
+#[allow(clippy::too_many_arguments)]
+fn cross_checked(
+    outcome: SearchOutcome,
+    plan: &Plan,
+    input: &SearchInput,
+    journal_path: &Path,
+    fingerprint: &str,
+    log_dir: &Path,
+    prober: &mut WorktreeProber,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let (SearchEnd::Found(culprit), Some(target), None) =
+        (&outcome.end, outcome.target.clone(), &outcome.flaky)
+    else {
+        return outcome;
+    };
+    let culprit = *culprit;
+    let parents = plan.repo.parents(culprit).unwrap_or_default();
+    let mut probes = outcome.probes.clone();
+    let step = probes.len() + 1;
+    match cross_check(prober, culprit, &parents, &target, step, &mut probes, reporter) {
+        CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
+        CrossCheck::Interrupted => SearchOutcome {
+            probes,
+            end: SearchEnd::Interrupted,
+            ..outcome
+        },
+        CrossCheck::Disagrees(why) => {
+            reporter.event(&Event::Warning {
+                message: format!(
+                    "the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (README: parallel probes) to search in parallel"
+                ),
+            });
+            let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
+            let mut journaled = JournaledProbe {
+                inner: prober,
+                journal: &journal,
+                warnings: Vec::new(),
+                cancel,
+                log_dir: Some(log_dir.to_path_buf()),
+            };
+            let mut workers = [Worker {
+                probe: &mut journaled,
+                stop: cancel,
+            }];
+            let mut serial = search_with_workers(input, &mut workers, reporter, cancel);
+            probes.append(&mut serial.probes);
+            serial.probes = probes;
+            serial
+        }
+    }
 }
 
 /// Runs `f` while Ctrl-C (`cancel`) is passed on to every worker's own stop flag, so a probe on any
@@ -387,6 +481,29 @@ fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {
     }
 }
 
+/// The confidence an answer reached: the flaky search's posterior, or, for a fault that showed on every
+/// run, 1 - 0.5^n where n is the clean runs of the culprit's parent: a parent faulting in at least half
+/// its runs would have shown the fault in one of them.
+fn reached_confidence(report: &Report, plan: &Plan) -> Option<f64> {
+    if let Some(f) = &report.flaky {
+        return Some(f.posterior);
+    }
+    let first_bad = report.first_bad.as_ref()?;
+    let parent = report
+        .good_parents
+        .first()
+        .map(|p| p.commit.clone())
+        .or_else(|| plan.goods.first().map(|g| g.1.to_string()))?;
+    let clean = report
+        .probes
+        .iter()
+        .filter(|p| p.commit == parent && p.verdict == crate::bisect::Verdict::Good)
+        .count()
+        .min(64) as i32;
+    let _ = first_bad;
+    Some(1.0 - 0.5f64.powi(clean))
+}
+
 /// Fills the result fields from how the search ended; returns the first bad commit when found.
 fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid> {
     match end {
@@ -474,6 +591,7 @@ fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
         other_bugs: Vec::new(),
         flaky: None,
         interrupted: false,
+        confidence: None,
     }
 }
 

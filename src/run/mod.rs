@@ -7,6 +7,7 @@ pub mod error;
 pub mod gpu_idle;
 pub mod job;
 pub mod journal;
+pub mod cross_check;
 pub mod lock;
 pub mod nightly;
 pub mod nightly_state;

@@ -973,11 +973,15 @@ fn settle_plain(
 ) -> SearchOutcome {
     let found = input.range[i].oid;
     let checks = input.flaky.endpoint_runs;
-    let parent = input.range[i].parents.first().copied();
-    let (Some(p), true) = (parent, checks > 1) else {
+    // The culprit's parent in the range, else the good end below it.
+    let parent = input.range[i]
+        .parents
+        .first()
+        .map(|&p| input.range[p].oid)
+        .or_else(|| input.goods.first().map(|g| g.1));
+    let (Some(parent_oid), true) = (parent, checks > 1) else {
         return d.end(SearchEnd::Found(found), Some(target));
     };
-    let parent_oid = input.range[p].oid;
     for _ in 0..checks {
         let Some(rec) = d.run_once(
             &mut *workers[0].probe,

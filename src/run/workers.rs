@@ -28,6 +28,7 @@ pub fn plan_slots(
             .map(|worker| WorkerSlot {
                 worker,
                 devices: None,
+                scratch: None,
             })
             .collect());
     }
@@ -45,6 +46,7 @@ pub fn plan_slots(
         .map(|i| WorkerSlot {
             worker: i + 1,
             devices: Some(devices[i * per..(i + 1) * per].join(",")),
+            scratch: None,
         })
         .collect())
 }
