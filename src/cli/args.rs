@@ -36,6 +36,17 @@ pub enum Command {
         /// Follow only the first parent of merge commits.
         #[arg(long)]
         first_parent: bool,
+        /// Find the fix instead: the range is OLD..NEW, the fault shows at OLD and is gone at NEW, and
+        /// the answer is the first commit where it is gone (the one to backport).
+        #[arg(long)]
+        find_fix: bool,
+        /// The name of the older state in the output and `log --format git` (git's `--term-old`;
+        /// default `good`, or `broken` with --find-fix).
+        #[arg(long, value_name = "TERM")]
+        term_old: Option<String>,
+        /// The name of the newer state (git's `--term-new`; default `bad`, or `fixed` with --find-fix).
+        #[arg(long, value_name = "TERM")]
+        term_new: Option<String>,
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,

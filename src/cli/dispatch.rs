@@ -46,6 +46,9 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             range,
             pathspec,
             first_parent,
+            find_fix,
+            term_old,
+            term_new,
             dir,
             config,
             report,
@@ -79,6 +82,9 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 bundle_dir,
                 jobs,
                 state_locked: false,
+                find_fix,
+                terms: cudabisect::report::record::Terms::from_flags(find_fix, term_old, term_new)
+                    .map_err(super::error::CommandError::usage)?,
             };
             super::start::run(&opts, reporter(message_format).as_mut(), cancel)
         }

@@ -29,6 +29,9 @@ pub enum Event {
         run_dir: String,
         /// Whether launches are synchronous.
         launch_blocking: bool,
+        /// The names of the older and newer states (`good`/`bad`; `broken`/`fixed` finding a fix).
+        #[serde(default)]
+        terms: crate::report::record::Terms,
     },
     /// A probe entered a phase.
     PhaseStarted {

@@ -18,6 +18,8 @@ pub struct HumanReporter {
     out: Box<dyn Write>,
     /// Each parallel worker's commit and phase, for the progress line.
     workers: std::collections::BTreeMap<usize, String>,
+    /// What the run calls its two states.
+    terms: crate::report::record::Terms,
 }
 
 impl HumanReporter {
@@ -37,6 +39,7 @@ impl HumanReporter {
             progress: Box::new(std::io::stderr()),
             out: Box::new(std::io::stdout()),
             workers: Default::default(),
+            terms: Default::default(),
         }
     }
 
@@ -49,6 +52,7 @@ impl HumanReporter {
             progress,
             out,
             workers: Default::default(),
+            terms: Default::default(),
         }
     }
 
@@ -102,7 +106,9 @@ impl Reporter for HumanReporter {
                 candidates,
                 run_dir,
                 launch_blocking,
+                terms,
             } => {
+                self.terms = terms.clone();
                 self.line(&format!("{candidates} commits in range; logs in {run_dir}"));
                 if !launch_blocking {
                     self.line("warning: CUDA_LAUNCH_BLOCKING is off (launch-blocking = false): faults may surface late");
@@ -152,14 +158,13 @@ impl Reporter for HumanReporter {
             }
             Event::ProbeFinished { step, record } => {
                 let mut text = format!(
-                    "step {step}: {} {} → {:?} ({}, {:.1}s)",
+                    "step {step}: {} {} → {} ({}, {:.1}s)",
                     role_name(record.role),
                     short_sha(&record.commit),
-                    record.verdict,
-                    record.signature.short(),
+                    self.terms.word(record.verdict),
+                    record.signature.short().to_lowercase(),
                     record.duration_s
-                )
-                .to_lowercase();
+                );
                 if let Some(reason) = &record.reason {
                     text.push_str(&format!(": skipped, {reason}"));
                 }
@@ -233,7 +238,16 @@ pub fn summary(report: &Report) -> String {
     let mut out = String::new();
     match (report.result, &report.first_bad) {
         (RunResult::Found, Some(info)) => {
-            out.push_str(&format!("First bad commit: {}\n", info.commit));
+            let first = if report.find_fix {
+                format!("First {} commit (the fault is gone from here on)", report.terms.new)
+            } else {
+                format!("First {} commit", report.terms.new)
+            };
+            let mut first = first;
+            if let Some(c) = first.get_mut(0..1) {
+                c.make_ascii_uppercase();
+            }
+            out.push_str(&format!("{first}: {}\n", info.commit));
             out.push_str(&format!(
                 "    {}\n    Author: {}\n    Date:   {}\n",
                 info.subject, info.author, info.date

@@ -7,22 +7,44 @@ use std::fmt::Write;
 use crate::bisect::Verdict;
 use crate::report::record::{ProbeRole, Report};
 
-/// `git bisect start BAD GOOD…` and one `git bisect good|bad|skip` per probed commit, in the order
-/// probed, with comments saying what each probe showed. Sanitizer reruns are left out (they judge a commit
-/// already in the log).
+/// The run as `git bisect replay` reads it: `git bisect start` with the run's options (`--first-parent`,
+/// the terms, the pathspec), then the new end, the merge bases tested, the old ends, and one mark per
+/// probed commit in the order probed, with comments saying what each probe showed. Merge bases come
+/// before the old ends, as git asks for them. Sanitizer reruns are left out (they judge a commit already
+/// in the log).
 pub fn git_bisect_log(report: &Report) -> String {
     let mut out = String::new();
+    let terms = &report.terms;
     let _ = writeln!(
         out,
         "# cudabisect {}: {}",
         report.tool_version, report.message
     );
-    let _ = writeln!(
-        out,
-        "git bisect start '{}' {}",
-        report.bad,
-        quote_all(&report.good)
-    );
+    // `git bisect replay` reads the arguments of `start` only when each is single-quoted.
+    let mut args = Vec::new();
+    if *terms != crate::report::record::Terms::default() {
+        args.push(format!("--term-old={}", terms.old));
+        args.push(format!("--term-new={}", terms.new));
+    }
+    if report.first_parent {
+        args.push("--first-parent".into());
+    }
+    if !report.pathspec.is_empty() {
+        args.push("--".into());
+        args.extend(report.pathspec.iter().cloned());
+    }
+    let _ = writeln!(out, "git bisect start {}", quote_all(&args));
+    let _ = writeln!(out, "git bisect {} {}", terms.new, report.bad);
+    let mut marked: Vec<&str> = Vec::new();
+    for p in report.probes.iter().filter(|p| p.role == ProbeRole::MergeBase) {
+        if p.verdict == Verdict::Good && !marked.contains(&p.commit.as_str()) {
+            let _ = writeln!(out, "git bisect {} {}", terms.old, p.commit);
+            marked.push(&p.commit);
+        }
+    }
+    for g in &report.good {
+        let _ = writeln!(out, "git bisect {} {g}", terms.old);
+    }
     if let Some(f) = &report.flaky {
         // A flaky fault's runs contradict each other (a bad commit can run clean), so git cannot replay
         // them: each run is a comment, and only the verified answer is marked.
@@ -36,27 +58,23 @@ pub fn git_bisect_log(report: &Report) -> String {
         for p in &report.probes {
             let _ = writeln!(
                 out,
-                "# run at {}: {:?} ({})",
+                "# run at {}: {} ({})",
                 p.commit,
-                p.verdict,
+                terms.word(p.verdict),
                 p.signature.short().replace('\n', " ")
             );
         }
         if let (Some(v), true) = (&f.verification, f.reached) {
-            let _ = writeln!(out, "git bisect good {}", v.parent);
-            let _ = writeln!(out, "git bisect bad {}", f.culprit);
+            let _ = writeln!(out, "git bisect {} {}", terms.old, v.parent);
+            let _ = writeln!(out, "git bisect {} {}", terms.new, f.culprit);
         }
         return out;
     }
     for p in &report.probes {
-        if p.role == ProbeRole::EndpointSanitizer {
+        if matches!(p.role, ProbeRole::EndpointSanitizer | ProbeRole::MergeBase) {
             continue;
         }
-        let word = match p.verdict {
-            Verdict::Good => "good",
-            Verdict::Bad => "bad",
-            Verdict::Skip => "skip",
-        };
+        let word = terms.word(p.verdict);
         let why = p
             .reason
             .as_deref()
@@ -72,16 +90,19 @@ pub fn git_bisect_log(report: &Report) -> String {
     if let Some(first) = &report.first_bad {
         let _ = writeln!(
             out,
-            "# first bad commit: [{}] {}",
-            first.commit, first.subject
+            "# first {} commit: [{}] {}",
+            terms.new, first.commit, first.subject
         );
+    }
+    for note in &report.notes {
+        let _ = writeln!(out, "# {}", note.replace('\n', " "));
     }
     out
 }
 
 fn quote_all(revs: &[String]) -> String {
     revs.iter()
-        .map(|r| format!("'{r}'"))
+        .map(|r| format!("'{}'", r.replace('\'', "'\\''")))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -97,7 +118,7 @@ pub fn human_log(report: &Report) -> String {
             i + 1,
             format!("{:?}", p.role).to_lowercase(),
             short_sha(&p.commit),
-            format!("{:?}", p.verdict).to_lowercase(),
+            report.terms.word(p.verdict),
             p.signature.short(),
             p.duration_s,
             p.reason

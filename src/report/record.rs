@@ -167,6 +167,18 @@ pub struct Report {
     pub flaky: Option<FlakyAnswer>,
     /// True when Ctrl-C or SIGTERM stopped the run (during the search or a stage after it).
     pub interrupted: bool,
+    /// The names of the older and newer states (`good`/`bad`, `broken`/`fixed` with `--find-fix`).
+    #[serde(default)]
+    pub terms: Terms,
+    /// Whether the run followed first parents only (`--first-parent`).
+    #[serde(default)]
+    pub first_parent: bool,
+    /// The pathspec the range was limited to.
+    #[serde(default)]
+    pub pathspec: Vec<String>,
+    /// `--find-fix`: the answer is the first commit where the fault is gone.
+    #[serde(default)]
+    pub find_fix: bool,
     /// With `[search] confidence` written: the confidence the answer reached (the flaky search's
     /// posterior, or for a fault that showed every time, how unlikely the parent's clean runs would be
     /// if it were bad).
@@ -563,3 +575,72 @@ pub struct NightlyRecord {
     pub signature: Signature,
 }
 
+/// The names of the two states a search tells apart: the older (`good`, or `broken` when finding a fix)
+/// and the newer (`bad`, or `fixed`), as git's `--term-old` and `--term-new`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terms {
+    /// The older state.
+    pub old: String,
+    /// The newer state.
+    pub new: String,
+}
+
+impl Default for Terms {
+    fn default() -> Self {
+        Self {
+            old: "good".into(),
+            new: "bad".into(),
+        }
+    }
+}
+
+impl Terms {
+    /// The terms `start` was given: git's rules for a term (one word, not a bisect subcommand, the two
+    /// different) checked here.
+    pub fn from_flags(
+        find_fix: bool,
+        old: Option<String>,
+        new: Option<String>,
+    ) -> Result<Terms, String> {
+        let (d_old, d_new) = if find_fix {
+            ("broken", "fixed")
+        } else {
+            ("good", "bad")
+        };
+        let terms = Terms {
+            old: old.unwrap_or_else(|| d_old.into()),
+            new: new.unwrap_or_else(|| d_new.into()),
+        };
+        const RESERVED: [&str; 11] = [
+            "help", "start", "skip", "next", "reset", "visualize", "view", "replay", "log", "run",
+            "terms",
+        ];
+        for t in [&terms.old, &terms.new] {
+            let word = !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !word || RESERVED.contains(&t.as_str()) {
+                return Err(format!(
+                    "`{t}` cannot be a term: one word of letters, digits, `-` or `_`, not a `git bisect` subcommand"
+                ));
+            }
+        }
+        if terms.old == terms.new {
+            return Err(format!("--term-old and --term-new are both `{}`", terms.old));
+        }
+        // git allows good/bad only in their own roles.
+        if (terms.old == "bad" || terms.new == "good") && !(terms.old == "good" && terms.new == "bad") {
+            return Err("`good` can only name the older state and `bad` the newer".into());
+        }
+        Ok(terms)
+    }
+
+    /// The word for a verdict: the older term for good, the newer for bad.
+    pub fn word(&self, verdict: crate::bisect::Verdict) -> &str {
+        match verdict {
+            crate::bisect::Verdict::Good => &self.old,
+            crate::bisect::Verdict::Bad => &self.new,
+            crate::bisect::Verdict::Skip => "skip",
+        }
+    }
+}

@@ -23,20 +23,28 @@ pub enum CrossCheck {
     Interrupted,
 }
 
-/// Runs `culprit` (expected to fault with `target`) and `parents` (expected clean) once each on `prober`,
-/// fresh (never from the journal). The records are appended to `probes`, numbered from `step`.
-#[allow(clippy::too_many_arguments)]
+/// One commit to run alone and what it must do: `Bad` shows the target fault, `Good` runs clean.
+pub struct Expect<'a> {
+    /// The commit.
+    pub oid: Oid,
+    /// What it must do.
+    pub verdict: Verdict,
+    /// What it is, for the message (`the first bad commit`, `its parent`).
+    pub what: &'a str,
+}
+
+/// Runs each commit of `runs` once on `prober`, fresh (never from the journal), judged against `target`,
+/// and stops at the first that does not do what it must. The records are appended to `probes`, numbered
+/// from `step`; with `swap` (finding a fix) they are recorded in the search's swapped terms.
 pub fn cross_check(
     prober: &mut dyn Probe,
-    culprit: Oid,
-    parents: &[Oid],
+    runs: &[Expect],
     target: &Signature,
-    step: usize,
+    (step, swap): (usize, bool),
     probes: &mut Vec<ProbeRecord>,
     reporter: &mut dyn Reporter,
 ) -> CrossCheck {
-    let runs = std::iter::once((culprit, Verdict::Bad)).chain(parents.iter().map(|&p| (p, Verdict::Good)));
-    for (k, (oid, expected)) in runs.enumerate() {
+    for (k, run) in runs.iter().enumerate() {
         let ctx = ProbeContext {
             step: step + k,
             role: ProbeRole::Verify,
@@ -45,30 +53,30 @@ pub fn cross_check(
             worker: None,
             repeat: None,
         };
-        let out = prober.probe(oid, &ctx, Some(target), reporter);
+        let out = prober.probe(run.oid, &ctx, Some(target), reporter);
         if out.interrupted {
             return CrossCheck::Interrupted;
         }
-        reporter.event(&Event::ProbeFinished {
-            step: ctx.step,
-            record: Box::new(out.record.clone()),
-        });
         let got = out.record.verdict;
         let summary = out.record.signature.short();
-        probes.push(out.record);
-        if got != expected {
-            let what = if expected == Verdict::Bad {
-                "the first bad commit"
-            } else {
-                "its parent"
-            };
+        let mut record = out.record;
+        if swap {
+            record.verdict = super::find_fix::swapped(record.verdict);
+        }
+        reporter.event(&Event::ProbeFinished {
+            step: ctx.step,
+            record: Box::new(record.clone()),
+        });
+        probes.push(record);
+        if got != run.verdict {
             return CrossCheck::Disagrees(format!(
-                "{what} {} run alone was {} ({summary})",
-                short_sha(&oid.to_string()),
+                "{} {} run alone {} ({summary})",
+                run.what,
+                short_sha(&run.oid.to_string()),
                 match got {
-                    Verdict::Bad => "bad",
-                    Verdict::Good => "good",
-                    Verdict::Skip => "a skip",
+                    Verdict::Bad => "shows the fault",
+                    Verdict::Good => "runs clean",
+                    Verdict::Skip => "fails another way",
                 }
             ));
         }

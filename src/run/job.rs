@@ -9,6 +9,7 @@ use git2::Oid;
 
 use crate::report::bundle::{self, BundleInput};
 use crate::report::environment;
+use crate::report::record::short_sha;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
 
@@ -20,7 +21,8 @@ use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::cross_check::{cross_check, CrossCheck};
+use super::cross_check::{cross_check, CrossCheck, Expect};
+use crate::bisect::Verdict;
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
@@ -150,6 +152,7 @@ pub fn start(
         candidates: plan.range.len(),
         run_dir: run_dir.display().to_string(),
         launch_blocking: plan.config.repro.launch_blocking,
+        terms: opts.terms.clone(),
     });
     for note in &plan.notes {
         reporter.event(&Event::Note {
@@ -164,6 +167,7 @@ pub fn start(
         policy: &plan.config.match_policy,
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
+        find_fix: opts.find_fix,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
     let journal_path = opts
@@ -180,85 +184,58 @@ pub fn start(
     } else {
         Journal::open(&journal_path, &fingerprint)
     };
-    let mut outcome = match opened {
+    let journal = match opened {
         Ok((journal, warnings)) => {
-            let commits: std::collections::HashSet<String> = plan
-                .range
-                .iter()
-                .map(|c| c.oid.to_string())
-                .chain(std::iter::once(plan.bad.1.to_string()))
-                .chain(plan.goods.iter().map(|g| g.1.to_string()))
-                .chain(plan.merge_bases.iter().map(|o| o.to_string()))
-                .collect();
-            let reusable = journal.reusable_among(&commits);
-            let retried = journal.retried();
-            let journal = std::sync::Mutex::new(journal);
             for message in warnings {
                 reporter.event(&Event::Warning { message });
             }
-            if reusable > 0 {
-                reporter.event(&Event::Note {
-                    message: format!(
-                        "resuming: {reusable} commit(s) of this range have journaled results from an earlier run with this config"
-                    ),
-                });
-            }
-            if retried > 0 {
-                reporter.event(&Event::Note {
-                    message: format!(
-                        "{retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"
-                    ),
-                });
-            }
-            let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut prober)
-                .chain(others.iter_mut())
-                .map(|p| {
-                    let stop = p.cancel;
-                    JournaledProbe {
-                        inner: p,
-                        journal: &journal,
-                        warnings: Vec::new(),
-                        cancel: stop,
-                        log_dir: Some(log_dir.clone()),
-                    }
-                })
-                .collect();
-            let mut workers: Vec<Worker> = journaled
-                .iter_mut()
-                .map(|j| {
-                    let stop = j.cancel;
-                    Worker { probe: j, stop }
-                })
-                .collect();
-            let outcome = with_cancel_passed_on(cancel, &stops, || {
-                search_with_workers(&input, &mut workers, reporter, cancel)
-            });
-            drop(workers);
-            for message in journaled.into_iter().flat_map(|j| j.warnings) {
-                reporter.event(&Event::Warning { message });
-            }
-            outcome
+            resume_notes(&journal, &plan, reporter);
+            journal
         }
         Err(e) => {
             reporter.event(&Event::Warning {
                 message: format!(
-                    "{}: the probe journal cannot be read ({e}); this run starts from scratch",
+                    "{}: the probe journal cannot be used ({e}); this run starts from scratch and journals nothing",
                     journal_path.display()
                 ),
             });
-            let mut workers: Vec<Worker> = std::iter::once(&mut prober)
-                .chain(others.iter_mut())
-                .map(|p| {
-                    let stop = p.cancel;
-                    Worker { probe: p, stop }
-                })
-                .collect();
-            with_cancel_passed_on(cancel, &stops, || {
-                search_with_workers(&input, &mut workers, reporter, cancel)
-            })
+            Journal::off(&fingerprint)
         }
     };
-    if slots.len() > 1 {
+    let journal = std::sync::Mutex::new(journal);
+    let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut prober)
+        .chain(others.iter_mut())
+        .map(|p| {
+            let stop = p.cancel;
+            JournaledProbe {
+                inner: p,
+                journal: &journal,
+                warnings: Vec::new(),
+                cancel: stop,
+                log_dir: Some(log_dir.clone()),
+            }
+        })
+        .collect();
+    let mut outcome = if opts.find_fix {
+        with_cancel_passed_on(cancel, &stops, || {
+            search_for_fix(&plan, &input, &mut journaled, reporter, cancel)
+        })
+    } else {
+        let mut workers: Vec<Worker> = journaled
+            .iter_mut()
+            .map(|j| {
+                let stop = j.cancel;
+                Worker { probe: j, stop }
+            })
+            .collect();
+        with_cancel_passed_on(cancel, &stops, || {
+            search_with_workers(&input, &mut workers, reporter, cancel)
+        })
+    };
+    for message in journaled.into_iter().flat_map(|j| j.warnings) {
+        reporter.event(&Event::Warning { message });
+    }
+    if slots.len() > 1 || opts.find_fix {
         // A worker stopped because its answer no longer mattered is free again.
         for stop in &stops {
             stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
@@ -277,7 +254,7 @@ pub fn start(
             )
         });
     }
-    let mut report = empty_report(&plan, &run_dir);
+    let mut report = empty_report(&plan, opts, &run_dir);
     report.target = outcome.target;
     report.probes = outcome.probes;
     report.other_bugs = outcome.other_bugs;
@@ -290,8 +267,14 @@ pub fn start(
         }
     }
     // The result is on disk before anything else can fail.
+    if opts.find_fix {
+        if let Some(oid) = first_bad {
+            report.notes.extend(fix_caveats(&plan, oid));
+        }
+    }
     save_report(&report, &run_dir, None, reporter);
-    if let Some(oid) = first_bad {
+    // A fix is clean at the commit found: there is nothing there to triage, shrink or hand off.
+    if let Some(oid) = first_bad.filter(|_| !opts.find_fix) {
         let choice = StageChoice {
             triage: !opts.no_triage,
             shrink: !opts.no_shrink,
@@ -334,6 +317,198 @@ pub fn start(
     Ok(report)
 }
 
+fn plan_terms_new(input: &SearchInput) -> &'static str {
+    if input.find_fix {
+        "fixed"
+    } else {
+        "bad"
+    }
+}
+
+/// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
+/// commit (its parents still fault: the fix is how the branches met), or a fix that reached NEW
+/// through a merge (not on NEW's first-parent line).
+fn fix_caveats(plan: &Plan, fix: Oid) -> Vec<String> {
+    let mut notes = Vec::new();
+    let parents = plan.repo.parents(fix).unwrap_or_default();
+    if parents.len() > 1 {
+        notes.push(format!(
+            "the fix {} is a merge, and each of its parents still shows the fault: the fault is gone only where the branches meet, so backport what the merge combines, not one side",
+            short_sha(&fix.to_string())
+        ));
+    }
+    let mut on_line = false;
+    let mut at = Some(plan.bad.1);
+    let mut steps = 0usize;
+    while let Some(c) = at {
+        if c == fix {
+            on_line = true;
+            break;
+        }
+        steps += 1;
+        if steps > 1_000_000 {
+            break;
+        }
+        at = plan.repo.parents(c).ok().and_then(|p| p.first().copied());
+        if plan.goods.iter().any(|g| Some(g.1) == at) {
+            break;
+        }
+    }
+    if !on_line {
+        notes.push(format!(
+            "the fix {} is on a side branch that reached {} through a merge: that merge is where the fix arrived on this line",
+            short_sha(&fix.to_string()),
+            plan.bad.0
+        ));
+    }
+    notes
+}
+
+/// Says what the journal lets this run reuse, and what it runs again.
+fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
+    let commits: std::collections::HashSet<String> = plan
+        .range
+        .iter()
+        .map(|c| c.oid.to_string())
+        .chain(std::iter::once(plan.bad.1.to_string()))
+        .chain(plan.goods.iter().map(|g| g.1.to_string()))
+        .chain(plan.merge_bases.iter().map(|o| o.to_string()))
+        .collect();
+    let reusable = journal.reusable_among(&commits);
+    if reusable > 0 {
+        reporter.event(&Event::Note {
+            message: format!(
+                "resuming: {reusable} commit(s) of this range have journaled results from an earlier run with this config"
+            ),
+        });
+    }
+    let retried = journal.retried();
+    if retried > 0 {
+        reporter.event(&Event::Note {
+            message: format!(
+                "{retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"
+            ),
+        });
+    }
+}
+
+/// `--find-fix`: the OLD end is probed first and must show the fault; the search then runs on the same
+/// graph with every probe judged against that fault and its verdict swapped ([`FixProbe`]).
+fn search_for_fix(
+    plan: &Plan,
+    input: &SearchInput,
+    journaled: &mut [JournaledProbe],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let ended = |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| {
+        SearchOutcome {
+            end,
+            target,
+            probes,
+            other_bugs: Vec::new(),
+            flaky: None,
+        }
+    };
+    let Some(first) = journaled.first_mut() else {
+        return ended(SearchEnd::HostFailure("no probe worker".into()), Vec::new(), None);
+    };
+    let mut known = std::collections::HashMap::new();
+    let mut probes = Vec::new();
+    let mut fault: Option<crate::classify::Signature> = None;
+    for (k, (name, oid)) in plan.goods.iter().enumerate() {
+        let ctx = super::probe::ProbeContext {
+            step: k + 1,
+            role: ProbeRole::GoodEndpoint,
+            remaining: plan.range.len(),
+            estimated_steps: 1,
+            worker: None,
+            repeat: None,
+        };
+        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
+        if out.interrupted {
+            return ended(SearchEnd::Interrupted, probes, fault);
+        }
+        let rec = out.record.clone();
+        // Reported here only when it ends the run; otherwise the search reports it as its old end.
+        let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
+            let shown = crate::report::record::ProbeRecord {
+                verdict: super::find_fix::swapped(rec.verdict),
+                ..rec.clone()
+            };
+            reporter.event(&Event::ProbeFinished {
+                step: ctx.step,
+                record: Box::new(shown.clone()),
+            });
+            probes.push(shown);
+        };
+        let class = rec.signature.class;
+        if super::verdict::is_host_problem(class) {
+            report_it(&mut probes);
+            let msg = format!("old commit {name} could not be judged: {}", rec.signature.summary);
+            return ended(SearchEnd::EndpointInfra(msg), probes, fault);
+        }
+        if rec.verdict != crate::bisect::Verdict::Bad
+            || matches!(class, crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure)
+        {
+            report_it(&mut probes);
+            let msg = format!(
+                "the fault does not show at old commit {name} ({}): --find-fix needs OLD to fault and NEW to be clean",
+                rec.signature.short()
+            );
+            return ended(SearchEnd::EndpointsInvalid(msg), probes, fault);
+        }
+        fault.get_or_insert(rec.signature.clone());
+        let mut out = out;
+        out.record.verdict = crate::bisect::Verdict::Bad;
+        out.record.matched_target = true;
+        known.insert(*oid, out);
+    }
+    let Some(fault) = fault else {
+        return ended(SearchEnd::EndpointsInvalid("no old commit".into()), probes, None);
+    };
+    let mut fixers: Vec<super::find_fix::FixProbe> = journaled
+        .iter_mut()
+        .map(|j| {
+            let stop = j.cancel;
+            super::find_fix::FixProbe {
+                inner: j,
+                fault: fault.clone(),
+                stop,
+                known: std::mem::take(&mut known),
+            }
+        })
+        .collect();
+    let mut workers: Vec<Worker> = fixers
+        .iter_mut()
+        .map(|f| {
+            let stop = f.stop;
+            Worker { probe: f, stop }
+        })
+        .collect();
+    let mut outcome = search_with_workers(input, &mut workers, reporter, cancel);
+    drop(workers);
+    // The search's target is the NEW end's clean run; the fault it measured by is the OLD end's.
+    outcome.target = Some(fault);
+    if let SearchEnd::EndpointsInvalid(msg) = &outcome.end {
+        if msg.starts_with(&format!("bad commit {} ", input.bad.0)) {
+            let still = outcome
+                .probes
+                .iter()
+                .find(|p| p.role == ProbeRole::BadEndpoint)
+                .map(|p| p.signature.short())
+                .unwrap_or_default();
+            outcome.end = SearchEnd::EndpointsInvalid(format!(
+                "the fault is not gone at new commit {} ({still}): --find-fix needs OLD to fault and NEW to be clean",
+                input.bad.0
+            ));
+        }
+    }
+    probes.append(&mut outcome.probes);
+    outcome.probes = probes;
+    outcome
+}
+
 /// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]). When the
 /// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
 /// worker, reusing nothing the workers journaled, and the answer says so.
@@ -358,11 +533,35 @@ fn cross_checked(
     let parents = plan.repo.parents(culprit).unwrap_or_default();
     let mut probes = outcome.probes.clone();
     let step = probes.len() + 1;
-    match cross_check(prober, culprit, &parents, &target, step, &mut probes, reporter) {
+    // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
+    // first fixed commit runs clean and its parents show it.
+    let (at, before) = if input.find_fix {
+        (Verdict::Good, Verdict::Bad)
+    } else {
+        (Verdict::Bad, Verdict::Good)
+    };
+    let first = format!("the first {} commit", plan_terms_new(input));
+    let runs: Vec<Expect> = std::iter::once(Expect {
+        oid: culprit,
+        verdict: at,
+        what: &first,
+    })
+    .chain(parents.iter().map(|&p| Expect {
+        oid: p,
+        verdict: before,
+        what: "its parent",
+    }))
+    .collect();
+    match cross_check(prober, &runs, &target, (step, input.find_fix), &mut probes, reporter) {
         CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
         CrossCheck::Interrupted => SearchOutcome {
             probes,
             end: SearchEnd::Interrupted,
+            ..outcome
+        },
+        CrossCheck::Disagrees(why) if input.find_fix => SearchOutcome {
+            probes,
+            end: SearchEnd::Unverified(culprit, why),
             ..outcome
         },
         CrossCheck::Disagrees(why) => {
@@ -518,8 +717,12 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
                         .filter_map(|p| Oid::from_str(p).ok())
                         .map(|p| commit_ref(plan, p))
                         .collect();
-                    report.message =
-                        format!("first bad commit: {} {}", &info.commit[..12], info.subject);
+                    report.message = format!(
+                        "first {} commit: {} {}",
+                        report.terms.new,
+                        &info.commit[..12],
+                        info.subject
+                    );
                     report.first_bad = Some(info);
                 }
                 Err(e) => {
@@ -558,6 +761,16 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
             report.message = msg.clone();
             None
         }
+        SearchEnd::Unverified(oid, why) => {
+            report.result = RunResult::Inconclusive;
+            report.candidates = vec![commit_ref(plan, *oid)];
+            report.message = format!(
+                "the search named {} as the first {} commit, but {why}: the answer does not hold",
+                short_sha(&oid.to_string()),
+                report.terms.new
+            );
+            None
+        }
         SearchEnd::Interrupted => {
             report.result = RunResult::Inconclusive;
             report.interrupted = true;
@@ -567,7 +780,7 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
     }
 }
 
-fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
+fn empty_report(plan: &Plan, opts: &StartOptions, run_dir: &Path) -> Report {
     Report {
         format_version: FORMAT_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -592,6 +805,10 @@ fn empty_report(plan: &Plan, run_dir: &Path) -> Report {
         flaky: None,
         interrupted: false,
         confidence: None,
+        terms: opts.terms.clone(),
+        first_parent: opts.first_parent,
+        pathspec: opts.pathspec.clone(),
+        find_fix: opts.find_fix,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod gpu_idle;
 pub mod job;
 pub mod journal;
 pub mod cross_check;
+pub mod find_fix;
 pub mod lock;
 pub mod nightly;
 pub mod nightly_state;

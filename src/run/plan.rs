@@ -50,6 +50,10 @@ pub struct StartOptions {
     pub jobs: Option<crate::config::Jobs>,
     /// The caller already holds the state directory's lock (the nightly job, for its whole night).
     pub state_locked: bool,
+    /// Find the fix: the range is OLD..NEW, the fault shows at OLD and is gone at NEW.
+    pub find_fix: bool,
+    /// The names of the two states (git's `--term-old`/`--term-new`).
+    pub terms: crate::report::record::Terms,
 }
 
 pub use super::error::RunError;

@@ -41,6 +41,9 @@ pub struct SearchInput<'a> {
     pub goods_may_show_other_bugs: bool,
     /// Runs of the bad end at the start, and what a flaky search needs.
     pub flaky: crate::config::FlakySettings,
+    /// Finding a fix: the bad end's probe is the fault being gone (a clean run), which is its newer
+    /// state, and the target is what every probe is measured by.
+    pub find_fix: bool,
 }
 
 /// How the search ended.
@@ -48,6 +51,9 @@ pub struct SearchInput<'a> {
 pub enum SearchEnd {
     /// One first bad commit.
     Found(Oid),
+    /// The search named a commit, and running it and its parents alone did not bear it out (finding a
+    /// fix: the fixed commit faults, or its parent is clean): why.
+    Unverified(Oid, String),
     /// Skips left several candidates, in topological order.
     Ambiguous(Vec<Oid>),
     /// An endpoint says the range is wrong (a message saying which and why).
@@ -401,7 +407,7 @@ pub fn search_with_workers(
         );
         return d.end(SearchEnd::EndpointInfra(msg), None);
     }
-    if bad.verdict != Verdict::Bad || !reproduces(&bad.signature) {
+    if bad.verdict != Verdict::Bad || (!input.find_fix && !reproduces(&bad.signature)) {
         let runs = if bad_runs.is_empty() {
             String::new()
         } else {
