@@ -74,6 +74,17 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         .map_err(|e| de::Error::custom(format!("invalid duration `{text}`: {e}")))
 }
 
+/// A time limit: a duration, and not zero (a zero limit would end every command at once, a typo).
+fn timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let value = duration(d)?;
+    if value.is_zero() {
+        return Err(de::Error::custom(
+            "a zero timeout would stop every command at once: give a positive duration such as \"10m\"",
+        ));
+    }
+    Ok(value)
+}
+
 fn default_build_timeout() -> Duration {
     Duration::from_secs(20 * 60)
 }
@@ -100,7 +111,7 @@ pub struct BuildSection {
     /// The build command, run in the probe worktree.
     pub command: CommandLine,
     /// Time allowed for one build.
-    #[serde(default = "default_build_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_build_timeout", deserialize_with = "timeout")]
     pub timeout: Duration,
     /// Extra environment variables.
     #[serde(default)]
@@ -117,7 +128,7 @@ pub struct ReproSection {
     /// The repro command, run in the probe worktree.
     pub command: CommandLine,
     /// Time allowed for one run; past it the run is a hang.
-    #[serde(default = "default_repro_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_repro_timeout", deserialize_with = "timeout")]
     pub timeout: Duration,
     /// Extra environment variables.
     #[serde(default)]
@@ -241,15 +252,15 @@ impl Jobs {
 
 impl<'de> Deserialize<'de> for Jobs {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(i64),
-            Text(String),
-        }
-        let text = match Raw::deserialize(d)? {
-            Raw::Number(n) => n.to_string(),
-            Raw::Text(t) => t,
+        // Any TOML value, so that a wrong one is named in the message (not serde's internal enum).
+        let text = match toml::Value::deserialize(d)? {
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::String(t) => t,
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "jobs = {other}: give a whole number of probes at once, or \"auto\""
+                )))
+            }
         };
         Jobs::parse(&text).map_err(serde::de::Error::custom)
     }
@@ -261,15 +272,14 @@ pub struct DeviceId(pub String);
 
 impl<'de> Deserialize<'de> for DeviceId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(u32),
-            Text(String),
-        }
-        let text = match Raw::deserialize(d)? {
-            Raw::Number(n) => n.to_string(),
-            Raw::Text(t) => t,
+        let text = match toml::Value::deserialize(d)? {
+            toml::Value::Integer(n) if n >= 0 => n.to_string(),
+            toml::Value::String(t) => t,
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "devices: {other} is not a device id (an index such as 0, or a UUID such as \"GPU-…\")"
+                )))
+            }
         };
         if text.is_empty() || text.contains([',', ' ']) {
             return Err(serde::de::Error::custom(format!(
@@ -345,7 +355,7 @@ pub struct ShrinkSection {
     #[serde(default)]
     pub backend: BackendChoice,
     /// Time allowed for one harness run.
-    #[serde(default = "default_shrink_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_shrink_timeout", deserialize_with = "timeout")]
     pub timeout: Duration,
     /// Runs of a candidate before it counts as not reproducing (for faults that do not show every time).
     #[serde(default = "one")]
@@ -412,7 +422,7 @@ pub struct NightlySection {
     /// with the status and the report's paths in its environment.
     pub notify: Option<CommandLine>,
     /// Time allowed for the notify command.
-    #[serde(default = "default_notify_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_notify_timeout", deserialize_with = "timeout")]
     pub notify_timeout: Duration,
 }
 
@@ -439,7 +449,7 @@ pub struct TriageSection {
     /// The command to sanitize; defaults to the repro command.
     pub command: Option<CommandLine>,
     /// Time allowed for one sanitizer run (they are 10–100× slower than plain runs).
-    #[serde(default = "default_triage_timeout", deserialize_with = "duration")]
+    #[serde(default = "default_triage_timeout", deserialize_with = "timeout")]
     pub timeout: Duration,
     /// Extra environment variables.
     #[serde(default)]
@@ -763,6 +773,17 @@ impl Config {
                 path: path.to_path_buf(),
                 message: "gpus-per-probe must be at least 1".into(),
             });
+        }
+        if let Some(devices) = &raw.search.devices {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(twice) = devices.iter().map(|d| d.0.clone()).find(|d| !seen.insert(d.clone())) {
+                return Err(ConfigError::Search {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "devices lists GPU {twice} twice: each worker needs GPUs of its own"
+                    ),
+                });
+            }
         }
         if raw.search.devices.as_ref().is_some_and(Vec::is_empty) {
             return Err(ConfigError::Search {

@@ -19,6 +19,9 @@ pub enum GitError {
     /// A bare repository has no checkout to bisect from.
     #[error("{0} is a bare repository: run cudabisect in a clone with a working tree")]
     Bare(PathBuf),
+    /// The repository's path is not UTF-8.
+    #[error("{} is at a path that is not UTF-8: move or link the repository to a UTF-8 path", .0.display())]
+    NotUtf8(PathBuf),
     /// A revision does not name a commit.
     #[error("unknown revision `{0}`")]
     UnknownRevision(String),
@@ -171,6 +174,11 @@ impl Repo {
             Repository::discover(dir).map_err(|_| GitError::NotARepository(dir.to_path_buf()))?;
         if repo.is_bare() {
             return Err(GitError::Bare(dir.to_path_buf()));
+        }
+        // git paths (worktrees, the state directory) go through libgit2 as UTF-8: a repository at a
+        // path that is not would get worktrees at a mangled path beside it.
+        if repo.workdir().is_some_and(|w| w.to_str().is_none()) || repo.path().to_str().is_none() {
+            return Err(GitError::NotUtf8(dir.to_path_buf()));
         }
         Ok(Self { repo })
     }

@@ -306,6 +306,13 @@ pub struct XmlError(String);
 /// Parses the records of a `--xml --save` report. API-error records are left out: they repeat what the
 /// program saw.
 pub fn parse_xml(xml: &str) -> Result<Vec<Finding>, XmlError> {
+    // compute-sanitizer nests a dozen levels; a deeper document is not its report, and parsing one tens
+    // of thousands deep would exhaust the stack.
+    if nesting_depth(xml) > MAX_XML_DEPTH {
+        return Err(XmlError(format!(
+            "elements nested deeper than {MAX_XML_DEPTH} levels"
+        )));
+    }
     let doc = roxmltree::Document::parse(xml).map_err(|e| XmlError(e.to_string()))?;
     let mut out = Vec::new();
     for record in doc.descendants().filter(|n| n.has_tag_name("record")) {
@@ -316,6 +323,33 @@ pub fn parse_xml(xml: &str) -> Result<Vec<Finding>, XmlError> {
         out.push(xml_finding(record));
     }
     Ok(out)
+}
+
+/// How deep a sanitizer report may nest its elements.
+const MAX_XML_DEPTH: usize = 256;
+
+/// The deepest element nesting in `xml`, by a linear scan of its tags (comments, declarations and
+/// processing instructions aside); an upper bound good enough to refuse hostile input before parsing.
+fn nesting_depth(xml: &str) -> usize {
+    let bytes = xml.as_bytes();
+    let (mut depth, mut max, mut i) = (0usize, 0usize, 0usize);
+    while let Some(off) = bytes[i..].iter().position(|&b| b == b'<') {
+        let start = i + off;
+        let Some(end) = bytes[start..].iter().position(|&b| b == b'>').map(|e| start + e) else {
+            break;
+        };
+        match bytes.get(start + 1) {
+            Some(b'/') => depth = depth.saturating_sub(1),
+            Some(b'?' | b'!') => {}
+            _ if bytes[end - 1] == b'/' => {}
+            _ => {
+                depth += 1;
+                max = max.max(depth);
+            }
+        }
+        i = end + 1;
+    }
+    max
 }
 
 fn child<'a>(node: roxmltree::Node<'a, 'a>, path: &[&str]) -> Option<roxmltree::Node<'a, 'a>> {
@@ -521,6 +555,16 @@ pub fn fold(findings: &[Finding]) -> Vec<FoldedFinding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xml_nested_past_any_report_is_refused_without_exhausting_the_stack() {
+        let deep = format!("<a>{}{}</a>", "<b>".repeat(50_000), "</b>".repeat(50_000));
+        let err = parse_xml(&deep).expect_err("refused");
+        assert!(err.to_string().contains("nested deeper"), "{err}");
+        let ok = "<?xml version=\"1.0\"?><!-- c --><root><record><kind>Api</kind><x/></record></root>";
+        assert_eq!(nesting_depth(ok), 3);
+        assert!(parse_xml(ok).expect("parsed").is_empty());
+    }
 
     #[test]
     fn text_records_carry_kernel_thread_and_relation() {

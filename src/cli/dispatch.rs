@@ -31,7 +31,27 @@ pub fn main() -> ExitCode {
     let flag = Arc::clone(&cancel);
     // Ctrl-C or SIGTERM: stop the running process group and clean up, rather than dying with orphans.
     let _ = ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst));
-    match run(cli.command, &cancel) {
+    // The signals a batch system sends before it ends a job (Slurm's `--signal=USR1@…`) stop a run the
+    // same clean way; a file-size limit makes a write fail (an error cudabisect reports) instead of
+    // killing it. Handlers, unlike an ignored signal, are not inherited by the commands it starts.
+    for sig in [
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGUSR2,
+        signal_hook::consts::SIGALRM,
+    ] {
+        let _ = signal_hook::flag::register(sig, Arc::clone(&cancel));
+    }
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        Arc::new(AtomicBool::new(false)),
+    );
+    let result = run(cli.command, &cancel);
+    match result {
+        // Whatever a stopped command returns, it was stopped: 130, as documented.
+        Err(e) if cancel.load(Ordering::SeqCst) => {
+            eprintln!("error: interrupted: {e}");
+            ExitCode::from(super::exit_codes::INTERRUPTED)
+        }
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");

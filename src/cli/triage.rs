@@ -46,6 +46,8 @@ pub fn run(
         TriageStatus::Clean => exit_codes::OK,
         TriageStatus::Unavailable => exit_codes::UNAVAILABLE,
         TriageStatus::Interrupted => exit_codes::INTERRUPTED,
-        TriageStatus::Error => exit_codes::INTERNAL,
+        // The sanitizer could not run the program, or wrote a report that cannot be read: no
+        // conclusion, and not a failure of cudabisect.
+        TriageStatus::Error => exit_codes::INCONCLUSIVE,
     })
 }

@@ -350,8 +350,15 @@ pub fn run(
     // Everything that can be checked is checked before any node runs.
     let boundary = load_boundary(model, &plan, opts.inputs.as_deref())?;
     if let Some(dir) = &opts.record {
+        // A path the user gave that cannot be a directory is their input to fix, not a failure.
+        if dir.exists() && !dir.is_dir() {
+            return Err(HarnessError::Usage(format!(
+                "--record {} exists and is not a directory",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir)
-            .map_err(|e| HarnessError::Io(format!("--record {}: {e}", dir.display())))?;
+            .map_err(|e| HarnessError::Usage(format!("--record {}: {e}", dir.display())))?;
     }
     let mut timings = Timings::default();
     let (mut engine, backend) = start_engine(model, &plan, opts, out, &mut timings)?;

@@ -28,8 +28,15 @@ pub fn extract(
     let plan = plan(model, Some(keep))?;
     let boundary = load_boundary(model, &plan, inputs)?;
     let io = |e: std::io::Error| HarnessError::Io(format!("{}: {e}", out.display()));
+    if out.exists() && !out.is_dir() {
+        return Err(HarnessError::Usage(format!(
+            "--out {} exists and is not a directory",
+            out.display()
+        )));
+    }
     let input_dir = out.join("inputs");
-    std::fs::create_dir_all(&input_dir).map_err(io)?;
+    std::fs::create_dir_all(&input_dir)
+        .map_err(|e| HarnessError::Usage(format!("--out {}: {e}", out.display())))?;
     let ids: Vec<String> = plan
         .nodes
         .iter()

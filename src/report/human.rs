@@ -233,6 +233,26 @@ impl Reporter for HumanReporter {
     }
 }
 
+/// Text from a repository (a subject, a file name) made safe for a terminal: control characters (escape
+/// sequences that would clear the screen or set the title, carriage returns) shown as `\x1b`-style
+/// escapes, and a very long line cut, as git quotes such names.
+pub fn printable(text: &str) -> String {
+    const MAX: usize = 500;
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The human summary printed at the end of a run.
 pub fn summary(report: &Report) -> String {
     let mut out = String::new();
@@ -250,19 +270,21 @@ pub fn summary(report: &Report) -> String {
             out.push_str(&format!("{first}: {}\n", info.commit));
             out.push_str(&format!(
                 "    {}\n    Author: {}\n    Date:   {}\n",
-                info.subject, info.author, info.date
+                printable(&info.subject),
+                printable(&info.author),
+                info.date
             ));
             for f in &info.files_changed {
-                out.push_str(&format!("    {f}\n"));
+                out.push_str(&format!("    {}\n", printable(f)));
             }
         }
         (RunResult::Ambiguous, _) => {
             out.push_str(&format!("{}:\n", report.message));
             for c in &report.candidates {
-                out.push_str(&format!("    {} {}\n", c.commit, c.subject));
+                out.push_str(&format!("    {} {}\n", c.commit, printable(&c.subject)));
             }
         }
-        _ => out.push_str(&format!("{}\n", report.message)),
+        _ => out.push_str(&format!("{}\n", printable(&report.message))),
     }
     if report.interrupted && report.result != RunResult::Inconclusive {
         out.push_str("Interrupted: the stages after the search did not finish\n");
@@ -427,5 +449,19 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
     } else {
         format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_a_repository_cannot_drive_the_terminal() {
+        let hostile = "fix\x1b]0;owned\x07\x1b[2J\rdone";
+        let shown = printable(hostile);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.starts_with("fix\\u{1b}]0;owned"), "{shown}");
+        assert_eq!(printable(&"x".repeat(10_000)).chars().count(), 501);
     }
 }

@@ -27,6 +27,9 @@ pub enum PackError {
     /// The directory is not a bundle.
     #[error("{0}: not a cudabisect bundle (no REPORT.md)")]
     NotABundle(PathBuf),
+    /// `-o` names a place the archive cannot go: inside the bundle, or a directory.
+    #[error("-o {0}")]
+    BadOutput(String),
     /// Reading the bundle or writing the archive failed.
     #[error("{path}: {source}")]
     Io {
@@ -40,7 +43,7 @@ pub enum PackError {
 impl PackError {
     /// True for bad input (not a bundle), as opposed to a failing disk.
     pub fn is_usage(&self) -> bool {
-        matches!(self, PackError::NotABundle(_))
+        matches!(self, PackError::NotABundle(_) | PackError::BadOutput(_))
     }
 }
 
@@ -55,7 +58,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackError + '_ {
 /// carry) goes in only with `include_binary`: an attachment should be small and hold no executable a
 /// stranger must trust.
 pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Packed, PackError> {
-    if !dir.join("REPORT.md").is_file() {
+    // A regular REPORT.md: a link to some other file would pass the check and then be left out.
+    let report_is_file = std::fs::symlink_metadata(dir.join("REPORT.md")).is_ok_and(|m| m.is_file());
+    if !report_is_file {
         return Err(PackError::NotABundle(dir.to_path_buf()));
     }
     let dir = dir.canonicalize().map_err(io(dir))?;
@@ -71,6 +76,29 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    if out.is_dir() {
+        return Err(PackError::BadOutput(format!(
+            "{} is a directory: name the archive file",
+            out.display()
+        )));
+    }
+    match parent.canonicalize() {
+        // Inside the bundle the archive would overwrite its files or pack an earlier archive.
+        Ok(p) if p.starts_with(&dir) => {
+            return Err(PackError::BadOutput(format!(
+                "{} is inside the bundle: write the archive elsewhere",
+                out.display()
+            )))
+        }
+        Ok(_) => {}
+        Err(e) => {
+            return Err(PackError::BadOutput(format!(
+                "{}: its directory {} cannot be used ({e})",
+                out.display(),
+                parent.display()
+            )))
+        }
+    }
     let mut files = Vec::new();
     walk(&dir, &dir, include_binary, &mut files)?;
     files.sort();

@@ -53,6 +53,9 @@ impl RunError {
         match self {
             Self::Usage(_) | Self::Config(_) => true,
             Self::Git(e) => e.is_usage(),
+            // A harness that cannot start, describes nothing usable or does not extract is the
+            // config's or the harness's to fix; failing to install the shipped one is the disk's.
+            Self::Protocol(e) => !matches!(e, ProtocolError::Install { .. }),
             _ => false,
         }
     }

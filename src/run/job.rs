@@ -624,6 +624,8 @@ fn save_report(report: &Report, run_dir: &Path, extra: Option<&Path>, reporter: 
             return;
         }
     };
+    // The run directory again if something removed it mid-run: the result is never lost to that.
+    let _ = std::fs::create_dir_all(run_dir);
     for path in std::iter::once(run_dir.join("report.json")).chain(extra.map(Path::to_path_buf)) {
         if let Err(e) = write_atomic(&path, json.as_bytes()) {
             reporter.event(&Event::Warning {
