@@ -716,7 +716,9 @@ impl Config {
             message,
         };
         if raw.search.endpoint_runs == Some(0) || raw.search.max_runs == 0 {
-            return Err(search_err("endpoint-runs and max-runs must be at least 1".into()));
+            return Err(search_err(
+                "endpoint-runs and max-runs must be at least 1".into(),
+            ));
         }
         if let Some(c) = raw.search.confidence {
             if !(c > 0.5 && c < 1.0) {
@@ -776,7 +778,11 @@ impl Config {
         }
         if let Some(devices) = &raw.search.devices {
             let mut seen = std::collections::HashSet::new();
-            if let Some(twice) = devices.iter().map(|d| d.0.clone()).find(|d| !seen.insert(d.clone())) {
+            if let Some(twice) = devices
+                .iter()
+                .map(|d| d.0.clone())
+                .find(|d| !seen.insert(d.clone()))
+            {
                 return Err(ConfigError::Search {
                     path: path.to_path_buf(),
                     message: format!(

@@ -335,7 +335,11 @@ fn nesting_depth(xml: &str) -> usize {
     let (mut depth, mut max, mut i) = (0usize, 0usize, 0usize);
     while let Some(off) = bytes[i..].iter().position(|&b| b == b'<') {
         let start = i + off;
-        let Some(end) = bytes[start..].iter().position(|&b| b == b'>').map(|e| start + e) else {
+        let Some(end) = bytes[start..]
+            .iter()
+            .position(|&b| b == b'>')
+            .map(|e| start + e)
+        else {
             break;
         };
         match bytes.get(start + 1) {
@@ -561,7 +565,8 @@ mod tests {
         let deep = format!("<a>{}{}</a>", "<b>".repeat(50_000), "</b>".repeat(50_000));
         let err = parse_xml(&deep).expect_err("refused");
         assert!(err.to_string().contains("nested deeper"), "{err}");
-        let ok = "<?xml version=\"1.0\"?><!-- c --><root><record><kind>Api</kind><x/></record></root>";
+        let ok =
+            "<?xml version=\"1.0\"?><!-- c --><root><record><kind>Api</kind><x/></record></root>";
         assert_eq!(nesting_depth(ok), 3);
         assert!(parse_xml(ok).expect("parsed").is_empty());
     }

@@ -30,12 +30,16 @@ pub fn man() -> CommandResult {
     for sub in top.get_subcommands() {
         let name = sub.get_name().to_string();
         // The subcommands live in this page, not in pages of their own.
-        page = page.replace(&format!("cudabisect\\-{}(1)", name.replace('-', "\\-")), &format!("cudabisect {name}"));
+        page = page.replace(
+            &format!("cudabisect\\-{}(1)", name.replace('-', "\\-")),
+            &format!("cudabisect {name}"),
+        );
         let sub = sub.clone().bin_name(format!("cudabisect {name}"));
         let man = clap_mangen::Man::new(sub.clone());
         let mut part = Vec::new();
         man.render_synopsis_section(&mut part).map_err(internal)?;
-        man.render_description_section(&mut part).map_err(internal)?;
+        man.render_description_section(&mut part)
+            .map_err(internal)?;
         if sub.get_arguments().any(|a| !a.is_hide_set()) {
             man.render_options_section(&mut part).map_err(internal)?;
         }

@@ -259,7 +259,10 @@ pub fn summary(report: &Report) -> String {
     match (report.result, &report.first_bad) {
         (RunResult::Found, Some(info)) => {
             let first = if report.find_fix {
-                format!("First {} commit (the fault is gone from here on)", report.terms.new)
+                format!(
+                    "First {} commit (the fault is gone from here on)",
+                    report.terms.new
+                )
             } else {
                 format!("First {} commit", report.terms.new)
             };

@@ -36,7 +36,11 @@ pub fn git_bisect_log(report: &Report) -> String {
     let _ = writeln!(out, "git bisect start {}", quote_all(&args));
     let _ = writeln!(out, "git bisect {} {}", terms.new, report.bad);
     let mut marked: Vec<&str> = Vec::new();
-    for p in report.probes.iter().filter(|p| p.role == ProbeRole::MergeBase) {
+    for p in report
+        .probes
+        .iter()
+        .filter(|p| p.role == ProbeRole::MergeBase)
+    {
         if p.verdict == Verdict::Good && !marked.contains(&p.commit.as_str()) {
             let _ = writeln!(out, "git bisect {} {}", terms.old, p.commit);
             marked.push(&p.commit);

@@ -59,7 +59,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackError + '_ {
 /// stranger must trust.
 pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Packed, PackError> {
     // A regular REPORT.md: a link to some other file would pass the check and then be left out.
-    let report_is_file = std::fs::symlink_metadata(dir.join("REPORT.md")).is_ok_and(|m| m.is_file());
+    let report_is_file =
+        std::fs::symlink_metadata(dir.join("REPORT.md")).is_ok_and(|m| m.is_file());
     if !report_is_file {
         return Err(PackError::NotABundle(dir.to_path_buf()));
     }

@@ -612,7 +612,16 @@ impl Terms {
             new: new.unwrap_or_else(|| d_new.into()),
         };
         const RESERVED: [&str; 11] = [
-            "help", "start", "skip", "next", "reset", "visualize", "view", "replay", "log", "run",
+            "help",
+            "start",
+            "skip",
+            "next",
+            "reset",
+            "visualize",
+            "view",
+            "replay",
+            "log",
+            "run",
             "terms",
         ];
         for t in [&terms.old, &terms.new] {
@@ -626,10 +635,15 @@ impl Terms {
             }
         }
         if terms.old == terms.new {
-            return Err(format!("--term-old and --term-new are both `{}`", terms.old));
+            return Err(format!(
+                "--term-old and --term-new are both `{}`",
+                terms.old
+            ));
         }
         // git allows good/bad only in their own roles.
-        if (terms.old == "bad" || terms.new == "good") && !(terms.old == "good" && terms.new == "bad") {
+        if (terms.old == "bad" || terms.new == "good")
+            && !(terms.old == "good" && terms.new == "bad")
+        {
             return Err("`good` can only name the older state and `bad` the newer".into());
         }
         Ok(terms)

@@ -9,24 +9,24 @@ use git2::Oid;
 
 use crate::report::bundle::{self, BundleInput};
 use crate::report::environment;
-use crate::report::record::short_sha;
 use crate::report::event::{Event, Reporter};
+use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
 
 use crate::config::Config;
 use crate::git::Repo;
 
 use super::ci::start_outputs;
+use super::cross_check::{cross_check, CrossCheck, Expect};
 use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::cross_check::{cross_check, CrossCheck, Expect};
-use crate::bisect::Verdict;
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
 use crate::atomic_file::write_atomic;
+use crate::bisect::Verdict;
 use crate::config::{ExecutorKind, Jobs};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -81,7 +81,10 @@ pub fn start(
     let _lock = if opts.state_locked {
         None
     } else {
-        Some(lock_state_dir(&state_dir, &format!("start {}", opts.range))?)
+        Some(lock_state_dir(
+            &state_dir,
+            &format!("start {}", opts.range),
+        )?)
     };
     let run_dir = state_dir.join("runs").join(run_id());
     let log_dir = run_dir.join("logs");
@@ -243,6 +246,7 @@ pub fn start(
         outcome = with_cancel_passed_on(cancel, &stops, || {
             cross_checked(
                 outcome,
+                opts.first_parent,
                 &plan,
                 &input,
                 &journal_path,
@@ -269,7 +273,9 @@ pub fn start(
     // The result is on disk before anything else can fail.
     if opts.find_fix {
         if let Some(oid) = first_bad {
-            report.notes.extend(fix_caveats(&plan, oid));
+            report
+                .notes
+                .extend(fix_caveats(&plan, oid, opts.first_parent));
         }
     }
     save_report(&report, &run_dir, None, reporter);
@@ -328,10 +334,15 @@ fn plan_terms_new(input: &SearchInput) -> &'static str {
 /// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
 /// commit (its parents still fault: the fix is how the branches met), or a fix that reached NEW
 /// through a merge (not on NEW's first-parent line).
-fn fix_caveats(plan: &Plan, fix: Oid) -> Vec<String> {
+fn fix_caveats(plan: &Plan, fix: Oid, first_parent: bool) -> Vec<String> {
     let mut notes = Vec::new();
     let parents = plan.repo.parents(fix).unwrap_or_default();
-    if parents.len() > 1 {
+    if parents.len() > 1 && first_parent {
+        notes.push(format!(
+            "the fix {} is the merge that brought it to this line (--first-parent judges a merge by its first parent): the commit that fixed it is on the merged branch; run without --first-parent to name it",
+            short_sha(&fix.to_string())
+        ));
+    } else if parents.len() > 1 {
         notes.push(format!(
             "the fix {} is a merge, and each of its parents still shows the fault: the fault is gone only where the branches meet, so backport what the merge combines, not one side",
             short_sha(&fix.to_string())
@@ -401,17 +412,20 @@ fn search_for_fix(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> SearchOutcome {
-    let ended = |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| {
-        SearchOutcome {
+    let ended =
+        |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| SearchOutcome {
             end,
             target,
             probes,
             other_bugs: Vec::new(),
             flaky: None,
-        }
-    };
+        };
     let Some(first) = journaled.first_mut() else {
-        return ended(SearchEnd::HostFailure("no probe worker".into()), Vec::new(), None);
+        return ended(
+            SearchEnd::HostFailure("no probe worker".into()),
+            Vec::new(),
+            None,
+        );
     };
     let mut known = std::collections::HashMap::new();
     let mut probes = Vec::new();
@@ -445,11 +459,17 @@ fn search_for_fix(
         let class = rec.signature.class;
         if super::verdict::is_host_problem(class) {
             report_it(&mut probes);
-            let msg = format!("old commit {name} could not be judged: {}", rec.signature.summary);
+            let msg = format!(
+                "old commit {name} could not be judged: {}",
+                rec.signature.summary
+            );
             return ended(SearchEnd::EndpointInfra(msg), probes, fault);
         }
         if rec.verdict != crate::bisect::Verdict::Bad
-            || matches!(class, crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure)
+            || matches!(
+                class,
+                crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure
+            )
         {
             report_it(&mut probes);
             let msg = format!(
@@ -465,7 +485,11 @@ fn search_for_fix(
         known.insert(*oid, out);
     }
     let Some(fault) = fault else {
-        return ended(SearchEnd::EndpointsInvalid("no old commit".into()), probes, None);
+        return ended(
+            SearchEnd::EndpointsInvalid("no old commit".into()),
+            probes,
+            None,
+        );
     };
     let mut fixers: Vec<super::find_fix::FixProbe> = journaled
         .iter_mut()
@@ -515,6 +539,7 @@ fn search_for_fix(
 #[allow(clippy::too_many_arguments)]
 fn cross_checked(
     outcome: SearchOutcome,
+    first_parent: bool,
     plan: &Plan,
     input: &SearchInput,
     journal_path: &Path,
@@ -530,7 +555,11 @@ fn cross_checked(
         return outcome;
     };
     let culprit = *culprit;
-    let parents = plan.repo.parents(culprit).unwrap_or_default();
+    let mut parents = plan.repo.parents(culprit).unwrap_or_default();
+    if first_parent {
+        // Along first parents a merge is judged against its first parent alone, as the search did.
+        parents.truncate(1);
+    }
     let mut probes = outcome.probes.clone();
     let step = probes.len() + 1;
     // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
@@ -552,7 +581,14 @@ fn cross_checked(
         what: "its parent",
     }))
     .collect();
-    match cross_check(prober, &runs, &target, (step, input.find_fix), &mut probes, reporter) {
+    match cross_check(
+        prober,
+        &runs,
+        &target,
+        (step, input.find_fix),
+        &mut probes,
+        reporter,
+    ) {
         CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
         CrossCheck::Interrupted => SearchOutcome {
             probes,

@@ -98,8 +98,8 @@ pub fn config_digest(text: &str) -> String {
 /// The programs the build and repro commands name by a path outside `repo_root` (a script in the
 /// user's home): their contents are part of what a verdict depends on.
 pub fn outside_programs(config: &crate::config::Config, repo_root: &Path) -> Vec<PathBuf> {
-    let commands = std::iter::once(&config.repro.command)
-        .chain(config.build.as_ref().map(|b| &b.command));
+    let commands =
+        std::iter::once(&config.repro.command).chain(config.build.as_ref().map(|b| &b.command));
     let mut out = Vec::new();
     for c in commands {
         let words: Vec<String> = match c {
@@ -617,7 +617,12 @@ mod tests {
     fn outcomes_of_the_machine_and_contradictions_are_not_reused_and_garbage_is_pruned() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("journal.jsonl");
-        let (a, b, c, d) = ("a".repeat(40), "b".repeat(40), "c".repeat(40), "d".repeat(40));
+        let (a, b, c, d) = (
+            "a".repeat(40),
+            "b".repeat(40),
+            "c".repeat(40),
+            "d".repeat(40),
+        );
         let mut text = String::new();
         text += &(entry_line(&a, "skip", "infra", false) + "\n");
         text += &(entry_line(&b, "bad", "illegal_address", true) + "\n");
@@ -630,11 +635,26 @@ mod tests {
         }
         std::fs::write(&path, &text).expect("write");
         let (journal, warnings) = Journal::open(&path, "f").expect("open");
-        assert_eq!(journal.retried(), 1, "the infrastructure outcome is run again");
-        assert_eq!(journal.len(), 1, "only d is a fact: {:?}", journal.probes.keys());
+        assert_eq!(
+            journal.retried(),
+            1,
+            "the infrastructure outcome is run again"
+        );
+        assert_eq!(
+            journal.len(),
+            1,
+            "only d is a fact: {:?}",
+            journal.probes.keys()
+        );
         assert_eq!(warnings.len(), 2, "{warnings:?}");
-        assert!(warnings[0].contains("1000 lines cannot be read"), "{warnings:?}");
-        assert!(warnings[1].contains("2 journaled probe(s) contradict"), "{warnings:?}");
+        assert!(
+            warnings[0].contains("1000 lines cannot be read"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[1].contains("2 journaled probe(s) contradict"),
+            "{warnings:?}"
+        );
         let after = std::fs::read_to_string(&path).expect("read");
         assert_eq!(after.lines().count(), 5, "garbage pruned, entries kept");
     }
@@ -663,7 +683,11 @@ mod tests {
         std::fs::write(&script, "exit 1").expect("write");
         let before = fingerprint(a, std::slice::from_ref(&script), "gpu");
         std::fs::write(&script, "exit 0").expect("write");
-        assert_ne!(before, fingerprint(a, &[script], "gpu"), "a fixed script is a new repro");
+        assert_ne!(
+            before,
+            fingerprint(a, &[script], "gpu"),
+            "a fixed script is a new repro"
+        );
     }
 
     #[test]

@@ -137,7 +137,9 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
         }
         tries += 1;
         if tries > 100 {
-            return Err(io(std::io::Error::other("the lock file keeps being replaced")));
+            return Err(io(std::io::Error::other(
+                "the lock file keeps being replaced",
+            )));
         }
     };
     let _ = file.read_to_string(&mut previous);
@@ -158,7 +160,10 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
             }
         }
     }
-    let owner = format!("pid {} on host {me}: cudabisect {what}\n", std::process::id());
+    let owner = format!(
+        "pid {} on host {me}: cudabisect {what}\n",
+        std::process::id()
+    );
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     file.write_all(owner.as_bytes()).map_err(io)?;
@@ -198,15 +203,26 @@ mod tests {
         // An owner line naming a live cudabisect on this host (a second mount whose file lock is not
         // shared): refused. This test binary's own pid is not cudabisect's, so use a parent that is not
         // alive as cudabisect either: the stale line is taken over.
-        std::fs::write(lock_path(&state), format!("pid 1 on host {}: cudabisect start\n", host()))
-            .expect("write");
+        std::fs::write(
+            lock_path(&state),
+            format!("pid 1 on host {}: cudabisect start\n", host()),
+        )
+        .expect("write");
         let taken = lock_state_dir(&state, "start").expect("a stale owner is taken over");
         drop(taken);
-        assert!(!lock_path(&state).exists(), "a finished run leaves no lock file");
-        std::fs::write(lock_path(&state), "pid 4242 on host elsewhere: cudabisect start\n")
-            .expect("write");
+        assert!(
+            !lock_path(&state).exists(),
+            "a finished run leaves no lock file"
+        );
+        std::fs::write(
+            lock_path(&state),
+            "pid 4242 on host elsewhere: cudabisect start\n",
+        )
+        .expect("write");
         match lock_state_dir(&state, "start") {
-            Err(LockError::Held { holder, .. }) => assert!(holder.contains("elsewhere"), "{holder}"),
+            Err(LockError::Held { holder, .. }) => {
+                assert!(holder.contains("elsewhere"), "{holder}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -216,6 +232,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("cudabisect");
         std::fs::create_dir_all(lock_path(&state)).expect("mkdir");
-        assert!(matches!(lock_state_dir(&state, "x"), Err(LockError::Io { .. })));
+        assert!(matches!(
+            lock_state_dir(&state, "x"),
+            Err(LockError::Io { .. })
+        ));
     }
 }

@@ -3,12 +3,12 @@
 
 pub mod capture;
 pub mod ci;
+pub mod cross_check;
 pub mod error;
+pub mod find_fix;
 pub mod gpu_idle;
 pub mod job;
 pub mod journal;
-pub mod cross_check;
-pub mod find_fix;
 pub mod lock;
 pub mod nightly;
 pub mod nightly_state;

@@ -56,18 +56,27 @@ fn state_file(dir: &Path, repo_key: &str, branch: &str, config_text: &str) -> Pa
     dir.join(format!("{safe}-{}.json", &key[..16]))
 }
 
-/// What names the repository across fresh CI checkouts: its `origin` URL without credentials, else its
-/// path.
+/// What names the repository across clones: its root commits (the same in every clone, different in
+/// another project sharing a `--state` directory), or, in a shallow clone whose root moves every night,
+/// its `origin` URL without credentials, else its path.
 fn repo_key(repo: &Repo) -> String {
-    let url = crate::git::git(&repo.workdir())
-        .args(["config", "--get", "remote.origin.url"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|u| !u.is_empty());
-    match url {
+    let out = |args: &[&str]| {
+        crate::git::git(&repo.workdir())
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|u| !u.is_empty())
+    };
+    let shallow = out(&["rev-parse", "--is-shallow-repository"]).as_deref() == Some("true");
+    if !shallow {
+        if let Some(roots) = out(&["rev-list", "--max-parents=0", "HEAD"]) {
+            return format!("roots {roots}");
+        }
+    }
+    match out(&["config", "--get", "remote.origin.url"]) {
         Some(u) => match u.split_once("://") {
             Some((scheme, rest)) => {
                 let host = rest.split_once('@').map_or(rest, |(_, h)| h);
@@ -157,17 +166,25 @@ pub fn nightly(
     let _lock = lock_state_dir(&repo.state_dir(), &format!("nightly {branch}"))?;
     let journal_file = journal_path(&state_dir);
     let mut state = load_state(&path)?;
-    let warn = |reporter: &mut dyn Reporter, message: String| {
-        reporter.event(&Event::Warning { message })
-    };
+    let warn =
+        |reporter: &mut dyn Reporter, message: String| reporter.event(&Event::Warning { message });
+    let mut lost_last_good = false;
     if let Some(lg) = state.last_good.clone() {
         if let Err(why) = still_on_branch(&repo, &lg, head) {
-            warn(reporter, format!(
-                "the last good commit {} kept in {} {why}: {}",
-                short_sha(&lg),
-                path.display(),
-                if since.is_some() { "using --since instead" } else { "a clean head becomes the new baseline; pass --since REV to bisect a fault before then" }
-            ));
+            lost_last_good = true;
+            warn(
+                reporter,
+                format!(
+                    "the last good commit {} kept in {} {why}: {}",
+                    short_sha(&lg),
+                    path.display(),
+                    if since.is_some() {
+                        "using --since instead"
+                    } else {
+                        "a clean head becomes the new baseline; pass --since REV to bisect a fault before then"
+                    }
+                ),
+            );
             state.last_good = None;
         }
     }
@@ -180,14 +197,21 @@ pub fn nightly(
     if state == NightlyState::default() && !path.exists() {
         let prefix = path
             .file_name()
-            .map(|n| n.to_string_lossy().rsplit_once('-').map(|(b, _)| format!("{b}-")).unwrap_or_default())
+            .map(|n| {
+                n.to_string_lossy()
+                    .rsplit_once('-')
+                    .map(|(b, _)| format!("{b}-"))
+                    .unwrap_or_default()
+            })
             .unwrap_or_default();
         let others = std::fs::read_dir(&state_dir)
             .map(|d| {
                 d.flatten()
                     .filter(|e| {
                         let n = e.file_name().to_string_lossy().into_owned();
-                        n.starts_with(&prefix) && n.ends_with(".json") && n.len() == prefix.len() + 21
+                        n.starts_with(&prefix)
+                            && n.ends_with(".json")
+                            && n.len() == prefix.len() + 21
                     })
                     .count()
             })
@@ -195,7 +219,7 @@ pub fn nightly(
         if others > 0 {
             reporter.event(&Event::Note {
                 message: format!(
-                    "a new state for {branch}: the config's judging sections changed since the {others} other state file(s) of this branch in {}",
+                    "a new state for {branch}: none yet for this repository, branch and judging config; {others} other state file(s) of this branch in {} (another config or repository)",
                     state_dir.display()
                 ),
             });
@@ -297,10 +321,7 @@ pub fn nightly(
             ),
             None if first => (
                 NightlyStatus::Baseline,
-                format!(
-                    "{} is clean and is the last good commit",
-                    &head_s[..12]
-                ),
+                format!("{} is clean and is the last good commit", &head_s[..12]),
                 None,
             ),
             None => (NightlyStatus::Clean, "the head is clean".to_string(), None),
@@ -338,14 +359,37 @@ pub fn nightly(
         };
         let good = match last_good {
             Some(good) => good,
+            // A first night that faults: nothing was ever good here, and only the user knows since when.
+            None if !lost_last_good => {
+                return Err(RunError::Usage(format!(
+                    "the head of {branch} faults ({}) and there is no last good commit yet: pass --since REV",
+                    sig.short()
+                )));
+            }
+            // The last good commit was lost to rewritten history (said above): this night is
+            // inconclusive, not an error that repeats every night; the state no longer holds it.
             None => {
                 let message = format!(
                     "the head of {branch} faults ({}) and there is no last good commit to bisect from: pass --since REV",
                     sig.short()
                 );
                 return Ok(finish_night(
-                    Night { status: NightlyStatus::Inconclusive, message, fixed_range: None, bisect: None },
-                    &state, &path, &branch, head_s, sig, &config, &repo, opts, reporter, cancel,
+                    Night {
+                        status: NightlyStatus::Inconclusive,
+                        message,
+                        fixed_range: None,
+                        bisect: None,
+                    },
+                    &state,
+                    &path,
+                    &branch,
+                    head_s,
+                    sig,
+                    &config,
+                    &repo,
+                    opts,
+                    reporter,
+                    cancel,
                 ));
             }
         };
@@ -380,8 +424,22 @@ pub fn nightly(
         (status, message, None)
     };
     Ok(finish_night(
-        Night { status, message, fixed_range, bisect },
-        &state, &path, &branch, head_s, sig, &config, &repo, opts, reporter, cancel,
+        Night {
+            status,
+            message,
+            fixed_range,
+            bisect,
+        },
+        &state,
+        &path,
+        &branch,
+        head_s,
+        sig,
+        &config,
+        &repo,
+        opts,
+        reporter,
+        cancel,
     ))
 }
 

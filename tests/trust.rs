@@ -1,0 +1,483 @@
+//! Answers that hold after a fixed host, a resume, a force-push, a shared cache or a flaky fault, and the
+//! fix found as surely as the bug: each test a case of the reliability catalogue, run end to end with the
+//! real binary on real git repositories built with the git command line.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// A linear repository: commit i (from 1) has `version.txt` = i and `repro.sh` from `template`, in which
+/// `@BAD@` is replaced; tag `v1` is commit 1, branch `main`.
+struct Repo {
+    _tmp: tempfile::TempDir,
+    path: PathBuf,
+    scratch: PathBuf,
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=T", "-c", "user.email=t@example.com"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn commit_version(dir: &Path, i: usize) {
+    std::fs::write(dir.join("version.txt"), format!("{i}\n")).unwrap();
+    git(dir, &["add", "-A"]);
+    git(dir, &["commit", "-q", "-m", &format!("commit {i}")]);
+}
+
+fn linear(n: usize, bad: usize, template: &str, config: &str) -> Repo {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&path).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    git(&path, &["init", "-q", "-b", "main", "."]);
+    let script = template
+        .replace("@BAD@", &bad.to_string())
+        .replace("@SCRATCH@", &scratch.display().to_string());
+    let repro = path.join("repro.sh");
+    std::fs::write(&repro, script).unwrap();
+    std::fs::set_permissions(&repro, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for i in 1..=n {
+        commit_version(&path, i);
+        if i == 1 {
+            git(&path, &["tag", "v1"]);
+        }
+    }
+    std::fs::write(
+        scratch.join("bisect.toml"),
+        config.replace("@SCRATCH@", &scratch.display().to_string()),
+    )
+    .unwrap();
+    Repo {
+        _tmp: tmp,
+        path,
+        scratch,
+    }
+}
+
+const FAULT: &str =
+    "echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2; exit 1";
+
+fn default_repro() -> String {
+    format!("#!/bin/sh\nV=$(cat version.txt)\nif [ \"$V\" -ge @BAD@ ]; then {FAULT}; fi\nexit 0\n")
+}
+
+const CONFIG: &str =
+    "[repro]\ncommand = \"./repro.sh\"\ngrace-period = \"1s\"\n[triage]\nenabled = false\n";
+
+fn run(repo: &Repo, args: &[&str]) -> (i32, String, String) {
+    let out: Output = Command::new(support::bin())
+        .args(args)
+        .arg("-C")
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `start` with the scratch config and a report; exit status, report, stderr.
+fn start(repo: &Repo, args: &[&str]) -> (i32, Value, String) {
+    let config = repo.scratch.join("bisect.toml");
+    let report = repo.scratch.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let mut all = vec!["start", "--config", config.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--report", report.to_str().unwrap()]);
+    let (code, _, err) = run(repo, &all);
+    let report = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (code, report, err)
+}
+
+fn subject_of(repo: &Repo, commit: &str) -> String {
+    git(&repo.path, &["log", "-1", "--format=%s", commit])
+}
+
+fn first_bad_subject(repo: &Repo, report: &Value) -> String {
+    subject_of(
+        repo,
+        report["first_bad"]["commit"].as_str().unwrap_or("HEAD"),
+    )
+}
+
+#[test]
+fn an_infrastructure_failure_is_not_replayed_once_the_host_is_fixed() {
+    // Commits 10-30 meet a broken driver while the flag file exists.
+    let template = format!(
+        "#!/bin/sh\nV=$(cat version.txt)\nif [ -f @SCRATCH@/broken ] && [ \"$V\" -ge 10 ] && [ \"$V\" -le 30 ]; then echo 'RuntimeError: CUDA driver version is insufficient for CUDA runtime version' >&2; exit 1; fi\nif [ \"$V\" -ge @BAD@ ]; then {FAULT}; fi\nexit 0\n"
+    );
+    let repo = linear(40, 23, &template, CONFIG);
+    std::fs::write(repo.scratch.join("broken"), "").unwrap();
+    let (code, _, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 8, "{err}");
+    std::fs::remove_file(repo.scratch.join("broken")).unwrap();
+    let (code, report, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 23");
+    assert!(
+        err.contains("are not reused: those probes run again"),
+        "{err}"
+    );
+    // What the first run learned about commits the host did not fail on is reused.
+    assert!(err.contains("[reused from the journal]"), "{err}");
+}
+
+#[test]
+fn a_rerun_keeps_the_logs_of_every_probe_it_reports_in_its_bundle() {
+    let repo = linear(40, 23, &default_repro(), CONFIG);
+    let logs = |report: &Value| -> usize {
+        let bundle = PathBuf::from(report["bundle"].as_str().expect("a bundle"));
+        std::fs::read_dir(bundle.join("logs/probes"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let (code, first, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 0, "{err}");
+    let before = logs(&first);
+    assert!(before > 0);
+    let (code, second, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        second["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["reused"] == true),
+        "every probe reused"
+    );
+    assert_eq!(
+        logs(&second),
+        before,
+        "the reused probes' logs travel with the rerun"
+    );
+    for p in second["probes"].as_array().unwrap() {
+        let Some(log) = p["log"].as_str() else {
+            continue;
+        };
+        assert!(
+            log.starts_with(second["run_dir"].as_str().unwrap()),
+            "{log} is outside this run's directory"
+        );
+    }
+}
+
+#[test]
+fn workers_sharing_a_scratch_file_never_name_a_wrong_commit() {
+    // Every run writes its version to one file outside the worktree and reads it back after a pause:
+    // correct one at a time, wrong when two workers overlap.
+    let template = format!(
+        "#!/bin/sh\nV=$(cat version.txt)\necho $V > @SCRATCH@/shared.txt\necho \"$CUDABISECT_WORKER $TMPDIR\" >> @SCRATCH@/tmpdirs.txt\nsleep 0.$(( $(od -An -N1 -tu1 /dev/urandom) % 3 + 1 ))\nV2=$(cat @SCRATCH@/shared.txt)\nif [ \"$V2\" -ge @BAD@ ]; then {FAULT}; fi\nexit 0\n"
+    );
+    let repo = linear(40, 23, &template, CONFIG);
+    let (code, report, err) = start(&repo, &["v1..main", "--jobs", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 23", "{err}");
+    // Each worker had a temporary directory of its own.
+    let seen = std::fs::read_to_string(repo.scratch.join("tmpdirs.txt")).unwrap();
+    let mut by_worker = std::collections::BTreeMap::new();
+    for line in seen.lines() {
+        if let Some((w, t)) = line.split_once(' ') {
+            if !w.is_empty() {
+                by_worker
+                    .entry(w.to_string())
+                    .or_insert_with(std::collections::BTreeSet::new)
+                    .insert(t.to_string());
+            }
+        }
+    }
+    let dirs: std::collections::BTreeSet<_> = by_worker.values().flatten().collect();
+    assert!(by_worker.len() >= 2, "{seen}");
+    assert_eq!(dirs.len(), by_worker.len(), "one TMPDIR per worker: {seen}");
+}
+
+#[test]
+fn a_written_confidence_alone_never_gives_a_silent_wrong_answer_on_a_flaky_fault() {
+    // Bad commits fault on about half their runs (a hash of the commit and its run number).
+    let template = format!(
+        "#!/bin/sh\nV=$(cat version.txt)\nif [ \"$V\" -ge @BAD@ ]; then\n  f=@SCRATCH@/count-$V; n=$(cat $f 2>/dev/null || echo 0); echo $((n+1)) > $f\n  h=$(printf '%s-%s' $V $n | cksum | cut -d' ' -f1)\n  if [ $((h % 2)) -eq 0 ]; then {FAULT}; fi\nfi\nexit 0\n"
+    );
+    let config = format!("{CONFIG}[search]\nconfidence = 0.99\n");
+    let repo = linear(30, 17, &template, &config);
+    let (code, report, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    match code {
+        0 => {
+            assert_eq!(first_bad_subject(&repo, &report), "commit 17", "{err}");
+            let reached = report["confidence"]
+                .as_f64()
+                .expect("the confidence reached");
+            assert!(reached >= 0.99, "{reached}");
+        }
+        3 | 4 => {} // the bad end never faulted, or the budget ran out: said, not a wrong commit
+        other => panic!("exit {other}: {err}"),
+    }
+}
+
+#[test]
+fn a_confidence_with_too_few_endpoint_runs_is_refused_with_what_to_change() {
+    let config = format!("{CONFIG}[search]\nconfidence = 0.99\nendpoint-runs = 1\n");
+    let repo = linear(5, 3, &default_repro(), &config);
+    let (code, _, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("remove endpoint-runs"), "{err}");
+}
+
+fn replay(repo: &Repo, log: &str) -> String {
+    let clone = repo.scratch.join("clone");
+    let _ = std::fs::remove_dir_all(&clone);
+    git(
+        &repo.scratch,
+        &["clone", "-q", repo.path.to_str().unwrap(), "clone"],
+    );
+    let file = repo.scratch.join("bisect.log");
+    std::fs::write(&file, log).unwrap();
+    let out = Command::new("git")
+        .current_dir(&clone)
+        .args(["bisect", "replay", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
+    // The fault shows from commit 5 up to commit 19; commit 20 fixes it.
+    let template =
+        format!("#!/bin/sh\nV=$(cat version.txt)\nif [ \"$V\" -ge 5 ] && [ \"$V\" -lt @BAD@ ]; then {FAULT}; fi\nexit 0\n");
+    let repo = linear(30, 20, &template, CONFIG);
+    let old = git(&repo.path, &["rev-parse", "main~24"]);
+    let (code, report, err) = start(&repo, &["--find-fix", &format!("{old}..main")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 20");
+    assert_eq!(report["terms"]["new"], "fixed");
+    assert!(report["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("first fixed commit"));
+    // The fix verified alone: it runs clean, its parent still faults.
+    let verify: Vec<&Value> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "verify")
+        .collect();
+    assert_eq!(verify.len(), 2, "{report}");
+    assert_eq!(verify[1]["signature"]["class"], "illegal_address");
+    let (_, log, _) = run(&repo, &["log", "--format", "git"]);
+    assert!(
+        log.contains("'--term-old=broken' '--term-new=fixed'"),
+        "{log}"
+    );
+    let replayed = replay(&repo, &log);
+    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    assert!(
+        replayed.contains(&format!("{fix} is the first fixed commit")),
+        "{replayed}"
+    );
+    // A NEW end that still faults is refused with what --find-fix needs.
+    let (code, report, err) = start(&repo, &["--find-fix", &format!("{old}..main~15")]);
+    assert_eq!(code, 3, "{err}");
+    let message = report["message"].as_str().unwrap();
+    assert!(message.contains("not gone at new commit"), "{message}");
+}
+
+/// main: 1..=8, then side branches merged one by one; the fix lands on the side branch `fix`.
+fn merge_heavy(template: &str) -> Repo {
+    let repo = linear(8, 0, template, CONFIG);
+    let p = &repo.path;
+    for (k, name) in ["a", "b", "fix", "c"].iter().enumerate() {
+        git(p, &["checkout", "-q", "-b", name, "main"]);
+        std::fs::write(p.join(format!("{name}.txt")), "side\n").unwrap();
+        if *name == "fix" {
+            std::fs::write(p.join("fixed.txt"), "yes\n").unwrap();
+        }
+        git(p, &["add", "-A"]);
+        git(p, &["commit", "-q", "-m", &format!("side {name}")]);
+        git(p, &["checkout", "-q", "main"]);
+        commit_version(p, 9 + k);
+        git(
+            p,
+            &[
+                "merge",
+                "-q",
+                "--no-ff",
+                "-m",
+                &format!("merge {name}"),
+                name,
+            ],
+        );
+    }
+    repo
+}
+
+#[test]
+fn find_fix_on_a_merge_heavy_history_names_the_side_commit_and_replays_in_git() {
+    let template = format!(
+        "#!/bin/sh\nV=$(cat version.txt)\nif [ ! -f fixed.txt ] && [ \"$V\" -ge 3 ]; then {FAULT}; fi\nexit 0\n"
+    );
+    let repo = merge_heavy(&template);
+    // Commit 3 is the first that faults.
+    let broken = git(
+        &repo.path,
+        &["log", "--format=%H", "--grep=^commit 3$", "main"],
+    );
+    let (code, report, err) = start(&repo, &["--find-fix", &format!("{broken}..main")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "side fix");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("side branch"), "{notes}");
+    let (_, log, _) = run(&repo, &["log", "--format", "git"]);
+    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    assert!(
+        replay(&repo, &log).contains(&format!("{fix} is the first fixed commit")),
+        "{log}"
+    );
+    // Along first parents the fix is the merge that brought it.
+    let (code, report, err) = start(
+        &repo,
+        &["--find-fix", &format!("{broken}..main"), "--first-parent"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "merge fix");
+    let (_, log, _) = run(&repo, &["log", "--format", "git"]);
+    assert!(log.contains("'--first-parent'"), "{log}");
+    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    assert!(
+        replay(&repo, &log).contains(&format!("{fix} is the first fixed commit")),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_first_parent_bug_search_replays_in_git_to_the_same_merge() {
+    // The bug arrives with the side branch `c`: its side commit adds the file that faults.
+    let template = format!("#!/bin/sh\nif [ -f c.txt ]; then {FAULT}; fi\nexit 0\n");
+    let repo = merge_heavy(&template);
+    let (code, report, err) = start(&repo, &["v1..main", "--first-parent"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "merge c");
+    let (_, log, _) = run(&repo, &["log", "--format", "git"]);
+    let culprit = report["first_bad"]["commit"].as_str().unwrap();
+    let replayed = replay(&repo, &log);
+    assert!(
+        replayed.contains(&format!("{culprit} is the first bad commit")),
+        "{log}\n{replayed}"
+    );
+}
+
+#[test]
+fn a_lock_that_cannot_be_made_is_a_usage_error_not_another_run() {
+    let repo = linear(5, 3, &default_repro(), CONFIG);
+    std::fs::create_dir_all(repo.path.join(".git/cudabisect.lock")).unwrap();
+    let (code, _, err) = start(&repo, &["v1..main"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("another cudabisect run"), "{err}");
+}
+
+fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Value>, String) {
+    let state = repo.scratch.join("state");
+    let mut args = vec![
+        "nightly",
+        "--config",
+        config.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--message-format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = run(repo, &args);
+    let events: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON Lines ({e}): {l}")))
+        .collect();
+    (code, events, err)
+}
+
+fn night_status(events: &[Value]) -> String {
+    events
+        .iter()
+        .find(|e| e["type"] == "nightly")
+        .map(|e| e["data"]["record"]["status"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
+    let repo = linear(6, 100, &default_repro(), CONFIG);
+    let config = repo.scratch.join("bisect.toml");
+    let (code, events, err) = nightly(&repo, &config, &[]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (10, "baseline"),
+        "{err}"
+    );
+    // A comment in the config judges nothing: the same state, a clean night.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("# tuned for the new runner\n{text}")).unwrap();
+    let (code, events, err) = nightly(&repo, &config, &[]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (0, "clean"),
+        "{err}"
+    );
+    // History rewritten: the last good commit is gone, and the new head faults.
+    git(&repo.path, &["reset", "-q", "--hard", "HEAD~4"]);
+    git(&repo.path, &["update-ref", "-d", "ORIG_HEAD"]);
+    git(&repo.path, &["reflog", "expire", "--expire=now", "--all"]);
+    git(&repo.path, &["gc", "-q", "--prune=now"]);
+    std::fs::write(
+        repo.path.join("repro.sh"),
+        default_repro().replace("@BAD@", "4"),
+    )
+    .unwrap();
+    for i in 3..6 {
+        commit_version(&repo.path, i);
+    }
+    let (code, events, err) = nightly(&repo, &config, &[]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (4, "inconclusive"),
+        "{err}"
+    );
+    assert!(
+        err.contains("no longer exists")
+            || events
+                .iter()
+                .any(|e| e.to_string().contains("no longer exists")),
+        "{err}"
+    );
+    // Told where to start, it bisects; the next night knows the regression.
+    let since = git(&repo.path, &["rev-parse", "v1"]);
+    let (code, events, err) = nightly(&repo, &config, &["--since", &since]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (12, "regression"),
+        "{err}"
+    );
+    let (code, events, err) = nightly(&repo, &config, &[]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (13, "still_failing"),
+        "{err}"
+    );
+}
