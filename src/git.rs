@@ -205,6 +205,12 @@ impl Repo {
         self.repo.commondir().join("cudabisect")
     }
 
+    /// What `refs/stash` points at (`None` without a stash): refs are shared with the probe worktrees, so
+    /// a repro's `git stash` there lands on the user's stash.
+    pub fn stash_tip(&self) -> Option<Oid> {
+        self.repo.refname_to_id("refs/stash").ok()
+    }
+
     /// The parents of a commit.
     pub fn parents(&self, oid: Oid) -> Result<Vec<Oid>, GitError> {
         Ok(self.repo.find_commit(oid)?.parent_ids().collect())

@@ -205,6 +205,7 @@ fn run_search_with(
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
+        find_fix: false,
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
@@ -1072,6 +1073,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
+        find_fix: false,
     };
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.

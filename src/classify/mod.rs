@@ -10,7 +10,7 @@ mod signature;
 pub mod trailer;
 
 pub use matcher::{MatchPolicy, MatchPolicyError, Sameness};
-pub use patterns::is_fault_line;
+pub use patterns::{is_fault_line, signal_name};
 pub use ranks::{append_rank_logs, classify, strip_rank, RankStreams};
 pub use signature::{Exit, FaultClass, Signature};
 pub use trailer::LOG_TRAILER_PREFIX;

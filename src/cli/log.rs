@@ -20,12 +20,21 @@ pub fn run(dir: &Path, run: Option<&str>, format: LogFormat) -> CommandResult {
     let run_dir = match run {
         Some(r) if Path::new(r).is_dir() => PathBuf::from(r),
         Some(r) => runs.join(r),
-        None => latest(&runs).ok_or_else(|| {
-            CommandError::usage(format!(
-                "no finished run in {}: run `cudabisect start` first",
-                runs.display()
-            ))
-        })?,
+        None => {
+            let found = latest(&runs).ok_or_else(|| {
+                CommandError::usage(format!(
+                    "no finished run in {}: run `cudabisect start` first",
+                    runs.display()
+                ))
+            })?;
+            if let Some(unfinished) = newer_without_report(&runs, &found) {
+                eprintln!(
+                    "note: the latest run, {}, has no report (it was killed or is still running; the next `start` resumes it): showing the one before it",
+                    unfinished.display()
+                );
+            }
+            found
+        }
     };
     let path = run_dir.join("report.json");
     let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -43,6 +52,24 @@ pub fn run(dir: &Path, run: Option<&str>, format: LogFormat) -> CommandResult {
         LogFormat::Git => git_bisect_log(&report),
     });
     Ok(exit_codes::OK)
+}
+
+/// A run directory newer than `shown` that has no report.
+fn newer_without_report(runs: &Path, shown: &Path) -> Option<PathBuf> {
+    let shown_at = shown.metadata().ok()?.modified().ok()?;
+    std::fs::read_dir(runs)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !p.join("report.json").exists())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| !n.to_string_lossy().starts_with("nightly-"))
+        })
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .filter(|(t, _)| *t > shown_at)
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
 }
 
 /// The most recently written run directory that holds a `start` report.

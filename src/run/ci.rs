@@ -190,11 +190,27 @@ fn notify(
     };
     match process::run(&spec, cancel) {
         Ok(run) if run.exit == Exit::Code(0) => None,
-        Ok(run) => Some(format!(
-            "[nightly] notify {:?}: {}",
-            run.exit,
-            run.output.lines().last().unwrap_or("")
-        )),
+        Ok(run) => {
+            let how = match run.exit {
+                Exit::Code(c) => format!("exited {c}"),
+                Exit::Signal(s) => format!("was killed by {}", crate::classify::signal_name(s)),
+                Exit::Timeout => format!(
+                    "ran past its {}s timeout and was stopped",
+                    config.nightly.notify_timeout.as_secs()
+                ),
+                Exit::Unknown => "ended".to_string(),
+            };
+            // A hook that prints a megabyte on one line gets a line's worth of warning.
+            let last: String = run
+                .output
+                .lines()
+                .last()
+                .unwrap_or("")
+                .chars()
+                .take(300)
+                .collect();
+            Some(format!("[nightly] notify {how}: {last}"))
+        }
         Err(e) => Some(format!("[nightly] notify could not run: {e}")),
     }
 }

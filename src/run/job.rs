@@ -78,6 +78,7 @@ pub fn start(
         }
     };
     let state_dir = plan.repo.state_dir();
+    let stash_before = plan.repo.stash_tip();
     let _lock = if opts.state_locked {
         None
     } else {
@@ -113,6 +114,16 @@ pub fn start(
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let mut slots = slots.unwrap_or_default();
+    // More workers than candidates would only make checkouts: each worker costs a full worktree.
+    let useful = plan.range.len().max(2);
+    if slots.len() > useful {
+        plan.notes.push(format!(
+            "{} probes at once asked for, {} candidates: {useful} workers are used",
+            slots.len(),
+            plan.range.len()
+        ));
+        slots.truncate(useful);
+    }
     // Parallel workers each get a scratch directory of their own (temporary files, JIT caches), kept
     // between runs so a worker's caches stay warm.
     if slots.len() > 1 {
@@ -305,6 +316,15 @@ pub fn start(
         }
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
+    if plan.repo.stash_tip() != stash_before {
+        // cudabisect never stashes; a repro that ran `git stash` in a probe worktree did, on the user's
+        // stash (worktrees share refs). Nothing can undo it safely, so it is said.
+        let message = "the repository's stash changed during this run: a repro ran `git stash` in a probe worktree, and worktrees share refs with your checkout. Check `git stash list` before your next `git stash pop`".to_string();
+        reporter.event(&Event::Warning {
+            message: message.clone(),
+        });
+        report.notes.push(message);
+    }
     save_report(&report, &run_dir, opts.report.as_deref(), reporter);
     start_outputs(&report, &plan.config, opts.junit.as_deref(), reporter);
     reporter.event(&Event::Finished {

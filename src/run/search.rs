@@ -234,9 +234,11 @@ impl Driver<'_, '_> {
     ) -> Option<ProbeRecord> {
         let ctx = self.context(role, search, 0);
         let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
-        let interrupted = probed.interrupted;
-        let record = self.finish(ctx.step, probed);
-        (!interrupted).then_some(record)
+        if probed.interrupted {
+            // A stopped probe judged nothing: it is neither reported as a verdict nor recorded.
+            return None;
+        }
+        Some(self.finish(ctx.step, probed))
     }
 
     /// Reports and keeps a finished probe.
@@ -329,9 +331,10 @@ impl Driver<'_, '_> {
         let mut ctx = self.context(role, search, 0);
         ctx.repeat = Some(repeat);
         let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
-        let interrupted = probed.interrupted;
-        let record = self.finish(ctx.step, probed);
-        (!interrupted).then_some(record)
+        if probed.interrupted {
+            return None;
+        }
+        Some(self.finish(ctx.step, probed))
     }
 }
 
