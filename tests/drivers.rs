@@ -1150,3 +1150,61 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
     steps.dedup();
     assert_eq!(steps.len(), n);
 }
+
+#[test]
+fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
+    // The fault shows from the old end (0) up to commit 9, and another bug at 12 and 13: commit 10 is
+    // the fix, and the other bug never counts as the fault being back or gone.
+    use cudabisect::run::find_fix::FixProbe;
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let range = linear(16);
+    let goods = vec![("old".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("new", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        find_fix: true,
+    };
+    let mut prober = scripted(cancel, None);
+    prober.shows = Box::new(|i| match i {
+        0..=9 => fault("gather"),
+        12 | 13 => fault("scatter"),
+        _ => clean(),
+    });
+    let mut fix = FixProbe {
+        inner: &mut prober,
+        fault: fault("gather"),
+        stop: cancel,
+        known: Default::default(),
+    };
+    let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+    assert_eq!(outcome.end, SearchEnd::Found(oid(10)));
+    for r in &outcome.probes {
+        let i = index(Oid::from_str(&r.commit).unwrap());
+        let want = match i {
+            0..=9 => Verdict::Good,
+            12 | 13 => Verdict::Skip,
+            _ => Verdict::Bad,
+        };
+        assert_eq!(r.verdict, want, "commit {i}: {r:?}");
+    }
+    // A new end that still shows the fault says so.
+    prober.shows = Box::new(|_| fault("gather"));
+    let mut fix = FixProbe {
+        inner: &mut prober,
+        fault: fault("gather"),
+        stop: cancel,
+        known: Default::default(),
+    };
+    let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+    assert!(
+        matches!(outcome.end, SearchEnd::EndpointsInvalid(_)),
+        "{:?}",
+        outcome.end
+    );
+}

@@ -289,7 +289,10 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
         context.fill(&mut finding, &lines);
         return finding;
     }
-    let finding = first_text_finding(&lines);
+    // A stack dump read as a hang is for logs without an exit status; a run that timed out is a hang
+    // already, and its dumps are read per rank.
+    let finding = first_text_finding(&lines)
+        .filter(|f| !(f.class == FaultClass::Hang && exit == Exit::Timeout));
     let mut signature = match (finding, exit) {
         (Some(f), Exit::Code(0)) if f.class != FaultClass::Infra => {
             // The program says it succeeded; what it printed was handled.

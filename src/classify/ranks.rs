@@ -312,7 +312,11 @@ fn still_running(streams: &RankStreams) -> String {
     let mut parts = Vec::new();
     for (rank, lines) in &streams.ranks {
         let text = join(lines);
-        if classify_stream(Exit::Unknown, &text).class != FaultClass::None {
+        // A rank whose only news is a stack dump was still running (the dump says where).
+        if !matches!(
+            classify_stream(Exit::Unknown, &text).class,
+            FaultClass::None | FaultClass::Hang
+        ) {
             continue;
         }
         let frames: Vec<(String, String)> = lines

@@ -138,6 +138,26 @@ pub fn nightly(
     }
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
     let config = Config::load(&config_path(&repo, opts.config.as_deref()))?;
+    // A notify hook that cannot run is found now, not after the night.
+    if let Some(crate::config::CommandLine::Argv(argv)) = &config.nightly.notify {
+        let program = &argv[0];
+        let runs = if program.contains('/') {
+            let path = Path::new(program);
+            let path = if path.is_absolute() {
+                path.to_path_buf()
+            } else {
+                repo.workdir().join(path)
+            };
+            path.is_file()
+        } else {
+            which::which(program).is_ok()
+        };
+        if !runs {
+            return Err(RunError::Usage(format!(
+                "[nightly] notify: `{program}` cannot be run (not found)"
+            )));
+        }
+    }
     let state_dir = opts
         .state
         .clone()
