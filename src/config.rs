@@ -758,6 +758,12 @@ impl Config {
                 raw.repro.attempts
             )));
         }
+        if raw.repro.gpus == Some(0) {
+            return Err(ConfigError::Search {
+                path: path.to_path_buf(),
+                message: "[repro] gpus must be at least 1".into(),
+            });
+        }
         if let Some(gpus) = raw.repro.gpus {
             if raw.search.gpus_per_probe != 1 && raw.search.gpus_per_probe != gpus {
                 return Err(ConfigError::Search {

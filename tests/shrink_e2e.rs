@@ -292,7 +292,7 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
         &[("own_harness.sh", &own_harness(&old), true)],
     );
     let (code, report, out) = shrink(&dir, &[]);
-    assert_eq!(code, 70, "{out}");
+    assert_eq!(code, 2, "{out}");
     assert!(
         report["summary"]
             .as_str()

@@ -2,6 +2,7 @@
 //! fix found as surely as the bug: each test a case of the reliability catalogue, run end to end with the
 //! real binary on real git repositories built with the git command line.
 
+#[allow(dead_code)] // this binary uses only `bin`
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -19,10 +19,19 @@ pub fn run(
     cancel: &AtomicBool,
 ) -> CommandResult {
     let report = shrink_job(dir, config, at, reporter, cancel)?;
+    let no_device = report
+        .signature
+        .as_ref()
+        .is_some_and(|s| s.class == cudabisect::classify::FaultClass::Infra);
     Ok(match report.status {
         ShrinkStatus::Minimal => exit_codes::OK,
+        // The harness's full run met no usable device or driver: unavailable, not "does not fault".
+        ShrinkStatus::NotReproduced if no_device => exit_codes::UNAVAILABLE,
         ShrinkStatus::NotReproduced => exit_codes::ENDPOINTS_INVALID,
-        ShrinkStatus::Failed => exit_codes::INTERNAL,
+        // Stopped mid-way, whatever the harness then said.
+        _ if cancel.load(std::sync::atomic::Ordering::SeqCst) => exit_codes::INTERRUPTED,
+        // A model or harness that cannot be described or run is the config's to fix: nothing was shrunk.
+        ShrinkStatus::Failed => exit_codes::USAGE,
         ShrinkStatus::Interrupted => exit_codes::INTERRUPTED,
     })
 }

@@ -58,17 +58,15 @@ pub fn triage_job(
     if triage::find_sanitizer(configured).is_none() {
         return Err(RunError::Unavailable(triage::missing_message(configured)));
     }
-    // Outside a repository the logs go to a temporary directory that lives as long as this run.
-    let scratch;
+    // Outside a repository the logs go to a directory of their own under the temporary directory, kept
+    // after the run: the result names them.
     let out_dir = match &repo {
         Some(r) => r.state_dir().join("triage").join(run_id()),
-        None => {
-            scratch = tempfile::Builder::new()
-                .prefix("cudabisect-triage-")
-                .tempdir()
-                .map_err(RunError::io(Path::new("<temp dir>")))?;
-            scratch.path().to_path_buf()
-        }
+        None => tempfile::Builder::new()
+            .prefix("cudabisect-triage-")
+            .tempdir()
+            .map_err(RunError::io(Path::new("<temp dir>")))?
+            .keep(),
     };
     std::fs::create_dir_all(&out_dir).map_err(RunError::io(&out_dir))?;
     let result = match (at, &repo) {
