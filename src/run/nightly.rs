@@ -401,13 +401,15 @@ pub fn nightly(
                         bisect: None,
                     },
                     &state,
-                    &path,
-                    &branch,
                     head_s,
                     sig,
-                    &config,
-                    &repo,
-                    opts,
+                    &NightOf {
+                        path: &path,
+                        branch: &branch,
+                        config: &config,
+                        repo: &repo,
+                        opts,
+                    },
                     reporter,
                     cancel,
                 ));
@@ -451,13 +453,15 @@ pub fn nightly(
             bisect,
         },
         &state,
-        &path,
-        &branch,
         head_s,
         sig,
-        &config,
-        &repo,
-        opts,
+        &NightOf {
+            path: &path,
+            branch: &branch,
+            config: &config,
+            repo: &repo,
+            opts,
+        },
         reporter,
         cancel,
     ))
@@ -471,22 +475,33 @@ struct Night {
     bisect: Option<crate::report::record::Report>,
 }
 
+/// What a night is of: its state file, branch, config, repository and options.
+struct NightOf<'a> {
+    path: &'a Path,
+    branch: &'a str,
+    config: &'a Config,
+    repo: &'a Repo,
+    opts: &'a NightlyOptions,
+}
+
 /// Writes the state (a failure is a warning: the night's outputs still go out), announces the night and
 /// writes what CI reads.
-#[allow(clippy::too_many_arguments)]
 fn finish_night(
     night: Night,
     state: &NightlyState,
-    path: &Path,
-    branch: &str,
     head: String,
     sig: crate::classify::Signature,
-    config: &Config,
-    repo: &Repo,
-    opts: &NightlyOptions,
+    of: &NightOf,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> NightlyReport {
+    let NightOf {
+        path,
+        branch,
+        config,
+        repo,
+        opts,
+    } = *of;
     let written = serde_json::to_vec_pretty(state)
         .map_err(std::io::Error::other)
         .and_then(|json| write_atomic(path, &json));
