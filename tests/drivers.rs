@@ -1180,6 +1180,7 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     let mut fix = FixProbe {
         inner: &mut prober,
         fault: fault("gather"),
+        policy: &policy,
         stop: cancel,
         known: Default::default(),
     };
@@ -1199,6 +1200,7 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     let mut fix = FixProbe {
         inner: &mut prober,
         fault: fault("gather"),
+        policy: &policy,
         stop: cancel,
         known: Default::default(),
     };
@@ -1208,4 +1210,60 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
         "{:?}",
         outcome.end
     );
+}
+
+#[test]
+fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
+    // Both bugs print the same 717 through one launch wrapper; only the sanitizer tells their kernels
+    // apart. The fault (kernel `embed`) is fixed at 10; another bug (kernel `bias`) shows at 12 and 13.
+    use cudabisect::run::find_fix::FixProbe;
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let range = linear(16);
+    let goods = vec![("old".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("new", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        find_fix: true,
+    };
+    for lookalikes in [vec![12, 13], vec![11, 12, 13, 14]] {
+        let mut prober = scripted(cancel, None);
+        let shown = lookalikes.clone();
+        prober.shows = Box::new(move |i| {
+            if i <= 9 || shown.contains(&i) {
+                anonymous("pkg/launch.py:run")
+            } else {
+                clean()
+            }
+        });
+        prober.kernels = Some(Box::new(|i| {
+            Some(if i <= 9 { "embed" } else { "bias" }.to_string())
+        }));
+        let mut fault = anonymous("pkg/launch.py:run");
+        fault.kernel = Some("embed".into());
+        let mut fix = FixProbe {
+            inner: &mut prober,
+            fault,
+            policy: &policy,
+            stop: cancel,
+            known: Default::default(),
+        };
+        let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+        assert_eq!(
+            outcome.end,
+            SearchEnd::Found(oid(10)),
+            "lookalikes at {lookalikes:?}"
+        );
+        for r in &outcome.probes {
+            let i = index(Oid::from_str(&r.commit).unwrap());
+            if lookalikes.contains(&i) {
+                assert_eq!(r.verdict, Verdict::Skip, "commit {i}: {r:?}");
+            }
+        }
+    }
 }

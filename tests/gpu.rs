@@ -847,6 +847,56 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
         .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
+fn find_fix_names_the_fix_and_is_not_misled_by_another_triton_bug_of_the_same_class() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fixbugs");
+    // The fault (hash_embed) shows at 3..=14 and is fixed at 15; another bug of the same class, through
+    // the same launch wrapper (bias_gelu), shows at 17..=22, where the first probes after the fix land.
+    let commits = linear_history(
+        &dir,
+        (0..26).map(|i| two_bug_files((17..=22).contains(&i), (3..=14).contains(&i), i)),
+    )
+    .unwrap();
+    let report = tmp.path().join("report.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "start",
+            "--find-fix",
+            &format!("{}..main", commits[3]),
+            "-C",
+        ])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    for l in stderr.lines().filter(|l| l.contains("→")) {
+        println!("{l}");
+    }
+    println!("wall {:.1}s", started.elapsed().as_secs_f64());
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    println!("fault: {}", r["target"]);
+    assert_eq!(
+        r["first_bad"]["commit"],
+        commits[15].to_string(),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        r["target"]["kernel"], "_hash_embed_kernel",
+        "{:#}",
+        r["target"]
+    );
+    assert!(stdout.contains("First fixed commit"), "{stdout}");
+}
+
 /// A torch repro that gathers far past its table at and after the culprit commit, and logs which GPU
 /// it ran on and when (for the rounds and the pinning).
 const TWO_GPU_REPRO: &str = r#"import os, sys, time

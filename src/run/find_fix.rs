@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use git2::Oid;
 
 use crate::bisect::Verdict;
-use crate::classify::Signature;
+use crate::classify::{MatchPolicy, Sameness, Signature};
 use crate::report::event::Reporter;
 
 use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
@@ -21,6 +21,9 @@ pub struct FixProbe<'a> {
     pub inner: &'a mut dyn Probe,
     /// The fault at the OLD end.
     pub fault: Signature,
+    /// The same-bug policy: a lookalike the output cannot tell apart is settled by the sanitizer, so
+    /// another bug of the fault's class never passes for the fault still being there.
+    pub policy: &'a MatchPolicy,
     /// The flag that stops this worker's probe.
     pub stop: &'a AtomicBool,
     /// Endpoints already probed before the search, by commit (their records as the prober gave them).
@@ -49,7 +52,24 @@ impl Probe for FixProbe<'_> {
                 known.record.role = ctx.role;
                 known
             }
-            None => self.inner.probe(oid, ctx, Some(&self.fault), reporter),
+            None => {
+                let mut out = self.inner.probe(oid, ctx, Some(&self.fault), reporter);
+                let unconfirmed = out.record.verdict == Verdict::Bad
+                    && !out.interrupted
+                    && self.policy.compare(&self.fault, &out.record.signature, "")
+                        == Sameness::Unconfirmed;
+                if unconfirmed {
+                    super::search::settle(
+                        self.inner,
+                        oid,
+                        ctx,
+                        &self.fault,
+                        &mut out.record,
+                        reporter,
+                    );
+                }
+                out
+            }
         };
         out.record.verdict = swapped(out.record.verdict);
         out
@@ -61,7 +81,8 @@ impl Probe for FixProbe<'_> {
         _ctx: &ProbeContext,
         _reporter: &mut dyn Reporter,
     ) -> Option<Sanitized> {
-        // A clean commit has nothing to sanitize; the fault's kernel was learned at the OLD end.
+        // Lookalikes are settled inside `probe`, against the OLD end's fault; the search's own target is
+        // the NEW end's clean run, which has no kernel to learn.
         None
     }
 }

@@ -538,13 +538,48 @@ fn search_for_fix(
         out.record.matched_target = true;
         known.insert(*oid, out);
     }
-    let Some(fault) = fault else {
+    let Some(mut fault) = fault else {
         return ended(
             SearchEnd::EndpointsInvalid("no old commit".into()),
             probes,
             None,
         );
     };
+    // The fault's kernel, when its output names none, from the OLD end under compute-sanitizer: what
+    // tells it from another bug of its class at the commits after the fix.
+    if fault.kernel.is_none() {
+        let old = plan.goods[0].1;
+        let ctx = super::probe::ProbeContext {
+            step: 1,
+            role: ProbeRole::EndpointSanitizer,
+            remaining: plan.range.len(),
+            estimated_steps: 1,
+            worker: None,
+            repeat: None,
+        };
+        if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
+            if let Some(kernel) = s.finding.as_ref().and_then(|f| f.kernel.clone()) {
+                fault.kernel = Some(kernel);
+            }
+            probes.push(crate::report::record::ProbeRecord {
+                commit: old.to_string(),
+                role: ProbeRole::EndpointSanitizer,
+                verdict: crate::bisect::Verdict::Good,
+                signature: s.finding.unwrap_or_else(|| fault.clone()),
+                matched_target: true,
+                reason: None,
+                exit_code: None,
+                signal: None,
+                duration_s: s.duration_s,
+                build_log: None,
+                log: None,
+                sanitizer: Some(s.summary),
+                attempts: 1,
+                reused: false,
+                job: None,
+            });
+        }
+    }
     let mut fixers: Vec<super::find_fix::FixProbe> = journaled
         .iter_mut()
         .map(|j| {
@@ -552,6 +587,7 @@ fn search_for_fix(
             super::find_fix::FixProbe {
                 inner: j,
                 fault: fault.clone(),
+                policy: &plan.config.match_policy,
                 stop,
                 known: std::mem::take(&mut known),
             }

@@ -131,7 +131,7 @@ fn probe_commit(
 }
 
 /// Asks the sanitizer which kernel a probe faulted in and turns a different one into a skip.
-fn settle(
+pub(crate) fn settle(
     prober: &mut dyn Probe,
     oid: Oid,
     ctx: &ProbeContext,
