@@ -158,6 +158,14 @@ pub struct ReproSection {
     /// are killed, so a hang says where each rank was.
     #[serde(default = "yes")]
     pub stack_dump: bool,
+    /// Python repros (`python script.py`, `python -m mod`, `pytest`) run in children forked from a warm
+    /// interpreter that has already imported the heavy modules outside the worktree. Default on.
+    #[serde(default = "yes")]
+    pub warm: bool,
+    /// What the warm interpreter imports; default: what the first warm run imported from outside the
+    /// worktree.
+    #[serde(default)]
+    pub preload: Option<Vec<String>>,
 }
 
 fn default_idle_timeout() -> Duration {

@@ -99,6 +99,7 @@ impl Probe for Scripted {
                 attempts: 1,
                 reused: false,
                 job: None,
+                runner: None,
             };
             record.reason = Some("stopped".into());
             return ProbeOutcome {
@@ -131,6 +132,7 @@ impl Probe for Scripted {
                 attempts: 1,
                 reused: false,
                 job: None,
+                runner: None,
             },
             interrupted,
         }
@@ -572,6 +574,7 @@ fn out(exit: i32, text: String) -> RunOutput {
         interrupted: false,
         lingering: Vec::new(),
         job: None,
+        runner: None,
     }
 }
 

@@ -13,6 +13,15 @@ pub const TORCH_HARNESS_FILE: &str = "torch_harness.py";
 /// The capture hook: a `sitecustomize.py` that does nothing unless `CUDABISECT_CAPTURE` is set.
 pub const CAPTURE_HOOK: &str = include_str!("../../harness/capture/sitecustomize.py");
 
+/// The warm probe runner: a server that preloads a repro's imports and forks a child per run, and the
+/// client that stands where the repro's command would have run.
+pub const WARM_PROBE: &str = include_str!("../../harness/warm/warm_probe.py");
+
+/// Writes the warm probe runner into `dir` and returns its path.
+pub fn install_warm_probe(dir: &Path) -> std::io::Result<PathBuf> {
+    write_atomically(dir, "warm_probe.py", WARM_PROBE)
+}
+
 /// The folder, inside a run directory, that goes first on `PYTHONPATH` for a capture.
 pub const CAPTURE_HOOK_DIR: &str = "capture-hook";
 

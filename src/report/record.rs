@@ -69,6 +69,9 @@ pub struct ProbeRecord {
     /// The scheduler job that ran the last command, when a scheduler ran it (`[executor] kind = "slurm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobInfo>,
+    /// For a Python repro: `warm` (a child of the warm interpreter) or `cold: <why>` (a fresh process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
 }
 
 /// A command run as a scheduler job: which job, where, how it ended and how long it queued.

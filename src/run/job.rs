@@ -175,6 +175,17 @@ pub fn start(
         extra_worktrees.push(plan.repo.probe_worktree(&path)?);
     }
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
+    // Warm interpreters for a Python repro, one per worker, ended with the run (a pool that cannot be
+    // set up means cold runs, as before).
+    let warm_pool = plan
+        .config
+        .repro
+        .warm
+        .then(|| {
+            super::warm_probes::WarmPool::new(&run_dir.join("warm"), plan.config.repro.preload.clone())
+                .ok()
+        })
+        .flatten();
     let mut prober = WorktreeProber {
         worktree: &worktree,
         config: &plan.config,
@@ -182,6 +193,7 @@ pub fn start(
         cancel: stops.first().unwrap_or(cancel),
         slot: slots.first().cloned(),
         lingering: Vec::new(),
+        warm: warm_pool.as_ref(),
     };
     let mut others: Vec<WorktreeProber> = extra_worktrees
         .iter()
@@ -194,6 +206,7 @@ pub fn start(
             cancel: stop,
             slot: Some(slot.clone()),
             lingering: Vec::new(),
+            warm: warm_pool.as_ref(),
         })
         .collect();
     reporter.event(&Event::RunStarted {
@@ -577,6 +590,7 @@ fn search_for_fix(
                 attempts: 1,
                 reused: false,
                 job: None,
+                runner: None,
             });
         }
     }

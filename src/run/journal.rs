@@ -542,6 +542,7 @@ mod tests {
                     attempts: 1,
                     reused: false,
                     job: None,
+                    runner: None,
                 },
                 interrupted: false,
             }

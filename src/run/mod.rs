@@ -21,4 +21,5 @@ pub mod stages;
 pub mod triage;
 pub mod triage_job;
 pub mod verdict;
+pub mod warm_probes;
 pub mod workers;

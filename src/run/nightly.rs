@@ -272,6 +272,7 @@ pub fn nightly(
             cancel,
             slot: None,
             lingering: Vec::new(),
+            warm: None,
         };
         let ctx = ProbeContext {
             step: 1,

@@ -127,6 +127,8 @@ pub struct WorktreeProber<'a> {
     pub slot: Option<WorkerSlot>,
     /// Processes of the previous run found after it ended: the next run waits until they left the GPU.
     pub lingering: Vec<i32>,
+    /// The warm interpreters Python repros run in (`[repro] warm`); `None`: every run is a fresh process.
+    pub warm: Option<&'a super::warm_probes::WarmPool>,
 }
 
 impl Probe for WorktreeProber<'_> {
@@ -243,7 +245,18 @@ impl Probe for WorktreeProber<'_> {
                     return record.done(sig, None, build_log, None, attempt);
                 }
             }
-            let run = match session.run(&spec, self.cancel) {
+            // A Python repro runs in a child of the warm interpreter (the same process group, timeout and
+            // streams: only the imports are already done).
+            let warm = self
+                .warm
+                .filter(|_| repro.warm && executor.is_local())
+                .and_then(|pool| {
+                    let worker = self.slot.as_ref().map_or(1, |s| s.worker);
+                    pool.prepare(worker, &mut spec).map(|run| (pool, run))
+                });
+            let result = session.run(&spec, self.cancel);
+            let runner = warm.map(|(pool, run)| pool.finish(run).describe());
+            let run = match result {
                 Ok(mut run) => {
                     crate::classify::append_rank_logs(&rank_dir, &mut run.output);
                     run
@@ -281,7 +294,9 @@ impl Probe for WorktreeProber<'_> {
                 attempt += 1;
                 continue;
             }
-            return record.done(sig, Some(&run), build_log, log, attempt);
+            let mut out = record.done(sig, Some(&run), build_log, log, attempt);
+            out.record.runner = runner;
+            return out;
         }
     }
 
@@ -378,6 +393,7 @@ impl Finished<'_> {
                 attempts,
                 reused: false,
                 job: run.and_then(|r| r.job.clone()),
+                runner: None,
             },
             interrupted: run.is_some_and(|r| r.interrupted),
         }

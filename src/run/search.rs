@@ -290,6 +290,7 @@ impl Driver<'_, '_> {
             attempts: 1,
             reused: false,
             job: None,
+            runner: None,
         };
         self.reporter.event(&Event::ProbeFinished {
             step: ctx.step,

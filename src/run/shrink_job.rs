@@ -62,6 +62,7 @@ pub fn shrink_job(
         cancel,
         slot: None,
         lingering: Vec::new(),
+        warm: None,
     });
     let result = (|| -> Result<ShrinkReport, RunError> {
         let (cwd, commit) = match (&prober, oid) {

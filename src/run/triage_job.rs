@@ -90,6 +90,7 @@ pub fn triage_job(
                 cancel,
                 slot: None,
                 lingering: Vec::new(),
+                warm: None,
             };
             let result = prober.prepare(oid, "triage").map(|()| {
                 triage::run(

@@ -1,0 +1,182 @@
+"""The warm probe runner against cold runs: every scripted repro must behave through the warm interpreter
+exactly as a fresh `python3 script.py` does (exit status, death by signal, argv, environment, cwd, stdin,
+output, children it spawns, atexit), a worktree module shadowing a preloaded name is the worktree's, a
+preloaded module whose file changes sends the run cold, and a killed client takes its child along."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+RUNNER = Path(__file__).resolve().parents[1] / "warm" / "warm_probe.py"
+
+
+@pytest.fixture()
+def server(tmp_path):
+    """A warm server preloading `json` and a module `sharedlib` from a site directory outside the
+    worktree; yields (socket, site dir, worktree)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sharedlib.py").write_text("VALUE = 'preloaded'\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    sock = tmp_path / "s.sock"
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), "--preload", "json,sharedlib", "serve", "--socket", str(sock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.stdout.readline().decode().strip() == "harness: listening"
+    yield sock, site, work, env
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+def both(server, script, args=(), stdin=b"", extra_env=None, name="repro.py"):
+    """Runs `script` cold and warm; returns the two (returncode, stdout, stderr, status) tuples."""
+    sock, _, work, env = server
+    (work / name).write_text(textwrap.dedent(script))
+    env = dict(env, **(extra_env or {}))
+    cmd = ["python3", name, *args]
+    cold = subprocess.run(cmd, cwd=work, env=env, input=stdin, capture_output=True, timeout=60)
+    status = work.parent / "status"
+    warm = subprocess.run(
+        [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", *cmd],
+        cwd=work,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+    )
+    return (
+        (cold.returncode, cold.stdout, cold.stderr),
+        (warm.returncode, warm.stdout, warm.stderr),
+        status.read_text().strip(),
+    )
+
+
+CASES = {
+    "exit code": ("import sys\nprint('x')\nsys.exit(7)\n", ()),
+    "exception": ("raise ValueError('boom')\n", ()),
+    "argv, name and cwd": (
+        "import os, sys\n"
+        "print(sys.argv, __name__, os.path.basename(os.getcwd()), sys.path[0].endswith('work'))\n",
+        ("a", "--b", "c d"),
+    ),
+    "environment": ("import os\nprint(os.environ.get('PROBE_X'), os.environ.get('CUDABISECT_COMMIT'))\n", ()),
+    "stdin": ("import sys\nprint(sys.stdin.read().upper())\n", ()),
+    "death by signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", ()),
+    "a child it spawns": (
+        "import subprocess, sys\n"
+        "r = subprocess.run([sys.executable, '-c', 'print(41+1)'], capture_output=True, text=True)\n"
+        "print(r.stdout.strip())\nsys.exit(3)\n",
+        (),
+    ),
+    "sys.exit in atexit": (
+        "import atexit, sys\natexit.register(lambda: print('bye', flush=True))\nprint('main')\nsys.exit(5)\n",
+        (),
+    ),
+    "stderr and stdout": ("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(1)\n", ()),
+    "preloaded module": ("import sharedlib, json\nprint(sharedlib.VALUE, json.dumps([1]))\n", ()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_warm_run_is_a_cold_run(server, case):
+    script, args = CASES[case]
+    cold, warm, status = both(
+        server, script, args, stdin=b"hello", extra_env={"PROBE_X": "7", "CUDABISECT_COMMIT": "abc"}
+    )
+    assert status == "warm"
+    assert warm[0] == cold[0], (warm, cold)
+    assert warm[1] == cold[1]
+    # Tracebacks name the same lines; the warm one has runpy's frames in the middle.
+    assert warm[2].splitlines()[-1:] == cold[2].splitlines()[-1:]
+
+
+def test_a_worktree_module_shadowing_a_preloaded_name_is_the_worktrees(server):
+    _, _, work, _ = server
+    (work / "sharedlib.py").write_text("VALUE = 'from the worktree'\n")
+    cold, warm, status = both(server, "import sharedlib\nprint(sharedlib.VALUE)\n")
+    assert status == "warm"
+    assert cold[1] == warm[1] == b"from the worktree\n"
+
+
+def test_a_preloaded_module_that_changed_runs_cold_and_says_why(server):
+    _, site, _, _ = server
+    time.sleep(0.01)
+    (site / "sharedlib.py").write_text("VALUE = 'new'\n")
+    cold, warm, status = both(server, "import sharedlib\nprint(sharedlib.VALUE)\n")
+    assert status.startswith("cold:") and "changed since it was preloaded" in status, status
+    assert cold == warm
+
+
+def test_another_interpreter_or_command_runs_cold(server):
+    sock, _, work, env = server
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
+    out = subprocess.run(
+        [*client, "sh", "-c", "echo hi; exit 4"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
+    assert (out.returncode, out.stdout) == (4, b"hi\n")
+    assert status.read_text().startswith("cold:")
+
+
+def test_a_killed_client_takes_its_child_along(server):
+    sock, _, work, env = server
+    pidfile = work / "child.pid"
+    (work / "hang.py").write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    status = work.parent / "status"
+    client = subprocess.Popen(
+        [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "hang.py"],
+        cwd=work,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.time() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.time() < deadline, "the child never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    # SIGTERM is passed on to the child: the client then ends as the child did.
+    os.killpg(client.pid, signal.SIGTERM)
+    assert client.wait(timeout=30) == -signal.SIGTERM
+    # And SIGKILL of a client (a timeout's last resort) takes the child along too.
+    pidfile.unlink()
+    client = subprocess.Popen(
+        [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "hang.py"],
+        cwd=work,
+        env=env,
+        start_new_session=True,
+    )
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.time() < deadline + 30, "the child never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    os.killpg(client.pid, signal.SIGKILL)
+    client.wait(timeout=30)
+    for _ in range(200):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        # A zombie waiting to be reaped by the server counts as gone.
+        if "zombie" in Path(f"/proc/{child}/status").read_text().lower():
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"child {child} outlived its killed client")

@@ -1,0 +1,412 @@
+"""Warm probes for Python repros: a server that has imported the heavy modules living outside the probe
+worktree (torch, triton, numpy, ...) and never touched CUDA forks one child per repro run; a small client,
+started where the repro would have been, hands it its argv, cwd, environment and standard streams, waits,
+and exits the way the child did. The child runs the repro as a fresh interpreter would (`__main__`,
+`sys.argv`, `sys.path` with the script's directory first, atexit, exit code, death by signal).
+
+Whatever the server cannot serve (another interpreter, a command it does not know, CUDA initialised in the
+server, a preloaded module's files changed) the client runs cold, by exec'ing the command itself, and says
+so in the status file. Shipped inside cudabisect; stdlib only.
+
+    python warm_probe.py serve [--preload a,b] --socket SOCKET   (ends when its stdin closes)
+    python -S -E warm_probe.py client SOCKET STATUS_FILE -- python script.py args...
+"""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+
+MAX_MSG = 1 << 20
+READY = "harness: listening"
+
+
+def send_json(conn, obj, fds=()):
+    data = json.dumps(obj).encode() + b"\n"
+    if fds:
+        socket.send_fds(conn, [data], list(fds))
+    else:
+        conn.sendall(data)
+
+
+def recv_json(conn):
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(MAX_MSG)
+        if not chunk:
+            return None
+        buf += chunk
+    return json.loads(buf)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def parse_command(argv):
+    """(interpreter, mode, target, args) for `python [-u|-B|-O] script.py args`, `python -m mod args`
+    and `pytest args` (as `python -m pytest`); None for anything else (it runs cold)."""
+    if not argv:
+        return None
+    prog = os.path.basename(argv[0])
+    if prog in ("pytest", "py.test"):
+        return (sys.executable, "module", "pytest", argv[1:])
+    if not prog.startswith("python"):
+        return None
+    i = 1
+    while i < len(argv) and argv[i] in ("-u", "-B", "-O"):
+        i += 1
+    if i >= len(argv):
+        return None
+    if argv[i] == "-m" and i + 1 < len(argv):
+        return (argv[0], "module", argv[i + 1], argv[i + 2 :])
+    if argv[i].startswith("-"):
+        return None  # -c, -X, -W...: not worth imitating
+    return (argv[0], "script", argv[i], argv[i + 1 :])
+
+
+# ----------------------------------------------------------------------------------------------- server
+
+
+def cuda_initialised():
+    """Why this server can no longer fork children that use CUDA, or None."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return "CUDA was initialised in the warm interpreter (torch)"
+    except Exception:  # noqa: BLE001 - a torch without CUDA support: nothing initialised
+        pass
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4))
+    except OSError:
+        return None
+    ctx = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3:  # 3: CUDA_ERROR_NOT_INITIALIZED
+        return "CUDA was initialised in the warm interpreter (the driver)"
+    return None
+
+
+def other_interpreter(name):
+    """Why a request for interpreter `name` is not this one's, or None."""
+    import shutil
+
+    found = shutil.which(name) if name else None
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return None
+    return f"the repro runs {name or 'another interpreter'}, the warm interpreter is {sys.executable}"
+
+
+def module_files():
+    """The source files of every module loaded now, with their modification times."""
+    out = {}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if path and os.path.isfile(path):
+            try:
+                out[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                pass
+    return out
+
+
+def changed(files):
+    for path, mtime in files.items():
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def serve(sock_path, preload):
+    failed = []
+    for name in preload:
+        try:
+            __import__(name)
+        except BaseException as e:  # noqa: BLE001 - a module that does not import is not preloaded
+            failed.append(f"{name}: {type(e).__name__}")
+    files = module_files()
+    preloaded = sorted({m.split(".")[0] for m in sys.modules})
+    if failed:
+        sys.stderr.write("not preloaded: " + ", ".join(failed) + "\n")
+    try:
+        os.unlink(sock_path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(4)
+    # The driver waits for this line; it comes once the preloads are in.
+    sys.stdout.write(READY + "\n")
+    sys.stdout.flush()
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "listener")
+    sel.register(sys.stdin, selectors.EVENT_READ, "lifeline")
+    while True:
+        for key, _ in sel.select():
+            if key.data == "lifeline":
+                if not sys.stdin.buffer.read1(1024):
+                    sys.exit(0)  # the driver is gone
+                continue
+            conn, _ = listener.accept()
+            with conn:
+                handle(conn, listener, files, preloaded)
+
+
+def handle(conn, listener, files, preloaded):
+    msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
+    try:
+        req = json.loads(msg)
+    except ValueError:
+        for fd in fds:
+            os.close(fd)
+        return
+    reason = cuda_initialised() or other_interpreter(req.get("interpreter", ""))
+    stale = None if reason else changed(files)
+    if reason or stale or len(fds) != 3:
+        why = reason or (f"{stale} changed since it was preloaded" if stale else "no streams")
+        send_json(conn, {"cold": why})
+        for fd in fds:
+            os.close(fd)
+        if stale or (reason and reason.startswith("CUDA")):
+            sys.exit(0)  # this interpreter can serve no one any more; cudabisect starts another
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        run_child(req, fds, preloaded)  # never returns
+    for fd in fds:
+        os.close(fd)
+    send_json(conn, {"pid": pid})
+    supervise(conn, pid)
+
+
+def supervise(conn, pid):
+    """Waits for the child, passing on the client's signals; a client that is gone takes the child along."""
+    pidfd = os.pidfd_open(pid)
+    sel = selectors.DefaultSelector()
+    sel.register(conn, selectors.EVENT_READ, "client")
+    sel.register(pidfd, selectors.EVENT_READ, "child")
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.data == "child":
+                    _, status = os.waitpid(pid, 0)
+                    try:
+                        send_json(conn, {"status": status})
+                    except OSError:
+                        pass
+                    return
+                data = conn.recv(64)
+                if not data:
+                    # The client was killed (SIGKILL, a timeout's last resort): so is the child's group.
+                    kill_group(pid, signal.SIGKILL)
+                    sel.unregister(conn)
+                    continue
+                for word in data.decode(errors="replace").split():
+                    if word.startswith("signal:"):
+                        kill_group(pid, int(word[7:]))
+    finally:
+        os.close(pidfd)
+
+
+def kill_group(pid, sig):
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ child
+
+
+def run_child(req, fds, preloaded):
+    code = 1
+    try:
+        os.setsid()  # its own group, which the server signals as a whole
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        if os.environ.get("PYTHONUNBUFFERED"):
+            sys.stdout.reconfigure(write_through=True)
+        mode, target, args = req["mode"], req["target"], req["args"]
+        first = os.path.dirname(os.path.abspath(target)) if mode == "script" else os.getcwd()
+        sys.path[0] = first
+        forget_shadowed(preloaded, first)
+        learn = os.environ.get("CUDABISECT_WARM_LEARN")
+        if learn:
+            import atexit
+
+            atexit.register(write_learned, learn, first)
+        import runpy
+
+        if mode == "script":
+            sys.argv = [target] + args
+            runpy.run_path(target, run_name="__main__")
+        else:
+            sys.argv = [target] + args  # runpy puts the module's file here, as `python -m` does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = exit_code(e.code)
+    except KeyboardInterrupt:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    # Leave as the interpreter does: atexit handlers, flushed streams, then the exit status.
+    raise SystemExit(code)
+
+
+def exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def forget_shadowed(preloaded, first):
+    """A preloaded name that the script's directory (or the cwd) also provides is the worktree's: it is
+    dropped from `sys.modules`, so the import finds the worktree's file, as in a fresh interpreter."""
+    for base in {first, os.getcwd()}:
+        for name in preloaded:
+            if os.path.exists(os.path.join(base, name + ".py")) or os.path.isdir(os.path.join(base, name)):
+                for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                    del sys.modules[mod]
+
+
+def write_learned(path, first):
+    """The top-level modules this run imported from outside its worktree: what the next server preloads."""
+    roots = {os.path.realpath(first), os.path.realpath(os.getcwd())}
+    worktree = os.environ.get("CUDABISECT_WORKTREE")
+    if worktree:
+        roots.add(os.path.realpath(worktree))
+    names = set()
+    for name, mod in list(sys.modules.items()):
+        top = name.split(".")[0]
+        if top in ("__main__", "__mp_main__") or top.startswith("_"):
+            continue
+        file = getattr(mod, "__file__", None)
+        if not file:
+            continue
+        real = os.path.realpath(file)
+        if any(real.startswith(r + os.sep) for r in roots):
+            continue
+        names.add(top)
+    try:
+        with open(path, "w") as f:
+            json.dump(sorted(names), f)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------- client
+
+
+def client(sock_path, status_path, argv):
+    def cold(why):
+        try:
+            with open(status_path, "w") as f:
+                f.write("cold: " + why + "\n")
+        except OSError:
+            pass
+        os.execvp(argv[0], argv)
+
+    parsed = parse_command(argv)
+    if parsed is None:
+        cold("not a Python command the warm interpreter serves")
+    interpreter, mode, target, args = parsed
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + float(os.environ.get("CUDABISECT_WARM_WAIT", "0.5"))
+    while True:
+        try:
+            conn.connect(sock_path)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                cold("no warm interpreter listening")
+            time.sleep(0.01)
+    req = {
+        "mode": mode,
+        "target": target,
+        "args": args,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "interpreter": interpreter,
+    }
+    try:
+        send_json(conn, req, fds=(0, 1, 2))
+        first = recv_json(conn)
+    except OSError as e:
+        first = {"cold": f"the warm interpreter did not answer ({e})"}
+    if not first or "cold" in first:
+        conn.close()
+        cold((first or {}).get("cold", "the warm interpreter closed the connection"))
+    with open(status_path, "w") as f:
+        f.write("warm\n")
+
+    def forward(sig, _frame):
+        try:
+            conn.sendall(f"signal:{sig} ".encode())
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            done = recv_json(conn)
+            break
+        except InterruptedError:
+            continue
+    if done is None:
+        os._exit(1)
+    status = done["status"]
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def main():
+    args = sys.argv[1:]
+    if "serve" in args and "--socket" in args:
+        preload = []
+        if "--preload" in args:
+            preload = [p for p in args[args.index("--preload") + 1].split(",") if p]
+        serve(args[args.index("--socket") + 1], preload)
+    elif args[:1] == ["client"] and "--" in args:
+        cut = args.index("--")
+        client(args[1], args[2], args[cut + 1 :])
+    else:
+        sys.stderr.write(__doc__)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

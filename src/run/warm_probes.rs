@@ -1,0 +1,244 @@
+//! Warm probes for Python repros. Each worker keeps a warm interpreter (the shipped `warm_probe.py`
+//! server) that has imported the heavy modules living outside the worktree and never touched CUDA; a repro
+//! run is handed to it by a small client that stands where the command would have run, so the process
+//! group, timeout, output capture and signals of the ordinary runner still apply. What to preload is
+//! learned from the first warm run's imports (or `[repro] preload`); a different interpreter or environment
+//! starts another server; whatever the server cannot serve runs cold, and the probe record says which.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::CommandLine;
+use crate::process::CommandSpec;
+use crate::protocol::warm::WarmServer;
+
+/// How a repro run ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Runner {
+    /// In a child of the warm interpreter.
+    Warm,
+    /// As a fresh process, and why.
+    Cold(String),
+}
+
+impl Runner {
+    /// For the probe record: `warm`, or `cold: <why>`.
+    pub fn describe(&self) -> String {
+        match self {
+            Runner::Warm => "warm".into(),
+            Runner::Cold(why) => format!("cold: {why}"),
+        }
+    }
+}
+
+/// One run handed to the warm interpreter: where the client says how it went, and where a learning run
+/// lists its imports.
+pub struct WarmRun {
+    worker: usize,
+    status: PathBuf,
+    learn: Option<PathBuf>,
+}
+
+struct Slot {
+    server: Option<WarmServer>,
+    /// The interpreter and environment the server was started for.
+    key: String,
+    /// What to preload, once known.
+    preload: Option<Vec<String>>,
+}
+
+/// The warm interpreters of one run, one per worker; dropping it ends them all.
+pub struct WarmPool {
+    dir: PathBuf,
+    script: PathBuf,
+    configured: Option<Vec<String>>,
+    slots: Mutex<HashMap<usize, Slot>>,
+}
+
+/// The argv of a command, when it is one without shell syntax (a shell line like `python3 train.py` is
+/// split as the shell would; one with pipes, redirections or variables is left to the shell).
+fn plain_argv(command: &CommandLine) -> Option<Vec<String>> {
+    match command {
+        CommandLine::Argv(v) => Some(v.clone()),
+        CommandLine::Shell(s) => {
+            if s.contains(['|', '&', ';', '<', '>', '$', '`', '*', '?', '(', ')', '\n']) {
+                return None;
+            }
+            shlex::split(s)
+        }
+    }
+}
+
+/// Whether the warm interpreter can serve `argv`: `python… script.py`, `python… -m mod`, `pytest`.
+fn servable(argv: &[String]) -> bool {
+    let Some(prog) = argv.first() else {
+        return false;
+    };
+    let name = Path::new(prog)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name == "pytest" || (name.starts_with("python") && argv.len() > 1)
+}
+
+/// The variables a run's environment has that say which probe it is: they differ every run and never
+/// change what the preloaded modules are.
+fn per_run(name: &str) -> bool {
+    name.starts_with("CUDABISECT_")
+}
+
+impl WarmPool {
+    /// A pool whose servers live in `dir` (their logs, the installed runner). `configured`: `[repro]
+    /// preload`.
+    pub fn new(dir: &Path, configured: Option<Vec<String>>) -> std::io::Result<WarmPool> {
+        std::fs::create_dir_all(dir)?;
+        let script = crate::protocol::torch::install_warm_probe(dir)?;
+        Ok(WarmPool {
+            dir: dir.to_path_buf(),
+            script,
+            configured,
+            slots: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Turns `spec` into a run through `worker`'s warm interpreter (starting it when needed), or leaves it
+    /// alone (`None`) when the command is not one the warm interpreter serves or no server would start.
+    pub fn prepare(&self, worker: usize, spec: &mut CommandSpec) -> Option<WarmRun> {
+        let argv = plain_argv(&spec.command).filter(|a| servable(a))?;
+        let interpreter = if argv[0].ends_with("pytest") {
+            "python3".to_string()
+        } else {
+            argv[0].clone()
+        };
+        let path = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var("PATH").ok())
+            .unwrap_or_default();
+        let resolved = which::which_in(&interpreter, Some(&path), &spec.cwd).ok()?;
+        let mut env: Vec<(String, String)> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| !per_run(k))
+            .cloned()
+            .collect();
+        env.sort();
+        let mut h = Sha256::new();
+        h.update(resolved.to_string_lossy().as_bytes());
+        for (k, v) in &env {
+            h.update(k.as_bytes());
+            h.update([0]);
+            h.update(v.as_bytes());
+            h.update([0]);
+        }
+        let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = slots.entry(worker).or_insert_with(|| Slot {
+            server: None,
+            key: key.clone(),
+            preload: self.configured.clone(),
+        });
+        if slot.key != key {
+            // Another interpreter or environment: what was preloaded may not be what this run imports.
+            slot.server = None;
+            slot.key = key;
+        }
+        let learning = slot.preload.is_none();
+        if slot.server.is_none() {
+            let preload = slot.preload.clone().unwrap_or_default().join(",");
+            let argv = vec![
+                resolved.display().to_string(),
+                self.script.display().to_string(),
+                "--preload".into(),
+                preload,
+            ];
+            let log = self.dir.join(format!("server-{worker}.log"));
+            // The server runs where no worktree module can shadow what it preloads.
+            slot.server = WarmServer::start(&argv, &self.dir, &env, &log).ok();
+        }
+        let socket = slot.server.as_ref()?.socket().to_path_buf();
+        drop(slots);
+        let status = self.dir.join(format!("status-{worker}"));
+        let _ = std::fs::remove_file(&status);
+        let learn = learning.then(|| self.dir.join(format!("learned-{worker}.json")));
+        if let Some(l) = &learn {
+            let _ = std::fs::remove_file(l);
+            spec.env
+                .push(("CUDABISECT_WARM_LEARN".into(), l.display().to_string()));
+        }
+        let mut client = vec![
+            resolved.display().to_string(),
+            "-S".into(),
+            "-E".into(),
+            self.script.display().to_string(),
+            "client".into(),
+            socket.display().to_string(),
+            status.display().to_string(),
+            "--".into(),
+        ];
+        client.extend(argv);
+        spec.command = CommandLine::Argv(client);
+        Some(WarmRun {
+            worker,
+            status,
+            learn,
+        })
+    }
+
+    /// How the run went, and what it taught: a learning run's imports become the next server's preload
+    /// (the current one, which preloaded nothing, is ended); a server that could not serve is replaced.
+    pub fn finish(&self, run: WarmRun) -> Runner {
+        let runner = match std::fs::read_to_string(&run.status) {
+            Ok(text) if text.trim() == "warm" => Runner::Warm,
+            Ok(text) => Runner::Cold(
+                text.trim()
+                    .strip_prefix("cold: ")
+                    .unwrap_or(text.trim())
+                    .to_string(),
+            ),
+            Err(_) => Runner::Cold("the warm client did not report".into()),
+        };
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = slots.get_mut(&run.worker) {
+            let learned: Option<Vec<String>> = run
+                .learn
+                .as_ref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .and_then(|t| serde_json::from_str(&t).ok());
+            if let Some(names) = learned {
+                slot.preload = Some(names);
+                slot.server = None;
+            }
+            if let Runner::Cold(why) = &runner {
+                // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
+                if why.contains("CUDA was initialised") || why.contains("changed since") {
+                    slot.server = None;
+                }
+            }
+        }
+        runner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_commands_are_served_and_shell_syntax_is_left_to_the_shell() {
+        let argv = |s: &str| plain_argv(&CommandLine::Shell(s.into()));
+        assert!(servable(&argv("python3 train.py --steps 3").unwrap()));
+        assert!(servable(&argv("pytest -q tests/test_x.py").unwrap()));
+        assert!(servable(&argv("/usr/bin/python3.11 -m pkg.cli run").unwrap()));
+        assert!(argv("python3 train.py | tee log").is_none());
+        assert!(argv("CUDA_HOME=$X python3 t.py").is_none());
+        assert!(!servable(&argv("./run.sh").unwrap()));
+        assert!(!servable(&argv("python3").unwrap()));
+    }
+}
