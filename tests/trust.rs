@@ -482,3 +482,73 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         "{err}"
     );
 }
+
+const PY_REPRO: &str = "import json, os, sys, time\nv = int(open('version.txt').read())\nopen(os.path.join(os.environ['SCRATCH'], f'pid-{v}'), 'w').write(str(os.getpid()))\nif v >= @BAD@ and os.environ.get('HANG'):\n    time.sleep(600)\nif v >= @BAD@:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\nprint(json.dumps({'ok': v}))\n";
+
+fn python_repo(extra: &str) -> Repo {
+    let config = format!(
+        "[repro]\ncommand = \"python3 repro.sh\"\ngrace-period = \"1s\"\ntimeout = \"3s\"\nenv = {{ SCRATCH = \"@SCRATCH@\"{extra} }}\n[triage]\nenabled = false\n"
+    );
+    // `linear` writes the template to `repro.sh`; here it is Python, run as `python3 repro.sh`.
+    linear(40, 23, PY_REPRO, &config)
+}
+
+#[test]
+fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
+    let repo = python_repo("");
+    let (code, warm, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &warm), "commit 23");
+    let runners: Vec<String> = warm["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["runner"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(runners.iter().all(|r| r == "warm"), "{runners:?}");
+    let config = repo.scratch.join("bisect.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[repro]\n", "[repro]\nwarm = false\n"),
+    )
+    .unwrap();
+    let (code, cold, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    let verdicts = |r: &Value| -> Vec<(String, String)> {
+        r["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["commit"].to_string(), p["verdict"].to_string()))
+            .collect()
+    };
+    assert_eq!(
+        verdicts(&warm),
+        verdicts(&cold),
+        "the same probes, the same verdicts"
+    );
+    assert!(cold["probes"][0]["runner"].is_null());
+}
+
+#[test]
+fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
+    let repo = python_repo(", HANG = \"1\"");
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 23");
+    assert_eq!(report["target"]["class"], "hang");
+    for entry in std::fs::read_dir(&repo.scratch).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(v) = name.strip_prefix("pid-") {
+            let pid = std::fs::read_to_string(&path).unwrap();
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
+            assert!(
+                status.is_empty() || status.contains("zombie"),
+                "the run of commit {v} (pid {pid}) outlived its probe"
+            );
+        }
+    }
+}

@@ -256,27 +256,59 @@ def run_child(req, fds, preloaded):
 
         if mode == "script":
             sys.argv = [target] + args
-            runpy.run_path(target, run_name="__main__")
+            run_script(target)
         else:
             sys.argv = [target] + args  # runpy puts the module's file here, as `python -m` does
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = exit_code(e.code)
-    except KeyboardInterrupt:
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
+    except KeyboardInterrupt as e:
+        print_as_fresh(e)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
-        import traceback
-
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        print_as_fresh(e)
         code = 1
     # Leave as the interpreter does: atexit handlers, flushed streams, then the exit status.
     raise SystemExit(code)
+
+
+def run_script(target):
+    """Runs a script as `python script.py` does: a fresh `__main__` module whose `__file__` is the
+    absolute path, `sys.argv[0]` as given, the code compiled under that path."""
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(target)
+    with open(path, "rb") as f:
+        source = f.read()
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)  # noqa: S102 - running the repro script is the point
+
+
+def print_as_fresh(e):
+    """The traceback a fresh interpreter prints: the runner's and runpy's own frames left out, so the
+    innermost frames (the ones a fault is classified by) are the repro's."""
+    import traceback
+
+    def ours(filename):
+        # runpy is frozen in recent interpreters (`<frozen runpy>`).
+        return filename == "<frozen runpy>" or filename.endswith("runpy.py") or (
+            os.path.realpath(filename) == os.path.realpath(__file__)
+        )
+
+    tb = e.__traceback__
+    while tb is not None and ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb)
+    sys.stderr.flush()
 
 
 def exit_code(code):
@@ -339,6 +371,8 @@ def client(sock_path, status_path, argv):
     if parsed is None:
         cold("not a Python command the warm interpreter serves")
     interpreter, mode, target, args = parsed
+    if mode == "script" and not os.path.isfile(target):
+        cold("no such script (the interpreter says so itself)")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + float(os.environ.get("CUDABISECT_WARM_WAIT", "0.5"))
     while True:

@@ -182,8 +182,11 @@ pub fn start(
         .repro
         .warm
         .then(|| {
-            super::warm_probes::WarmPool::new(&run_dir.join("warm"), plan.config.repro.preload.clone())
-                .ok()
+            super::warm_probes::WarmPool::new(
+                &run_dir.join("warm"),
+                plan.config.repro.preload.clone(),
+            )
+            .ok()
         })
         .flatten();
     let mut prober = WorktreeProber {

@@ -137,7 +137,12 @@ impl WarmPool {
             h.update(v.as_bytes());
             h.update([0]);
         }
-        let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let key: String = h
+            .finalize()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots.entry(worker).or_insert_with(|| Slot {
             server: None,
@@ -235,7 +240,9 @@ mod tests {
         let argv = |s: &str| plain_argv(&CommandLine::Shell(s.into()));
         assert!(servable(&argv("python3 train.py --steps 3").unwrap()));
         assert!(servable(&argv("pytest -q tests/test_x.py").unwrap()));
-        assert!(servable(&argv("/usr/bin/python3.11 -m pkg.cli run").unwrap()));
+        assert!(servable(
+            &argv("/usr/bin/python3.11 -m pkg.cli run").unwrap()
+        ));
         assert!(argv("python3 train.py | tee log").is_none());
         assert!(argv("CUDA_HOME=$X python3 t.py").is_none());
         assert!(!servable(&argv("./run.sh").unwrap()));
