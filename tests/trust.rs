@@ -552,3 +552,53 @@ fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
         }
     }
 }
+
+/// A stand-in for Triton's launch path (the real one needs a GPU): `@triton.jit` functions launched with
+/// `kernel[grid](…)` through `triton/runtime/jit.py`, where a bad kernel raises Triton's CUDA error.
+fn fake_triton(site: &Path) {
+    let jit = site.join("triton/runtime");
+    std::fs::create_dir_all(&jit).unwrap();
+    std::fs::write(
+        site.join("triton/__init__.py"),
+        "from triton.runtime.jit import jit\n",
+    )
+    .unwrap();
+    std::fs::write(jit.join("__init__.py"), "").unwrap();
+    std::fs::write(
+        jit.join("jit.py"),
+        "class JITFunction:\n    def __init__(self, fn):\n        self.fn = fn\n\n    def __getitem__(self, grid):\n        return lambda *a, **k: self.run(*a, grid=grid, **k)\n\n    def run(self, *args, grid=None, **kwargs):\n        if self.fn(*args):\n            raise RuntimeError('Triton Error [CUDA]: an illegal memory access was encountered')\n\n\ndef jit(fn):\n    return JITFunction(fn)\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn warm_probes_name_the_triton_kernel_that_faulted_so_a_lookalike_bug_needs_no_sanitizer() {
+    // Two Triton bugs of one class through one launch wrapper: `bias` at commits 18..=21, where the first
+    // probes land, and `embed` (the target) from 24. No compute-sanitizer here: only the kernels named at launch tell them apart.
+    let script = "import sys, triton\nv = int(open('version.txt').read())\n\n@triton.jit\ndef bias(x):\n    return 18 <= v <= 21\n\n@triton.jit\ndef embed(x):\n    return v >= @BAD@\n\ndef run(kernel):\n    kernel[(1,)](0)\n\nrun(bias)\nrun(embed)\nprint('ok')\n";
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\nenv = { PYTHONPATH = \"@SCRATCH@/site\" }\n[triage]\nenabled = false\n";
+    let repo = linear(40, 24, script, config);
+    fake_triton(&repo.scratch.join("site"));
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 24", "{err}");
+    assert_eq!(
+        report["target"]["kernel"], "embed",
+        "{:#}",
+        report["target"]
+    );
+    let mut lookalikes = 0;
+    for p in report["probes"].as_array().unwrap() {
+        let v: usize = subject_of(&repo, p["commit"].as_str().unwrap())
+            .trim_start_matches("commit ")
+            .parse()
+            .unwrap();
+        if (18..=21).contains(&v) {
+            lookalikes += 1;
+            assert_eq!(p["verdict"], "skip", "commit {v}: {p:#}");
+            assert_eq!(p["signature"]["kernel"], "bias");
+        }
+        assert!(p["sanitizer"].is_null(), "no sanitizer run: {p:#}");
+    }
+    assert!(lookalikes > 0, "the other bug was never met: {report:#}");
+}

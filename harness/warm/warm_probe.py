@@ -247,6 +247,7 @@ def run_child(req, fds, preloaded):
         first = os.path.dirname(os.path.abspath(target)) if mode == "script" else os.getcwd()
         sys.path[0] = first
         forget_shadowed(preloaded, first)
+        announce_triton_launches()
         learn = os.environ.get("CUDABISECT_WARM_LEARN")
         if learn:
             import atexit
@@ -309,6 +310,59 @@ def print_as_fresh(e):
         tb = tb.tb_next
     traceback.print_exception(type(e), e, tb)
     sys.stderr.flush()
+
+
+LAUNCH = "@@cudabisect launch kernel={kernel}"
+
+
+def announce_triton_launches():
+    """Every Triton launch says its kernel's name first (a wrapper around JITFunction.run, the path
+    autotuned, heuristic and plain kernels all take): with synchronous launches the last name before a
+    fault is the kernel that faulted, so no sanitizer run is needed to tell two Triton bugs apart. When
+    Triton is not imported yet, it is patched as soon as the run imports it."""
+    jit = sys.modules.get("triton.runtime.jit")
+    if jit is not None:
+        patch_jit(jit)
+        return
+    import importlib.abc
+    import importlib.util
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "triton.runtime.jit":
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            original = spec.loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                patch_jit(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
+
+
+def patch_jit(jit):
+    cls = getattr(jit, "JITFunction", None)
+    if cls is None or getattr(cls.run, "_cudabisect", False):
+        return
+    original = cls.run
+
+    def launch(self, *args, **kwargs):
+        name = getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"
+        print(LAUNCH.format(kernel=name), flush=True)
+        return original(self, *args, **kwargs)
+
+    launch._cudabisect = True
+    cls.run = launch
 
 
 def exit_code(code):

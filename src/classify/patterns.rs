@@ -412,6 +412,9 @@ impl Context {
             s.kernel.get_or_insert_with(|| kernel.clone());
             s.site.get_or_insert_with(|| format!("node {node}"));
         }
+        if s.kernel.is_none() && s.class.is_device_fault() {
+            s.kernel = triton_launch_kernel(lines);
+        }
         if let Some(frame) = &self.user_frame {
             s.site.get_or_insert_with(|| frame.clone());
         }
@@ -425,6 +428,26 @@ impl Context {
             s.framework = detect_framework(lines.iter().copied());
         }
     }
+}
+
+/// The Triton kernel a device fault died in, when a launch hook named every Triton launch
+/// (`@@cudabisect launch kernel=…`, printed by the warm probe runner and the harness) and the traceback
+/// runs through Triton's launcher: under synchronous launch the last kernel named is the one that faulted.
+/// A fault raised elsewhere (a torch op after a Triton launch) names none this way.
+fn triton_launch_kernel(lines: &[&str]) -> Option<String> {
+    let through_triton = lines.iter().any(|l| {
+        let l = l.trim_start();
+        l.starts_with("File \"")
+            && (l.contains("/triton/runtime/") || l.contains("/triton/backends/"))
+    }) || lines.iter().any(|l| l.contains("Triton Error [CUDA]"));
+    if !through_triton {
+        return None;
+    }
+    lines
+        .iter()
+        .rev()
+        .find_map(|l| crate::marker::parse_launch(l))
+        .map(str::to_string)
 }
 
 /// A frame is the user's when it is not inside an installed package, the standard library, Cython code or

@@ -478,6 +478,18 @@ Root Cause (first observed failure):
     }
 
     #[test]
+    fn a_triton_fault_names_the_kernel_launched_last_and_another_fault_names_none() {
+        let through_triton = "@@cudabisect launch kernel=bias\n@@cudabisect launch kernel=embed\nTraceback (most recent call last):\n  File \"/w/train.py\", line 3, in <module>\n    run(embed)\n  File \"/venv/lib/python3.12/site-packages/triton/runtime/jit.py\", line 10, in run\nRuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n";
+        assert_eq!(
+            classify(Exit::Code(1), through_triton).kernel.as_deref(),
+            Some("embed")
+        );
+        // A torch op faulting after a Triton launch did not die in that kernel.
+        let elsewhere = "@@cudabisect launch kernel=embed\nTraceback (most recent call last):\n  File \"/w/train.py\", line 5, in <module>\n    y = x[idx]\nRuntimeError: CUDA error: an illegal memory access was encountered\n";
+        assert_eq!(classify(Exit::Code(1), elsewhere).kernel, None);
+    }
+
+    #[test]
     fn a_hang_names_the_ranks_still_running_and_where_a_dump_says_they_were() {
         let out = "\
 [rank0]: Thread 77 (active): \"MainThread\"
