@@ -576,9 +576,9 @@ fn warm_probes_name_the_triton_kernel_that_faulted_so_a_lookalike_bug_needs_no_s
     // Two Triton bugs of one class through one launch wrapper: `bias` at commits 18..=21, where the first
     // probes land, and `embed` (the target) from 24. No compute-sanitizer here: only the kernels named at launch tell them apart.
     let script = "import sys, triton\nv = int(open('version.txt').read())\n\n@triton.jit\ndef bias(x):\n    return 18 <= v <= 21\n\n@triton.jit\ndef embed(x):\n    return v >= @BAD@\n\ndef run(kernel):\n    kernel[(1,)](0)\n\nrun(bias)\nrun(embed)\nprint('ok')\n";
-    let config = "[repro]\ncommand = \"python3 repro.sh\"\nenv = { PYTHONPATH = \"@SCRATCH@/site\" }\n[triage]\nenabled = false\n";
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\nenv = { PYTHONPATH = \"@SCRATCH@/site-packages\" }\n[triage]\nenabled = false\n";
     let repo = linear(40, 24, script, config);
-    fake_triton(&repo.scratch.join("site"));
+    fake_triton(&repo.scratch.join("site-packages"));
     let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "commit 24", "{err}");

@@ -313,6 +313,12 @@ def print_as_fresh(e):
 
 
 LAUNCH = "@@cudabisect launch kernel={kernel}"
+LAUNCH_WRAPPER = """
+def launch(self, *args, **kwargs):
+    name = getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"
+    print(LAUNCH.format(kernel=name), flush=True)
+    return original(self, *args, **kwargs)
+"""
 
 
 def announce_triton_launches():
@@ -354,13 +360,13 @@ def patch_jit(jit):
     cls = getattr(jit, "JITFunction", None)
     if cls is None or getattr(cls.run, "_cudabisect", False):
         return
-    original = cls.run
-
-    def launch(self, *args, **kwargs):
-        name = getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"
-        print(LAUNCH.format(kernel=name), flush=True)
-        return original(self, *args, **kwargs)
-
+    # The wrapper's code is compiled under a name that is no file: in a traceback its frame reads as a
+    # library's, so the innermost frame of the user's is the same as in a cold run.
+    namespace = {"original": cls.run, "print": print, "LAUNCH": LAUNCH, "getattr": getattr}
+    exec(  # noqa: S102 - a fixed wrapper, compiled under a non-file name
+        compile(LAUNCH_WRAPPER, "<cudabisect launch hook>", "exec"), namespace
+    )
+    launch = namespace["launch"]
     launch._cudabisect = True
     cls.run = launch
 
