@@ -574,7 +574,6 @@ fn out(exit: i32, text: String) -> RunOutput {
         interrupted: false,
         lingering: Vec::new(),
         job: None,
-        runner: None,
     }
 }
 
