@@ -123,6 +123,20 @@ fn probe_commit(
             other_bug = settle(prober, oid, ctx, t, &mut record, reporter);
         }
     }
+    // A device fault told apart from the target by its own output (another kernel named at launch,
+    // another launch site or exception) is another bug, as one the sanitizer told apart is.
+    if other_bug.is_none() && target.is_some() && !out.interrupted {
+        if let (Verdict::Skip, true) = (record.verdict, record.signature.class.is_device_fault()) {
+            other_bug = Some(OtherBug {
+                commit: oid.to_string(),
+                signature: record.signature.clone(),
+                reason: record
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "a different bug".into()),
+            });
+        }
+    }
     Probed {
         record,
         interrupted: out.interrupted,
