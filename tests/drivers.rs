@@ -1154,25 +1154,40 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
     assert_eq!(steps.len(), n);
 }
 
+/// Commit 0 is the old end (the fault shows), 16 the new end; the range holds 1..=16.
+fn fix_setup() -> (Vec<RangeCommit>, Vec<(String, Oid)>, MatchPolicy) {
+    (
+        linear(16),
+        vec![("old".to_string(), oid(0))],
+        MatchPolicy::parse("class+kernel").unwrap(),
+    )
+}
+
+fn fix_input<'a>(
+    range: &'a [RangeCommit],
+    goods: &'a [(String, Oid)],
+    policy: &'a MatchPolicy,
+) -> SearchInput<'a> {
+    SearchInput {
+        range,
+        bad: ("new", oid(16)),
+        goods,
+        merge_bases: &[],
+        policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        find_fix: true,
+    }
+}
+
 #[test]
 fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     // The fault shows from the old end (0) up to commit 9, and another bug at 12 and 13: commit 10 is
     // the fix, and the other bug never counts as the fault being back or gone.
     use cudabisect::run::find_fix::FixProbe;
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let range = linear(16);
-    let goods = vec![("old".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("new", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        find_fix: true,
-    };
+    let (range, goods, policy) = fix_setup();
+    let input = fix_input(&range, &goods, &policy);
     let mut prober = scripted(cancel, None);
     prober.shows = Box::new(|i| match i {
         0..=9 => fault("gather"),
@@ -1220,19 +1235,8 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
     // apart. The fault (kernel `embed`) is fixed at 10; another bug (kernel `bias`) shows at 12 and 13.
     use cudabisect::run::find_fix::FixProbe;
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let range = linear(16);
-    let goods = vec![("old".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("new", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        find_fix: true,
-    };
+    let (range, goods, policy) = fix_setup();
+    let input = fix_input(&range, &goods, &policy);
     for lookalikes in [vec![12, 13], vec![11, 12, 13, 14]] {
         let mut prober = scripted(cancel, None);
         let shown = lookalikes.clone();

@@ -574,27 +574,11 @@ fn search_for_fix(
             repeat: None,
         };
         if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
-            if let Some(kernel) = s.finding.as_ref().and_then(|f| f.kernel.clone()) {
-                fault.kernel = Some(kernel);
+            let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+            probes.push(s.endpoint_record(old, &fault, crate::bisect::Verdict::Good));
+            if kernel.is_some() {
+                fault.kernel = kernel;
             }
-            probes.push(crate::report::record::ProbeRecord {
-                commit: old.to_string(),
-                role: ProbeRole::EndpointSanitizer,
-                verdict: crate::bisect::Verdict::Good,
-                signature: s.finding.unwrap_or_else(|| fault.clone()),
-                matched_target: true,
-                reason: None,
-                exit_code: None,
-                signal: None,
-                duration_s: s.duration_s,
-                build_log: None,
-                log: None,
-                sanitizer: Some(s.summary),
-                attempts: 1,
-                reused: false,
-                job: None,
-                runner: None,
-            });
         }
     }
     let mut fixers: Vec<super::find_fix::FixProbe> = journaled

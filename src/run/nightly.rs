@@ -249,6 +249,13 @@ pub fn nightly(
         .last_good
         .clone()
         .or_else(|| since.map(|s| s.to_string()));
+    let of = NightOf {
+        path: &path,
+        branch: &branch,
+        config: &config,
+        repo: &repo,
+        opts,
+    };
 
     // The head, judged on its own (no target): its signature decides the night.
     reporter.event(&Event::StageStarted {
@@ -404,13 +411,7 @@ pub fn nightly(
                     &state,
                     head_s,
                     sig,
-                    &NightOf {
-                        path: &path,
-                        branch: &branch,
-                        config: &config,
-                        repo: &repo,
-                        opts,
-                    },
+                    &of,
                     reporter,
                     cancel,
                 ));
@@ -456,13 +457,7 @@ pub fn nightly(
         &state,
         head_s,
         sig,
-        &NightOf {
-            path: &path,
-            branch: &branch,
-            config: &config,
-            repo: &repo,
-            opts,
-        },
+        &of,
         reporter,
         cancel,
     ))

@@ -39,6 +39,36 @@ pub struct ProbeContext {
     pub repeat: Option<u32>,
 }
 
+impl Sanitized {
+    /// The record of this sanitizer run of `commit`, at an endpoint whose fault is `fault` (its finding's
+    /// signature when it has one), with the verdict that endpoint has in the search.
+    pub fn endpoint_record(
+        self,
+        commit: Oid,
+        fault: &Signature,
+        verdict: crate::bisect::Verdict,
+    ) -> ProbeRecord {
+        ProbeRecord {
+            commit: commit.to_string(),
+            role: ProbeRole::EndpointSanitizer,
+            verdict,
+            signature: self.finding.unwrap_or_else(|| fault.clone()),
+            matched_target: true,
+            reason: None,
+            exit_code: None,
+            signal: None,
+            duration_s: self.duration_s,
+            build_log: None,
+            log: None,
+            sanitizer: Some(self.summary),
+            attempts: 1,
+            reused: false,
+            job: None,
+            runner: None,
+        }
+    }
+}
+
 /// What one probe produced.
 #[derive(Clone, Debug)]
 pub struct ProbeOutcome {

@@ -288,24 +288,7 @@ impl Driver<'_, '_> {
         if kernel.is_some() {
             target.kernel = kernel;
         }
-        let record = ProbeRecord {
-            commit: oid.to_string(),
-            role: ProbeRole::EndpointSanitizer,
-            verdict: Verdict::Bad,
-            signature: s.finding.unwrap_or_else(|| target.clone()),
-            matched_target: true,
-            reason: None,
-            exit_code: None,
-            signal: None,
-            duration_s: s.duration_s,
-            build_log: None,
-            log: None,
-            sanitizer: Some(s.summary),
-            attempts: 1,
-            reused: false,
-            job: None,
-            runner: None,
-        };
+        let record = s.endpoint_record(oid, target, Verdict::Bad);
         self.reporter.event(&Event::ProbeFinished {
             step: ctx.step,
             record: Box::new(record.clone()),
