@@ -735,6 +735,33 @@ fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
 
 /// A small PyTorch package whose two Triton kernels each get an out-of-bounds store in different parts of
 /// its history; both are launched through one helper, so only the kernel tells the bugs apart.
+/// Runs `cudabisect ARGS -C DIR --report REPORT`, prints its summary, its probes' lines and its wall time,
+/// asserts it exited 0, and returns the report and stdout.
+fn start_with_report(dir: &Path, args: &[&str], report: &Path) -> (serde_json::Value, String) {
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args(args)
+        .arg("-C")
+        .arg(dir)
+        .arg("--report")
+        .arg(report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    for l in stderr
+        .lines()
+        .filter(|l| l.contains("→") || l.contains("compute-sanitizer"))
+    {
+        println!("{l}");
+    }
+    println!("wall {:.1}s", started.elapsed().as_secs_f64());
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let r = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    (r, stdout)
+}
+
 fn two_bug_files(
     bias_bug: bool,
     embed_bug: bool,
@@ -801,39 +828,17 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
         (0..30).map(|i| two_bug_files((10..=19).contains(&i), i >= 22, i)),
     )
     .unwrap();
-    let report = tmp.path().join("report.json");
-    let started = std::time::Instant::now();
-    let out = Command::new(bin())
-        .args([
-            "start",
-            &format!("{}..main", commits[0]),
-            "--no-shrink",
-            "-C",
-        ])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    for l in stderr
-        .lines()
-        .filter(|l| l.contains("→") || l.contains("compute-sanitizer"))
-    {
-        println!("{l}");
-    }
-    println!("wall {:.1}s", started.elapsed().as_secs_f64());
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (r, stdout) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0]), "--no-shrink"],
+        &tmp.path().join("report.json"),
+    );
     println!("target: {}", r["target"]);
     println!("other bugs: {}", r["other_bugs"]);
     assert_eq!(
         r["first_bad"]["commit"],
         commits[22].to_string(),
-        "{stdout}\n{stderr}"
+        "{stdout}"
     );
     assert_eq!(
         r["target"]["kernel"], "_hash_embed_kernel",
@@ -859,35 +864,16 @@ fn find_fix_names_the_fix_and_is_not_misled_by_another_triton_bug_of_the_same_cl
         (0..26).map(|i| two_bug_files((17..=22).contains(&i), (3..=14).contains(&i), i)),
     )
     .unwrap();
-    let report = tmp.path().join("report.json");
-    let started = std::time::Instant::now();
-    let out = Command::new(bin())
-        .args([
-            "start",
-            "--find-fix",
-            &format!("{}..main", commits[3]),
-            "-C",
-        ])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    for l in stderr.lines().filter(|l| l.contains("→")) {
-        println!("{l}");
-    }
-    println!("wall {:.1}s", started.elapsed().as_secs_f64());
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (r, stdout) = start_with_report(
+        &dir,
+        &["start", "--find-fix", &format!("{}..main", commits[3])],
+        &tmp.path().join("report.json"),
+    );
     println!("fault: {}", r["target"]);
     assert_eq!(
         r["first_bad"]["commit"],
         commits[15].to_string(),
-        "{stdout}\n{stderr}"
+        "{stdout}"
     );
     assert_eq!(
         r["target"]["kernel"], "_hash_embed_kernel",
