@@ -277,15 +277,16 @@ impl Probe for WorktreeProber<'_> {
             }
             // A Python repro runs in a child of the warm interpreter (the same process group, timeout and
             // streams: only the imports are already done).
-            let warm = self
-                .warm
-                .filter(|_| repro.warm && executor.is_local())
-                .and_then(|pool| {
-                    let worker = self.slot.as_ref().map_or(1, |s| s.worker);
-                    pool.prepare(worker, &mut spec).map(|run| (pool, run))
-                });
+            let worker = self.slot.as_ref().map_or(1, |s| s.worker);
+            let pool = self.warm.filter(|_| repro.warm && executor.is_local());
+            let warm = pool.and_then(|pool| pool.prepare(worker, &mut spec).map(|run| (pool, run)));
             let result = session.run(&spec, self.cancel);
-            let runner = warm.map(|(pool, run)| pool.finish(run).describe());
+            let runner = match warm {
+                Some((pool, run)) => Some(pool.finish(run).describe()),
+                None => pool
+                    .and_then(|p| p.off(worker))
+                    .map(|why| format!("cold: warm probes are off for this run: {why}")),
+            };
             let run = match result {
                 Ok(mut run) => {
                     crate::classify::append_rank_logs(&rank_dir, &mut run.output);

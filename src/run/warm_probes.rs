@@ -48,6 +48,9 @@ struct Slot {
     key: String,
     /// What to preload, once known.
     preload: Option<Vec<String>>,
+    /// Why this worker's runs go cold for the rest of the run: a preloaded module initialises CUDA at
+    /// import, so every server would be unusable as soon as it started.
+    off: Option<String>,
 }
 
 /// The warm interpreters of one run, one per worker; dropping it ends them all.
@@ -148,7 +151,11 @@ impl WarmPool {
             server: None,
             key: key.clone(),
             preload: self.configured.clone(),
+            off: None,
         });
+        if slot.off.is_some() {
+            return None;
+        }
         if slot.key != key {
             // Another interpreter or environment: what was preloaded may not be what this run imports.
             slot.server = None;
@@ -196,6 +203,12 @@ impl WarmPool {
         })
     }
 
+    /// Why `worker`'s runs go cold for the rest of the run, when they do.
+    pub fn off(&self, worker: usize) -> Option<String> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.get(&worker).and_then(|s| s.off.clone())
+    }
+
     /// How the run went, and what it taught: a learning run's imports become the next server's preload
     /// (the current one, which preloaded nothing, is ended); a server that could not serve is replaced.
     pub fn finish(&self, run: WarmRun) -> Runner {
@@ -222,8 +235,13 @@ impl WarmPool {
             }
             if let Runner::Cold(why) = &runner {
                 // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
-                if why.contains("CUDA was initialised") || why.contains("changed since") {
+                if why.contains("changed since") {
                     slot.server = None;
+                }
+                // A preload that initialises CUDA would do it again in every new server.
+                if why.contains("CUDA was initialised") {
+                    slot.server = None;
+                    slot.off = Some(why.clone());
                 }
             }
         }
