@@ -481,6 +481,37 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         (13, "still_failing"),
         "{err}"
     );
+    // Rewritten again, under the open regression: its first bad commit is gone, so it is not reported as
+    // still failing with a commit that no longer exists; the fault is bisected afresh.
+    git(&repo.path, &["reset", "-q", "--hard", "HEAD~3"]);
+    git(&repo.path, &["update-ref", "-d", "ORIG_HEAD"]);
+    git(&repo.path, &["reflog", "expire", "--expire=now", "--all"]);
+    git(&repo.path, &["gc", "-q", "--prune=now"]);
+    std::fs::write(
+        repo.path.join("repro.sh"),
+        default_repro().replace("@BAD@", "4"),
+    )
+    .unwrap();
+    for i in 13..15 {
+        commit_version(&repo.path, i);
+    }
+    let (code, events, err) = nightly(&repo, &config, &[]);
+    let said = err.clone() + &events.iter().map(Value::to_string).collect::<String>();
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (4, "inconclusive"),
+        "{said}"
+    );
+    assert!(
+        said.contains("open regression's first bad commit"),
+        "{said}"
+    );
+    let (code, events, err) = nightly(&repo, &config, &["--since", &since]);
+    assert_eq!(
+        (code, night_status(&events).as_str()),
+        (12, "regression"),
+        "{err}"
+    );
 }
 
 const PY_REPRO: &str = "import json, os, sys, time\nv = int(open('version.txt').read())\nopen(os.path.join(os.environ['SCRATCH'], f'pid-{v}'), 'w').write(str(os.getpid()))\nif v >= @BAD@ and os.environ.get('HANG'):\n    time.sleep(600)\nif v >= @BAD@:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\nprint(json.dumps({'ok': v}))\n";

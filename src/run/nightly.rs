@@ -208,6 +208,27 @@ pub fn nightly(
             state.last_good = None;
         }
     }
+    // An open regression whose first bad commit left the branch is a stale fact: it is dropped, and a
+    // fault tonight is bisected afresh (from --since or the last good commit), never reported as the
+    // old answer.
+    let stale_first_bad = state.open.as_ref().and_then(|open| {
+        let fb = open.first_bad.as_deref()?;
+        still_on_branch(&repo, fb, head)
+            .err()
+            .map(|why| (fb.to_string(), why))
+    });
+    if let Some((fb, why)) = stale_first_bad {
+        warn(
+            reporter,
+            format!(
+                "the open regression's first bad commit {} {why}: the regression is closed in {}, and a fault tonight is bisected again",
+                short_sha(&fb),
+                path.display()
+            ),
+        );
+        state.open = None;
+        lost_last_good |= state.last_good.is_none();
+    }
     if let Some(open) = state.open.as_mut() {
         if still_on_branch(&repo, &open.last_failing, head).is_err() {
             // The open bug is still known by its signature; only its last failing head is gone.
