@@ -5,7 +5,7 @@
 pub const OK: u8 = 0;
 /// `harness run`: a node faulted (the status a CUDA program that checks its errors exits with).
 pub const NODE_FAULT: u8 = 1;
-/// Bad usage, config or model: nothing was run or written.
+/// Bad usage, config, model or harness: nothing was run or written.
 pub const USAGE: u8 = 2;
 /// `start`: GOOD does not pass or BAD does not reproduce; `shrink`: the model does not fault.
 pub const ENDPOINTS_INVALID: u8 = 3;
@@ -30,23 +30,25 @@ pub const REGRESSION: u8 = 12;
 pub const STILL_FAILING: u8 = 13;
 /// cudabisect itself failed (a bug, or the disk or git failed under it).
 pub const INTERNAL: u8 = 70;
-/// Interrupted by Ctrl-C or SIGTERM (after writing what was found).
+/// Interrupted by Ctrl-C, SIGTERM, SIGHUP, or a batch system's SIGUSR1/SIGUSR2/SIGALRM (after writing
+/// what was found).
 pub const INTERRUPTED: u8 = 130;
 
 /// The table as `--help` shows it.
 pub const HELP: &str = "Exit codes:
   0    found / success
   1    harness run: a node faulted
-  2    bad usage, config or model (nothing was run or written)
+  2    bad usage, config, model or harness (nothing was run or written)
   3    start: GOOD does not pass or BAD does not reproduce; shrink: the model does not fault
-  4    start: skipped commits leave several candidates; nightly: the head could not be judged
+  4    inconclusive: skips or a flaky search left several candidates, a found commit did not hold alone;
+       nightly: the head could not be judged; triage: the sanitizer's report could not be read
   5    classify: the log shows a failure; triage: the fault was found
-  6    no CUDA backend (harness) or no compute-sanitizer (triage)
-  7    another cudabisect run holds this repository's state directory
+  6    no CUDA backend (harness, shrink) or no compute-sanitizer (triage)
+  7    another cudabisect run holds this repository's state directory (and only that)
   8    start: an endpoint could not be judged, or the host broke mid-search
   10   nightly: baseline (first clean head recorded)
   11   nightly: fixed (the open regression's bug is gone)
   12   nightly: regression (a new bug, bisected)
   13   nightly: still failing (the open regression's bug, not bisected again)
-  70   cudabisect itself failed
-  130  interrupted (Ctrl-C or SIGTERM)";
+  70   cudabisect itself failed (a bug, or the disk or git failed under it)
+  130  interrupted (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1/2, SIGALRM)";
