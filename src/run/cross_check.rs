@@ -10,7 +10,13 @@ use crate::classify::Signature;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
 
-use super::probe::{Probe, ProbeContext};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use super::journal::{Journal, JournaledProbe};
+use super::plan::{Plan, StartOptions};
+use super::probe::{Probe, ProbeContext, WorktreeProber};
+use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 
 /// What the serial runs said.
 #[derive(Debug, PartialEq, Eq)]
@@ -82,4 +88,97 @@ pub fn cross_check(
         }
     }
     CrossCheck::Agrees
+}
+
+/// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]), or, finding a fix, the fix verified the same way. When the
+/// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
+/// worker, reusing nothing the workers journaled, and the answer says so.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_checked(
+    outcome: SearchOutcome,
+    opts: &StartOptions,
+    plan: &Plan,
+    input: &SearchInput,
+    journal_path: &Path,
+    fingerprint: &str,
+    log_dir: &Path,
+    prober: &mut WorktreeProber,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let (SearchEnd::Found(culprit), Some(target), None) =
+        (&outcome.end, outcome.target.clone(), &outcome.flaky)
+    else {
+        return outcome;
+    };
+    let culprit = *culprit;
+    let mut parents = plan.repo.parents(culprit).unwrap_or_default();
+    if opts.first_parent {
+        // Along first parents a merge is judged against its first parent alone, as the search did.
+        parents.truncate(1);
+    }
+    let mut probes = outcome.probes.clone();
+    let step = probes.len() + 1;
+    // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
+    // first fixed commit runs clean and its parents show it.
+    let (at, before) = if input.find_fix {
+        (Verdict::Good, Verdict::Bad)
+    } else {
+        (Verdict::Bad, Verdict::Good)
+    };
+    let first = format!("the first {} commit", opts.terms.new);
+    let runs: Vec<Expect> = std::iter::once(Expect {
+        oid: culprit,
+        verdict: at,
+        what: &first,
+    })
+    .chain(parents.iter().map(|&p| Expect {
+        oid: p,
+        verdict: before,
+        what: "its parent",
+    }))
+    .collect();
+    match cross_check(
+        prober,
+        &runs,
+        &target,
+        (step, input.find_fix),
+        &mut probes,
+        reporter,
+    ) {
+        CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
+        CrossCheck::Interrupted => SearchOutcome {
+            probes,
+            end: SearchEnd::Interrupted,
+            ..outcome
+        },
+        CrossCheck::Disagrees(why) if input.find_fix => SearchOutcome {
+            probes,
+            end: SearchEnd::Unverified(culprit, why),
+            ..outcome
+        },
+        CrossCheck::Disagrees(why) => {
+            reporter.event(&Event::Warning {
+                message: format!(
+                    "the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (README: parallel probes) to search in parallel"
+                ),
+            });
+            let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
+            let mut journaled = JournaledProbe {
+                inner: prober,
+                journal: &journal,
+                warnings: Vec::new(),
+                cancel,
+                log_dir: Some(log_dir.to_path_buf()),
+            };
+            let mut workers = [Worker {
+                probe: &mut journaled,
+                stop: cancel,
+            }];
+            let mut serial = search_with_workers(input, &mut workers, reporter, cancel);
+            probes.append(&mut serial.probes);
+            serial.probes = probes;
+            serial
+        }
+    }
 }

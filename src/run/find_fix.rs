@@ -12,7 +12,12 @@ use crate::bisect::Verdict;
 use crate::classify::{MatchPolicy, Sameness, Signature};
 use crate::report::event::Reporter;
 
+use super::journal::JournaledProbe;
+use super::plan::Plan;
 use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
+use crate::report::event::Event;
+use crate::report::record::{short_sha, ProbeRole};
 
 /// A [`Probe`] judging every commit against the fault seen at the OLD end, with the verdicts swapped:
 /// the fault there is `Good` (the older state), a clean run `Bad` (the newer).
@@ -85,6 +90,201 @@ impl Probe for FixProbe<'_> {
         // the NEW end's clean run, which has no kernel to learn.
         None
     }
+}
+
+/// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
+/// commit (its parents still fault: the fix is how the branches met), or a fix that reached NEW
+/// through a merge (not on NEW's first-parent line).
+pub fn fix_caveats(plan: &Plan, fix: Oid, first_parent: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    let parents = plan.repo.parents(fix).unwrap_or_default();
+    if parents.len() > 1 && first_parent {
+        notes.push(format!(
+            "the fix {} is the merge that brought it to this line (--first-parent judges a merge by its first parent): the commit that fixed it is on the merged branch; run without --first-parent to name it",
+            short_sha(&fix.to_string())
+        ));
+    } else if parents.len() > 1 {
+        notes.push(format!(
+            "the fix {} is a merge, and each of its parents still shows the fault: the fault is gone only where the branches meet, so backport what the merge combines, not one side",
+            short_sha(&fix.to_string())
+        ));
+    }
+    let mut on_line = false;
+    let mut at = Some(plan.bad.1);
+    let mut steps = 0usize;
+    while let Some(c) = at {
+        if c == fix {
+            on_line = true;
+            break;
+        }
+        steps += 1;
+        if steps > 1_000_000 {
+            break;
+        }
+        at = plan.repo.parents(c).ok().and_then(|p| p.first().copied());
+        if plan.goods.iter().any(|g| Some(g.1) == at) {
+            break;
+        }
+    }
+    if !on_line {
+        notes.push(format!(
+            "the fix {} is on a side branch that reached {} through a merge: that merge is where the fix arrived on this line",
+            short_sha(&fix.to_string()),
+            plan.bad.0
+        ));
+    }
+    notes
+}
+
+/// `--find-fix`: the OLD end is probed first and must show the fault; the search then runs on the same
+/// graph with every probe judged against that fault and its verdict swapped ([`FixProbe`]).
+pub fn search_for_fix(
+    plan: &Plan,
+    input: &SearchInput,
+    journaled: &mut [JournaledProbe],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let ended =
+        |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| SearchOutcome {
+            end,
+            target,
+            probes,
+            other_bugs: Vec::new(),
+            flaky: None,
+        };
+    let Some(first) = journaled.first_mut() else {
+        return ended(
+            SearchEnd::HostFailure("no probe worker".into()),
+            Vec::new(),
+            None,
+        );
+    };
+    let mut known = std::collections::HashMap::new();
+    let mut probes = Vec::new();
+    let mut fault: Option<crate::classify::Signature> = None;
+    for (k, (name, oid)) in plan.goods.iter().enumerate() {
+        let ctx = super::probe::ProbeContext {
+            step: k + 1,
+            role: ProbeRole::GoodEndpoint,
+            remaining: plan.range.len(),
+            estimated_steps: 1,
+            worker: None,
+            repeat: None,
+        };
+        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
+        if out.interrupted {
+            return ended(SearchEnd::Interrupted, probes, fault);
+        }
+        let rec = out.record.clone();
+        // Reported here only when it ends the run; otherwise the search reports it as its old end.
+        let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
+            let shown = crate::report::record::ProbeRecord {
+                verdict: swapped(rec.verdict),
+                ..rec.clone()
+            };
+            reporter.event(&Event::ProbeFinished {
+                step: ctx.step,
+                record: Box::new(shown.clone()),
+            });
+            probes.push(shown);
+        };
+        let class = rec.signature.class;
+        if super::verdict::is_host_problem(class) {
+            report_it(&mut probes);
+            let msg = format!(
+                "old commit {name} could not be judged: {}",
+                rec.signature.summary
+            );
+            return ended(SearchEnd::EndpointInfra(msg), probes, fault);
+        }
+        if rec.verdict != crate::bisect::Verdict::Bad
+            || matches!(
+                class,
+                crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure
+            )
+        {
+            report_it(&mut probes);
+            let msg = format!(
+                "the fault does not show at old commit {name} ({}): --find-fix needs OLD to fault and NEW to be clean",
+                rec.signature.short()
+            );
+            return ended(SearchEnd::EndpointsInvalid(msg), probes, fault);
+        }
+        fault.get_or_insert(rec.signature.clone());
+        let mut out = out;
+        out.record.verdict = crate::bisect::Verdict::Bad;
+        out.record.matched_target = true;
+        known.insert(*oid, out);
+    }
+    let Some(mut fault) = fault else {
+        return ended(
+            SearchEnd::EndpointsInvalid("no old commit".into()),
+            probes,
+            None,
+        );
+    };
+    // The fault's kernel, when its output names none, from the OLD end under compute-sanitizer: what
+    // tells it from another bug of its class at the commits after the fix.
+    if fault.kernel.is_none() {
+        let old = plan.goods[0].1;
+        let ctx = super::probe::ProbeContext {
+            step: 1,
+            role: ProbeRole::EndpointSanitizer,
+            remaining: plan.range.len(),
+            estimated_steps: 1,
+            worker: None,
+            repeat: None,
+        };
+        if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
+            let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+            probes.push(s.endpoint_record(old, &fault, crate::bisect::Verdict::Good));
+            if kernel.is_some() {
+                fault.kernel = kernel;
+            }
+        }
+    }
+    let mut fixers: Vec<FixProbe> = journaled
+        .iter_mut()
+        .map(|j| {
+            let stop = j.cancel;
+            FixProbe {
+                inner: j,
+                fault: fault.clone(),
+                policy: &plan.config.match_policy,
+                stop,
+                known: std::mem::take(&mut known),
+            }
+        })
+        .collect();
+    let mut workers: Vec<Worker> = fixers
+        .iter_mut()
+        .map(|f| {
+            let stop = f.stop;
+            Worker { probe: f, stop }
+        })
+        .collect();
+    let mut outcome = search_with_workers(input, &mut workers, reporter, cancel);
+    drop(workers);
+    // The search's target is the NEW end's clean run; the fault it measured by is the OLD end's.
+    outcome.target = Some(fault);
+    if let SearchEnd::EndpointsInvalid(msg) = &outcome.end {
+        if msg.starts_with(&format!("bad commit {} ", input.bad.0)) {
+            let still = outcome
+                .probes
+                .iter()
+                .find(|p| p.role == ProbeRole::BadEndpoint)
+                .map(|p| p.signature.short())
+                .unwrap_or_default();
+            outcome.end = SearchEnd::EndpointsInvalid(format!(
+                "the fault is not gone at new commit {} ({still}): --find-fix needs OLD to fault and NEW to be clean",
+                input.bad.0
+            ));
+        }
+    }
+    probes.append(&mut outcome.probes);
+    outcome.probes = probes;
+    outcome
 }
 
 #[cfg(test)]

@@ -17,16 +17,14 @@ use crate::config::Config;
 use crate::git::Repo;
 
 use super::ci::start_outputs;
-use super::cross_check::{cross_check, CrossCheck, Expect};
 use super::journal::{self, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
+use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
 use crate::atomic_file::write_atomic;
-use crate::bisect::Verdict;
 use crate::config::{ExecutorKind, Jobs};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -282,7 +280,7 @@ pub fn start(
         .collect();
     let mut outcome = if opts.find_fix {
         with_cancel_passed_on(cancel, &stops, || {
-            search_for_fix(&plan, &input, &mut journaled, reporter, cancel)
+            super::find_fix::search_for_fix(&plan, &input, &mut journaled, reporter, cancel)
         })
     } else {
         let mut workers: Vec<Worker> = journaled
@@ -305,9 +303,9 @@ pub fn start(
             stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
         }
         outcome = with_cancel_passed_on(cancel, &stops, || {
-            cross_checked(
+            super::cross_check::cross_checked(
                 outcome,
-                opts.first_parent,
+                opts,
                 &plan,
                 &input,
                 &journal_path,
@@ -336,7 +334,7 @@ pub fn start(
         if let Some(oid) = first_bad {
             report
                 .notes
-                .extend(fix_caveats(&plan, oid, opts.first_parent));
+                .extend(super::find_fix::fix_caveats(&plan, oid, opts.first_parent));
         }
     }
     save_report(&report, &run_dir, None, reporter);
@@ -393,58 +391,6 @@ pub fn start(
     Ok(report)
 }
 
-fn plan_terms_new(input: &SearchInput) -> &'static str {
-    if input.find_fix {
-        "fixed"
-    } else {
-        "bad"
-    }
-}
-
-/// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
-/// commit (its parents still fault: the fix is how the branches met), or a fix that reached NEW
-/// through a merge (not on NEW's first-parent line).
-fn fix_caveats(plan: &Plan, fix: Oid, first_parent: bool) -> Vec<String> {
-    let mut notes = Vec::new();
-    let parents = plan.repo.parents(fix).unwrap_or_default();
-    if parents.len() > 1 && first_parent {
-        notes.push(format!(
-            "the fix {} is the merge that brought it to this line (--first-parent judges a merge by its first parent): the commit that fixed it is on the merged branch; run without --first-parent to name it",
-            short_sha(&fix.to_string())
-        ));
-    } else if parents.len() > 1 {
-        notes.push(format!(
-            "the fix {} is a merge, and each of its parents still shows the fault: the fault is gone only where the branches meet, so backport what the merge combines, not one side",
-            short_sha(&fix.to_string())
-        ));
-    }
-    let mut on_line = false;
-    let mut at = Some(plan.bad.1);
-    let mut steps = 0usize;
-    while let Some(c) = at {
-        if c == fix {
-            on_line = true;
-            break;
-        }
-        steps += 1;
-        if steps > 1_000_000 {
-            break;
-        }
-        at = plan.repo.parents(c).ok().and_then(|p| p.first().copied());
-        if plan.goods.iter().any(|g| Some(g.1) == at) {
-            break;
-        }
-    }
-    if !on_line {
-        notes.push(format!(
-            "the fix {} is on a side branch that reached {} through a merge: that merge is where the fix arrived on this line",
-            short_sha(&fix.to_string()),
-            plan.bad.0
-        ));
-    }
-    notes
-}
-
 /// Says what the journal lets this run reuse, and what it runs again.
 fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
     let commits: std::collections::HashSet<String> = plan
@@ -470,250 +416,6 @@ fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
                 "{retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"
             ),
         });
-    }
-}
-
-/// `--find-fix`: the OLD end is probed first and must show the fault; the search then runs on the same
-/// graph with every probe judged against that fault and its verdict swapped ([`FixProbe`]).
-fn search_for_fix(
-    plan: &Plan,
-    input: &SearchInput,
-    journaled: &mut [JournaledProbe],
-    reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
-) -> SearchOutcome {
-    let ended =
-        |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| SearchOutcome {
-            end,
-            target,
-            probes,
-            other_bugs: Vec::new(),
-            flaky: None,
-        };
-    let Some(first) = journaled.first_mut() else {
-        return ended(
-            SearchEnd::HostFailure("no probe worker".into()),
-            Vec::new(),
-            None,
-        );
-    };
-    let mut known = std::collections::HashMap::new();
-    let mut probes = Vec::new();
-    let mut fault: Option<crate::classify::Signature> = None;
-    for (k, (name, oid)) in plan.goods.iter().enumerate() {
-        let ctx = super::probe::ProbeContext {
-            step: k + 1,
-            role: ProbeRole::GoodEndpoint,
-            remaining: plan.range.len(),
-            estimated_steps: 1,
-            worker: None,
-            repeat: None,
-        };
-        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
-        if out.interrupted {
-            return ended(SearchEnd::Interrupted, probes, fault);
-        }
-        let rec = out.record.clone();
-        // Reported here only when it ends the run; otherwise the search reports it as its old end.
-        let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
-            let shown = crate::report::record::ProbeRecord {
-                verdict: super::find_fix::swapped(rec.verdict),
-                ..rec.clone()
-            };
-            reporter.event(&Event::ProbeFinished {
-                step: ctx.step,
-                record: Box::new(shown.clone()),
-            });
-            probes.push(shown);
-        };
-        let class = rec.signature.class;
-        if super::verdict::is_host_problem(class) {
-            report_it(&mut probes);
-            let msg = format!(
-                "old commit {name} could not be judged: {}",
-                rec.signature.summary
-            );
-            return ended(SearchEnd::EndpointInfra(msg), probes, fault);
-        }
-        if rec.verdict != crate::bisect::Verdict::Bad
-            || matches!(
-                class,
-                crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure
-            )
-        {
-            report_it(&mut probes);
-            let msg = format!(
-                "the fault does not show at old commit {name} ({}): --find-fix needs OLD to fault and NEW to be clean",
-                rec.signature.short()
-            );
-            return ended(SearchEnd::EndpointsInvalid(msg), probes, fault);
-        }
-        fault.get_or_insert(rec.signature.clone());
-        let mut out = out;
-        out.record.verdict = crate::bisect::Verdict::Bad;
-        out.record.matched_target = true;
-        known.insert(*oid, out);
-    }
-    let Some(mut fault) = fault else {
-        return ended(
-            SearchEnd::EndpointsInvalid("no old commit".into()),
-            probes,
-            None,
-        );
-    };
-    // The fault's kernel, when its output names none, from the OLD end under compute-sanitizer: what
-    // tells it from another bug of its class at the commits after the fix.
-    if fault.kernel.is_none() {
-        let old = plan.goods[0].1;
-        let ctx = super::probe::ProbeContext {
-            step: 1,
-            role: ProbeRole::EndpointSanitizer,
-            remaining: plan.range.len(),
-            estimated_steps: 1,
-            worker: None,
-            repeat: None,
-        };
-        if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
-            let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
-            probes.push(s.endpoint_record(old, &fault, crate::bisect::Verdict::Good));
-            if kernel.is_some() {
-                fault.kernel = kernel;
-            }
-        }
-    }
-    let mut fixers: Vec<super::find_fix::FixProbe> = journaled
-        .iter_mut()
-        .map(|j| {
-            let stop = j.cancel;
-            super::find_fix::FixProbe {
-                inner: j,
-                fault: fault.clone(),
-                policy: &plan.config.match_policy,
-                stop,
-                known: std::mem::take(&mut known),
-            }
-        })
-        .collect();
-    let mut workers: Vec<Worker> = fixers
-        .iter_mut()
-        .map(|f| {
-            let stop = f.stop;
-            Worker { probe: f, stop }
-        })
-        .collect();
-    let mut outcome = search_with_workers(input, &mut workers, reporter, cancel);
-    drop(workers);
-    // The search's target is the NEW end's clean run; the fault it measured by is the OLD end's.
-    outcome.target = Some(fault);
-    if let SearchEnd::EndpointsInvalid(msg) = &outcome.end {
-        if msg.starts_with(&format!("bad commit {} ", input.bad.0)) {
-            let still = outcome
-                .probes
-                .iter()
-                .find(|p| p.role == ProbeRole::BadEndpoint)
-                .map(|p| p.signature.short())
-                .unwrap_or_default();
-            outcome.end = SearchEnd::EndpointsInvalid(format!(
-                "the fault is not gone at new commit {} ({still}): --find-fix needs OLD to fault and NEW to be clean",
-                input.bad.0
-            ));
-        }
-    }
-    probes.append(&mut outcome.probes);
-    outcome.probes = probes;
-    outcome
-}
-
-/// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]). When the
-/// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
-/// worker, reusing nothing the workers journaled, and the answer says so.
-#[allow(clippy::too_many_arguments)]
-fn cross_checked(
-    outcome: SearchOutcome,
-    first_parent: bool,
-    plan: &Plan,
-    input: &SearchInput,
-    journal_path: &Path,
-    fingerprint: &str,
-    log_dir: &Path,
-    prober: &mut WorktreeProber,
-    reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
-) -> SearchOutcome {
-    let (SearchEnd::Found(culprit), Some(target), None) =
-        (&outcome.end, outcome.target.clone(), &outcome.flaky)
-    else {
-        return outcome;
-    };
-    let culprit = *culprit;
-    let mut parents = plan.repo.parents(culprit).unwrap_or_default();
-    if first_parent {
-        // Along first parents a merge is judged against its first parent alone, as the search did.
-        parents.truncate(1);
-    }
-    let mut probes = outcome.probes.clone();
-    let step = probes.len() + 1;
-    // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
-    // first fixed commit runs clean and its parents show it.
-    let (at, before) = if input.find_fix {
-        (Verdict::Good, Verdict::Bad)
-    } else {
-        (Verdict::Bad, Verdict::Good)
-    };
-    let first = format!("the first {} commit", plan_terms_new(input));
-    let runs: Vec<Expect> = std::iter::once(Expect {
-        oid: culprit,
-        verdict: at,
-        what: &first,
-    })
-    .chain(parents.iter().map(|&p| Expect {
-        oid: p,
-        verdict: before,
-        what: "its parent",
-    }))
-    .collect();
-    match cross_check(
-        prober,
-        &runs,
-        &target,
-        (step, input.find_fix),
-        &mut probes,
-        reporter,
-    ) {
-        CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
-        CrossCheck::Interrupted => SearchOutcome {
-            probes,
-            end: SearchEnd::Interrupted,
-            ..outcome
-        },
-        CrossCheck::Disagrees(why) if input.find_fix => SearchOutcome {
-            probes,
-            end: SearchEnd::Unverified(culprit, why),
-            ..outcome
-        },
-        CrossCheck::Disagrees(why) => {
-            reporter.event(&Event::Warning {
-                message: format!(
-                    "the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (README: parallel probes) to search in parallel"
-                ),
-            });
-            let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
-            let mut journaled = JournaledProbe {
-                inner: prober,
-                journal: &journal,
-                warnings: Vec::new(),
-                cancel,
-                log_dir: Some(log_dir.to_path_buf()),
-            };
-            let mut workers = [Worker {
-                probe: &mut journaled,
-                stop: cancel,
-            }];
-            let mut serial = search_with_workers(input, &mut workers, reporter, cancel);
-            probes.append(&mut serial.probes);
-            serial.probes = probes;
-            serial
-        }
     }
 }
 
