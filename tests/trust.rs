@@ -394,6 +394,26 @@ fn a_lock_that_cannot_be_made_is_a_usage_error_not_another_run() {
     assert!(!err.contains("another cudabisect run"), "{err}");
 }
 
+/// A force-push and gc: `back` commits dropped for good, then commits `versions` whose repro faults from
+/// version 4 on.
+fn force_push(repo: &Repo, back: usize, versions: std::ops::Range<usize>) {
+    git(
+        &repo.path,
+        &["reset", "-q", "--hard", &format!("HEAD~{back}")],
+    );
+    git(&repo.path, &["update-ref", "-d", "ORIG_HEAD"]);
+    git(&repo.path, &["reflog", "expire", "--expire=now", "--all"]);
+    git(&repo.path, &["gc", "-q", "--prune=now"]);
+    std::fs::write(
+        repo.path.join("repro.sh"),
+        default_repro().replace("@BAD@", "4"),
+    )
+    .unwrap();
+    for i in versions {
+        commit_version(&repo.path, i);
+    }
+}
+
 fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Value>, String) {
     let state = repo.scratch.join("state");
     let mut args = vec![
@@ -442,18 +462,7 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         "{err}"
     );
     // History rewritten: the last good commit is gone, and the new head faults.
-    git(&repo.path, &["reset", "-q", "--hard", "HEAD~4"]);
-    git(&repo.path, &["update-ref", "-d", "ORIG_HEAD"]);
-    git(&repo.path, &["reflog", "expire", "--expire=now", "--all"]);
-    git(&repo.path, &["gc", "-q", "--prune=now"]);
-    std::fs::write(
-        repo.path.join("repro.sh"),
-        default_repro().replace("@BAD@", "4"),
-    )
-    .unwrap();
-    for i in 3..6 {
-        commit_version(&repo.path, i);
-    }
+    force_push(&repo, 4, 3..6);
     let (code, events, err) = nightly(&repo, &config, &[]);
     assert_eq!(
         (code, night_status(&events).as_str()),
@@ -483,18 +492,7 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
     );
     // Rewritten again, under the open regression: its first bad commit is gone, so it is not reported as
     // still failing with a commit that no longer exists; the fault is bisected afresh.
-    git(&repo.path, &["reset", "-q", "--hard", "HEAD~3"]);
-    git(&repo.path, &["update-ref", "-d", "ORIG_HEAD"]);
-    git(&repo.path, &["reflog", "expire", "--expire=now", "--all"]);
-    git(&repo.path, &["gc", "-q", "--prune=now"]);
-    std::fs::write(
-        repo.path.join("repro.sh"),
-        default_repro().replace("@BAD@", "4"),
-    )
-    .unwrap();
-    for i in 13..15 {
-        commit_version(&repo.path, i);
-    }
+    force_push(&repo, 3, 13..15);
     let (code, events, err) = nightly(&repo, &config, &[]);
     let said = err.clone() + &events.iter().map(Value::to_string).collect::<String>();
     assert_eq!(
