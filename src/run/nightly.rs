@@ -406,8 +406,7 @@ pub fn nightly(
             Some(o) => (Some(o.last_failing.clone()), true),
             None => (last_good, false),
         };
-        let good = match last_good {
-            Some(good) => good,
+        match last_good {
             // A first night that faults: nothing was ever good here, and only the user knows since when.
             None if !lost_last_good => {
                 return Err(RunError::Usage(format!(
@@ -417,56 +416,46 @@ pub fn nightly(
             }
             // The last good commit was lost to rewritten history (said above): this night is
             // inconclusive, not an error that repeats every night; the state no longer holds it.
-            None => {
-                let message = format!(
+            None => (
+                NightlyStatus::Inconclusive,
+                format!(
                     "the head of {branch} faults ({}) and there is no last good commit to bisect from: pass --since REV",
                     sig.short()
-                );
-                return Ok(finish_night(
-                    Night {
-                        status: NightlyStatus::Inconclusive,
-                        message,
-                        fixed_range: None,
-                        bisect: None,
-                    },
-                    &state,
-                    head_s,
-                    sig,
-                    &of,
-                    reporter,
-                    cancel,
-                ));
+                ),
+                None,
+            ),
+            Some(good) => {
+            let start_opts = StartOptions {
+                dir: opts.dir.clone(),
+                range: format!("{good}..{head_s}"),
+                config: opts.config.clone(),
+                no_triage: opts.no_stages,
+                no_shrink: opts.no_stages,
+                goods_may_show_other_bugs,
+                journal: Some(journal_file.clone()),
+                state_locked: true,
+                ..StartOptions::default()
+            };
+            let report = start(&start_opts, reporter, cancel)?;
+            let first_bad = report.first_bad.as_ref().map(|c| c.commit.clone());
+            let status = match report.result {
+                RunResult::Found | RunResult::Ambiguous => NightlyStatus::Regression,
+                _ => NightlyStatus::Inconclusive,
+            };
+            if status == NightlyStatus::Regression {
+                state.open = Some(OpenRegression {
+                    first_bad: first_bad.clone(),
+                    signature: report.target.clone().unwrap_or_else(|| sig.clone()),
+                    open_since: head_s.clone(),
+                    last_failing: head_s.clone(),
+                    nights: 1,
+                });
             }
-        };
-        let start_opts = StartOptions {
-            dir: opts.dir.clone(),
-            range: format!("{good}..{head_s}"),
-            config: opts.config.clone(),
-            no_triage: opts.no_stages,
-            no_shrink: opts.no_stages,
-            goods_may_show_other_bugs,
-            journal: Some(journal_file.clone()),
-            state_locked: true,
-            ..StartOptions::default()
-        };
-        let report = start(&start_opts, reporter, cancel)?;
-        let first_bad = report.first_bad.as_ref().map(|c| c.commit.clone());
-        let status = match report.result {
-            RunResult::Found | RunResult::Ambiguous => NightlyStatus::Regression,
-            _ => NightlyStatus::Inconclusive,
-        };
-        if status == NightlyStatus::Regression {
-            state.open = Some(OpenRegression {
-                first_bad: first_bad.clone(),
-                signature: report.target.clone().unwrap_or_else(|| sig.clone()),
-                open_since: head_s.clone(),
-                last_failing: head_s.clone(),
-                nights: 1,
-            });
+            let message = report.message.clone();
+            bisect = Some(report);
+            (status, message, None)
+            }
         }
-        let message = report.message.clone();
-        bisect = Some(report);
-        (status, message, None)
     };
     Ok(finish_night(
         Night {
