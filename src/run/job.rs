@@ -518,7 +518,7 @@ fn reached_confidence(report: &Report, plan: &Plan) -> Option<f64> {
     if let Some(f) = &report.flaky {
         return Some(f.posterior);
     }
-    let first_bad = report.first_bad.as_ref()?;
+    report.first_bad.as_ref()?;
     let parent = report
         .good_parents
         .first()
@@ -530,7 +530,6 @@ fn reached_confidence(report: &Report, plan: &Plan) -> Option<f64> {
         .filter(|p| p.commit == parent && p.verdict == crate::bisect::Verdict::Good)
         .count()
         .min(64) as i32;
-    let _ = first_bad;
     Some(1.0 - 0.5f64.powi(clean))
 }
 
