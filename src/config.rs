@@ -330,8 +330,17 @@ pub struct ShrinkSection {
     /// The native harness on this model file (relative to the repository root); or, with `inputs`, the
     /// PyTorch harness on this model factory (`package.module:build`).
     pub model: Option<String>,
-    /// The PyTorch harness: the factory of the model's example inputs (`package.module:example_inputs`).
+    /// The factory of the example inputs (`package.module:example_inputs`): for the PyTorch harness the
+    /// model's inputs; for `framework = "jax"` the function's arguments; for `"keras"` the model's
+    /// inputs (with `train`, its `(x, y)` batch).
     pub inputs: Option<String>,
+    /// Which shipped harness the factories speak to: `torch` (the default), `jax` (a JAX function,
+    /// split into the equations of its jaxpr) or `keras` (a Keras 3 model, split into its layers).
+    #[serde(default)]
+    pub framework: ShrinkFramework,
+    /// `framework = "jax"`: the function to shrink (`package.module:train_step`), called with the
+    /// example inputs. A training step is shrunk through its forward, backward and update equations.
+    pub function: Option<String>,
     /// The PyTorch harness: shrink the whole training step (forward, loss, backward and, with
     /// `optimizer`, the update), not the forward pass alone.
     #[serde(default)]
@@ -384,11 +393,27 @@ pub struct ShrinkSection {
     pub env: BTreeMap<String, String>,
 }
 
+/// Which shipped harness `[shrink]`'s factories are for.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ShrinkFramework {
+    /// The PyTorch harness (an `nn.Module`, or a captured training step).
+    #[default]
+    Torch,
+    /// The JAX harness on a function: its jaxpr, equation by equation.
+    Jax,
+    /// The JAX harness on a Keras 3 model: its layers (or, with `train`, its training step's jaxpr).
+    Keras,
+}
+
 impl ShrinkSection {
     /// The model comes from a capture of the repro command (or of `step`), not from factories, a model
     /// file or a harness of the user's own.
     pub fn captures(&self) -> bool {
-        self.capture || self.step.is_some() || (self.harness.is_none() && self.model.is_none())
+        self.framework == ShrinkFramework::Torch
+            && (self.capture
+                || self.step.is_some()
+                || (self.harness.is_none() && self.model.is_none()))
     }
 
     /// The PyTorch harness runs the whole training step.
@@ -836,9 +861,52 @@ impl Config {
             if shrink.step.as_deref().is_some_and(|s| !s.contains(':')) {
                 return Err(err("step: expected `package.module:function`"));
             }
-            if shrink.inputs.is_some() && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
+            if shrink.framework == ShrinkFramework::Torch
+                && shrink.inputs.is_some()
+                && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
             {
                 return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
+            }
+            match shrink.framework {
+                ShrinkFramework::Torch if shrink.function.is_some() => {
+                    return Err(err(
+                        "function is for framework = \"jax\": set it, or name a model",
+                    ))
+                }
+                ShrinkFramework::Torch => {}
+                other => {
+                    let (name, what) = match other {
+                        ShrinkFramework::Jax => ("jax", &shrink.function),
+                        _ => ("keras", &shrink.model),
+                    };
+                    let field = if other == ShrinkFramework::Jax {
+                        "function"
+                    } else {
+                        "model"
+                    };
+                    if shrink.harness.is_some() || shrink.capture || shrink.step.is_some() {
+                        return Err(err(&format!(
+                            "framework = \"{name}\" uses the shipped JAX harness: leave harness, capture and step out"
+                        )));
+                    }
+                    if !what.as_deref().is_some_and(|f| f.contains(':')) || shrink.inputs.is_none()
+                    {
+                        return Err(err(&format!(
+                            "framework = \"{name}\" needs {field} = \"package.module:name\" and inputs = \"package.module:example_inputs\""
+                        )));
+                    }
+                    if other == ShrinkFramework::Jax && shrink.model.is_some() {
+                        return Err(err("framework = \"jax\" shrinks a function: name it as function, not model"));
+                    }
+                    if shrink.optimizer.is_some() {
+                        return Err(err(&format!(
+                            "framework = \"{name}\" takes no optimizer: a JAX step does its own update, a compiled Keras model has its own"
+                        )));
+                    }
+                    if other == ShrinkFramework::Jax && shrink.trains() {
+                        return Err(err("framework = \"jax\": the function is what runs (name the training step itself); train and loss are for models"));
+                    }
+                }
             }
             if shrink.attempts == 0 || shrink.confirm == 0 || shrink.confirm_jobs == 0 {
                 return Err(err("attempts, confirm and confirm-jobs must be at least 1"));

@@ -65,6 +65,18 @@ pub const LAUNCH_PREFIX: &str = "@@cudabisect launch kernel=";
 /// the failure is never taken for the model's.
 pub const HARNESS_ERROR_PREFIX: &str = "@@cudabisect harness-error";
 
+/// What a harness prints when the full run showed no fault node by node but the whole program, compiled
+/// as one (JAX's `jit`), faulted: `@@cudabisect jit-only dump=<dir>`, the compiler's dump in `<dir>`.
+pub const JIT_ONLY_PREFIX: &str = "@@cudabisect jit-only dump=";
+
+/// The compiler dump's directory, when the output says the fault shows only compiled as a whole.
+pub fn jit_only_dump(output: &str) -> Option<&str> {
+    output
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix(JIT_ONLY_PREFIX))
+        .filter(|d| !d.is_empty())
+}
+
 /// The kernel named by a launch line, if `line` is one.
 pub fn parse_launch(line: &str) -> Option<&str> {
     let name = line.trim_end().strip_prefix(LAUNCH_PREFIX)?.trim();

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use crate::backend::BackendChoice;
 use crate::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::classify::Exit;
-use crate::config::{CommandLine, Config, ShrinkSection};
+use crate::config::{CommandLine, Config, ShrinkFramework, ShrinkSection};
 use crate::process::{self, ProcessError, RunOutput};
 
 use super::types::{Description, DescriptionError};
@@ -43,7 +43,7 @@ pub enum ProtocolError {
     #[error("extract failed: {0}")]
     Extract(String),
     /// The shipped harness could not be installed.
-    #[error("cannot install the PyTorch harness in {path}: {source}")]
+    #[error("cannot install the shipped harness in {path}: {source}")]
     Install {
         /// Where.
         path: PathBuf,
@@ -154,6 +154,11 @@ impl ProcessHarness {
         capture: Option<&Path>,
     ) -> Result<Self, ProtocolError> {
         let mut shipped = false;
+        if let Some(prefix) = jax_command(shrink, run_dir)? {
+            return Ok(Self::new(
+                config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
+            ));
+        }
         let torch_source = match (capture, &shrink.model, &shrink.inputs) {
             (Some(dir), _, _) => Some(vec!["--capture".into(), dir.display().to_string()]),
             (None, Some(model), Some(inputs)) if shrink.harness.is_none() => Some(vec![
@@ -204,6 +209,32 @@ impl ProcessHarness {
                 )
             }
         };
+        let mut harness = Self::new(
+            config, shrink, cwd, commit, run_dir, fault_rank, prefix, native, shipped,
+        );
+        // A server that does not start costs nothing but its log: every call then runs cold.
+        harness.warm = match (&harness.prefix, shipped && shrink.warm_start) {
+            (CommandLine::Argv(argv), true) => {
+                WarmServer::start(argv, cwd, &harness.env, &run_dir.join("harness-server.log")).ok()
+            }
+            _ => None,
+        };
+        Ok(harness)
+    }
+
+    /// The harness command `prefix` run in `cwd` with the shrink's environment (no warm server yet).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        config: &Config,
+        shrink: &ShrinkSection,
+        cwd: &Path,
+        commit: &str,
+        run_dir: &Path,
+        fault_rank: Option<u32>,
+        prefix: CommandLine,
+        native: Option<BackendChoice>,
+        torch: bool,
+    ) -> Self {
         let ctx = ChildContext::shrink(cwd, commit);
         let mut env = shrink.env.clone();
         if let Some(rank) = fault_rank {
@@ -222,15 +253,8 @@ impl ProcessHarness {
             },
             &ctx,
         );
-        // A server that does not start costs nothing but its log: every call then runs cold.
-        let warm = match (&prefix, shipped && shrink.warm_start) {
-            (CommandLine::Argv(argv), true) => {
-                WarmServer::start(argv, cwd, &spec.env, &run_dir.join("harness-server.log")).ok()
-            }
-            _ => None,
-        };
-        Ok(Self {
-            torch: shipped,
+        Self {
+            torch,
             prefix,
             native,
             cwd: cwd.to_path_buf(),
@@ -238,8 +262,8 @@ impl ProcessHarness {
             timeout: shrink.timeout,
             grace: spec.grace,
             scratch: run_dir.to_path_buf(),
-            warm,
-        })
+            warm: None,
+        }
     }
 
     fn extract_with(
@@ -302,6 +326,37 @@ impl ProcessHarness {
         };
         Ok(process::run(&spec, cancel)?)
     }
+}
+
+/// The shipped JAX harness's command for `framework = "jax"` or `"keras"`, installed into `run_dir`;
+/// `None` for the PyTorch harness and harnesses of the user's own.
+fn jax_command(
+    shrink: &ShrinkSection,
+    run_dir: &Path,
+) -> Result<Option<CommandLine>, ProtocolError> {
+    let (flag, what) = match shrink.framework {
+        ShrinkFramework::Torch => return Ok(None),
+        ShrinkFramework::Jax => ("--function", &shrink.function),
+        ShrinkFramework::Keras => ("--model", &shrink.model),
+    };
+    let script = super::jax::install(run_dir).map_err(|source| ProtocolError::Install {
+        path: run_dir.to_path_buf(),
+        source,
+    })?;
+    let mut argv = vec![shrink.python.clone(), script.display().to_string()];
+    argv.extend([flag.into(), what.clone().unwrap_or_default()]);
+    argv.extend([
+        "--example-inputs".into(),
+        shrink.inputs.clone().unwrap_or_default(),
+    ]);
+    if shrink.trains() {
+        argv.push("--train".into());
+    }
+    if let Some(loss) = &shrink.loss {
+        argv.extend(["--loss".into(), loss.clone()]);
+    }
+    argv.extend(["--device".into(), shrink.device.clone()]);
+    Ok(Some(CommandLine::Argv(argv)))
 }
 
 /// Shell-quotes one argument (for shell-line harnesses and the reproduce line).

@@ -1,7 +1,8 @@
 //! The harness protocol: the records a harness writes, the client that runs
-//! a harness command, and the PyTorch harness shipped inside the binary.
+//! a harness command, and the PyTorch and JAX harnesses shipped inside the binary.
 
 pub mod client;
+pub mod jax;
 pub mod torch;
 pub mod types;
 pub mod warm;

@@ -25,7 +25,8 @@ pub fn install_warm_probe(dir: &Path) -> std::io::Result<PathBuf> {
 /// The folder, inside a run directory, that goes first on `PYTHONPATH` for a capture.
 pub const CAPTURE_HOOK_DIR: &str = "capture-hook";
 
-fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
+/// Writes `text` to `dir/name` in one step (a temporary file renamed over it).
+pub(crate) fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(name);
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;

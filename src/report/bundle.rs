@@ -74,7 +74,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies the directory `from` to `to`, recursively (created when missing).
+pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
-use crate::marker::{harness_error, launched_in_open_node, open_markers};
+use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
 use crate::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
@@ -350,6 +350,9 @@ fn locate(
             }
         };
         if same {
+            if let Some(dump) = jit_only_dump(&run.output) {
+                return Err(jit_only(&sig, Path::new(dump), log_dir));
+            }
             return Ok((sig, open_nodes(&run.output)));
         }
         if cancel.load(Ordering::SeqCst) {
@@ -368,6 +371,23 @@ fn locate(
     Err(Stop::NotReproduced(format!(
         "the harness's full run showed {seen}, not {want}"
     )))
+}
+
+/// The end of a shrink whose fault shows only in the program compiled as a whole (inside an XLA fusion):
+/// nothing node by node can be kept, so the hand-off is the compiler's dump of the faulting executable,
+/// copied into the shrink's logs (and so into the bundle).
+fn jit_only(sig: &Signature, dump: &Path, log_dir: &Path) -> Stop {
+    let to = log_dir.join("xla-dump");
+    let kept = crate::report::bundle::copy_dir(dump, &to).is_ok();
+    Stop::NotReproduced(format!(
+        "the fault ({}) does not show equation by equation, only in the jitted executable (inside an XLA fusion){}",
+        sig.short(),
+        if kept {
+            format!("; the XLA dump of the faulting executable is in {}", to.display())
+        } else {
+            format!("; the XLA dump could not be copied from {}", dump.display())
+        }
+    ))
 }
 
 /// Whether the harness's full run shows the bisection's target. The harness sees the fault from another
@@ -394,7 +414,7 @@ pub fn same_bug_across_stages(
     if relaxed
         .launch
         .as_deref()
-        .is_some_and(|l| l.contains(crate::protocol::torch::TORCH_HARNESS_FILE))
+        .is_some_and(crate::protocol::jax::is_shipped_harness)
     {
         relaxed.launch = None;
     }

@@ -1,0 +1,271 @@
+//! The JAX and Keras harness end to end with a real JAX and Keras 3 on the CPU: a jitted JAX training
+//! step shrunk to the equation that faults, a Keras functional model (with a nested block) shrunk to its
+//! faulting layer and, through its compiled training step, to the faulting equation; each ends in a
+//! `repro.py` that fails the same way away from the project's checkout. The planted fault is a bounds
+//! check in a host callback that raises the CUDA error text, as a faulting kernel would on a GPU. `start`
+//! on a JAX training script bisects to the culprit and hands off a bundle whose repro reproduces. These
+//! tests need jax and keras (`python3 -c "import jax, keras"`); CI installs them. Without them they fail,
+//! saying so: they never pass unrun.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudabisect::sample::repo_builder::{linear_history, put, Files};
+use serde_json::Value;
+use support::{kept, shrink, start_report};
+
+fn require_jax() {
+    let ok = Command::new("python3")
+        .args([
+            "-c",
+            "import jax, flatbuffers, os; os.environ['KERAS_BACKEND'] = 'jax'; import keras",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "these tests need a real jax, keras and flatbuffers: pip install 'jax[cpu]' keras flatbuffers (CI installs them)"
+    );
+}
+
+fn fixture(rel: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/jax")
+            .join(rel),
+    )
+    .unwrap()
+}
+
+/// The JAX fixture with a table of `rows` rows (the batch reaches row 7) and `config` as bisect.toml.
+fn files(rows: u32, config: &str) -> Files {
+    let mut f = Files::new();
+    for p in [
+        "toy/__init__.py",
+        "toy/ops.py",
+        "toy/fn.py",
+        "toy/keras_model.py",
+        "train.py",
+    ] {
+        put(&mut f, p, fixture(p), false);
+    }
+    put(&mut f, "toy/rows.py", format!("ROWS = {rows}\n"), false);
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    f
+}
+
+fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    linear_history(&dir, [files(6, config)]).unwrap();
+    (tmp, dir)
+}
+
+/// Copies the minimal repro's folder somewhere else and runs it there, with the project on
+/// `PYTHONPATH` only when `project` is given.
+fn run_alone(
+    report: &Value,
+    project: Option<&Path>,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
+    let fresh = tempfile::tempdir().unwrap();
+    cudabisect::report::bundle::copy_dir(repro.parent().unwrap(), fresh.path()).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(fresh.path().join("repro.py"))
+        .current_dir(fresh.path())
+        .env("JAX_PLATFORMS", "cpu")
+        .env_remove("PYTHONPATH");
+    if let Some(p) = project {
+        cmd.env("PYTHONPATH", p);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\nenv = { JAX_PLATFORMS = \"cpu\" }\n\n[triage]\nenabled = false\n\n";
+const JAX: &str = "[shrink]\nframework = \"jax\"\nfunction = \"toy.fn:train_step\"\ninputs = \"toy.fn:example_inputs\"\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n";
+
+#[test]
+fn a_jitted_jax_training_step_is_shrunk_to_its_faulting_equation() {
+    require_jax();
+    let (_tmp, dir) = repo(&format!("{BASE}{JAX}"));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r["status"], "minimal", "{out}");
+    // The jitted step was inlined: the forward, backward and update are its equations.
+    assert!(
+        r["graph"]
+            .as_str()
+            .is_some_and(|g| g.contains("equations of its jaxpr")),
+        "{r}"
+    );
+    assert!(r["nodes_before"].as_u64().unwrap() > 30, "{r}");
+    assert_eq!(kept(&r), ["e000_pure_callback"], "{out}");
+    assert_eq!(
+        r["kept"][0]["source"]
+            .as_str()
+            .map(|s| s.contains("toy/ops.py:")),
+        Some(true),
+        "{r}"
+    );
+    // The callback is the project's: repro.py says so, and with the project importable it reproduces.
+    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    assert!(
+        repro.contains("# cudabisect-needs-project: toy.ops"),
+        "{repro}"
+    );
+    let (exit, text) = run_alone(&r, Some(&dir), &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+    assert!(text.contains("node=e000_pure_callback"), "{text}");
+    let (exit, text) = run_alone(&r, Some(&dir), &[("TOY_FAULT", "none")]);
+    assert_eq!(exit, Some(0), "{text}");
+}
+
+#[test]
+fn a_keras_functional_model_is_shrunk_to_its_faulting_layer_and_its_training_step_to_the_equation()
+{
+    require_jax();
+    let keras = "[shrink]\nframework = \"keras\"\nmodel = \"toy.keras_model:build\"\ninputs = \"toy.keras_model:example_inputs\"\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n";
+    let (_tmp, dir) = repo(&format!("{BASE}{keras}"));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    // Six layers, the nested block's two among them.
+    assert_eq!(r["nodes_before"], 6, "{r}");
+    let all: Vec<String> = r["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert!(all.iter().any(|n| n.contains("block.inner_scale")), "{r}");
+    assert_eq!(kept(&r), ["l00_lookup"], "{out}");
+    let (exit, text) = run_alone(&r, Some(&dir), &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+    assert!(text.contains("node=l00_lookup"), "{text}");
+
+    // The compiled model's fit step, through its stateless train_step: the lookup's equation again.
+    let train = keras.replace("example_inputs\"", "example_batch\"\ntrain = true");
+    std::fs::write(dir.join("bisect.toml"), format!("{BASE}{train}")).unwrap();
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        r["graph"]
+            .as_str()
+            .is_some_and(|g| g.contains("train_step")),
+        "{r}"
+    );
+    assert_eq!(kept(&r), ["e000_pure_callback"], "{out}");
+}
+
+#[test]
+fn a_kept_pallas_kernel_is_written_as_a_standalone_repro_that_needs_only_jax() {
+    require_jax();
+    // A recorded run without a fault (the shrink says it did not reproduce), then the kernel's
+    // equation extracted from it: the repro carries the kernel serialized, with its Python source for
+    // reading, and runs without the project.
+    let (_tmp, dir) = repo(&format!("{BASE}{JAX}"));
+    let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "none")]);
+    assert_eq!(r["status"], "not_reproduced", "{out}");
+    assert_ne!(code, 0, "{out}");
+    let record = PathBuf::from(r["out_dir"].as_str().unwrap()).join("record");
+    assert!(record.join("values.json").is_file(), "{r}");
+    let harness = find_harness(Path::new(r["out_dir"].as_str().unwrap()));
+    let out_dir = tempfile::tempdir().unwrap();
+    let st = Command::new("python3")
+        .arg(&harness)
+        .args([
+            "--function",
+            "toy.fn:train_step",
+            "--example-inputs",
+            "toy.fn:example_inputs",
+            "--device",
+            "cpu",
+            "extract",
+            "--keep",
+            "e009_pallas_call,e010_dot_general",
+            "--recording",
+        ])
+        .arg(&record)
+        .arg("--out")
+        .arg(out_dir.path().join("minimal"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let repro_path = out_dir.path().join("minimal/repro.py");
+    let repro = std::fs::read_to_string(&repro_path).unwrap();
+    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
+    assert!(
+        repro.contains("#     def scale_kernel(x_ref, o_ref):"),
+        "{repro}"
+    );
+    assert!(out_dir
+        .path()
+        .join("minimal/steps/e009_pallas_call.jaxexport")
+        .is_file());
+    let report = serde_json::json!({ "minimal_model": repro_path.display().to_string() });
+    let (exit, text) = run_alone(&report, None, &[]);
+    assert_eq!(exit, Some(0), "{text}");
+    assert!(
+        text.contains("@@cudabisect launch kernel=scale_kernel"),
+        "{text}"
+    );
+    assert!(text.contains("repro: finished without a fault"), "{text}");
+}
+
+/// The installed JAX harness in a shrink's run directory (found under the state directory).
+fn find_harness(out_dir: &Path) -> PathBuf {
+    let mut dir = out_dir.to_path_buf();
+    loop {
+        let candidate = dir.join("jax_harness.py");
+        if candidate.is_file() {
+            return candidate;
+        }
+        assert!(dir.pop(), "no jax_harness.py above {}", out_dir.display());
+    }
+}
+
+#[test]
+fn start_on_a_jax_training_script_bisects_and_hands_off_a_repro_that_reproduces() {
+    require_jax();
+    let config = format!("{BASE}{JAX}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let commits = linear_history(&dir, [8, 8, 8, 6, 6].map(|rows| files(rows, &config))).unwrap();
+    let (code, r, text) = start_report(&dir, &[&format!("{}..main", commits[0])], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
+    assert_eq!(r["target"]["class"], "illegal_address", "{text}");
+    assert_eq!(r["target"]["framework"], "jax", "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    assert_eq!(kept(&r["shrink"]), ["e000_pure_callback"], "{text}");
+    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = Command::new(bundle.join("reproduce.sh"))
+        .arg(&dir)
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .env("JAX_PLATFORMS", "cpu")
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let out =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{out}");
+    assert!(out.contains("an illegal memory access"), "{out}");
+}
