@@ -427,7 +427,23 @@ impl Context {
         if s.framework.is_none() {
             s.framework = detect_framework(lines.iter().copied());
         }
+        if s.detail.is_none() && s.class.is_device_fault() {
+            s.detail = xla_executable(lines);
+        }
     }
+}
+
+static XLA_EXECUTABLE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"\[executable_name='([^']+)'\]").expect("valid regex"));
+
+/// The XLA executable a JAX device fault was raised from (`[executable_name='jit_train_step']`). It is
+/// detail, not the kernel: one executable holds every kernel of a jitted function, as a shared launch
+/// wrapper does, so two bugs in one executable must not read as one.
+fn xla_executable(lines: &[&str]) -> Option<String> {
+    lines
+        .iter()
+        .find_map(|l| XLA_EXECUTABLE.captures(l))
+        .map(|c| format!("XLA executable {}", &c[1]))
 }
 
 /// The Triton kernel a device fault died in, when a launch hook named every Triton launch
@@ -789,6 +805,17 @@ mod tests {
             classify(Exit::Signal(6), log).class,
             FaultClass::IllegalAddress
         );
+    }
+
+    #[test]
+    fn an_xla_device_fault_names_its_executable_as_detail_not_as_kernel() {
+        let log = "Traceback (most recent call last):\n  File \"/w/repo/train.py\", line 9, in <module>\n    step(x)\njax.errors.JaxRuntimeError: INTERNAL: CUDA error: Failed to check stream capturing status: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered [executable_name='jit_wrapped']\nE1202 01:10:11.123457  12345 gpu_event.cc:40] Error destroying CUDA event: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered\n";
+        let s = classify(Exit::Code(1), log);
+        assert_eq!(s.class, FaultClass::IllegalAddress);
+        assert_eq!(s.framework.as_deref(), Some("jax"));
+        assert_eq!(s.kernel, None);
+        assert_eq!(s.detail.as_deref(), Some("XLA executable jit_wrapped"));
+        assert_eq!(s.exception.as_deref(), Some("jax.errors.JaxRuntimeError"));
     }
 
     #[test]

@@ -158,8 +158,9 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
 fn write_python_script(dir: &Path, project: Option<(String, &str)>) -> Result<String, BundleError> {
     let Some((modules, commit)) = project else {
         let script = r#"#!/bin/sh
-# Reproduces the fault from this bundle alone: minimal/repro.py with its saved tensors (repro_data.pt).
-# Needs only torch (and triton when the repro's own kernels use it). Set PYTHON to pick the interpreter.
+# Reproduces the fault from this bundle alone: minimal/repro.py with its saved values (repro_data.pt, or
+# repro_data.npz and the exported steps). Needs only its framework: torch (and triton when the repro's
+# own kernels use it), or jax. Set PYTHON to pick the interpreter.
 # Exit status 1 and the CUDA error mean the fault reproduced.
 here=$(cd "$(dirname "$0")" && pwd)
 export CUDA_LAUNCH_BLOCKING=1
@@ -170,7 +171,7 @@ exec "${PYTHON:-python3}" "$here/minimal/repro.py"
     };
     let script = format!(
         r#"#!/bin/sh
-# Reproduces the fault from this bundle: minimal/repro.py with its saved tensors (repro_data.pt), and the
+# Reproduces the fault from this bundle: minimal/repro.py with its saved values, and the
 # project under test at the first bad commit {commit} (the repro's copied code imports {modules}).
 # Usage: ./reproduce.sh [REPOSITORY]   Set PYTHON to pick the interpreter.
 # Exit status 1 and the CUDA error mean the fault reproduced.

@@ -1,0 +1,171 @@
+"""The JAX harness with a real JAX and Keras 3 on the CPU (CI installs them; these tests fail without
+them): nested jit calls are inlined into one flat list of equations, a recording round-trips the values
+numpy cannot hold (bfloat16, PRNG keys), a kept subset runs on recorded values, a fault that shows only
+jitted is reported with its XLA dump, a subclassed Keras model falls back to its jaxpr, and the
+harness's own failures are said as such."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(HERE, "..", "jax_harness.py")
+spec = importlib.util.spec_from_file_location("jax_harness", HARNESS)
+h = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(h)
+
+
+def project(tmp_path, source):
+    pkg = tmp_path / "proj"
+    pkg.mkdir()
+    (pkg / "mod.py").write_text(textwrap.dedent(source))
+    return pkg
+
+
+def harness(cwd, *args, env=None):
+    run = subprocess.run([sys.executable, HARNESS, *args], cwd=cwd, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return run.returncode, run.stdout
+
+
+def test_nested_jit_calls_are_inlined_into_one_list_of_equations():
+    @jax.jit
+    def inner(x):
+        return jnp.sin(x) * 2
+
+    def outer(x, y):
+        return inner(x) + jax.jit(lambda z: z @ z.T)(y).sum()
+
+    prog = h.jax_program(outer, (jnp.ones(3), jnp.ones((2, 2))), "t")
+    ops = [s.op for s in prog.steps]
+    assert "pjit" not in ops and "jit" not in ops, ops
+    assert ops[:2] == ["sin", "mul"], ops
+    assert "dot_general" in ops, ops
+    # Every step's inputs are the flattened arguments, a constant, or another step's output.
+    made = {o for s in prog.steps for o in s.outs if o} | set(prog.values)
+    for s in prog.steps:
+        for kind, name in s.ins:
+            assert kind == "lit" or name in made, (s.name, name)
+
+
+def test_a_recording_round_trips_bfloat16_and_prng_keys(tmp_path):
+    rec = h.Recording(str(tmp_path))
+    x = jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3)
+    key = jax.random.key(3)
+    rec.save("x", x)
+    rec.save("key", key)
+    rec.flush()
+    again = h.Recording(str(tmp_path))
+    y = again.load("x")
+    assert y.dtype == jnp.bfloat16 and bool((y == x).all())
+    k = again.load("key")
+    assert jax.random.key_data(k).tolist() == jax.random.key_data(key).tolist()
+    assert jax.random.uniform(k).item() == jax.random.uniform(key).item()
+
+
+def test_kept_equations_run_on_recorded_values_and_a_missing_one_is_the_harness(tmp_path, capsys):
+    def f(x):
+        return jnp.tanh(jnp.exp(x) + 1.0)
+
+    prog = h.jax_program(f, (jnp.ones(4),), "t")
+    rec = str(tmp_path / "rec")
+    assert h.execute(prog, record=rec) == 0
+    last = prog.steps[-1].name
+    assert h.execute(h.jax_program(f, (jnp.ones(4),), "t"), keep={last}, recording=rec) == 0
+    out = capsys.readouterr().out
+    assert f"node={last} op=tanh kernel=tanh end" in out
+    # Without the recording, the kept node's input is missing: the harness says so, exit 4.
+    assert h.execute(h.jax_program(f, (jnp.ones(4),), "t"), keep={last}, recording=str(tmp_path)) == 4
+    assert h.HARNESS_ERROR in capsys.readouterr().out
+
+
+def test_a_fault_only_the_jitted_function_shows_is_reported_with_its_xla_dump(tmp_path):
+    # The planted fault raises only in a process that dumps XLA: the harness's jitted check, never the
+    # equation-by-equation run.
+    pkg = project(tmp_path, """
+        import os
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        def check(x):
+            if "xla_dump_to" in os.environ.get("XLA_FLAGS", ""):
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return np.asarray(x)
+
+        def f(x):
+            y = jax.pure_callback(check, jax.ShapeDtypeStruct(x.shape, x.dtype), x * 2)
+            return jnp.sin(y)
+
+        def g(x):
+            return jnp.sin(x * 2)
+
+        def inputs():
+            return (jnp.ones(3),)
+    """)
+    rec = tmp_path / "rec"
+    code, out = harness(pkg, "--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu",
+                        "run", "--record", str(rec))
+    assert code != 0, out
+    assert h.JIT_ONLY.format(dump=rec / "xla_dump") in out, out
+    assert "illegal memory access" in out
+    assert any((rec / "xla_dump").iterdir()), "the XLA dump is written"
+    # A function without the fault passes both ways and says nothing of jit.
+    code, out = harness(pkg, "--function", "mod:g", "--example-inputs", "mod:inputs", "--device", "cpu",
+                        "run", "--record", str(tmp_path / "rec2"))
+    assert code == 0, out
+    assert "jit-only" not in out, out
+
+
+def test_a_subclassed_keras_model_falls_back_to_its_stateless_calls_jaxpr(tmp_path):
+    pkg = project(tmp_path, """
+        import keras
+        import numpy as np
+
+        class Net(keras.Model):
+            def __init__(self):
+                super().__init__()
+                self.a = keras.layers.Dense(4)
+                self.b = keras.layers.Dense(2)
+
+            def call(self, x):
+                return self.b(keras.activations.relu(self.a(x)))
+
+        def build():
+            m = Net()
+            m(np.zeros((1, 3), "float32"))
+            return m
+
+        def inputs():
+            return np.ones((2, 3), "float32")
+    """)
+    out_file = tmp_path / "d.json"
+    code, out = harness(pkg, "--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu",
+                        "describe", "--out", str(out_file))
+    assert code == 0, out
+    d = json.loads(out_file.read_text())
+    assert "subclassed" in d["graph"] and "stateless call" in d["graph"], d["graph"]
+    assert [n["op"] for n in d["nodes"]].count("dot_general") == 2, d["nodes"]
+
+
+def test_factories_that_fail_are_the_harness_failure_not_the_models(tmp_path):
+    pkg = project(tmp_path, """
+        def f(x):
+            return x
+
+        def inputs():
+            raise ValueError("no data")
+    """)
+    code, out = harness(pkg, "--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu",
+                        "describe", "--out", str(tmp_path / "d.json"))
+    assert code == h.HARNESS_ERROR_EXIT, out
+    assert f"{h.HARNESS_ERROR}: could not build the program: ValueError: no data" in out, out
