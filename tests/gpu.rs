@@ -1278,3 +1278,139 @@ fn start_on_a_custom_op_package_names_the_culprit_and_keeps_its_minimal_training
         "{repro}"
     );
 }
+
+/// The GPU JAX fixture (a Pallas kernel reading a window at an offset from memory) with `offset` and
+/// `config` as bisect.toml.
+fn jax_gpu_files(offset: u64, config: &str) -> Files {
+    let mut f = Files::new();
+    for p in [
+        "gk/__init__.py",
+        "gk/kernels.py",
+        "gk/step.py",
+        "gk/kmodel.py",
+        "train.py",
+    ] {
+        let text = std::fs::read_to_string(root().join("fixtures/jax/gpu").join(p)).unwrap();
+        put(&mut f, p, text, false);
+    }
+    put(
+        &mut f,
+        "gk/offsets.py",
+        format!("OFFSET = {offset}\n"),
+        false,
+    );
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    f
+}
+
+/// Runs a minimal repro's folder from a fresh directory without the project; its exit and output.
+fn repro_alone(minimal: &Path) -> (Option<i32>, String) {
+    let fresh = tempfile::tempdir().unwrap();
+    cudabisect::report::bundle::copy_dir(minimal, fresh.path()).unwrap();
+    let out = Command::new("python3")
+        .arg(fresh.path().join("repro.py"))
+        .current_dir(fresh.path())
+        .env("CUDA_LAUNCH_BLOCKING", "1")
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and jax with CUDA (and keras): run with --include-ignored on the GPU machine"]
+fn a_jax_training_step_with_a_faulting_pallas_kernel_is_bisected_shrunk_and_handed_off() {
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"300s\"\n\n[triage]\nenabled = false\n\n[shrink]\nframework = \"jax\"\nfunction = \"gk.step:train_step\"\ninputs = \"gk.step:example_inputs\"\nconfirm = 2\ntimeout = \"300s\"\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let commits = linear_history(
+        &dir,
+        [0, 0, 0, 1 << 28, 1 << 28, 1 << 28].map(|o| jax_gpu_files(o, config)),
+    )
+    .unwrap();
+    let report_path = tmp.path().join("report.json");
+    let (r, text) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0])],
+        &report_path,
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
+    assert_eq!(r["target"]["class"], "illegal_address", "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    let kept: Vec<&str> = r["shrink"]["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, ["e003_pallas_call"], "{text}");
+    assert_eq!(
+        r["shrink"]["signature"]["kernel"], "window_kernel",
+        "{text}"
+    );
+    let minimal = PathBuf::from(r["shrink"]["minimal_model"].as_str().unwrap());
+    let repro = std::fs::read_to_string(&minimal).unwrap();
+    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
+    let (code, out) = repro_alone(minimal.parent().unwrap());
+    println!(
+        "repro.py alone: exit {code:?}\n{}",
+        out.lines().take(8).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || out.contains("illegal memory access"),
+        "{out}"
+    );
+    assert!(
+        out.contains("@@cudabisect launch kernel=window_kernel"),
+        "{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and jax with CUDA (and keras): run with --include-ignored on the GPU machine"]
+fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\n\n[shrink]\nframework = \"keras\"\nmodel = \"gk.kmodel:build\"\ninputs = \"gk.kmodel:example_inputs\"\nconfirm = 2\ntimeout = \"300s\"\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    linear_history(&dir, [jax_gpu_files(1 << 28, config)]).unwrap();
+    let started = std::time::Instant::now();
+    let (out, events) = shrink_json(&dir);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!(
+        "{}",
+        text.lines()
+            .filter(|l| !l.starts_with('{'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    println!("wall {:.1}s", started.elapsed().as_secs_f64());
+    let r = event_data(&events, "shrink_done")["report"].clone();
+    println!(
+        "kept {} of {}: {}",
+        r["nodes_after"], r["nodes_before"], r["summary"]
+    );
+    assert_eq!(r["status"], "minimal", "{text}");
+    let kept: Vec<&str> = r["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, ["l01_window"], "{text}");
+    let minimal = PathBuf::from(r["minimal_model"].as_str().unwrap());
+    let (code, out) = repro_alone(minimal.parent().unwrap());
+    println!(
+        "repro.py alone: exit {code:?}\n{}",
+        out.lines().take(8).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || out.contains("illegal memory access"),
+        "{out}"
+    );
+}
