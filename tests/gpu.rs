@@ -1281,7 +1281,7 @@ fn start_on_a_custom_op_package_names_the_culprit_and_keeps_its_minimal_training
 
 /// The GPU JAX fixture (a Pallas kernel reading a window at an offset from memory) with `offset` and
 /// `config` as bisect.toml.
-fn jax_gpu_files(offset: u64, config: &str) -> Files {
+fn jax_gpu_files(offset: i64, config: &str) -> Files {
     let mut f = Files::new();
     for p in [
         "gk/__init__.py",
@@ -1328,7 +1328,7 @@ fn a_jax_training_step_with_a_faulting_pallas_kernel_is_bisected_shrunk_and_hand
     let dir = tmp.path().join("repo");
     let commits = linear_history(
         &dir,
-        [0, 0, 0, 1 << 28, 1 << 28, 1 << 28].map(|o| jax_gpu_files(o, config)),
+        [0, 0, 0, -(1 << 28), -(1 << 28), -(1 << 28)].map(|o| jax_gpu_files(o, config)),
     )
     .unwrap();
     let report_path = tmp.path().join("report.json");
@@ -1376,7 +1376,7 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
     let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\n\n[shrink]\nframework = \"keras\"\nmodel = \"gk.kmodel:build\"\ninputs = \"gk.kmodel:example_inputs\"\nconfirm = 2\ntimeout = \"300s\"\n";
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
-    linear_history(&dir, [jax_gpu_files(1 << 28, config)]).unwrap();
+    linear_history(&dir, [jax_gpu_files(-(1 << 28), config)]).unwrap();
     let started = std::time::Instant::now();
     let (out, events) = shrink_json(&dir);
     let text =
