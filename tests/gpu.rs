@@ -1351,7 +1351,11 @@ fn a_jax_training_step_with_a_faulting_pallas_kernel_is_bisected_shrunk_and_hand
         r["shrink"]["signature"]["kernel"], "window_kernel",
         "{text}"
     );
-    let minimal = PathBuf::from(r["shrink"]["minimal_model"].as_str().unwrap());
+    let minimal = PathBuf::from(
+        r["shrink"]["minimal_model"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no repro.py: {}", r["shrink"]["extract_error"])),
+    );
     let repro = std::fs::read_to_string(&minimal).unwrap();
     assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
     let (code, out) = repro_alone(minimal.parent().unwrap());
@@ -1402,7 +1406,13 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
         .map(|n| n["id"].as_str().unwrap())
         .collect();
     assert_eq!(kept, ["l01_window"], "{text}");
-    let minimal = PathBuf::from(r["minimal_model"].as_str().unwrap());
+    let minimal = PathBuf::from(
+        r["minimal_model"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no repro.py: {}", r["extract_error"])),
+    );
+    let repro = std::fs::read_to_string(&minimal).unwrap();
+    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
     let (code, out) = repro_alone(minimal.parent().unwrap());
     println!(
         "repro.py alone: exit {code:?}\n{}",

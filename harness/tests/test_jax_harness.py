@@ -14,8 +14,8 @@ import textwrap
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "..", "jax_harness.py")
