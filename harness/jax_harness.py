@@ -123,6 +123,7 @@ class Program:
         self.graph = ""
         self.jitted = None   # () -> outputs, the whole function jitted (for the jit-only check)
         self.factory = None  # the Keras model factory (pkg.mod:build)
+        self.unrolled = 0    # scans unrolled into their iterations
 
 
 def aval_of(v):
@@ -172,9 +173,75 @@ def eqn_call(eqn):
     return call
 
 
+# A scan is unrolled into its iterations' equations when it is this short and its unrolled body this
+# small; a longer one stays one node (so does a while loop, whose trip count is known only by running).
+UNROLL_LENGTH = 64
+UNROLL_STEPS = 4096
+
+
+def count_eqns(jaxpr):
+    n = 0
+    for eqn in jaxpr.eqns:
+        inner = INLINED.get(eqn.primitive.name)
+        sub = eqn.params.get(inner) if inner else None
+        body = getattr(sub, "jaxpr", sub)
+        n += count_eqns(body) if hasattr(body, "eqns") else 1
+    return n
+
+
+def synthetic(prog, op, ins, out_avals, fn, scope):
+    """A step of the harness's own making (a scan's slice of its inputs, the stack of its outputs)."""
+    index = len(prog.steps)
+    outs = []
+    for k, aval in enumerate(out_avals):
+        name = f"v{index}_{k}"
+        prog.avals[name] = aval
+        outs.append(name)
+
+    def call(*vals):
+        out = fn(*vals)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+    prog.steps.append(Step(name=f"e{index:03d}_{scope}{op}", op=op, kernel=op, ins=ins, outs=outs, call=call))
+    return [("var", n) for n in outs]
+
+
+def atom_aval(prog, atom):
+    kind, v = atom
+    return prog.avals[v] if kind == "var" else aval_of(v)
+
+
+def unroll_scan(prog, eqn, ins, scope, phase):
+    """The scan's iterations as steps: each iteration's slice of the scanned inputs, its body's
+    equations, and at the end the stacked outputs. Returns the atoms of the scan's outputs."""
+    import jax.numpy as jnp
+    p = eqn.params
+    body, nc, ncarry, length = p["jaxpr"], p["num_consts"], p["num_carry"], p["length"]
+    consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+    order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
+    ys_parts = {}
+    for i in order:
+        it = f"{scope}s{i}."
+        x_i = []
+        for x in xs:
+            shape, dtype = atom_aval(prog, x)
+            x_i += synthetic(prog, "index", [x], [(shape[1:], dtype)], lambda v, i=i: v[i], it)
+        outs = flatten_jaxpr(prog, body.jaxpr, body.consts, consts + carry + x_i, it, phase)
+        carry = outs[:ncarry]
+        ys_parts[i] = outs[ncarry:]
+    ys = []
+    n_ys = len(eqn.outvars) - ncarry
+    for k in range(n_ys):
+        parts = [ys_parts[i][k] for i in range(length)]
+        shape, dtype = atom_aval(prog, parts[0])
+        ys += synthetic(prog, "stack", parts, [((length, *shape), dtype)],
+                        lambda *v: jnp.stack(v), scope)
+    return carry + ys
+
+
 def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
-    """Appends the equations of `jaxpr` (inlining calls that only wrap another jaxpr) to `prog.steps`;
-    returns the names of its outputs (or ("lit", value) for a literal output)."""
+    """Appends the equations of `jaxpr` (inlining calls that only wrap another jaxpr, unrolling short
+    scans) to `prog.steps`; returns the atoms of its outputs. `scope` prefixes the names of the steps
+    (a scan's iteration: `s3.`)."""
     from jax.extend.core import Literal
     env = {}
     for var, c in zip(jaxpr.constvars, consts):
@@ -202,6 +269,14 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
             for var, atom in zip(eqn.outvars, outs):
                 env[var] = atom
             continue
+        if (prim == "scan" and eqn.params["length"] <= UNROLL_LENGTH
+                and eqn.params["length"] * count_eqns(eqn.params["jaxpr"].jaxpr) <= UNROLL_STEPS):
+            prog.unrolled += 1
+            outs = unroll_scan(prog, eqn, ins, scope, phase)
+            for var, atom in zip(eqn.outvars, outs):
+                if type(var).__name__ != "DropVar":
+                    env[var] = atom
+            continue
         index = len(prog.steps)
         out_names = []
         for var in eqn.outvars:
@@ -217,7 +292,7 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
             launches, ksrc = pallas_kernel(eqn)
             kernel = launches
         prog.steps.append(Step(
-            name=f"e{index:03d}_{prim}", op=prim, kernel=kernel, ins=ins, outs=out_names,
+            name=f"e{index:03d}_{scope}{prim}", op=prim, kernel=kernel, ins=ins, outs=out_names,
             call=eqn_call(eqn), source=user_source(eqn), phase=phase, launches=launches, eqn=eqn,
             kernel_source=ksrc))
     return [read(v) for v in jaxpr.outvars]
@@ -225,10 +300,17 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
 
 def jax_program(fn, args, graph):
     import jax
-    flat, tree = jax.tree_util.tree_flatten(args)
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    # Arrays are the function's inputs; anything else (a config object, a Python flag) is closed over,
+    # as a static argument of a jitted function would be.
+    dynamic = [i for i, leaf in enumerate(leaves) if hasattr(leaf, "shape") and hasattr(leaf, "dtype")]
+    flat = [leaves[i] for i in dynamic]
 
-    def flat_fn(*leaves):
-        return fn(*jax.tree_util.tree_unflatten(tree, list(leaves)))
+    def flat_fn(*vals):
+        full = list(leaves)
+        for i, v in zip(dynamic, vals):
+            full[i] = v
+        return fn(*jax.tree_util.tree_unflatten(tree, full))
 
     closed = jax.make_jaxpr(flat_fn)(*flat)
     prog = Program()
@@ -240,6 +322,11 @@ def jax_program(fn, args, graph):
         names.append(("var", name))
     flatten_jaxpr(prog, closed.jaxpr, closed.consts, names, "")
     prog.graph = graph + f": {len(prog.steps)} equations of its jaxpr, calls inlined"
+    if prog.unrolled:
+        prog.graph += f", {prog.unrolled} scan(s) unrolled into their iterations"
+    kept_whole = sorted({s.op for s in prog.steps if s.op in ("scan", "while", "cond")})
+    if kept_whole:
+        prog.graph += f"; kept whole: {', '.join(kept_whole)}"
     jitted = jax.jit(flat_fn)
     prog.jitted = lambda: jitted(*flat)
     return prog

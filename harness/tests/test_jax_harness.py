@@ -169,3 +169,30 @@ def test_factories_that_fail_are_the_harness_failure_not_the_models(tmp_path):
                         "describe", "--out", str(tmp_path / "d.json"))
     assert code == h.HARNESS_ERROR_EXIT, out
     assert f"{h.HARNESS_ERROR}: could not build the program: ValueError: no data" in out, out
+
+
+def test_a_short_scan_is_unrolled_into_its_iterations_with_the_same_values(tmp_path):
+    import numpy as np
+
+    class Config:  # not an array: closed over, as a static argument would be
+        scale = 3.0
+
+    def f(w, xs, cfg):
+        def body(c, x):
+            return jnp.tanh(c @ w + x) * cfg.scale, (c * 2).sum()
+        return jax.lax.scan(body, jnp.zeros(4), xs)
+
+    args = (jnp.full((4, 4), 0.1), jnp.ones((3, 4)), Config())
+    prog = h.jax_program(f, args, "t")
+    assert "1 scan(s) unrolled" in prog.graph, prog.graph
+    names = [s.name for s in prog.steps]
+    assert any(n.endswith("_s2.tanh") for n in names), names
+    assert "scan" not in {s.op for s in prog.steps}
+    rec = str(tmp_path / "rec")
+    assert h.execute(prog, record=rec) == 0
+    carry, ys = f(*args)
+    stacked = prog.steps[-1].outs[0]
+    assert np.allclose(np.load(f"{rec}/{stacked}.npy"), np.asarray(ys))
+    # A long scan stays one node, and the description says so.
+    long = h.jax_program(f, (jnp.full((4, 4), 0.1), jnp.ones((h.UNROLL_LENGTH + 1, 4)), Config()), "t")
+    assert "kept whole: scan" in long.graph, long.graph
