@@ -417,6 +417,66 @@ fn another_kernels_bug_with_the_same_class_is_never_the_culprit() {
     assert_eq!(run.end, SearchEnd::Found(oid(13)), "{:?}", run.records);
 }
 
+/// A fault through one shared launch wrapper (`pkg/launch.py:run`), called from `caller`'s line.
+fn through_wrapper(caller: &str) -> Signature {
+    let mut s = anonymous("pkg/launch.py:run");
+    s.stack = vec![
+        "train.py:5 in <module>: y = forward(x)".into(),
+        caller.into(),
+        "pkg/launch.py:3 in run: kernel[grid](*args, **kw)".into(),
+    ];
+    s
+}
+
+#[test]
+fn a_fault_stack_the_sanitizer_settled_is_not_sanitized_again_and_a_lookalike_still_is() {
+    // Both kernels go through one wrapper, so site, class and exception are alike; their callers differ.
+    let gelu = "pkg/ops.py:14 in bias_gelu: run(_bias_gelu_kernel, (blocks,), x, out, n)";
+    let embed = "pkg/embed.py:14 in hash_embed: run(_hash_embed_kernel, (blocks,), x, out, n)";
+    let run = run_search_with(
+        32,
+        &[],
+        move |i| match i {
+            12..=20 => through_wrapper(gelu),
+            i if i >= 26 => through_wrapper(embed),
+            _ => clean(),
+        },
+        Some(Box::new(|i| match i {
+            12..=20 => Some("_bias_gelu_kernel".to_string()),
+            i if i >= 26 => Some("_hash_embed_kernel".to_string()),
+            _ => None,
+        })),
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(26)), "{:?}", run.records);
+    // The bad endpoint's sanitizer run settled the target's stack: no probe with that stack ran the
+    // sanitizer again, and each one still names the target's kernel.
+    assert_eq!(run.sanitized[0], 32);
+    let target_probes: Vec<&ProbeRecord> = run
+        .records
+        .iter()
+        .filter(|r| r.role == ProbeRole::Search && index(r.commit.parse().unwrap()) >= 26)
+        .collect();
+    assert!(!target_probes.is_empty(), "{:?}", run.records);
+    for r in &target_probes {
+        assert!(!run.sanitized.contains(&index(r.commit.parse().unwrap())), "{r:?}");
+        assert_eq!(r.verdict, Verdict::Bad, "{r:?}");
+        assert_eq!(r.signature.kernel.as_deref(), Some("_hash_embed_kernel"));
+        assert!(r.sanitizer.as_deref().unwrap().contains("settled at"), "{r:?}");
+    }
+    // The lookalike's first probe was sanitized and skipped; any later one with its stack took that
+    // answer without a run: one sanitizer run per bug.
+    let lookalikes: Vec<&ProbeRecord> = run
+        .records
+        .iter()
+        .filter(|r| r.role == ProbeRole::Search && (12..=20).contains(&index(r.commit.parse().unwrap())))
+        .collect();
+    assert!(lookalikes.len() >= 2, "{:?}", run.records);
+    assert!(lookalikes.iter().all(|r| r.verdict == Verdict::Skip), "{lookalikes:?}");
+    let sanitized_lookalikes = run.sanitized.iter().filter(|i| (12..=20).contains(*i)).count();
+    assert_eq!(sanitized_lookalikes, 1, "{:?}", run.sanitized);
+}
+
 #[test]
 fn a_sanitizer_learns_the_targets_kernel_and_settles_lookalike_faults() {
     // Same class, same launch function (one wrapper launches both kernels): only the kernel differs, and

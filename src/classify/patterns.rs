@@ -345,6 +345,8 @@ struct Context {
     user_frame: Option<String>,
     /// The innermost user frame as `path:function`.
     launch: Option<String>,
+    /// The user frames of the first traceback, outermost first, with their source lines.
+    stack: Vec<String>,
     /// The first exception's type name.
     exception_type: Option<String>,
     exception: Option<String>,
@@ -360,14 +362,29 @@ impl Context {
         let mut ctx = Context::default();
         let mut in_first_traceback = false;
         let mut traceback_done = false;
-        for line in lines {
+        for (i, line) in lines.iter().enumerate() {
             let trimmed = line.trim_end();
             if trimmed.starts_with("Traceback (most recent call last)") {
                 in_first_traceback = !traceback_done;
+                if in_first_traceback {
+                    ctx.stack.clear();
+                }
             } else if let Some(c) = PY_FRAME.captures(trimmed) {
                 if in_first_traceback && is_user_path(&c["path"]) {
                     ctx.user_frame = Some(format!("{}:{}", &c["path"], &c["line"]));
                     ctx.launch = Some(format!("{}:{}", &c["path"], c["func"].trim()));
+                    // The source line Python prints under the frame, when it does.
+                    let source = lines
+                        .get(i + 1)
+                        .map(|l| l.trim())
+                        .filter(|l| !l.is_empty() && !l.starts_with("File \"") && !l.starts_with('^'))
+                        .unwrap_or("");
+                    ctx.stack.push(format!(
+                        "{}:{} in {}: {source}",
+                        &c["path"],
+                        &c["line"],
+                        c["func"].trim()
+                    ));
                 }
             } else if let Some(c) = PY_EXCEPTION.captures(trimmed) {
                 if in_first_traceback {
@@ -423,6 +440,9 @@ impl Context {
         }
         if s.exception.is_none() {
             s.exception = self.exception_type.clone();
+        }
+        if s.stack.is_empty() {
+            s.stack = self.stack.clone();
         }
         if s.framework.is_none() {
             s.framework = detect_framework(lines.iter().copied());
@@ -805,6 +825,22 @@ mod tests {
             classify(Exit::Signal(6), log).class,
             FaultClass::IllegalAddress
         );
+    }
+
+    #[test]
+    fn the_user_frames_of_the_traceback_are_kept_with_their_source_lines() {
+        let log = "Traceback (most recent call last):\n  File \"/w/repo/train.py\", line 5, in <module>\n    y = forward(x)\n  File \"/w/venv/lib/python3.12/site-packages/torch/nn/modules/module.py\", line 1, in _call_impl\n    return f(x)\n  File \"/w/repo/pkg/ops.py\", line 14, in bias_gelu\n    run(_bias_gelu_kernel, (blocks,), x)\n    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n  File \"/w/repo/pkg/launch.py\", line 3, in run\n    kernel[grid](*args)\ntorch.AcceleratorError: CUDA error: an illegal memory access was encountered\n";
+        let mut s = classify(Exit::Code(1), log);
+        s.relativize(std::path::Path::new("/w/repo"));
+        assert_eq!(
+            s.stack,
+            [
+                "train.py:5 in <module>: y = forward(x)",
+                "pkg/ops.py:14 in bias_gelu: run(_bias_gelu_kernel, (blocks,), x)",
+                "pkg/launch.py:3 in run: kernel[grid](*args)",
+            ]
+        );
+        assert_eq!(s.launch.as_deref(), Some("pkg/launch.py:run"));
     }
 
     #[test]

@@ -171,6 +171,12 @@ pub struct Signature {
     /// data-dependent fault is not the bug's identity.
     #[serde(default)]
     pub rank: Option<u32>,
+    /// Every frame of the user's own code in the failure's traceback, outermost first, as
+    /// `path:line in function: source line` (paths relative to the checkout once
+    /// [`Signature::relativize`] ran). Not compared: it lets a run recognise a fault stack it has already
+    /// had settled by the sanitizer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<String>,
     /// One line saying what happened.
     pub summary: String,
 }
@@ -189,6 +195,7 @@ impl Signature {
             launch: None,
             exception: None,
             rank: None,
+            stack: Vec::new(),
             summary: summary.into(),
         }
     }
@@ -198,13 +205,15 @@ impl Signature {
     pub fn relativize(&mut self, root: &std::path::Path) {
         let root = root.display().to_string();
         let root = root.trim_end_matches('/');
-        for field in [&mut self.site, &mut self.launch] {
-            if let Some(v) = field.as_mut() {
-                if let Some(rest) = v.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
-                    *v = rest.to_string();
-                }
+        let strip = |v: &mut String| {
+            if let Some(rest) = v.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
+                *v = rest.to_string();
             }
+        };
+        for v in [&mut self.site, &mut self.launch].into_iter().flatten() {
+            strip(v);
         }
+        self.stack.iter_mut().for_each(strip);
     }
 
     /// The JSON object `classify --json` prints: the fixed keys, absent ones null (`rank` only for

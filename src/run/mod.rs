@@ -15,6 +15,7 @@ pub mod nightly_state;
 pub mod plan;
 pub mod probe;
 pub mod search;
+pub mod settled;
 pub mod shrink;
 pub mod shrink_job;
 pub mod stages;

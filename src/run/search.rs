@@ -16,6 +16,7 @@ use crate::bisect::{rates_differ, BayesSearch, BayesStep};
 use crate::bisect::{Bisector, NextStep, SearchResult, Verdict};
 use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
 use crate::git::RangeCommit;
+use crate::run::settled::SettledStacks;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{FlakyAnswer, OtherBug, ProbeRecord, ProbeRole, Verification};
 
@@ -110,6 +111,7 @@ struct Probed {
 fn probe_commit(
     prober: &mut dyn Probe,
     policy: &MatchPolicy,
+    settled: &SettledStacks,
     oid: Oid,
     ctx: &ProbeContext,
     target: Option<&Signature>,
@@ -120,7 +122,22 @@ fn probe_commit(
     let mut other_bug = None;
     if let Some(t) = target.filter(|_| record.verdict == Verdict::Bad && !out.interrupted) {
         if policy.compare(t, &record.signature, "") == Sameness::Unconfirmed {
-            other_bug = settle(prober, oid, ctx, t, &mut record, reporter);
+            // The same fault stack as one the sanitizer settled earlier in this run takes its answer;
+            // any other is settled now, once, and remembered.
+            let before = record.signature.clone();
+            if let Some(known) = settled.get(&before) {
+                record.sanitizer = Some(format!(
+                    "not run again: the same fault stack was settled at {} ({})",
+                    &known.commit[..known.commit.len().min(12)],
+                    known.kernel
+                ));
+                other_bug = judge_by_kernel(oid, t, &mut record, known.kernel);
+            } else {
+                other_bug = settle(prober, oid, ctx, t, &mut record, reporter);
+                if let Some(k) = record.signature.kernel.as_deref().filter(|_| record.sanitizer.is_some()) {
+                    settled.remember(&before, k, &oid.to_string());
+                }
+            }
         }
     }
     // A device fault told apart from the target by its own output (another kernel named at launch,
@@ -156,12 +173,19 @@ pub(crate) fn settle(
     let s = prober.sanitize(oid, ctx, reporter)?;
     record.duration_s += s.duration_s;
     record.sanitizer = Some(s.summary.clone());
-    let (Some(kernel), Some(want)) = (
-        s.finding.as_ref().and_then(|f| f.kernel.clone()),
-        target.kernel.as_deref(),
-    ) else {
-        return None;
-    };
+    let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone())?;
+    judge_by_kernel(oid, target, record, kernel)
+}
+
+/// Judges a probe by the kernel its fault is known to be in: the target's keeps its verdict (with the
+/// kernel named), another one's is a skip, recorded as another bug.
+fn judge_by_kernel(
+    oid: Oid,
+    target: &Signature,
+    record: &mut ProbeRecord,
+    kernel: String,
+) -> Option<OtherBug> {
+    let want = target.kernel.as_deref()?;
     if kernel == want {
         record.signature.kernel = Some(kernel);
         return None;
@@ -216,6 +240,8 @@ const POLL: Duration = Duration::from_millis(50);
 struct Driver<'p, 'r> {
     reporter: &'r mut dyn Reporter,
     policy: &'p MatchPolicy,
+    /// The fault stacks the sanitizer settled in this search.
+    settled: &'p SettledStacks,
     probes: Vec<ProbeRecord>,
     other_bugs: Vec<OtherBug>,
     /// Probe numbers handed out so far (probes in flight included).
@@ -247,7 +273,15 @@ impl Driver<'_, '_> {
         target: Option<&Signature>,
     ) -> Option<ProbeRecord> {
         let ctx = self.context(role, search, 0);
-        let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
+        let probed = probe_commit(
+            prober,
+            self.policy,
+            self.settled,
+            oid,
+            &ctx,
+            target,
+            self.reporter,
+        );
         if probed.interrupted {
             // A stopped probe judged nothing: it is neither reported as a verdict nor recorded.
             return None;
@@ -285,6 +319,11 @@ impl Driver<'_, '_> {
             return;
         };
         let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+        if let Some(k) = &kernel {
+            // The target's own fault stack is now settled: a probe that faults with exactly that stack
+            // is the target without a sanitizer run of its own.
+            self.settled.remember(target, k, &oid.to_string());
+        }
         if kernel.is_some() {
             target.kernel = kernel;
         }
@@ -328,7 +367,15 @@ impl Driver<'_, '_> {
         let repeat = self.next_repeat(oid);
         let mut ctx = self.context(role, search, 0);
         ctx.repeat = Some(repeat);
-        let probed = probe_commit(prober, self.policy, oid, &ctx, target, self.reporter);
+        let probed = probe_commit(
+            prober,
+            self.policy,
+            self.settled,
+            oid,
+            &ctx,
+            target,
+            self.reporter,
+        );
         if probed.interrupted {
             return None;
         }
@@ -361,9 +408,11 @@ pub fn search_with_workers(
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
     let mut bisector = Bisector::new(&parents);
     let count = workers.len();
+    let settled = SettledStacks::default();
     let mut d = Driver {
         reporter,
         policy: input.policy,
+        settled: &settled,
         probes: Vec::new(),
         other_bugs: Vec::new(),
         steps: 0,
@@ -600,7 +649,12 @@ struct Landed {
 }
 
 /// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
-fn with_pool<R>(workers: &mut [Worker], policy: &MatchPolicy, f: impl FnOnce(&mut Pool) -> R) -> R {
+fn with_pool<R>(
+    workers: &mut [Worker],
+    policy: &MatchPolicy,
+    settled: &SettledStacks,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> R {
     let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Message>();
@@ -616,6 +670,7 @@ fn with_pool<R>(workers: &mut [Worker], policy: &MatchPolicy, f: impl FnOnce(&mu
                     let probed = probe_commit(
                         prober,
                         policy,
+                        settled,
                         job.oid,
                         &job.ctx,
                         Some(&job.target),
@@ -729,7 +784,7 @@ fn parallel(
     cancel: &AtomicBool,
 ) -> SearchEnd {
     let policy = d.policy;
-    with_pool(workers, policy, |pool| {
+    with_pool(workers, policy, d.settled, |pool| {
         let mut end: Option<SearchEnd> = None;
         loop {
             if end.is_none() && cancel.load(Ordering::SeqCst) {
@@ -913,7 +968,7 @@ fn verify(
     if let (Some(p), true) = (parent_index, workers.len() > 1) {
         // Both at once, a round at a time, on two workers.
         let policy = d.policy;
-        with_pool(workers, policy, |pool| {
+        with_pool(workers, policy, d.settled, |pool| {
             while rates[0].1 < VERIFY_RUNS && !cancel.load(Ordering::SeqCst) {
                 for i in [culprit, p] {
                     pool.dispatch(d, input, target, bisector, (i, ProbeRole::Verify, true));
@@ -1050,7 +1105,7 @@ fn flaky_rounds(
     cancel: &AtomicBool,
 ) -> Result<crate::bisect::BayesResult, SearchEnd> {
     let policy = d.policy;
-    with_pool(workers, policy, |pool| loop {
+    with_pool(workers, policy, d.settled, |pool| loop {
         if cancel.load(Ordering::SeqCst) {
             return Err(SearchEnd::Interrupted);
         }
