@@ -3,6 +3,7 @@
 false`, and `git bisect run` with the same repro on the same history, one after the other in one run.
 
     python3 benches/warm_probes.py CUDABISECT [COMMITS] [OUT_DIR]
+    (WARM_BENCH_SKIP_COLD=1 leaves out the run with `warm = false`)
 
 The package (generated here) launches every Triton kernel through one wrapper; commit COMMITS*3/4 plants
 an unmasked store with far too many blocks in `hash_embed` (the target), and commits in the middle plant
@@ -131,7 +132,10 @@ def main():
     repo = out / "pkg"
     root, bad = make_repo(repo, commits)
     rows, raw = [], {}
-    for name, warm in (("cudabisect, warm probes", "true"), ("cudabisect, cold probes", "false")):
+    kinds = [("cudabisect, warm probes", "true"), ("cudabisect, cold probes", "false")]
+    if os.environ.get("WARM_BENCH_SKIP_COLD") == "1":
+        kinds = kinds[:1]  # the cold run takes minutes; its numbers change only with the probe path
+    for name, warm in kinds:
         config = out / f"{'warm' if warm == 'true' else 'cold'}.toml"
         config.write_text(f"[repro]\ncommand = \"python3 train.py\"\ntimeout = \"300s\"\nwarm = {warm}\n"
                           "[triage]\nenabled = true\ntimeout = \"10m\"\n")

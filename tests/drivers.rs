@@ -459,21 +459,36 @@ fn a_fault_stack_the_sanitizer_settled_is_not_sanitized_again_and_a_lookalike_st
         .collect();
     assert!(!target_probes.is_empty(), "{:?}", run.records);
     for r in &target_probes {
-        assert!(!run.sanitized.contains(&index(r.commit.parse().unwrap())), "{r:?}");
+        assert!(
+            !run.sanitized.contains(&index(r.commit.parse().unwrap())),
+            "{r:?}"
+        );
         assert_eq!(r.verdict, Verdict::Bad, "{r:?}");
         assert_eq!(r.signature.kernel.as_deref(), Some("_hash_embed_kernel"));
-        assert!(r.sanitizer.as_deref().unwrap().contains("settled at"), "{r:?}");
+        assert!(
+            r.sanitizer.as_deref().unwrap().contains("settled at"),
+            "{r:?}"
+        );
     }
     // The lookalike's first probe was sanitized and skipped; any later one with its stack took that
     // answer without a run: one sanitizer run per bug.
     let lookalikes: Vec<&ProbeRecord> = run
         .records
         .iter()
-        .filter(|r| r.role == ProbeRole::Search && (12..=20).contains(&index(r.commit.parse().unwrap())))
+        .filter(|r| {
+            r.role == ProbeRole::Search && (12..=20).contains(&index(r.commit.parse().unwrap()))
+        })
         .collect();
     assert!(lookalikes.len() >= 2, "{:?}", run.records);
-    assert!(lookalikes.iter().all(|r| r.verdict == Verdict::Skip), "{lookalikes:?}");
-    let sanitized_lookalikes = run.sanitized.iter().filter(|i| (12..=20).contains(*i)).count();
+    assert!(
+        lookalikes.iter().all(|r| r.verdict == Verdict::Skip),
+        "{lookalikes:?}"
+    );
+    let sanitized_lookalikes = run
+        .sanitized
+        .iter()
+        .filter(|i| (12..=20).contains(*i))
+        .count();
     assert_eq!(sanitized_lookalikes, 1, "{:?}", run.sanitized);
 }
 

@@ -85,6 +85,17 @@ CASES = {
         "import atexit, sys\natexit.register(lambda: print('bye', flush=True))\nprint('main')\nsys.exit(5)\n",
         (),
     ),
+    "sys.exit inside an atexit handler": (
+        "import atexit, sys\natexit.register(sys.exit, 7)\nprint('main')\n",
+        (),
+    ),
+    "a thread still running at the end": (
+        "import threading, time\n"
+        "def late():\n    time.sleep(0.3)\n    print('thread done', flush=True)\n"
+        "threading.Thread(target=late).start()\nprint('main done')\n",
+        (),
+    ),
+    "buffered output never flushed": ("import sys\nsys.stdout.write('no newline, no flush')\n", ()),
     "stderr and stdout": ("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(1)\n", ()),
     "preloaded module": ("import sharedlib, json\nprint(sharedlib.VALUE, json.dumps([1]))\n", ()),
 }
@@ -118,6 +129,21 @@ def test_a_preloaded_module_that_changed_runs_cold_and_says_why(server):
     cold, warm, status = both(server, "import sharedlib\nprint(sharedlib.VALUE)\n")
     assert status.startswith("cold:") and "changed since it was preloaded" in status, status
     assert cold == warm
+
+
+def test_a_learned_preload_is_imported_into_the_running_server_not_handed_to_the_repro(server):
+    _, site, _, _ = server
+    (site / "otherlib.py").write_text("VALUE = 'other'\n")
+    script = (
+        "import os, sys\n"
+        "print('otherlib' in sys.modules, os.environ.get('CUDABISECT_WARM_PRELOAD'))\n"
+    )
+    cold, warm, status = both(server, script, extra_env={"CUDABISECT_WARM_PRELOAD": "otherlib,json"})
+    assert status == "warm"
+    # Warm, the server imported it before forking; the repro never sees the variable. Cold (a fresh
+    # interpreter, given the variable by this test alone) has nothing preloaded.
+    assert warm[1] == b"True None\n", warm
+    assert cold[1] == b"False otherlib,json\n", cold
 
 
 def test_another_interpreter_or_command_runs_cold(server):

@@ -123,17 +123,26 @@ def changed(files):
     return None
 
 
-def serve(sock_path, preload):
+def import_all(names):
+    """Imports `names` into the server; one that does not import is left out and said on stderr."""
     failed = []
-    for name in preload:
+    for name in names:
         try:
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - a module that does not import is not preloaded
             failed.append(f"{name}: {type(e).__name__}")
-    files = module_files()
-    preloaded = sorted({m.split(".")[0] for m in sys.modules})
     if failed:
         sys.stderr.write("not preloaded: " + ", ".join(failed) + "\n")
+        sys.stderr.flush()
+
+
+def serve(sock_path, preload):
+    import atexit
+
+    atexit.register(child_exit)  # before any preload registers its own: it must run after them
+    import_all(preload)
+    files = module_files()
+    preloaded = sorted({m.split(".")[0] for m in sys.modules})
     try:
         os.unlink(sock_path)
     except FileNotFoundError:
@@ -166,6 +175,12 @@ def handle(conn, listener, files, preloaded):
         for fd in fds:
             os.close(fd)
         return
+    more = [n for n in req.get("preload", []) if n not in sys.modules]
+    if more:
+        # What an earlier run taught: imported here once, instead of starting another server.
+        import_all(more)
+        files.update(module_files())
+        preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
     reason = cuda_initialised() or other_interpreter(req.get("interpreter", ""))
     stale = None if reason else changed(files)
     if reason or stale or len(fds) != 3:
@@ -271,8 +286,30 @@ def run_child(req, fds, preloaded):
     except BaseException as e:  # noqa: BLE001 - what the interpreter does with an uncaught exception
         print_as_fresh(e)
         code = 1
-    # Leave as the interpreter does: atexit handlers, flushed streams, then the exit status.
+    # Leave as the interpreter does: threads joined, atexit handlers run, streams flushed. The last
+    # handler to run is the runner's own (registered before anything was preloaded), which then exits
+    # without the teardown of every module's globals: with torch loaded that takes most of a second,
+    # and nothing a repro can observe depends on it (Python does not promise `__del__` at exit).
+    global CHILD_EXIT
+    CHILD_EXIT = code
     raise SystemExit(code)
+
+
+# The status a forked child leaves with, once its repro has run; None in the server.
+CHILD_EXIT = None
+
+
+def child_exit():
+    """The first atexit handler registered, so the last to run: in a child, the end of the exit."""
+    if CHILD_EXIT is None:
+        return
+    code = CHILD_EXIT
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed pipe: the interpreter exits 120 then
+            code = 120
+    os._exit(code)
 
 
 def run_script(target):
@@ -443,13 +480,17 @@ def client(sock_path, status_path, argv):
             if time.monotonic() > deadline:
                 cold("no warm interpreter listening")
             time.sleep(0.01)
+    env = dict(os.environ)
+    # What the server should have imported, as cudabisect learned it: for the server, not the repro.
+    preload = [n for n in env.pop("CUDABISECT_WARM_PRELOAD", "").split(",") if n]
     req = {
         "mode": mode,
         "target": target,
         "args": args,
         "cwd": os.getcwd(),
-        "env": dict(os.environ),
+        "env": env,
         "interpreter": interpreter,
+        "preload": preload,
     }
     try:
         send_json(conn, req, fds=(0, 1, 2))

@@ -377,7 +377,9 @@ impl Context {
                     let source = lines
                         .get(i + 1)
                         .map(|l| l.trim())
-                        .filter(|l| !l.is_empty() && !l.starts_with("File \"") && !l.starts_with('^'))
+                        .filter(|l| {
+                            !l.is_empty() && !l.starts_with("File \"") && !l.starts_with('^')
+                        })
                         .unwrap_or("");
                     ctx.stack.push(format!(
                         "{}:{} in {}: {source}",

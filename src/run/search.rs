@@ -16,9 +16,9 @@ use crate::bisect::{rates_differ, BayesSearch, BayesStep};
 use crate::bisect::{Bisector, NextStep, SearchResult, Verdict};
 use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
 use crate::git::RangeCommit;
-use crate::run::settled::SettledStacks;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{FlakyAnswer, OtherBug, ProbeRecord, ProbeRole, Verification};
+use crate::run::settled::SettledStacks;
 
 use super::probe::{Probe, ProbeContext};
 use super::verdict::is_host_problem;
@@ -134,7 +134,12 @@ fn probe_commit(
                 other_bug = judge_by_kernel(oid, t, &mut record, known.kernel);
             } else {
                 other_bug = settle(prober, oid, ctx, t, &mut record, reporter);
-                if let Some(k) = record.signature.kernel.as_deref().filter(|_| record.sanitizer.is_some()) {
+                if let Some(k) = record
+                    .signature
+                    .kernel
+                    .as_deref()
+                    .filter(|_| record.sanitizer.is_some())
+                {
                     settled.remember(&before, k, &oid.to_string());
                 }
             }

@@ -88,7 +88,10 @@ mod tests {
             "pkg/launch.py:3 in run: kernel[grid](*args, **kw)",
         ]);
         memory.remember(&gelu, "_bias_gelu_kernel", "abc");
-        assert_eq!(memory.get(&gelu).map(|s| s.kernel), Some("_bias_gelu_kernel".into()));
+        assert_eq!(
+            memory.get(&gelu).map(|s| s.kernel),
+            Some("_bias_gelu_kernel".into())
+        );
         // The same wrapper frame, reached from another kernel's caller: not the same fault.
         let embed = fault(&[
             "train.py:5 in <module>: y = forward(x)",

@@ -2,7 +2,8 @@
 //! server) that has imported the heavy modules living outside the worktree and never touched CUDA; a repro
 //! run is handed to it by a small client that stands where the command would have run, so the process
 //! group, timeout, output capture and signals of the ordinary runner still apply. What to preload is
-//! learned from the first warm run's imports (or `[repro] preload`); a different interpreter or environment
+//! guessed from the script's imports, then learned from the first warm run's (or `[repro] preload`), and
+//! what was learned is imported into the running server; a different interpreter or environment
 //! starts another server; whatever the server cannot serve runs cold, and the probe record says which.
 
 use std::collections::HashMap;
@@ -87,6 +88,57 @@ fn servable(argv: &[String]) -> bool {
     name == "pytest" || (name.starts_with("python") && argv.len() > 1)
 }
 
+/// A first guess at what to preload, before any run has taught it: the top-level modules the repro's
+/// script (or `-m` module) imports by name, less those the worktree provides (a `name.py` or `name/` in
+/// the script's directory or the working directory). The first run still teaches the whole list.
+fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
+    let script = match argv.get(1).map(String::as_str) {
+        Some("-m") => argv
+            .get(2)
+            .map(|m| cwd.join(m.replace('.', "/")).with_extension("py")),
+        Some(a) if a.ends_with(".py") => Some(cwd.join(a)),
+        _ => None,
+    };
+    let Some(script) = script else {
+        return Vec::new();
+    };
+    let Ok(text) = std::fs::read_to_string(&script) else {
+        return Vec::new();
+    };
+    let dirs = [script.parent().unwrap_or(cwd), cwd];
+    let in_worktree = |name: &str| {
+        dirs.iter()
+            .any(|d| d.join(format!("{name}.py")).exists() || d.join(name).is_dir())
+    };
+    let mut names: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let modules: Vec<&str> = if let Some(rest) = line.strip_prefix("import ") {
+            rest.split(',').collect()
+        } else if let Some(rest) = line.strip_prefix("from ") {
+            rest.split_whitespace().next().into_iter().collect()
+        } else {
+            continue;
+        };
+        for m in modules {
+            let top = m
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .split('.')
+                .next()
+                .unwrap_or("");
+            let valid = !top.is_empty()
+                && top.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !top.starts_with(|c: char| c.is_ascii_digit());
+            if valid && !in_worktree(top) && !names.iter().any(|n| n == top) {
+                names.push(top.to_string());
+            }
+        }
+    }
+    names
+}
+
 /// The variables a run's environment has that say which probe it is: they differ every run and never
 /// change what the preloaded modules are.
 fn per_run(name: &str) -> bool {
@@ -163,7 +215,12 @@ impl WarmPool {
         }
         let learning = slot.preload.is_none();
         if slot.server.is_none() {
-            let preload = slot.preload.clone().unwrap_or_default().join(",");
+            // Before the first run has taught what to preload, what the script imports by name.
+            let preload = slot
+                .preload
+                .clone()
+                .unwrap_or_else(|| guess_preload(&argv, &spec.cwd))
+                .join(",");
             let argv = vec![
                 resolved.display().to_string(),
                 self.script.display().to_string(),
@@ -175,6 +232,7 @@ impl WarmPool {
             slot.server = WarmServer::start(&argv, &self.dir, &env, &log).ok();
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
+        let preload_now = slot.preload.clone();
         drop(slots);
         let status = self.dir.join(format!("status-{worker}"));
         let _ = std::fs::remove_file(&status);
@@ -183,6 +241,11 @@ impl WarmPool {
             let _ = std::fs::remove_file(l);
             spec.env
                 .push(("CUDABISECT_WARM_LEARN".into(), l.display().to_string()));
+        }
+        if let Some(names) = preload_now.filter(|n| !n.is_empty()) {
+            // What a run taught after this server started: the server imports it before it forks.
+            spec.env
+                .push(("CUDABISECT_WARM_PRELOAD".into(), names.join(",")));
         }
         let mut client = vec![
             resolved.display().to_string(),
@@ -209,8 +272,8 @@ impl WarmPool {
         slots.get(&worker).and_then(|s| s.off.clone())
     }
 
-    /// How the run went, and what it taught: a learning run's imports become the next server's preload
-    /// (the current one, which preloaded nothing, is ended); a server that could not serve is replaced.
+    /// How the run went, and what it taught: a learning run's imports are what the server preloads from
+    /// the next run on (it imports what it lacks then); a server that could not serve is replaced.
     pub fn finish(&self, run: WarmRun) -> Runner {
         let runner = match std::fs::read_to_string(&run.status) {
             Ok(text) if text.trim() == "warm" => Runner::Warm,
@@ -230,8 +293,9 @@ impl WarmPool {
                 .and_then(|l| std::fs::read_to_string(l).ok())
                 .and_then(|t| serde_json::from_str(&t).ok());
             if let Some(names) = learned {
+                // The running server keeps serving: the next run's request names these, and the
+                // server imports what it lacks, instead of a new server preloading everything again.
                 slot.preload = Some(names);
-                slot.server = None;
             }
             if let Runner::Cold(why) = &runner {
                 // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
@@ -252,6 +316,30 @@ impl WarmPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_guess_is_what_the_script_imports_from_outside_the_worktree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("mypkg")).expect("mkdir");
+        std::fs::write(dir.path().join("helpers.py"), "").expect("write");
+        std::fs::write(
+            dir.path().join("train.py"),
+            "import os, sys\nimport torch.nn as nn\nfrom triton import language as tl\nfrom mypkg.model import Net\nimport helpers\nfrom . import x\n    import numpy  # inside a function\n",
+        )
+        .expect("write");
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            guess_preload(&argv(&["python3", "train.py", "--steps", "3"]), dir.path()),
+            ["os", "sys", "torch", "triton", "numpy"]
+        );
+        std::fs::write(dir.path().join("mypkg/cli.py"), "import jax\n").expect("write");
+        assert_eq!(
+            guess_preload(&argv(&["python3", "-m", "mypkg.cli"]), dir.path()),
+            ["jax"]
+        );
+        assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path()).is_empty());
+        assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path()).is_empty());
+    }
 
     #[test]
     fn python_commands_are_served_and_shell_syntax_is_left_to_the_shell() {
