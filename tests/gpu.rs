@@ -854,6 +854,64 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
+fn cold_probes_pay_one_sanitizer_run_per_fault_stack_and_still_tell_the_two_bugs_apart() {
+    // Cold probes name no Triton kernel (no launch hook): every lookalike must be settled by memcheck,
+    // once per fault stack.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("twobugs-cold");
+    let commits = linear_history(
+        &dir,
+        (0..30).map(|i| {
+            let mut f = two_bug_files((10..=19).contains(&i), i >= 22, i);
+            put(
+                &mut f,
+                "bisect.toml",
+                "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"300s\"\nwarm = false\n\n[triage]\nenabled = true\ntimeout = \"10m\"\n",
+                false,
+            );
+            f
+        }),
+    )
+    .unwrap();
+    let (r, stdout) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0]), "--no-shrink"],
+        &tmp.path().join("report.json"),
+    );
+    assert_eq!(
+        r["first_bad"]["commit"],
+        commits[22].to_string(),
+        "{stdout}"
+    );
+    let probes = r["probes"].as_array().unwrap();
+    let ran: Vec<&str> = probes
+        .iter()
+        .filter_map(|p| p["sanitizer"].as_str())
+        .collect();
+    for p in probes {
+        println!(
+            "{} {} {} {}",
+            p["role"], p["verdict"], p["signature"]["kernel"], p["sanitizer"]
+        );
+    }
+    let fresh = ran
+        .iter()
+        .filter(|s| !s.starts_with("not run again"))
+        .count();
+    let remembered = ran.len() - fresh;
+    println!("sanitizer runs: {fresh}; answers remembered: {remembered}");
+    // The bad endpoint's run and the first lookalike's; every other lookalike or target probe remembered.
+    assert!(fresh <= 2, "{ran:?}");
+    assert!(remembered >= 1, "{ran:?}");
+    let others = r["other_bugs"].as_array().unwrap();
+    assert!(!others.is_empty(), "the other bug was never met: {r:#}");
+    assert!(others
+        .iter()
+        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
 fn find_fix_names_the_fix_and_is_not_misled_by_another_triton_bug_of_the_same_class() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("fixbugs");
