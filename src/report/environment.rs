@@ -121,12 +121,12 @@ pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environme
     if let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) {
         let py = py.display().to_string();
         env.python = capture(&[&py, "--version"], short);
-        if capture(&[&py, "-c", "import torch"], Duration::from_secs(60)).is_some() {
-            env.torch_collect_env = capture(
-                &[&py, "-m", "torch.utils.collect_env"],
-                Duration::from_secs(120),
-            );
-        }
+        // Without torch this exits at once with an error, and is left out: no separate check (an
+        // `import torch` of its own cost several seconds).
+        env.torch_collect_env = capture(
+            &[&py, "-m", "torch.utils.collect_env"],
+            Duration::from_secs(120),
+        );
     }
     env
 }
