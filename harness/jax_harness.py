@@ -127,9 +127,10 @@ class Program:
 
 
 def aval_of(v):
+    """(shape, dtype) of a value; the dtype as JAX has it (a PRNG key's included), or a type name."""
     shape = tuple(int(d) for d in getattr(v, "shape", ()))
     dtype = getattr(v, "dtype", None)
-    return shape, (str(dtype) if dtype is not None else type(v).__name__)
+    return shape, (dtype if dtype is not None else type(v).__name__)
 
 
 def user_source(eqn):
@@ -285,7 +286,7 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
                 continue
             name = f"v{index}_{len(out_names)}"
             env[var] = ("var", name)
-            prog.avals[name] = (tuple(int(d) for d in var.aval.shape), str(var.aval.dtype))
+            prog.avals[name] = (tuple(int(d) for d in var.aval.shape), var.aval.dtype)
             out_names.append(name)
         kernel, launches, ksrc = prim, None, None
         if prim == "pallas_call":
@@ -606,7 +607,8 @@ def describe(prog, out):
 
     def tensor(name):
         shape, dtype = prog.avals.get(name, ((), ""))
-        return {"name": name, "shape": list(shape) if dtype else None, "dtype": dtype or None,
+        known = dtype is not None and str(dtype) != ""
+        return {"name": name, "shape": list(shape) if known else None, "dtype": str(dtype) if known else None,
                 "producer": producer.get(name)}
     nodes = []
     for s in prog.steps:
@@ -729,19 +731,39 @@ def literal_source(v):
     return f"np.array({arr.tolist()!r}, dtype={str(arr.dtype)!r})"
 
 
+def key_impl_of(dtype):
+    """The PRNG implementation's name of a key dtype (`key<fry>` -> `threefry2x32`), else None."""
+    import jax
+    try:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+            return dtype._impl.name  # internal, like the jaxpr API itself; checked by the tests
+    except Exception:  # noqa: BLE001 - not a dtype JAX knows: a plain value
+        pass
+    return None
+
+
 def export_step(s, prog, env_avals):
     """The step serialized with jax.export (custom calls without a compatibility promise, such as a
     Pallas kernel's, allowed): bytes, or None with why."""
     import jax
     from jax import export
     ins = [a for a in s.ins if a[0] == "var"]
-    specs = []
+    specs, key_impls = [], []
     for _, name in ins:
         shape, dtype = env_avals[name]
-        specs.append(jax.ShapeDtypeStruct(shape, dtype))
+        impl = key_impl_of(dtype)
+        key_impls.append(impl)
+        if impl is not None:
+            # A PRNG key goes in as its raw data and is wrapped inside: exported code takes plain arrays.
+            data = jax.random.key_data(jax.random.key(0, impl=impl))
+            specs.append(jax.ShapeDtypeStruct((*shape, *data.shape), data.dtype))
+        else:
+            specs.append(jax.ShapeDtypeStruct(shape, dtype))
     lits = [(i, a[1]) for i, a in enumerate(s.ins) if a[0] == "lit"]
+    out_keys = [key_impl_of(env_avals[o][1]) if o in env_avals else None for o in s.outs]
 
     def f(*vals):
+        vals = [jax.random.wrap_key_data(v, impl=k) if k else v for v, k in zip(vals, key_impls)]
         it = iter(vals)
         full = [None] * len(s.ins)
         for i, v in lits:
@@ -752,8 +774,10 @@ def export_step(s, prog, env_avals):
         if s.eqn is not None:
             subfuns, params = bind_params(s.eqn)
             out = s.eqn.primitive.bind(*subfuns, *full, **params)
-            return list(out) if s.eqn.primitive.multiple_results else [out]
-        return s.call(*full)
+            outs = list(out) if s.eqn.primitive.multiple_results else [out]
+        else:
+            outs = s.call(*full)
+        return [jax.random.key_data(o) if k else o for o, k in zip(outs, out_keys)]
     disabled = []
     for _ in range(2):
         try:
@@ -832,9 +856,8 @@ with open(os.path.join(HERE, "repro_values.json")) as f:
 
 def value(name):
     arr, meta = DATA[name], META.get(name, {{}})
-    if "key_impl" in meta:
-        return jax.random.wrap_key_data(arr, impl=meta["key_impl"])
-    if "bits" in meta:
+    # A PRNG key stays its raw data here: the exported steps take and give keys that way.
+    if "bits" in meta and "key_impl" not in meta:
         import ml_dtypes  # noqa: F401
         arr = arr.view(np.dtype(meta["dtype"]))
     return jax.numpy.asarray(arr)
@@ -881,7 +904,7 @@ def extract(prog, keep, recording, out_dir, title):
     avals = dict(prog.avals)
     for name in boundary:
         v = src.load(name)
-        avals[name] = (tuple(v.shape), str(v.dtype))
+        avals[name] = (tuple(v.shape), v.dtype)
     lines = []
     needs = set()
     kernels = []
@@ -917,7 +940,7 @@ def extract(prog, keep, recording, out_dir, title):
                 raise ExtractError(f"node {s.name} ({s.op}) cannot be written standalone: {why}")
             mod, qual = cb
             needs.add(mod)
-            shapes = ", ".join(f"jax.ShapeDtypeStruct({avals[o][0]!r}, {avals[o][1]!r})" for o in s.outs if o)
+            shapes = ", ".join(f"jax.ShapeDtypeStruct({avals[o][0]!r}, {str(avals[o][1])!r})" for o in s.outs if o)
             call = (f"lambda *a: jax.pure_callback(__import__('importlib').import_module({mod!r}).{qual}, "
                     f"[{shapes}], *a)")
             lines.append(f"# {s.name} calls back into the project ({mod}.{qual}): it is imported, not carried")

@@ -196,3 +196,32 @@ def test_a_short_scan_is_unrolled_into_its_iterations_with_the_same_values(tmp_p
     # A long scan stays one node, and the description says so.
     long = h.jax_program(f, (jnp.full((4, 4), 0.1), jnp.ones((h.UNROLL_LENGTH + 1, 4)), Config()), "t")
     assert "kept whole: scan" in long.graph, long.graph
+
+
+def test_an_equation_on_a_prng_key_is_extracted_into_a_repro_that_runs(tmp_path):
+    pkg = project(tmp_path, """
+        import jax
+        import jax.numpy as jnp
+
+        def f(x, key):
+            k1, k2 = jax.random.split(key)
+            return x * jax.random.uniform(k1, x.shape) + jax.random.normal(k2, x.shape)
+
+        def inputs():
+            return jnp.ones(4), jax.random.key(7)
+    """)
+    args = ["--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu"]
+    rec = tmp_path / "rec"
+    code, out = harness(pkg, *args, "run", "--record", str(rec))
+    assert code == 0, out
+    d = tmp_path / "d.json"
+    harness(pkg, *args, "describe", "--out", str(d))
+    nodes = [n["id"] for n in json.loads(d.read_text())["nodes"]]
+    keep = ",".join(nodes[:4])  # the split and the first draws: keys in, keys and bits out
+    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out",
+                        str(tmp_path / "min"))
+    assert code == 0, out
+    run = subprocess.run([sys.executable, str(tmp_path / "min" / "repro.py")], cwd=tmp_path, text=True,
+                         capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "repro: finished without a fault" in run.stdout
