@@ -372,7 +372,8 @@ def flatten_functional(prog, model, in_atoms, prefix, counter, path=()):
     """Appends `model`'s layers (nested functional models descended) to `prog.steps`; returns the atoms
     of its outputs. `in_atoms`: the atoms of its inputs, in `tree.flatten(model.inputs)` order."""
     from keras import tree
-    names = {id(t): a for t, a in zip(tree.flatten(model.inputs), in_atoms)}
+    # The inputs as the model takes them (a dict of named inputs, a list), flattened as Keras does.
+    names = {id(t): a for t, a in zip(tree.flatten(getattr(model, "_inputs_struct", model.inputs)), in_atoms)}
     depths = sorted(model._nodes_by_depth.keys(), reverse=True)
     for depth in depths:
         for node in model._nodes_by_depth[depth]:
@@ -480,7 +481,7 @@ def keras_program(a):
     prog = Program()
     x = as_args(data)
     atoms = []
-    for i, v in enumerate(x):
+    for i, v in enumerate(keras.tree.flatten(x)):
         name = f"in{i}"
         prog.values[name] = v
         prog.avals[name] = aval_of(v)
@@ -902,9 +903,12 @@ def extract(prog, keep, recording, out_dir, title):
         arrays[name] = np.load(file, allow_pickle=False)
         meta[name] = src.meta.get(name, {})
     avals = dict(prog.avals)
-    for name in boundary:
-        v = src.load(name)
-        avals[name] = (tuple(v.shape), v.dtype)
+    # Every value the kept steps read, as the recorded run had it (a Keras tensor's batch dimension is
+    # unknown before running).
+    for name in {a[1] for st in kept for a in st.ins if a[0] == "var"}:
+        if os.path.exists(os.path.join(recording, f"{name}.npy")):
+            v = src.load(name)
+            avals[name] = (tuple(v.shape), v.dtype)
     lines = []
     needs = set()
     kernels = []

@@ -225,3 +225,37 @@ def test_an_equation_on_a_prng_key_is_extracted_into_a_repro_that_runs(tmp_path)
                          capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "repro: finished without a fault" in run.stdout
+
+
+def test_a_keras_model_with_named_inputs_is_split_and_written_standalone(tmp_path):
+    pkg = project(tmp_path, """
+        import keras
+        import numpy as np
+
+        def build():
+            a = keras.Input((8,), name="a")
+            b = keras.Input((4,), name="b")
+            h = keras.layers.Concatenate()([keras.layers.Dense(8)(a), b])
+            return keras.Model({"a": a, "b": b}, keras.layers.Dense(2)(h))
+
+        def inputs():
+            return {"a": np.ones((3, 8), "float32"), "b": np.ones((3, 4), "float32")}
+    """)
+    args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
+    d = tmp_path / "d.json"
+    code, out = harness(pkg, *args, "describe", "--out", str(d))
+    assert code == 0, out
+    nodes = json.loads(d.read_text())["nodes"]
+    assert [n["op"] for n in nodes] == ["Dense", "Concatenate", "Dense"], nodes
+    assert [i["name"] for i in nodes[1]["inputs"]] == ["t0_0", "in1"], nodes
+    rec = tmp_path / "rec"
+    assert harness(pkg, *args, "run", "--record", str(rec))[0] == 0
+    keep = ",".join(n["id"] for n in nodes[1:])
+    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out",
+                        str(tmp_path / "min"))
+    assert code == 0, out
+    repro = (tmp_path / "min" / "repro.py").read_text()
+    assert "cudabisect-needs-project" not in repro
+    run = subprocess.run([sys.executable, str(tmp_path / "min" / "repro.py")], cwd=tmp_path, text=True,
+                         capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode == 0, run.stdout + run.stderr
