@@ -269,3 +269,31 @@ fn start_on_a_jax_training_script_bisects_and_hands_off_a_repro_that_reproduces(
     assert_eq!(run.status.code(), Some(1), "{out}");
     assert!(out.contains("an illegal memory access"), "{out}");
 }
+
+#[test]
+fn a_fault_only_the_jitted_step_shows_ends_the_shrink_with_the_xla_dump_in_its_logs() {
+    require_jax();
+    // The planted fault raises only in a process that dumps XLA: the harness's jitted check, never the
+    // equation-by-equation run (a stand-in for a fault inside an XLA fusion).
+    let jit_only = "[shrink]\nframework = \"jax\"\nfunction = \"toy.jitonly:step\"\ninputs = \"toy.jitonly:inputs\"\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n";
+    let (_tmp, dir) = repo(&format!("{BASE}{jit_only}"));
+    std::fs::write(
+        dir.join("toy/jitonly.py"),
+        "import os\nimport jax\nimport jax.numpy as jnp\nimport numpy as np\n\n\ndef check(x):\n    if 'xla_dump_to' in os.environ.get('XLA_FLAGS', ''):\n        raise RuntimeError('CUDA error: an illegal memory access was encountered')\n    return np.asarray(x)\n\n\n@jax.jit\ndef step(x):\n    y = jax.pure_callback(check, jax.ShapeDtypeStruct(x.shape, x.dtype), x * 2)\n    return jnp.sin(y).sum()\n\n\ndef inputs():\n    return (jnp.ones(3),)\n",
+    )
+    .unwrap();
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(r["status"], "not_reproduced", "{out}");
+    let summary = r["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("does not show equation by equation, only in the jitted executable"),
+        "{summary}"
+    );
+    let dump = PathBuf::from(r["out_dir"].as_str().unwrap()).join("logs/xla-dump");
+    assert!(
+        std::fs::read_dir(&dump).is_ok_and(|mut d| d.next().is_some()),
+        "no XLA dump in {}",
+        dump.display()
+    );
+}
