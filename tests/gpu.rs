@@ -1361,6 +1361,29 @@ fn jax_gpu_files(offset: i64, config: &str) -> Files {
     f
 }
 
+/// Checks that a shrink report's `repro.py` needs nothing of the project and, run alone from a fresh
+/// directory, faults with an illegal address; returns what it printed.
+fn standalone_repro_faults(shrink: &serde_json::Value) -> String {
+    let minimal = PathBuf::from(
+        shrink["minimal_model"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no repro.py: {}", shrink["extract_error"])),
+    );
+    let repro = std::fs::read_to_string(&minimal).unwrap();
+    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
+    let (code, out) = repro_alone(minimal.parent().unwrap());
+    println!(
+        "repro.py alone: exit {code:?}\n{}",
+        out.lines().take(8).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || out.contains("illegal memory access"),
+        "{out}"
+    );
+    out
+}
+
 /// Runs a minimal repro's folder from a fresh directory without the project; its exit and output.
 fn repro_alone(minimal: &Path) -> (Option<i32>, String) {
     let fresh = tempfile::tempdir().unwrap();
@@ -1409,23 +1432,7 @@ fn a_jax_training_step_with_a_faulting_pallas_kernel_is_bisected_shrunk_and_hand
         r["shrink"]["signature"]["kernel"], "window_kernel",
         "{text}"
     );
-    let minimal = PathBuf::from(
-        r["shrink"]["minimal_model"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no repro.py: {}", r["shrink"]["extract_error"])),
-    );
-    let repro = std::fs::read_to_string(&minimal).unwrap();
-    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
-    let (code, out) = repro_alone(minimal.parent().unwrap());
-    println!(
-        "repro.py alone: exit {code:?}\n{}",
-        out.lines().take(8).collect::<Vec<_>>().join("\n")
-    );
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || out.contains("illegal memory access"),
-        "{out}"
-    );
+    let out = standalone_repro_faults(&r["shrink"]);
     assert!(
         out.contains("@@cudabisect launch kernel=window_kernel"),
         "{out}"
@@ -1464,21 +1471,5 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
         .map(|n| n["id"].as_str().unwrap())
         .collect();
     assert_eq!(kept, ["l01_window"], "{text}");
-    let minimal = PathBuf::from(
-        r["minimal_model"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no repro.py: {}", r["extract_error"])),
-    );
-    let repro = std::fs::read_to_string(&minimal).unwrap();
-    assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
-    let (code, out) = repro_alone(minimal.parent().unwrap());
-    println!(
-        "repro.py alone: exit {code:?}\n{}",
-        out.lines().take(8).collect::<Vec<_>>().join("\n")
-    );
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains("CUDA_ERROR_ILLEGAL_ADDRESS") || out.contains("illegal memory access"),
-        "{out}"
-    );
+    standalone_repro_faults(&r);
 }

@@ -17,26 +17,14 @@ use serde_json::Value;
 use support::{kept, shrink, start_report};
 
 fn require_jax() {
-    let ok = Command::new("python3")
-        .args([
-            "-c",
-            "import jax, flatbuffers, os; os.environ['KERAS_BACKEND'] = 'jax'; import keras",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "these tests need a real jax, keras and flatbuffers: pip install 'jax[cpu]' keras flatbuffers (CI installs them)"
+    support::require_python(
+        "import jax, flatbuffers, os; os.environ['KERAS_BACKEND'] = 'jax'; import keras",
+        "a real jax, keras and flatbuffers: pip install 'jax[cpu]' keras flatbuffers",
     );
 }
 
 fn fixture(rel: &str) -> String {
-    std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/jax")
-            .join(rel),
-    )
-    .unwrap()
+    support::fixture_text("jax", rel)
 }
 
 /// The JAX fixture with a table of `rows` rows (the batch reaches row 7) and `config` as bisect.toml.

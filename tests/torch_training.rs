@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
@@ -14,23 +14,11 @@ use serde_json::Value;
 use support::{kept, shrink, start_report};
 
 fn require_torch() {
-    let ok = Command::new("python3")
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ok,
-        "these tests need a real torch: pip install torch (CI installs it)"
-    );
+    support::require_python("import torch", "a real torch: pip install torch");
 }
 
 fn fixture(rel: &str) -> String {
-    std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/torch/training")
-            .join(rel),
-    )
-    .unwrap()
+    support::fixture_text("torch/training", rel)
 }
 
 /// A repository with the training fixture and `config` as its bisect.toml.

@@ -278,12 +278,23 @@ impl Driver<'_, '_> {
         target: Option<&Signature>,
     ) -> Option<ProbeRecord> {
         let ctx = self.context(role, search, 0);
+        self.probe_in(prober, oid, &ctx, target)
+    }
+
+    /// Probes one commit on the driver's thread in `ctx`; `None` when the probe was interrupted.
+    fn probe_in(
+        &mut self,
+        prober: &mut dyn Probe,
+        oid: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+    ) -> Option<ProbeRecord> {
         let probed = probe_commit(
             prober,
             self.policy,
             self.settled,
             oid,
-            &ctx,
+            ctx,
             target,
             self.reporter,
         );
@@ -372,19 +383,7 @@ impl Driver<'_, '_> {
         let repeat = self.next_repeat(oid);
         let mut ctx = self.context(role, search, 0);
         ctx.repeat = Some(repeat);
-        let probed = probe_commit(
-            prober,
-            self.policy,
-            self.settled,
-            oid,
-            &ctx,
-            target,
-            self.reporter,
-        );
-        if probed.interrupted {
-            return None;
-        }
-        Some(self.finish(ctx.step, probed))
+        self.probe_in(prober, oid, &ctx, target)
     }
 }
 

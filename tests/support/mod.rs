@@ -66,3 +66,26 @@ pub fn start_report(dir: &Path, args: &[&str], scratch: &Path) -> (i32, Value, S
         .unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), r, text)
 }
+
+/// Fails the test, naming what to install, unless `python3 -c CODE` succeeds: these tests must never
+/// pass unrun. (Only the binaries that run Python use it.)
+#[allow(dead_code)]
+pub fn require_python(code: &str, install: &str) {
+    let ok = Command::new("python3")
+        .args(["-c", code])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "these tests need {install} (CI installs it)");
+}
+
+/// A fixture file's text: `fixtures/<dir>/<rel>`. (Only the binaries that run Python use it.)
+#[allow(dead_code)]
+pub fn fixture_text(dir: &str, rel: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(dir)
+            .join(rel),
+    )
+    .unwrap()
+}
