@@ -626,6 +626,36 @@ def describe(prog, out):
     return 0
 
 
+def pallas_kernels(jaxpr, found):
+    """The Pallas kernels a jaxpr launches, nested jaxprs (jit, cond branches, scan bodies) included."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.add(pallas_kernel(eqn))
+            continue
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                body = getattr(sub, "jaxpr", sub)
+                if hasattr(body, "eqns"):
+                    pallas_kernels(body, found)
+    return found
+
+
+def layer_kernel(s, ins):
+    """The Pallas kernel a Keras layer launches, when it launches exactly one (traced on the JAX backend
+    on its actual inputs): the layer node then names it, as an equation node does, and carries its
+    source's place. "" when none or several, or when the layer cannot be traced."""
+    try:
+        import jax
+        found = pallas_kernels(jax.make_jaxpr(lambda *v: s.call(*v))(*ins).jaxpr, set())
+    except Exception:  # noqa: BLE001 - another backend, or a layer JAX cannot trace: no name
+        return ""
+    if len({name for name, _ in found}) != 1:
+        return ""
+    name, src = found.pop()
+    s.kernel_source = s.kernel_source or src
+    return name
+
+
 def markers(s):
     return dict(node=s.name, op=s.op, kernel=s.kernel)
 
@@ -672,6 +702,8 @@ def execute(prog, keep=None, recording=None, record=None):
         say(MARKER.format(**markers(s), phase="begin"))
         try:
             ins = [value(a) for a in s.ins]
+            if s.layer is not None and s.launches is None:
+                s.launches = layer_kernel(s, ins)
             if s.launches:
                 say(LAUNCH.format(kernel=s.launches))
             outs = s.call(*ins)
@@ -913,6 +945,9 @@ def extract(prog, keep, recording, out_dir, title):
     needs = set()
     kernels = []
     for s in kept:
+        if s.layer is not None and s.launches is None:
+            vals = [src.load(a[1]) if a[0] == "var" else a[1] for a in s.ins]
+            s.launches = layer_kernel(s, vals) or None
         args = ", ".join(literal_source(a[1]) if a[0] == "lit" else f"v[{a[1]!r}]" for a in s.ins)
         var_args = ", ".join(f"v[{a[1]!r}]" for a in s.ins if a[0] == "var")
         outs = ", ".join(repr(o) for o in s.outs)

@@ -259,3 +259,42 @@ def test_a_keras_model_with_named_inputs_is_split_and_written_standalone(tmp_pat
     run = subprocess.run([sys.executable, str(tmp_path / "min" / "repro.py")], cwd=tmp_path, text=True,
                          capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_keras_layer_that_launches_one_pallas_kernel_names_it(tmp_path):
+    pkg = project(tmp_path, """
+        import jax
+        import keras
+        import numpy as np
+        from jax.experimental import pallas as pl
+
+        def double_kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+
+        class Double(keras.layers.Layer):
+            def call(self, x):
+                return pl.pallas_call(double_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                      interpret=True)(x)
+
+        def build():
+            x = keras.Input((8,), batch_size=2)
+            return keras.Model(x, keras.layers.Dense(4)(Double(name="double")(x)))
+
+        def inputs():
+            return np.ones((2, 8), "float32")
+    """)
+    args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
+    rec = tmp_path / "rec"
+    code, out = harness(pkg, *args, "run", "--record", str(rec))
+    assert code == 0, out
+    lines = out.splitlines()
+    begin = lines.index("@@cudabisect node=l00_double op=Double kernel=Double begin")
+    assert lines[begin + 1] == "@@cudabisect launch kernel=double_kernel", out
+    # The Dense layer launches no Pallas kernel: no launch line names one for it.
+    dense = lines.index("@@cudabisect node=l01_dense op=Dense kernel=Dense begin")
+    assert not lines[dense + 1].startswith("@@cudabisect launch"), out
+    code, out = harness(pkg, *args, "extract", "--keep", "l00_double", "--recording", str(rec), "--out",
+                        str(tmp_path / "min"))
+    assert code == 0, out
+    repro = (tmp_path / "min" / "repro.py").read_text()
+    assert "#     def double_kernel(x_ref, o_ref):" in repro, repro
