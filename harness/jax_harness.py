@@ -875,7 +875,7 @@ import json
 import os
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "jax")  # a project layer this imports is built on JAX
+os.environ.setdefault("KERAS_BACKEND", {backend!r})  # a project layer this imports: the model's backend
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -989,7 +989,8 @@ def extract(prog, keep, recording, out_dir, title):
     with open(os.path.join(out_dir, "repro_values.json"), "w") as f:
         json.dump(meta, f)
     what = "layers" if prog.steps and prog.steps[0].eqn is None else "equations"
-    text = REPRO_HEAD.format(title=title, what=what)
+    backend = keras_backend() if prog.factory else "jax"
+    text = REPRO_HEAD.format(title=title, what=what, backend=backend)
     if needs:
         note = ("# cudabisect-needs-project: " + " ".join(sorted(needs)) + "\n"
                 "# NOT STANDALONE: it imports the project (a host callback, or a layer JAX cannot serialize).\n")

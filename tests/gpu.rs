@@ -1471,5 +1471,7 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
         .map(|n| n["id"].as_str().unwrap())
         .collect();
     assert_eq!(kept, ["l01_window"], "{text}");
+    // The layer launches one Pallas kernel: the shrink's signature names it.
+    assert_eq!(r["signature"]["kernel"], "window_kernel", "{text}");
     standalone_repro_faults(&r);
 }

@@ -298,3 +298,32 @@ def test_a_keras_layer_that_launches_one_pallas_kernel_names_it(tmp_path):
     assert code == 0, out
     repro = (tmp_path / "min" / "repro.py").read_text()
     assert "#     def double_kernel(x_ref, o_ref):" in repro, repro
+
+
+def test_a_keras_model_on_the_torch_backend_is_split_and_run_on_recorded_values(tmp_path):
+    pkg = project(tmp_path, """
+        import keras
+        import numpy as np
+
+        def build():
+            return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                     keras.layers.Dense(4)])
+
+        def inputs():
+            return np.ones((3, 8), "float32")
+    """)
+    args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
+    env = {"KERAS_BACKEND": "torch"}
+    d = tmp_path / "d.json"
+    code, out = harness(pkg, *args, "describe", "--out", str(d), env=env)
+    assert code == 0, out
+    assert "on torch" in json.loads(d.read_text())["graph"]
+    rec = tmp_path / "rec"
+    assert harness(pkg, *args, "run", "--record", str(rec), env=env)[0] == 0
+    code, out = harness(pkg, *args, "run", "--keep", "l01_dense_1", "--recording", str(rec), env=env)
+    assert code == 0, out
+    assert "@@cudabisect node=l01_dense_1 op=Dense kernel=Dense end" in out
+    code, out = harness(pkg, *args, "extract", "--keep", "l01_dense_1", "--recording", str(rec), "--out",
+                        str(tmp_path / "min"), env=env)
+    assert code == 0, out
+    assert "'torch'" in (tmp_path / "min" / "repro.py").read_text()
