@@ -574,10 +574,14 @@ class Recording:
                 self.meta = json.load(f)
 
     def save(self, name, value):
+        """Saves a value; one numpy cannot hold as itself (bfloat16, a PRNG key) is written to
+        values.json at once, so a run that dies right after still leaves it readable."""
         import numpy as np
         arr, meta = to_numpy(value)
         np.save(os.path.join(self.path, f"{name}.npy"), arr, allow_pickle=False)
-        self.meta[name] = meta
+        if set(meta) != {"dtype"}:
+            self.meta[name] = meta
+            self.flush()
 
     def load(self, name):
         import numpy as np
@@ -716,8 +720,6 @@ def execute(prog, keep=None, recording=None, record=None):
                 env[name] = v
                 if rec:
                     rec.save(name, v)
-        if rec:
-            rec.flush()
     return 0
 
 

@@ -51,32 +51,16 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
     (tmp, dir)
 }
 
-/// Copies the minimal repro's folder somewhere else and runs it there, with the project on
-/// `PYTHONPATH` only when `project` is given.
+/// Runs the minimal repro away from the project, on the CPU.
 fn run_alone(
     report: &Value,
     project: Option<&Path>,
     env: &[(&str, &str)],
 ) -> (Option<i32>, String) {
-    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
-    let fresh = tempfile::tempdir().unwrap();
-    cudabisect::report::bundle::copy_dir(repro.parent().unwrap(), fresh.path()).unwrap();
-    let mut cmd = Command::new("python3");
-    cmd.arg(fresh.path().join("repro.py"))
-        .current_dir(fresh.path())
-        .env("JAX_PLATFORMS", "cpu")
-        .env_remove("PYTHONPATH");
-    if let Some(p) = project {
-        cmd.env("PYTHONPATH", p);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
+    let env: Vec<(&str, &str)> = std::iter::once(("JAX_PLATFORMS", "cpu"))
+        .chain(env.iter().copied())
+        .collect();
+    support::run_repro_alone(report, project, &env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\nenv = { JAX_PLATFORMS = \"cpu\" }\n\n[triage]\nenabled = false\n\n";

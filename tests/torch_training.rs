@@ -42,25 +42,9 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
     (tmp, dir)
 }
 
-/// Copies the minimal repro into a fresh directory (away from the project) and runs it there.
+/// Runs the minimal repro away from the project.
 fn run_alone(report: &Value, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
-    let fresh = tempfile::tempdir().unwrap();
-    for f in ["repro.py", "repro_data.pt"] {
-        std::fs::copy(repro.parent().unwrap().join(f), fresh.path().join(f)).unwrap();
-    }
-    let mut cmd = Command::new("python3");
-    cmd.arg(fresh.path().join("repro.py"))
-        .current_dir(fresh.path())
-        .env_remove("PYTHONPATH");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
+    support::run_repro_alone(report, None, env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\n\n[triage]\nenabled = false\n\n";

@@ -89,3 +89,32 @@ pub fn fixture_text(dir: &str, rel: &str) -> String {
     )
     .unwrap()
 }
+
+/// Copies a shrink report's minimal repro folder into a fresh directory, away from the project, and runs
+/// its `repro.py` there with `env` added (and the project on `PYTHONPATH` only when `project` is given);
+/// its exit status and everything it printed. (Only the binaries that run Python use it.)
+#[allow(dead_code)]
+pub fn run_repro_alone(
+    report: &Value,
+    project: Option<&Path>,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let repro = std::path::PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
+    let fresh = tempfile::tempdir().unwrap();
+    cudabisect::report::bundle::copy_dir(repro.parent().unwrap(), fresh.path()).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(fresh.path().join("repro.py"))
+        .current_dir(fresh.path())
+        .env_remove("PYTHONPATH");
+    if let Some(p) = project {
+        cmd.env("PYTHONPATH", p);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
