@@ -449,9 +449,13 @@ fn a_fault_stack_the_sanitizer_settled_is_not_sanitized_again_and_a_lookalike_st
         None,
     );
     assert_eq!(run.end, SearchEnd::Found(oid(26)), "{:?}", run.records);
-    // The bad endpoint's sanitizer run settled the target's stack: no probe with that stack ran the
-    // sanitizer again, and each one still names the target's kernel.
+    // The bad endpoint's sanitizer run settled the target's stack: no search probe with that stack ran
+    // the sanitizer again, and each one still names the target's kernel. Only the culprit, judged from
+    // memory, is checked by a run of its own before it is named.
     assert_eq!(run.sanitized[0], 32);
+    let targets_sanitized: Vec<&usize> = run.sanitized.iter().filter(|i| **i >= 26).collect();
+    assert_eq!(targets_sanitized, [&32, &26], "{:?}", run.sanitized);
+    assert_eq!(run.records.last().map(|r| r.role), Some(ProbeRole::Verify));
     let target_probes: Vec<&ProbeRecord> = run
         .records
         .iter()
@@ -459,10 +463,6 @@ fn a_fault_stack_the_sanitizer_settled_is_not_sanitized_again_and_a_lookalike_st
         .collect();
     assert!(!target_probes.is_empty(), "{:?}", run.records);
     for r in &target_probes {
-        assert!(
-            !run.sanitized.contains(&index(r.commit.parse().unwrap())),
-            "{r:?}"
-        );
         assert_eq!(r.verdict, Verdict::Bad, "{r:?}");
         assert_eq!(r.signature.kernel.as_deref(), Some("_hash_embed_kernel"));
         assert!(
@@ -490,6 +490,55 @@ fn a_fault_stack_the_sanitizer_settled_is_not_sanitized_again_and_a_lookalike_st
         .filter(|i| (12..=20).contains(*i))
         .count();
     assert_eq!(sanitized_lookalikes, 1, "{:?}", run.sanitized);
+}
+
+#[test]
+fn a_remembered_stack_that_launches_two_kernels_is_caught_at_the_culprit_and_searched_again() {
+    // One op of an extension dispatches to two kernels from the very same lines: the lookalike's stack
+    // is the target's. The memory takes the lookalike for the target, the culprit's own sanitizer run
+    // says otherwise, and the search runs again with every lookalike settled afresh.
+    let op = "pkg/ops.py:9 in fused: return ext.fused(x, n)";
+    let run = run_search_with(
+        32,
+        &[],
+        move |i| match i {
+            12..=20 => through_wrapper(op),
+            i if i >= 26 => through_wrapper(op),
+            _ => clean(),
+        },
+        Some(Box::new(|i| match i {
+            12..=20 => Some("fused_small_kernel".to_string()),
+            i if i >= 26 => Some("fused_large_kernel".to_string()),
+            _ => None,
+        })),
+        None,
+    );
+    assert_eq!(run.end, SearchEnd::Found(oid(26)), "{:?}", run.records);
+    // The first answer's culprit was checked by the sanitizer itself, and was another kernel.
+    let verify: Vec<&ProbeRecord> = run
+        .records
+        .iter()
+        .filter(|r| r.role == ProbeRole::Verify)
+        .collect();
+    assert_eq!(verify.len(), 1, "{:?}", run.records);
+    assert_eq!(
+        verify[0].signature.kernel.as_deref(),
+        Some("fused_small_kernel")
+    );
+    // In the search run again, no lookalike was judged from memory.
+    let after = run
+        .records
+        .iter()
+        .position(|r| r.role == ProbeRole::Verify)
+        .unwrap();
+    for r in &run.records[after..] {
+        assert!(
+            !r.sanitizer
+                .as_deref()
+                .is_some_and(|s| s.starts_with("not run again")),
+            "{r:?}"
+        );
+    }
 }
 
 #[test]

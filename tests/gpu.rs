@@ -900,8 +900,9 @@ fn cold_probes_pay_one_sanitizer_run_per_fault_stack_and_still_tell_the_two_bugs
         .count();
     let remembered = ran.len() - fresh;
     println!("sanitizer runs: {fresh}; answers remembered: {remembered}");
-    // The bad endpoint's run and the first lookalike's; every other lookalike or target probe remembered.
-    assert!(fresh <= 2, "{ran:?}");
+    // The bad endpoint's run, the first lookalike's and the culprit's own check before it is named; every
+    // other lookalike or target probe remembered.
+    assert!(fresh <= 3, "{ran:?}");
     assert!(remembered >= 1, "{ran:?}");
     let others = r["other_bugs"].as_array().unwrap();
     assert!(!others.is_empty(), "the other bug was never met: {r:#}");

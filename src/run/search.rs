@@ -18,7 +18,7 @@ use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
 use crate::git::RangeCommit;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{FlakyAnswer, OtherBug, ProbeRecord, ProbeRole, Verification};
-use crate::run::settled::SettledStacks;
+use crate::run::settled::{SettledStacks, REMEMBERED};
 
 use super::probe::{Probe, ProbeContext};
 use super::verdict::is_host_problem;
@@ -127,7 +127,7 @@ fn probe_commit(
             let before = record.signature.clone();
             if let Some(known) = settled.get(&before) {
                 record.sanitizer = Some(format!(
-                    "not run again: the same fault stack was settled at {} ({})",
+                    "{REMEMBERED} {} ({})",
                     &known.commit[..known.commit.len().min(12)],
                     known.kernel
                 ));
@@ -409,14 +409,88 @@ pub fn search_with_workers(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> SearchOutcome {
+    let settled = SettledStacks::default();
+    let mut outcome = search_once(input, workers, reporter, cancel, &settled);
+    let Some(culprit) = judged_from_memory(&outcome) else {
+        return outcome;
+    };
+    // The culprit's fault was judged by a stack the sanitizer settled at another commit. Before it is
+    // named, the sanitizer looks at the culprit itself: one op can launch two kernels from the same lines.
+    let (Some(first), Some(target)) = (workers.first_mut(), outcome.target.clone()) else {
+        return outcome;
+    };
+    let ctx = ProbeContext {
+        step: outcome.probes.len() + 1,
+        role: ProbeRole::Verify,
+        remaining: 1,
+        estimated_steps: 0,
+        worker: None,
+        repeat: None,
+    };
+    let Some(s) = first.probe.sanitize(culprit, &ctx, reporter) else {
+        return outcome;
+    };
+    let named = s.finding.as_ref().and_then(|f| f.kernel.clone());
+    let mut record = s.endpoint_record(culprit, &target, Verdict::Bad);
+    record.role = ProbeRole::Verify;
+    reporter.event(&Event::ProbeFinished {
+        step: ctx.step,
+        record: Box::new(record.clone()),
+    });
+    outcome.probes.push(record);
+    match (named, target.kernel.as_deref()) {
+        (Some(k), Some(want)) if k != want => {
+            reporter.event(&Event::Warning {
+                message: format!(
+                    "the sanitizer names {k} at {}, where the search took a remembered fault stack for {want}'s: the same lines launch more than one kernel. Searching again, every lookalike settled by the sanitizer itself",
+                    short_sha(&culprit.to_string())
+                ),
+            });
+            let mut again = search_once(input, workers, reporter, cancel, &SettledStacks::off());
+            let mut probes = std::mem::take(&mut outcome.probes);
+            probes.append(&mut again.probes);
+            again.probes = probes;
+            again
+        }
+        _ => outcome,
+    }
+}
+
+/// The culprit of a search that found one, when its bad verdict came from a remembered fault stack
+/// rather than a sanitizer run of its own.
+fn judged_from_memory(outcome: &SearchOutcome) -> Option<Oid> {
+    let SearchEnd::Found(culprit) = outcome.end else {
+        return None;
+    };
+    let sha = culprit.to_string();
+    outcome
+        .probes
+        .iter()
+        .rev()
+        .find(|p| p.commit == sha && p.verdict == Verdict::Bad)
+        .filter(|p| {
+            p.sanitizer
+                .as_deref()
+                .is_some_and(|s| s.starts_with(REMEMBERED))
+        })
+        .map(|_| culprit)
+}
+
+/// One search with `settled` as its memory of sanitizer answers.
+fn search_once(
+    input: &SearchInput,
+    workers: &mut [Worker],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+    settled: &SettledStacks,
+) -> SearchOutcome {
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
     let mut bisector = Bisector::new(&parents);
     let count = workers.len();
-    let settled = SettledStacks::default();
     let mut d = Driver {
         reporter,
         policy: input.policy,
-        settled: &settled,
+        settled,
         probes: Vec::new(),
         other_bugs: Vec::new(),
         steps: 0,

@@ -6,7 +6,9 @@
 //! wrapper frame, so the innermost frame is shared by every kernel, and a lookalike of the target in another
 //! kernel has the same site. Its callers differ, or a line of them does. A stack with any frame, line or
 //! source text changed is settled again. What this cannot see is a kernel chosen from the very same lines by
-//! data alone; the README says so.
+//! data alone (one op of an extension dispatching to two kernels): so a culprit whose fault was judged from
+//! memory is run under the sanitizer itself before it is named, and a different kernel there sends the
+//! search round again with nothing remembered.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -24,7 +26,14 @@ pub struct Settled {
 
 /// The settled fault stacks of one run, shared by its workers.
 #[derive(Debug, Default)]
-pub struct SettledStacks(Mutex<HashMap<String, Settled>>);
+pub struct SettledStacks {
+    known: Mutex<HashMap<String, Settled>>,
+    /// Remembers nothing: a search run again after a remembered answer proved wrong at its culprit.
+    off: bool,
+}
+
+/// The note a probe record carries when its kernel came from an earlier sanitizer run, not its own.
+pub const REMEMBERED: &str = "not run again: the same fault stack was settled at";
 
 /// The key of a fault: class, code, exception and every user frame. `None` when the output had no
 /// traceback of the user's code (nothing to recognise it by).
@@ -44,18 +53,29 @@ fn key(sig: &Signature) -> Option<String> {
 impl SettledStacks {
     /// What the sanitizer named for this fault's stack earlier in the run.
     pub fn get(&self, sig: &Signature) -> Option<Settled> {
+        if self.off {
+            return None;
+        }
         let k = key(sig)?;
-        self.0
+        self.known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&k)
             .cloned()
     }
 
+    /// A memory that remembers nothing.
+    pub fn off() -> Self {
+        Self {
+            known: Mutex::default(),
+            off: true,
+        }
+    }
+
     /// Remembers what the sanitizer named for `sig`'s stack (the first answer stands).
     pub fn remember(&self, sig: &Signature, kernel: &str, commit: &str) {
-        if let Some(k) = key(sig) {
-            self.0
+        if let Some(k) = key(sig).filter(|_| !self.off) {
+            self.known
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .entry(k)
@@ -115,5 +135,9 @@ mod tests {
         // The first answer stands.
         memory.remember(&gelu, "other", "def");
         assert_eq!(memory.get(&gelu).map(|s| s.commit), Some("abc".into()));
+        // One that is off remembers nothing.
+        let off = SettledStacks::off();
+        off.remember(&gelu, "_bias_gelu_kernel", "abc");
+        assert_eq!(off.get(&gelu), None);
     }
 }
