@@ -631,3 +631,36 @@ fn warm_probes_name_the_triton_kernel_that_faulted_so_a_lookalike_bug_needs_no_s
     }
     assert!(lookalikes > 0, "the other bug was never met: {report:#}");
 }
+
+#[test]
+fn a_library_that_starts_cuda_at_import_is_left_out_of_the_preload_and_probes_stay_warm() {
+    // A stand-in torch whose CUDA state a library flips at import, as real kernel libraries do when they
+    // query the device (`torch.cuda.get_device_capability()`) at import (the real one needs a GPU).
+    let script = "import sys, torch, devlib\nv = int(open('version.txt').read())\nif v >= @BAD@:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\nprint('ok', torch.cuda.is_initialized())\n";
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\nenv = { PYTHONPATH = \"@SCRATCH@/site-packages\" }\n[triage]\nenabled = false\n";
+    let repo = linear(40, 24, script, config);
+    let site = repo.scratch.join("site-packages");
+    std::fs::create_dir_all(site.join("torch")).unwrap();
+    std::fs::create_dir_all(site.join("devlib")).unwrap();
+    std::fs::write(
+        site.join("torch/__init__.py"),
+        "class cuda:\n    started = False\n\n    @staticmethod\n    def is_initialized():\n        return cuda.started\n",
+    )
+    .unwrap();
+    std::fs::write(
+        site.join("devlib/__init__.py"),
+        "import torch\n\ntorch.cuda.started = True  # the device queried at import\n",
+    )
+    .unwrap();
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 24", "{err}");
+    let runners: Vec<String> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["runner"].as_str().unwrap_or("").to_string())
+        .collect();
+    // Every probe ran warm: the server preloads torch, and each child imports devlib itself.
+    assert!(runners.iter().all(|r| r == "warm"), "{runners:?}\n{err}");
+}

@@ -210,3 +210,52 @@ def test_a_killed_client_takes_its_child_along(server):
         time.sleep(0.05)
     else:
         pytest.fail(f"child {child} outlived its killed client")
+
+
+def fake_cuda_site(tmp_path):
+    """A stand-in torch whose CUDA state `devlib` flips at import, as a library that queries the device
+    at import does (the real one needs a GPU)."""
+    site = tmp_path / "cudasite"
+    (site / "torch").mkdir(parents=True)
+    (site / "devlib").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        "class cuda:\n    started = False\n\n"
+        "    @staticmethod\n    def is_initialized():\n        return cuda.started\n"
+    )
+    (site / "devlib" / "__init__.py").write_text("import torch\n\ntorch.cuda.started = True\n")
+    return site
+
+
+def test_a_preload_that_starts_cuda_is_named_instead_of_listening(tmp_path):
+    site = fake_cuda_site(tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(RUNNER), "--preload", "json,torch,devlib", "serve", "--socket",
+         str(tmp_path / "s.sock")],
+        stdin=subprocess.PIPE, capture_output=True, env=dict(os.environ, PYTHONPATH=str(site)), timeout=60,
+    )
+    assert out.returncode == 3, out
+    assert out.stdout.decode().strip() == "harness: CUDA initialised by preloading devlib", out
+
+
+def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp_path):
+    site = fake_cuda_site(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), "--preload", "torch", "serve", "--socket", str(sock)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().decode().strip() == "harness: listening"
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "repro.py").write_text("import devlib\nprint('ran')\n")
+        status = tmp_path / "status"
+        run = subprocess.run(
+            [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "repro.py"],
+            cwd=work, env=dict(env, CUDABISECT_WARM_PRELOAD="devlib"), capture_output=True, timeout=60,
+        )
+        # The run itself still happens (cold), and says why; the server, unusable now, has gone.
+        assert run.stdout == b"ran\n", run
+        assert status.read_text().strip() == "cold: CUDA was initialised in the warm interpreter by preloading devlib"
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()

@@ -123,24 +123,38 @@ def changed(files):
     return None
 
 
+# What the server says, instead of listening, when a preload started CUDA: the module to leave out.
+TAINTED = "harness: CUDA initialised by preloading "
+
+
 def import_all(names):
-    """Imports `names` into the server; one that does not import is left out and said on stderr."""
+    """Imports `names` into the server one by one; one that does not import is left out and said on
+    stderr. Returns the first whose import started CUDA (a library that queries the device at import),
+    after which this interpreter can fork no child that uses CUDA; None when none did."""
     failed = []
     for name in names:
         try:
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - a module that does not import is not preloaded
             failed.append(f"{name}: {type(e).__name__}")
+        if cuda_initialised():
+            return name
     if failed:
         sys.stderr.write("not preloaded: " + ", ".join(failed) + "\n")
         sys.stderr.flush()
+    return None
 
 
 def serve(sock_path, preload):
     import atexit
 
     atexit.register(child_exit)  # before any preload registers its own: it must run after them
-    import_all(preload)
+    tainted = import_all(preload)
+    if tainted:
+        # cudabisect starts another server without it; the repro imports it in its own child.
+        sys.stdout.write(TAINTED + tainted + "\n")
+        sys.stdout.flush()
+        sys.exit(3)
     files = module_files()
     preloaded = sorted({m.split(".")[0] for m in sys.modules})
     try:
@@ -176,12 +190,14 @@ def handle(conn, listener, files, preloaded):
             os.close(fd)
         return
     more = [n for n in req.get("preload", []) if n not in sys.modules]
+    tainted = None
     if more:
         # What an earlier run taught: imported here once, instead of starting another server.
-        import_all(more)
+        tainted = import_all(more)
         files.update(module_files())
         preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
-    reason = cuda_initialised() or other_interpreter(req.get("interpreter", ""))
+    reason = (f"CUDA was initialised in the warm interpreter by preloading {tainted}" if tainted else
+              cuda_initialised() or other_interpreter(req.get("interpreter", "")))
     stale = None if reason else changed(files)
     if reason or stale or len(fds) != 3:
         why = reason or (f"{stale} changed since it was preloaded" if stale else "no streams")

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::CommandLine;
 use crate::process::CommandSpec;
-use crate::protocol::warm::WarmServer;
+use crate::protocol::warm::{WarmError, WarmServer};
 
 /// How a repro run ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,9 +49,22 @@ struct Slot {
     key: String,
     /// What to preload, once known.
     preload: Option<Vec<String>>,
-    /// Why this worker's runs go cold for the rest of the run: a preloaded module initialises CUDA at
-    /// import, so every server would be unusable as soon as it started.
+    /// Why this worker's runs go cold for the rest of the run: CUDA got initialised in the server by
+    /// something other than a preload that can be left out.
     off: Option<String>,
+    /// Modules that started CUDA when preloaded (a library that queries the device at import): never
+    /// preloaded again; each run's child imports them itself.
+    never: Vec<String>,
+}
+
+/// What the server says, instead of listening, when a preload started CUDA (followed by the module).
+const TAINTED: &str = "harness: CUDA initialised by preloading ";
+
+/// The module a server's "cold" answer blames for starting CUDA, when it names one.
+fn tainted_by(why: &str) -> Option<&str> {
+    why.split_once("by preloading ")
+        .map(|(_, m)| m.trim())
+        .filter(|m| !m.is_empty())
 }
 
 /// The warm interpreters of one run, one per worker; dropping it ends them all.
@@ -96,7 +109,8 @@ fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
         Some("-m") => argv
             .get(2)
             .map(|m| cwd.join(m.replace('.', "/")).with_extension("py")),
-        Some(a) if a.ends_with(".py") => Some(cwd.join(a)),
+        // `python3 script` runs the file whatever its name ends with.
+        Some(a) if !a.starts_with('-') => Some(cwd.join(a)),
         _ => None,
     };
     let Some(script) = script else {
@@ -204,6 +218,7 @@ impl WarmPool {
             key: key.clone(),
             preload: self.configured.clone(),
             off: None,
+            never: Vec::new(),
         });
         if slot.off.is_some() {
             return None;
@@ -216,23 +231,40 @@ impl WarmPool {
         let learning = slot.preload.is_none();
         if slot.server.is_none() {
             // Before the first run has taught what to preload, what the script imports by name.
-            let preload = slot
+            let mut preload = slot
                 .preload
                 .clone()
-                .unwrap_or_else(|| guess_preload(&argv, &spec.cwd))
-                .join(",");
-            let argv = vec![
-                resolved.display().to_string(),
-                self.script.display().to_string(),
-                "--preload".into(),
-                preload,
-            ];
+                .unwrap_or_else(|| guess_preload(&argv, &spec.cwd));
             let log = self.dir.join(format!("server-{worker}.log"));
-            // The server runs where no worktree module can shadow what it preloads.
-            slot.server = WarmServer::start(&argv, &self.dir, &env, &log).ok();
+            // A preload that starts CUDA is left out and the server started again without it, so a
+            // library that queries the device at import costs its own import, not the warm runner.
+            for _ in 0..=preload.len() {
+                preload.retain(|m| !slot.never.contains(m));
+                let argv = vec![
+                    resolved.display().to_string(),
+                    self.script.display().to_string(),
+                    "--preload".into(),
+                    preload.join(","),
+                ];
+                // The server runs where no worktree module can shadow what it preloads.
+                match WarmServer::start(&argv, &self.dir, &env, &log) {
+                    Ok(server) => {
+                        slot.server = Some(server);
+                        break;
+                    }
+                    Err(WarmError::NotReady(line)) if line.starts_with(TAINTED) => {
+                        slot.never.push(line[TAINTED.len()..].trim().to_string());
+                    }
+                    Err(_) => break,
+                }
+            }
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
-        let preload_now = slot.preload.clone();
+        let preload_now = slot.preload.clone().map(|p| {
+            p.into_iter()
+                .filter(|m| !slot.never.contains(m))
+                .collect::<Vec<_>>()
+        });
         drop(slots);
         let status = self.dir.join(format!("status-{worker}"));
         let _ = std::fs::remove_file(&status);
@@ -302,8 +334,12 @@ impl WarmPool {
                 if why.contains("changed since") {
                     slot.server = None;
                 }
-                // A preload that initialises CUDA would do it again in every new server.
-                if why.contains("CUDA was initialised") {
+                if let Some(module) = tainted_by(why) {
+                    // That module is imported by each child from now on; the next server leaves it out.
+                    slot.never.push(module.to_string());
+                    slot.server = None;
+                } else if why.contains("CUDA was initialised") {
+                    // Started by nothing that can be left out: it would happen in every new server.
                     slot.server = None;
                     slot.off = Some(why.clone());
                 }
