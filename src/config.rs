@@ -842,31 +842,7 @@ impl Config {
                 path: path.to_path_buf(),
                 message: message.to_string(),
             };
-            match (&shrink.harness, &shrink.model) {
-                (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
-                (Some(_), None) if shrink.capture || shrink.step.is_some() => {
-                    return Err(err(
-                        "capture and step use the PyTorch harness: leave harness out",
-                    ))
-                }
-                (None, Some(_))
-                    if shrink.capture || (shrink.step.is_some() && shrink.inputs.is_none()) =>
-                {
-                    return Err(err(
-                        "capture takes the model from the repro command: leave model and inputs out",
-                    ));
-                }
-                _ => {}
-            }
-            if shrink.step.as_deref().is_some_and(|s| !s.contains(':')) {
-                return Err(err("step: expected `package.module:function`"));
-            }
-            if shrink.framework == ShrinkFramework::Torch
-                && shrink.inputs.is_some()
-                && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
-            {
-                return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
-            }
+            // The shipped JAX harness first: its own words for keys that belong to the PyTorch one.
             match shrink.framework {
                 ShrinkFramework::Torch if shrink.function.is_some() => {
                     return Err(err(
@@ -875,14 +851,9 @@ impl Config {
                 }
                 ShrinkFramework::Torch => {}
                 other => {
-                    let (name, what) = match other {
-                        ShrinkFramework::Jax => ("jax", &shrink.function),
-                        _ => ("keras", &shrink.model),
-                    };
-                    let field = if other == ShrinkFramework::Jax {
-                        "function"
-                    } else {
-                        "model"
+                    let (name, field, what) = match other {
+                        ShrinkFramework::Jax => ("jax", "function", &shrink.function),
+                        _ => ("keras", "model", &shrink.model),
                     };
                     if shrink.harness.is_some() || shrink.capture || shrink.step.is_some() {
                         return Err(err(&format!(
@@ -907,6 +878,31 @@ impl Config {
                         return Err(err("framework = \"jax\": the function is what runs (name the training step itself); train and loss are for models"));
                     }
                 }
+            }
+            match (&shrink.harness, &shrink.model) {
+                (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
+                (Some(_), None) if shrink.capture || shrink.step.is_some() => {
+                    return Err(err(
+                        "capture and step use the PyTorch harness: leave harness out",
+                    ))
+                }
+                (None, Some(_))
+                    if shrink.capture || (shrink.step.is_some() && shrink.inputs.is_none()) =>
+                {
+                    return Err(err(
+                        "capture takes the model from the repro command: leave model and inputs out",
+                    ));
+                }
+                _ => {}
+            }
+            if shrink.step.as_deref().is_some_and(|s| !s.contains(':')) {
+                return Err(err("step: expected `package.module:function`"));
+            }
+            if shrink.framework == ShrinkFramework::Torch
+                && shrink.inputs.is_some()
+                && !shrink.model.as_deref().is_some_and(|m| m.contains(':'))
+            {
+                return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
             }
             if shrink.attempts == 0 || shrink.confirm == 0 || shrink.confirm_jobs == 0 {
                 return Err(err("attempts, confirm and confirm-jobs must be at least 1"));
@@ -976,6 +972,53 @@ mod tests {
             e.starts_with("b.toml:6:1: [repro] attempts must be at least 1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_jax_and_keras_frameworks_need_their_factories_and_take_no_pytorch_keys() {
+        let base = "[repro]\ncommand = \"python3 train.py\"\n[shrink]\n";
+        let ok = parse(&format!(
+            "{base}framework = \"jax\"\nfunction = \"m:step\"\ninputs = \"m:inputs\"\n"
+        ))
+        .unwrap();
+        let shrink = ok.shrink.unwrap();
+        assert_eq!(shrink.framework, ShrinkFramework::Jax);
+        assert!(!shrink.captures(), "factories, not a capture");
+        parse(&format!(
+            "{base}framework = \"keras\"\nmodel = \"m:build\"\ninputs = \"m:x\"\ntrain = true\n"
+        ))
+        .unwrap();
+        for (extra, says) in [
+            (
+                "framework = \"jax\"\ninputs = \"m:inputs\"\n",
+                "needs function",
+            ),
+            (
+                "framework = \"keras\"\nmodel = \"m:build\"\n",
+                "needs model",
+            ),
+            (
+                "framework = \"jax\"\nfunction = \"m:f\"\ninputs = \"m:i\"\nmodel = \"m:b\"\n",
+                "not model",
+            ),
+            (
+                "framework = \"jax\"\nfunction = \"m:f\"\ninputs = \"m:i\"\ntrain = true\n",
+                "train and loss are for models",
+            ),
+            (
+                "framework = \"keras\"\nmodel = \"m:b\"\ninputs = \"m:i\"\noptimizer = \"m:o\"\n",
+                "takes no optimizer",
+            ),
+            (
+                "framework = \"keras\"\nmodel = \"m:b\"\ninputs = \"m:i\"\ncapture = true\n",
+                "leave harness, capture and step out",
+            ),
+            ("function = \"m:f\"\n", "function is for framework"),
+            ("framework = \"tensorflow\"\n", "unknown variant"),
+        ] {
+            let e = parse(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
     }
 
     #[test]
