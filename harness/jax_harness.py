@@ -125,6 +125,16 @@ class Program:
         self.factory = None  # the Keras model factory (pkg.mod:build)
         self.unrolled = 0    # scans unrolled into their iterations
 
+    def inputs(self, values):
+        """Names the program's input values `in0`, `in1`, … and returns their atoms."""
+        atoms = []
+        for i, v in enumerate(values):
+            name = f"in{i}"
+            self.values[name] = v
+            self.avals[name] = aval_of(v)
+            atoms.append(("var", name))
+        return atoms
+
 
 def aval_of(v):
     """(shape, dtype) of a value; the dtype as JAX has it (a PRNG key's included), or a type name."""
@@ -315,13 +325,7 @@ def jax_program(fn, args, graph):
 
     closed = jax.make_jaxpr(flat_fn)(*flat)
     prog = Program()
-    names = []
-    for i, leaf in enumerate(flat):
-        name = f"in{i}"
-        prog.values[name] = leaf
-        prog.avals[name] = aval_of(leaf)
-        names.append(("var", name))
-    flatten_jaxpr(prog, closed.jaxpr, closed.consts, names, "")
+    flatten_jaxpr(prog, closed.jaxpr, closed.consts, prog.inputs(flat), "")
     prog.graph = graph + f": {len(prog.steps)} equations of its jaxpr, calls inlined"
     if prog.unrolled:
         prog.graph += f", {prog.unrolled} scan(s) unrolled into their iterations"
@@ -480,12 +484,7 @@ def keras_program(a):
                            f"keras {type(model).__name__} (subclassed: no layer graph), its stateless call")
     prog = Program()
     x = as_args(data)
-    atoms = []
-    for i, v in enumerate(keras.tree.flatten(x)):
-        name = f"in{i}"
-        prog.values[name] = v
-        prog.avals[name] = aval_of(v)
-        atoms.append(("var", name))
+    atoms = prog.inputs(keras.tree.flatten(x))
     if is_functional(model):
         flatten_functional(prog, model, atoms, "", [0])
         how = "its operation graph, nested models descended"
@@ -506,11 +505,7 @@ def keras_program(a):
 def keras_whole(model, data, why):
     prog = Program()
     x = as_args(data)
-    atoms = []
-    for i, v in enumerate(x):
-        prog.values[f"in{i}"] = v
-        prog.avals[f"in{i}"] = aval_of(v)
-        atoms.append(("var", f"in{i}"))
+    atoms = prog.inputs(x)
     prog.avals["t0_0"] = ((), "")
 
     def call(*ins):

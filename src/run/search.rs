@@ -128,7 +128,7 @@ fn probe_commit(
             if let Some(known) = settled.get(&before) {
                 record.sanitizer = Some(format!(
                     "{REMEMBERED} {} ({})",
-                    &known.commit[..known.commit.len().min(12)],
+                    short_sha(&known.commit),
                     known.kernel
                 ));
                 other_bug = judge_by_kernel(oid, t, &mut record, known.kernel);

@@ -57,10 +57,9 @@ struct Slot {
     never: Vec<String>,
 }
 
-/// What the server says, instead of listening, when a preload started CUDA (followed by the module).
-const TAINTED: &str = "harness: CUDA initialised by preloading ";
-
-/// The module a server's "cold" answer blames for starting CUDA, when it names one.
+/// The module a server blames for starting CUDA, when it names one: instead of listening
+/// (`harness: CUDA initialised by preloading <module>`), or in a run's cold answer (`CUDA was initialised
+/// in the warm interpreter by preloading <module>`).
 fn tainted_by(why: &str) -> Option<&str> {
     why.split_once("by preloading ")
         .map(|(_, m)| m.trim())
@@ -252,8 +251,8 @@ impl WarmPool {
                         slot.server = Some(server);
                         break;
                     }
-                    Err(WarmError::NotReady(line)) if line.starts_with(TAINTED) => {
-                        slot.never.push(line[TAINTED.len()..].trim().to_string());
+                    Err(WarmError::NotReady(line)) if tainted_by(&line).is_some() => {
+                        slot.never.extend(tainted_by(&line).map(str::to_string));
                     }
                     Err(_) => break,
                 }
@@ -352,6 +351,27 @@ impl WarmPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runner_says_which_preload_started_cuda_the_way_the_pool_reads_it() {
+        let runner = crate::protocol::torch::WARM_PROBE;
+        assert!(runner.contains("TAINTED = \"harness: CUDA initialised by preloading \""));
+        assert!(
+            runner.contains("CUDA was initialised in the warm interpreter by preloading {tainted}")
+        );
+        assert_eq!(
+            tainted_by("harness: CUDA initialised by preloading devlib"),
+            Some("devlib")
+        );
+        assert_eq!(
+            tainted_by("CUDA was initialised in the warm interpreter by preloading devlib"),
+            Some("devlib")
+        );
+        assert_eq!(
+            tainted_by("CUDA was initialised in the warm interpreter (torch)"),
+            None
+        );
+    }
 
     #[test]
     fn the_first_guess_is_what_the_script_imports_from_outside_the_worktree() {
