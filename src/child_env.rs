@@ -1,5 +1,5 @@
 //! The environment contract of every command cudabisect starts: the user's variables first, then the
-//! variables cudabisect promises (documented in README "The child environment"), in one place so the probe,
+//! variables cudabisect promises (documented in docs/reference/child-environment.md), in one place so the probe,
 //! triage and harness runs can never drift apart.
 
 use std::collections::BTreeMap;

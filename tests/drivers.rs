@@ -17,7 +17,6 @@ use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
 use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{search, search_with_workers, SearchEnd, SearchInput, Worker};
 use cudabisect::run::shrink::{shrink, ShrinkSettings};
-use cudabisect::run::verdict::verdict;
 use git2::Oid;
 
 /// Collects events.
@@ -105,24 +104,24 @@ impl Probe for Scripted {
             return ProbeOutcome {
                 record,
                 interrupted: true,
+                output: String::new(),
             };
         }
         let interrupted = self.interrupt_at == Some(i);
         if interrupted {
             self.cancel.store(true, Ordering::SeqCst);
         }
+        // A prober only observes: the search's judge decides the verdict.
+        let _ = target;
         let signature = (self.shows)(i);
-        let policy = MatchPolicy::parse("class+kernel").unwrap();
-        let matched = target.is_some_and(|t| policy.matches(t, &signature, ""));
-        let (verdict, reason) = verdict(&signature, target, matched);
         ProbeOutcome {
             record: ProbeRecord {
                 commit: commit.to_string(),
                 role: ctx.role,
-                verdict,
+                verdict: Verdict::Skip,
                 signature,
-                matched_target: matched,
-                reason,
+                matched_target: false,
+                reason: None,
                 exit_code: None,
                 signal: None,
                 duration_s: 0.0,
@@ -135,6 +134,7 @@ impl Probe for Scripted {
                 runner: None,
             },
             interrupted,
+            output: String::new(),
         }
     }
 
@@ -207,7 +207,7 @@ fn run_search_with(
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        find_fix: false,
+        fix_of: None,
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
@@ -1200,7 +1200,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        find_fix: false,
+        fix_of: None,
     };
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.
@@ -1252,9 +1252,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         .0
         .iter()
         .filter_map(|e| match e {
-            Event::Note { message } if message.contains("its answer no longer matters") => {
-                Some(message)
-            }
+            Event::ProbeAbandoned { commit, .. } => Some(commit),
             _ => None,
         })
         .collect();
@@ -1291,6 +1289,7 @@ fn fix_input<'a>(
     range: &'a [RangeCommit],
     goods: &'a [(String, Oid)],
     policy: &'a MatchPolicy,
+    fault: Signature,
 ) -> SearchInput<'a> {
     SearchInput {
         range,
@@ -1300,7 +1299,7 @@ fn fix_input<'a>(
         policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        find_fix: true,
+        fix_of: Some(fault),
     }
 }
 
@@ -1308,24 +1307,16 @@ fn fix_input<'a>(
 fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     // The fault shows from the old end (0) up to commit 9, and another bug at 12 and 13: commit 10 is
     // the fix, and the other bug never counts as the fault being back or gone.
-    use cudabisect::run::find_fix::FixProbe;
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let (range, goods, policy) = fix_setup();
-    let input = fix_input(&range, &goods, &policy);
+    let input = fix_input(&range, &goods, &policy, fault("gather"));
     let mut prober = scripted(cancel, None);
     prober.shows = Box::new(|i| match i {
         0..=9 => fault("gather"),
         12 | 13 => fault("scatter"),
         _ => clean(),
     });
-    let mut fix = FixProbe {
-        inner: &mut prober,
-        fault: fault("gather"),
-        policy: &policy,
-        stop: cancel,
-        known: Default::default(),
-    };
-    let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+    let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
     assert_eq!(outcome.end, SearchEnd::Found(oid(10)));
     for r in &outcome.probes {
         let i = index(Oid::from_str(&r.commit).unwrap());
@@ -1338,14 +1329,7 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     }
     // A new end that still shows the fault says so.
     prober.shows = Box::new(|_| fault("gather"));
-    let mut fix = FixProbe {
-        inner: &mut prober,
-        fault: fault("gather"),
-        policy: &policy,
-        stop: cancel,
-        known: Default::default(),
-    };
-    let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+    let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
     assert!(
         matches!(outcome.end, SearchEnd::EndpointsInvalid(_)),
         "{:?}",
@@ -1357,10 +1341,8 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
 fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
     // Both bugs print the same 717 through one launch wrapper; only the sanitizer tells their kernels
     // apart. The fault (kernel `embed`) is fixed at 10; another bug (kernel `bias`) shows at 12 and 13.
-    use cudabisect::run::find_fix::FixProbe;
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let (range, goods, policy) = fix_setup();
-    let input = fix_input(&range, &goods, &policy);
     for lookalikes in [vec![12, 13], vec![11, 12, 13, 14]] {
         let mut prober = scripted(cancel, None);
         let shown = lookalikes.clone();
@@ -1376,14 +1358,8 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
         }));
         let mut fault = anonymous("pkg/launch.py:run");
         fault.kernel = Some("embed".into());
-        let mut fix = FixProbe {
-            inner: &mut prober,
-            fault,
-            policy: &policy,
-            stop: cancel,
-            known: Default::default(),
-        };
-        let outcome = search(&input, &mut fix, &mut Events::default(), cancel);
+        let input = fix_input(&range, &goods, &policy, fault);
+        let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
         assert_eq!(
             outcome.end,
             SearchEnd::Found(oid(10)),

@@ -1,5 +1,5 @@
 //! The documented exit codes: part of the command-line API, so scripts can rely on them. Each meaning has
-//! its own code; README "Exit codes" is the same table.
+//! its own code; docs/reference/exit-codes.md is the same table (a test holds them together).
 
 /// A first bad commit was found, or a subcommand succeeded.
 pub const OK: u8 = 0;
@@ -52,3 +52,45 @@ pub const HELP: &str = "Exit codes:
   13   nightly: still failing (the open regression's bug, not bisected again)
   70   cudabisect itself failed (a bug, or the disk or git failed under it)
   130  interrupted (Ctrl-C, SIGTERM, SIGHUP, SIGUSR1/2, SIGALRM)";
+
+#[cfg(test)]
+mod doc_tests {
+    use super::*;
+
+    /// The exit codes the reference page documents are exactly the ones defined here.
+    #[test]
+    fn the_reference_page_lists_every_exit_code_and_no_other() {
+        let page = include_str!("../../docs/reference/exit-codes.md");
+        let mut documented: Vec<u8> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| "))
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect();
+        documented.sort_unstable();
+        let mut defined = vec![
+            OK,
+            NODE_FAULT,
+            USAGE,
+            ENDPOINTS_INVALID,
+            INCONCLUSIVE,
+            FAULT_FOUND,
+            UNAVAILABLE,
+            LOCKED,
+            INFRA,
+            BASELINE,
+            FIXED,
+            REGRESSION,
+            STILL_FAILING,
+            INTERNAL,
+            INTERRUPTED,
+        ];
+        defined.sort_unstable();
+        assert_eq!(documented, defined);
+        for code in defined {
+            assert!(
+                HELP.lines().any(|l| l.trim_start().starts_with(&format!("{code} "))),
+                "--help lacks {code}"
+            );
+        }
+    }
+}

@@ -17,6 +17,23 @@ pub enum Phase {
     Repro,
 }
 
+/// A stage after the search (or the nightly job's own probe).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Stage {
+    /// The first bad commit rerun under compute-sanitizer.
+    Triage,
+    /// The faulting training step captured from the repro command, for the shrink.
+    ShrinkCapture,
+    /// `nightly` probes the head of its branch.
+    NightlyHead {
+        /// The branch.
+        branch: String,
+        /// Full sha.
+        commit: String,
+    },
+}
+
 /// Something that happened during a run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
@@ -57,6 +74,100 @@ pub enum Event {
         step: usize,
         /// The record.
         record: Box<ProbeRecord>,
+    },
+    /// A probe in flight was stopped because its answer no longer mattered (its commit stopped being a
+    /// candidate, or the search ended): nothing was recorded or learned from it.
+    ProbeAbandoned {
+        /// Probe number, from 1.
+        step: usize,
+        /// Full sha.
+        commit: String,
+        /// The worker that ran it (from 1).
+        worker: usize,
+    },
+    /// A commit is run again under compute-sanitizer to learn which kernel faulted.
+    SanitizerRerun {
+        /// Probe number, from 1.
+        step: usize,
+        /// Full sha.
+        commit: String,
+    },
+    /// The bad end showed the fault on only some of its runs: the search is the Bayesian one.
+    FlakyDetected {
+        /// Runs that showed the fault.
+        faults: usize,
+        /// Runs of the bad end.
+        runs: usize,
+        /// The confidence the answer must reach.
+        confidence: f64,
+        /// The budget of runs.
+        max_runs: u32,
+        /// Runs at once.
+        workers: usize,
+    },
+    /// The parent of the commit a plain search named shows the fault too: the fault is flaky after all,
+    /// and the Bayesian search takes over with every run made so far.
+    FlakyAfterAll {
+        /// The commit the plain search named.
+        culprit: String,
+    },
+    /// A good endpoint fails with a bug told apart from the target: it counts as good for this search.
+    GoodShowsOtherBug {
+        /// Which endpoint (`good commit NAME`).
+        what: String,
+        /// Full sha.
+        commit: String,
+        /// The other bug, short form.
+        signature: String,
+    },
+    /// The culprit's own sanitizer run names another kernel than the fault stack remembered from another
+    /// commit: the same lines launch more than one kernel, and the search runs again with nothing
+    /// remembered.
+    RememberedStackMisled {
+        /// The culprit that was about to be named.
+        culprit: String,
+        /// The kernel the sanitizer named there.
+        named: String,
+        /// The target's kernel.
+        expected: String,
+    },
+    /// The probe journal of earlier runs of this range is reused.
+    Resumed {
+        /// Commits of this range with journaled results.
+        reusable: usize,
+        /// Journaled outcomes of the machine (not of a commit) that run again.
+        retried: usize,
+    },
+    /// Run alone, a parallel search's answer did not hold: the search runs again one probe at a time.
+    ParallelAnswerDisagrees {
+        /// What did not hold.
+        why: String,
+    },
+    /// A probe worktree could not be removed at the end of a run.
+    WorktreeNotRemoved {
+        /// Its path.
+        path: String,
+        /// Why.
+        error: String,
+    },
+    /// A stage after the search started.
+    StageBegan {
+        /// Which.
+        stage: Stage,
+    },
+    /// The bundle asks a tool about the environment.
+    EnvironmentProbe {
+        /// What is asked (`nvidia-smi`, `the CUDA driver`, `python -m torch.utils.collect_env`, …).
+        tool: String,
+    },
+    /// `nightly` found no state for this repository, branch and judging config.
+    NightlyNewState {
+        /// The branch.
+        branch: String,
+        /// State files of this branch for another config or repository.
+        others: usize,
+        /// Where they are.
+        state_dir: String,
     },
     /// Something worth telling that does not stop the run.
     Warning {

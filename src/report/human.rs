@@ -186,6 +186,79 @@ impl Reporter for HumanReporter {
                 }
                 self.line(&text);
             }
+            Event::ProbeAbandoned {
+                step,
+                commit,
+                worker,
+            } => self.line(&format!(
+                "note: step {step}: stopped the probe of {} (worker {worker}): its answer no longer matters",
+                short_sha(commit)
+            )),
+            Event::SanitizerRerun { step, commit } => self.line(&format!(
+                "step {step}: {} under compute-sanitizer, to learn which kernel faulted",
+                short_sha(commit)
+            )),
+            Event::FlakyDetected {
+                faults,
+                runs,
+                confidence,
+                max_runs,
+                workers,
+            } => self.line(&format!(
+                "note: the bad end showed the fault on {faults} of {runs} runs: a flaky fault; searching for the most likely first bad commit (confidence {confidence}, at most {max_runs} runs, {workers} at once)"
+            )),
+            Event::FlakyAfterAll { culprit } => self.line(&format!(
+                "note: the parent of {} shows the fault too: a flaky fault after all; searching for the most likely first bad commit with every run so far",
+                short_sha(culprit)
+            )),
+            Event::GoodShowsOtherBug {
+                what, signature, ..
+            } => self.line(&format!(
+                "note: {what} shows another bug ({signature}), not this one: it counts as good for this search"
+            )),
+            Event::RememberedStackMisled {
+                culprit,
+                named,
+                expected,
+            } => self.line(&format!(
+                "warning: the sanitizer names {named} at {}, where the search took a remembered fault stack for {expected}'s: the same lines launch more than one kernel. Searching again, every lookalike settled by the sanitizer itself",
+                short_sha(culprit)
+            )),
+            Event::Resumed { reusable, retried } => {
+                if *reusable > 0 {
+                    self.line(&format!("note: resuming: {reusable} commit(s) of this range have journaled results from an earlier run with this config"));
+                }
+                if *retried > 0 {
+                    self.line(&format!("note: {retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"));
+                }
+            }
+            Event::ParallelAnswerDisagrees { why } => self.line(&format!(
+                "warning: the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (docs/guide/distributed.md) to search in parallel"
+            )),
+            Event::WorktreeNotRemoved { path, error } => self.line(&format!(
+                "warning: the probe worktree was not removed: {path}: {error}"
+            )),
+            Event::StageBegan { stage } => match stage {
+                crate::report::event::Stage::Triage => {
+                    self.line("triage: rerunning the first bad commit under compute-sanitizer")
+                }
+                crate::report::event::Stage::ShrinkCapture => {
+                    self.line("shrink: capturing the faulting training step from the repro command")
+                }
+                crate::report::event::Stage::NightlyHead { branch, commit } => self.line(
+                    &format!("nightly: testing {branch} at {}", short_sha(commit)),
+                ),
+            },
+            Event::EnvironmentProbe { tool } => {
+                self.line(&format!("bundle: asking {tool} about the environment"))
+            }
+            Event::NightlyNewState {
+                branch,
+                others,
+                state_dir,
+            } => self.line(&format!(
+                "note: a new state for {branch}: none yet for this repository, branch and judging config; {others} other state file(s) of this branch in {state_dir} (another config or repository)"
+            )),
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::Note { message } => self.line(&format!("note: {message}")),
             Event::BundleWritten { path, bytes } => {

@@ -6,7 +6,7 @@
 use git2::Oid;
 
 use crate::bisect::Verdict;
-use crate::classify::Signature;
+use crate::classify::{MatchPolicy, Signature};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
 
@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 use super::journal::{Journal, JournaledProbe};
 use super::plan::{Plan, StartOptions};
 use super::probe::{Probe, ProbeContext, WorktreeProber};
+use super::search::judge::{judge, swapped, Kernel, Terms};
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 
 /// What the serial runs said.
@@ -45,7 +46,7 @@ pub struct Expect<'a> {
 pub fn cross_check(
     prober: &mut dyn Probe,
     runs: &[Expect],
-    target: &Signature,
+    (target, policy): (&Signature, &MatchPolicy),
     (step, swap): (usize, bool),
     probes: &mut Vec<ProbeRecord>,
     reporter: &mut dyn Reporter,
@@ -63,12 +64,18 @@ pub fn cross_check(
         if out.interrupted {
             return CrossCheck::Interrupted;
         }
-        let got = out.record.verdict;
+        let terms = Terms {
+            target: Some(target),
+            policy,
+            swapped: false,
+        };
+        let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
+        let got = j.verdict;
         let summary = out.record.signature.short();
         let mut record = out.record;
-        if swap {
-            record.verdict = super::find_fix::swapped(record.verdict);
-        }
+        record.verdict = if swap { swapped(got) } else { got };
+        record.matched_target = j.matched_target;
+        record.reason = j.reason;
         reporter.event(&Event::ProbeFinished {
             step: ctx.step,
             record: Box::new(record.clone()),
@@ -121,7 +128,7 @@ pub fn cross_checked(
     let step = probes.len() + 1;
     // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
     // first fixed commit runs clean and its parents show it.
-    let (at, before) = if input.find_fix {
+    let (at, before) = if opts.find_fix {
         (Verdict::Good, Verdict::Bad)
     } else {
         (Verdict::Bad, Verdict::Good)
@@ -141,8 +148,8 @@ pub fn cross_checked(
     match cross_check(
         prober,
         &runs,
-        &target,
-        (step, input.find_fix),
+        (&target, input.policy),
+        (step, opts.find_fix),
         &mut probes,
         reporter,
     ) {
@@ -152,17 +159,13 @@ pub fn cross_checked(
             end: SearchEnd::Interrupted,
             ..outcome
         },
-        CrossCheck::Disagrees(why) if input.find_fix => SearchOutcome {
+        CrossCheck::Disagrees(why) if opts.find_fix => SearchOutcome {
             probes,
             end: SearchEnd::Unverified(culprit, why),
             ..outcome
         },
         CrossCheck::Disagrees(why) => {
-            reporter.event(&Event::Warning {
-                message: format!(
-                    "the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (README: parallel probes) to search in parallel"
-                ),
-            });
+            reporter.event(&Event::ParallelAnswerDisagrees { why });
             let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
             let mut journaled = JournaledProbe {
                 inner: prober,

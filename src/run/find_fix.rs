@@ -1,6 +1,6 @@
 //! `start --find-fix OLD..NEW`: the first commit where a fault is gone. The search is the ordinary one on
 //! the same graph, with the states swapped: a commit that shows the fault (as the OLD end shows it) is in
-//! the older state, a clean one in the newer, anything else a skip. [`FixProbe`] turns the prober's
+//! the older state, a clean one in the newer, anything else a skip. The search's judge swaps the
 //! verdicts around; the journal underneath keeps what each commit did, not the swapped verdicts.
 
 use std::collections::HashMap;
@@ -8,40 +8,29 @@ use std::sync::atomic::AtomicBool;
 
 use git2::Oid;
 
-use crate::bisect::Verdict;
-use crate::classify::{MatchPolicy, Sameness, Signature};
+
+use crate::classify::Signature;
 use crate::report::event::Reporter;
 
 use super::journal::JournaledProbe;
 use super::plan::Plan;
 use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use super::search::judge::{judge, swapped, Kernel, Terms};
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 use crate::report::event::Event;
 use crate::report::record::{short_sha, ProbeRole};
 
-/// A [`Probe`] judging every commit against the fault seen at the OLD end, with the verdicts swapped:
-/// the fault there is `Good` (the older state), a clean run `Bad` (the newer).
+/// A [`Probe`] that answers for the OLD ends from what was seen of them before the search (so they are
+/// not run twice) and passes everything else to the prober. The search's judge measures every probe by
+/// the OLD end's fault with the verdicts swapped ([`SearchInput::fix_of`]).
 pub struct FixProbe<'a> {
     /// The prober (journaled) that runs the commits.
     pub inner: &'a mut dyn Probe,
-    /// The fault at the OLD end.
-    pub fault: Signature,
-    /// The same-bug policy: a lookalike the output cannot tell apart is settled by the sanitizer, so
-    /// another bug of the fault's class never passes for the fault still being there.
-    pub policy: &'a MatchPolicy,
     /// The flag that stops this worker's probe.
     pub stop: &'a AtomicBool,
-    /// Endpoints already probed before the search, by commit (their records as the prober gave them).
+    /// Endpoints already probed before the search, by commit (their observations as the prober gave
+    /// them).
     pub known: HashMap<Oid, ProbeOutcome>,
-}
-
-/// The verdict in find-fix terms: showing the fault is the older state, clean the newer.
-pub fn swapped(verdict: Verdict) -> Verdict {
-    match verdict {
-        Verdict::Bad => Verdict::Good,
-        Verdict::Good => Verdict::Bad,
-        Verdict::Skip => Verdict::Skip,
-    }
 }
 
 impl Probe for FixProbe<'_> {
@@ -49,46 +38,25 @@ impl Probe for FixProbe<'_> {
         &mut self,
         oid: Oid,
         ctx: &ProbeContext,
-        _target: Option<&Signature>,
+        target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        let mut out = match self.known.remove(&oid) {
+        match self.known.remove(&oid) {
             Some(mut known) => {
                 known.record.role = ctx.role;
                 known
             }
-            None => {
-                let mut out = self.inner.probe(oid, ctx, Some(&self.fault), reporter);
-                let unconfirmed = out.record.verdict == Verdict::Bad
-                    && !out.interrupted
-                    && self.policy.compare(&self.fault, &out.record.signature, "")
-                        == Sameness::Unconfirmed;
-                if unconfirmed {
-                    super::search::settle(
-                        self.inner,
-                        oid,
-                        ctx,
-                        &self.fault,
-                        &mut out.record,
-                        reporter,
-                    );
-                }
-                out
-            }
-        };
-        out.record.verdict = swapped(out.record.verdict);
-        out
+            None => self.inner.probe(oid, ctx, target, reporter),
+        }
     }
 
     fn sanitize(
         &mut self,
-        _oid: Oid,
-        _ctx: &ProbeContext,
-        _reporter: &mut dyn Reporter,
+        oid: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
     ) -> Option<Sanitized> {
-        // Lookalikes are settled inside `probe`, against the OLD end's fault; the search's own target is
-        // the NEW end's clean run, which has no kernel to learn.
-        None
+        self.inner.sanitize(oid, ctx, reporter)
     }
 }
 
@@ -176,7 +144,16 @@ pub fn search_for_fix(
         if out.interrupted {
             return ended(SearchEnd::Interrupted, probes, fault);
         }
-        let rec = out.record.clone();
+        let terms = Terms {
+            target: fault.as_ref(),
+            policy: &plan.config.match_policy,
+            swapped: false,
+        };
+        let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
+        let mut rec = out.record.clone();
+        rec.verdict = j.verdict;
+        rec.matched_target = j.matched_target;
+        rec.reason = j.reason;
         // Reported here only when it ends the run; otherwise the search reports it as its old end.
         let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
             let shown = crate::report::record::ProbeRecord {
@@ -190,7 +167,7 @@ pub fn search_for_fix(
             probes.push(shown);
         };
         let class = rec.signature.class;
-        if super::verdict::is_host_problem(class) {
+        if super::search::judge::is_host_problem(class) {
             report_it(&mut probes);
             let msg = format!(
                 "old commit {name} could not be judged: {}",
@@ -212,9 +189,6 @@ pub fn search_for_fix(
             return ended(SearchEnd::EndpointsInvalid(msg), probes, fault);
         }
         fault.get_or_insert(rec.signature.clone());
-        let mut out = out;
-        out.record.verdict = crate::bisect::Verdict::Bad;
-        out.record.matched_target = true;
         known.insert(*oid, out);
     }
     let Some(mut fault) = fault else {
@@ -250,13 +224,15 @@ pub fn search_for_fix(
             let stop = j.cancel;
             FixProbe {
                 inner: j,
-                fault: fault.clone(),
-                policy: &plan.config.match_policy,
                 stop,
                 known: std::mem::take(&mut known),
             }
         })
         .collect();
+    let input = &SearchInput {
+        fix_of: Some(fault.clone()),
+        ..input.clone()
+    };
     let mut workers: Vec<Worker> = fixers
         .iter_mut()
         .map(|f| {
@@ -285,18 +261,4 @@ pub fn search_for_fix(
     probes.append(&mut outcome.probes);
     outcome.probes = probes;
     outcome
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn swapping_twice_is_the_identity_and_a_skip_stays_a_skip() {
-        for v in [Verdict::Good, Verdict::Bad, Verdict::Skip] {
-            assert_eq!(swapped(swapped(v)), v);
-        }
-        assert_eq!(swapped(Verdict::Skip), Verdict::Skip);
-        assert_eq!(swapped(Verdict::Bad), Verdict::Good);
-    }
 }

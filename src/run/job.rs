@@ -229,7 +229,7 @@ pub fn start(
         policy: &plan.config.match_policy,
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
-        find_fix: opts.find_fix,
+        fix_of: None,
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
     let journal_path = opts
@@ -382,8 +382,9 @@ pub fn start(
         for path in std::iter::once(worktree.path()).chain(extra_worktrees.iter().map(|w| w.path()))
         {
             if let Err(e) = plan.repo.remove_worktree(path) {
-                reporter.event(&Event::Warning {
-                    message: format!("the probe worktree was not removed: {e}"),
+                reporter.event(&Event::WorktreeNotRemoved {
+                    path: path.display().to_string(),
+                    error: e.to_string(),
                 });
             }
         }
@@ -402,20 +403,9 @@ fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
         .chain(plan.merge_bases.iter().map(|o| o.to_string()))
         .collect();
     let reusable = journal.reusable_among(&commits);
-    if reusable > 0 {
-        reporter.event(&Event::Note {
-            message: format!(
-                "resuming: {reusable} commit(s) of this range have journaled results from an earlier run with this config"
-            ),
-        });
-    }
     let retried = journal.retried();
-    if retried > 0 {
-        reporter.event(&Event::Note {
-            message: format!(
-                "{retried} journaled outcome(s) of the machine, not of a commit (infrastructure, a repro that could not start, missing objects) are not reused: those probes run again"
-            ),
-        });
+    if reusable > 0 || retried > 0 {
+        reporter.event(&Event::Resumed { reusable, retried });
     }
 }
 
@@ -497,8 +487,8 @@ pub fn write_bundle_with_env(
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
     let env = environment::collect(cancel, &mut |what| {
-        reporter.event(&Event::StageStarted {
-            message: format!("bundle: asking {what} about the environment"),
+        reporter.event(&Event::EnvironmentProbe {
+            tool: what.to_string(),
         })
     });
     bundle::write(input, &env)

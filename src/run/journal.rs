@@ -427,9 +427,16 @@ impl Probe for JournaledProbe<'_> {
                 record.log = record.log.as_deref().map(|l| adopt_log(l, dir));
                 record.build_log = record.build_log.as_deref().map(|l| adopt_log(l, dir));
             }
+            // The judge may read the output (a regex policy): it is the reused probe's log.
+            let output = record
+                .log
+                .as_deref()
+                .and_then(|l| std::fs::read_to_string(l).ok())
+                .unwrap_or_default();
             return ProbeOutcome {
                 record,
                 interrupted: false,
+                output,
             };
         }
         let out = self.inner.probe(oid, ctx, target, reporter);
@@ -545,6 +552,7 @@ mod tests {
                     runner: None,
                 },
                 interrupted: false,
+                output: String::new(),
             }
         }
         fn sanitize(

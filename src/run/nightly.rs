@@ -22,7 +22,7 @@ use super::journal::{self, journal_path, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{config_path, RunError, StartOptions};
 use super::probe::{Probe, ProbeContext, WorktreeProber};
-use super::verdict::is_host_problem;
+use super::search::judge::is_host_problem;
 use crate::atomic_file::write_atomic;
 
 pub use super::nightly_state::*;
@@ -258,11 +258,10 @@ pub fn nightly(
             })
             .unwrap_or(0);
         if others > 0 {
-            reporter.event(&Event::Note {
-                message: format!(
-                    "a new state for {branch}: none yet for this repository, branch and judging config; {others} other state file(s) of this branch in {} (another config or repository)",
-                    state_dir.display()
-                ),
+            reporter.event(&Event::NightlyNewState {
+                branch: branch.to_string(),
+                others,
+                state_dir: state_dir.display().to_string(),
             });
         }
     }
@@ -279,8 +278,11 @@ pub fn nightly(
     };
 
     // The head, judged on its own (no target): its signature decides the night.
-    reporter.event(&Event::StageStarted {
-        message: format!("nightly: testing {branch} at {}", &head.to_string()[..12]),
+    reporter.event(&Event::StageBegan {
+        stage: crate::report::event::Stage::NightlyHead {
+            branch: branch.to_string(),
+            commit: head.to_string(),
+        },
     });
     let record = {
         let log_dir = repo
@@ -334,15 +336,31 @@ pub fn nightly(
             reporter.event(&Event::Warning { message });
         }
         if let Err(e) = repo.remove_worktree(worktree.path()) {
-            reporter.event(&Event::Warning {
-                message: format!("the probe worktree was not removed: {e}"),
+            reporter.event(&Event::WorktreeNotRemoved {
+                path: worktree.path().display().to_string(),
+                error: e.to_string(),
             });
         }
         if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
             // A stopped head says nothing: nothing is decided and the state is left as it was.
             return Err(RunError::Interrupted);
         }
-        out.record
+        // The head is judged on its own (no target yet): what it shows is tonight's fault.
+        let terms = super::search::judge::Terms {
+            target: None,
+            policy: &config.match_policy,
+            swapped: false,
+        };
+        let j = super::search::judge::judge(
+            &out.record.signature,
+            &out.output,
+            terms,
+            super::search::judge::Kernel::Unknown,
+        );
+        let mut record = out.record;
+        record.verdict = j.verdict;
+        record.reason = j.reason;
+        record
     };
     let sig = record.signature.clone();
     let head_s = head.to_string();

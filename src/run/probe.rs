@@ -1,6 +1,7 @@
 //! One probe: check the commit out in the probe worktree, build it, run the repro (retrying infrastructure
-//! failures, rerunning clean runs under `[repro] attempts`), classify the outcome and turn it into a
-//! verdict against the target signature. The search driver sees probes only through [`Probe`].
+//! failures, rerunning clean runs under `[repro] attempts`) and classify the outcome. A prober only
+//! observes: the search's judge turns what it saw into a verdict. The search driver sees probes only
+//! through [`Probe`].
 
 use crate::report::record::short_sha;
 use std::path::PathBuf;
@@ -18,7 +19,6 @@ use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
 
 use super::gpu_idle::{wait_idle, Devices, NvidiaSmi};
-use super::verdict::verdict;
 
 /// Where a probe stands in the search, for progress events and its record.
 #[derive(Clone, Copy, Debug)]
@@ -69,13 +69,16 @@ impl Sanitized {
     }
 }
 
-/// What one probe produced.
+/// What one probe observed. Its record's `verdict`, `matched_target` and `reason` are not the prober's to
+/// decide: they are left as a skip until the judge (`run::search::judge`) fills them in.
 #[derive(Clone, Debug)]
 pub struct ProbeOutcome {
     /// The record.
     pub record: ProbeRecord,
     /// True when Ctrl-C or SIGTERM stopped it.
     pub interrupted: bool,
+    /// The repro's output (what a regex same-bug policy reads).
+    pub output: String,
 }
 
 /// What compute-sanitizer said about a commit's fault.
@@ -166,7 +169,7 @@ impl Probe for WorktreeProber<'_> {
         &mut self,
         oid: Oid,
         ctx: &ProbeContext,
-        target: Option<&Signature>,
+        _target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
         let started = Instant::now();
@@ -175,8 +178,6 @@ impl Probe for WorktreeProber<'_> {
             ctx,
             commit: &commit,
             started,
-            target,
-            config: self.config,
         };
         let phase = |reporter: &mut dyn Reporter, phase| {
             reporter.event(&Event::PhaseStarted {
@@ -343,12 +344,9 @@ impl Probe for WorktreeProber<'_> {
         {
             return None;
         }
-        reporter.event(&Event::StageStarted {
-            message: format!(
-                "step {}: {} under compute-sanitizer, to learn which kernel faulted",
-                ctx.step,
-                short_sha(&oid.to_string())
-            ),
+        reporter.event(&Event::SanitizerRerun {
+            step: ctx.step,
+            commit: oid.to_string(),
         });
         let started = Instant::now();
         let out_dir = self.log_dir.join(format!("{:03}-sanitizer", ctx.step));
@@ -384,8 +382,6 @@ struct Finished<'r> {
     ctx: &'r ProbeContext,
     commit: &'r str,
     started: Instant,
-    target: Option<&'r Signature>,
-    config: &'r Config,
 }
 
 impl Finished<'_> {
@@ -397,11 +393,6 @@ impl Finished<'_> {
         log: Option<String>,
         attempts: u32,
     ) -> ProbeOutcome {
-        let output = run.map(|r| r.output.as_str()).unwrap_or("");
-        let matched_target = self
-            .target
-            .is_some_and(|t| self.config.match_policy.matches(t, &signature, output));
-        let (verdict, reason) = verdict(&signature, self.target, matched_target);
         let (exit_code, signal) = match run.map(|r| r.exit) {
             Some(Exit::Code(c)) => (Some(c), None),
             Some(Exit::Signal(s)) => (None, Some(s)),
@@ -411,10 +402,10 @@ impl Finished<'_> {
             record: ProbeRecord {
                 commit: self.commit.to_string(),
                 role: self.ctx.role,
-                verdict,
+                verdict: crate::bisect::Verdict::Skip,
                 signature,
-                matched_target,
-                reason,
+                matched_target: false,
+                reason: None,
                 exit_code,
                 signal,
                 duration_s: self.started.elapsed().as_secs_f64(),
@@ -427,6 +418,7 @@ impl Finished<'_> {
                 runner: None,
             },
             interrupted: run.is_some_and(|r| r.interrupted),
+            output: run.map(|r| r.output.clone()).unwrap_or_default(),
         }
     }
 }

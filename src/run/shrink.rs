@@ -346,7 +346,7 @@ fn locate(
             Some(t) => same_bug_across_stages(settings.policy, t, &sig, &run.output),
             None => {
                 !matches!(sig.class, FaultClass::None)
-                    && !crate::run::verdict::is_host_problem(sig.class)
+                    && !crate::run::search::judge::is_host_problem(sig.class)
             }
         };
         if same {

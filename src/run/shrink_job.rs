@@ -136,8 +136,9 @@ pub fn shrink_job(
     })();
     if let Some(w) = &worktree {
         if let Err(e) = repo.remove_worktree(w.path()) {
-            reporter.event(&Event::Warning {
-                message: format!("the probe worktree was not removed: {e}"),
+            reporter.event(&Event::WorktreeNotRemoved {
+                path: w.path().display().to_string(),
+                error: e.to_string(),
             });
         }
     }

@@ -65,8 +65,8 @@ pub fn run_stages(
         return cancel.load(Ordering::SeqCst);
     }
     if triage && !cancel.load(Ordering::SeqCst) {
-        reporter.event(&Event::StageStarted {
-            message: "triage: rerunning the first bad commit under compute-sanitizer".into(),
+        reporter.event(&Event::StageBegan {
+            stage: crate::report::event::Stage::Triage,
         });
         let result =
             super::triage::at_commit(config, prober.worktree, oid, run_dir, cancel, reporter);
@@ -91,8 +91,8 @@ pub fn run_stages(
         .and_then(|t| t.rank);
     // No factories: the step is captured from the repro command at the first bad commit.
     let captured = if section.captures() {
-        reporter.event(&Event::StageStarted {
-            message: "shrink: capturing the faulting training step from the repro command".into(),
+        reporter.event(&Event::StageBegan {
+            stage: crate::report::event::Stage::ShrinkCapture,
         });
         match super::capture::capture(
             config,

@@ -103,9 +103,10 @@ pub fn triage_job(
                 )
             });
             if let Err(e) = repo.remove_worktree(worktree.path()) {
-                reporter.event(&Event::Warning {
-                    message: format!("the probe worktree was not removed: {e}"),
-                });
+            reporter.event(&Event::WorktreeNotRemoved {
+                path: worktree.path().display().to_string(),
+                error: e.to_string(),
+            });
             }
             result?
         }

@@ -1,0 +1,619 @@
+//! The one search loop: a strategy proposes commits, the pool's workers probe them, the judge decides each
+//! verdict, and the strategy takes it; when a strategy ends, the next one may take over (a plain answer
+//! re-checked at its parent, a fault found flaky after all, a flaky answer verified). Every exit is an
+//! `Err(SearchEnd)` passed up with `?`, or the last strategy's answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use git2::Oid;
+
+use crate::bisect::{BayesResult, BayesSearch, SearchResult, Verdict};
+use crate::classify::{FaultClass, Signature};
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{short_sha, FlakyAnswer, OtherBug, ProbeRecord, ProbeRole};
+use crate::run::probe::{ProbeContext, ProbeOutcome, Sanitized};
+
+use super::judge::{judge, Judgement, Kernel, Terms};
+use super::pool::{Done, Landed, Pool, Task};
+use super::settled::{SettledStacks, REMEMBERED};
+use super::strategy::{Answer, Flaky, ParentCheck, Proposal, Strategy, Verify};
+use super::{SearchEnd, SearchInput, SearchOutcome};
+
+/// A probe waiting for its sanitizer run before it is judged.
+struct Pending {
+    outcome: ProbeOutcome,
+    target: Option<Signature>,
+}
+
+/// What came of a job that landed.
+pub(super) enum Landing {
+    /// A probe, judged and recorded.
+    Judged(usize, ProbeRecord),
+    /// A probe that was stopped: nothing was judged or recorded.
+    Stopped(usize),
+    /// A probe that went on to its sanitizer run (the worker stays busy).
+    Pending,
+    /// A sanitizer run asked alone (not part of a probe).
+    Sanitized(Option<Sanitized>),
+}
+
+/// The search's state around the strategies: records, the probe count, the sanitizer's settled stacks.
+pub(super) struct Driver<'a, 'r> {
+    pub(super) input: &'a SearchInput<'a>,
+    /// Every commit the search may run, by index: the range, then endpoints outside it.
+    commits: Vec<Oid>,
+    pub(super) reporter: &'r mut dyn Reporter,
+    settled: &'a SettledStacks,
+    cancel: &'a AtomicBool,
+    pub(super) probes: Vec<ProbeRecord>,
+    pub(super) other_bugs: Vec<OtherBug>,
+    /// The target, once the bad endpoint showed it.
+    pub(super) target: Option<Signature>,
+    /// The flaky search's answer, once it has one, and the result it came from (while it is verified).
+    flaky: Option<FlakyAnswer>,
+    flaky_result: Option<BayesResult>,
+    /// Probe numbers handed out so far (probes in flight included).
+    pub(super) steps: usize,
+    /// Workers there are: progress names the worker of every probe when there are several.
+    workers: usize,
+    /// Probes waiting for their sanitizer run, by worker.
+    pending: HashMap<usize, Pending>,
+    /// Candidates left and probes left, as the running strategy says.
+    pub(super) progress: (usize, usize),
+}
+
+impl<'a, 'r> Driver<'a, 'r> {
+    pub(super) fn new(
+        input: &'a SearchInput<'a>,
+        reporter: &'r mut dyn Reporter,
+        settled: &'a SettledStacks,
+        cancel: &'a AtomicBool,
+        workers: usize,
+    ) -> Self {
+        Driver {
+            input,
+            commits: input.range.iter().map(|c| c.oid).collect(),
+            reporter,
+            settled,
+            cancel,
+            probes: Vec::new(),
+            other_bugs: Vec::new(),
+            target: None,
+            flaky: None,
+            flaky_result: None,
+            steps: 0,
+            workers,
+            pending: HashMap::new(),
+            progress: (input.range.len(), 0),
+        }
+    }
+
+    /// The search's outcome, ended by `end`.
+    pub(super) fn outcome(self, end: SearchEnd) -> SearchOutcome {
+        SearchOutcome {
+            end,
+            target: self.target,
+            probes: self.probes,
+            other_bugs: self.other_bugs,
+            flaky: self.flaky,
+        }
+    }
+
+    /// The fault stacks the sanitizer settled in this search.
+    pub(super) fn settled(&self) -> &SettledStacks {
+        self.settled
+    }
+
+    pub(super) fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// The index of `oid` among the commits the search may run (an endpoint outside the range is added).
+    pub(super) fn index_of(&mut self, oid: Oid) -> usize {
+        match self.commits.iter().position(|&c| c == oid) {
+            Some(i) => i,
+            None => {
+                self.commits.push(oid);
+                self.commits.len() - 1
+            }
+        }
+    }
+
+    /// The next probe's context.
+    pub(super) fn context(&mut self, role: ProbeRole, worker: usize) -> ProbeContext {
+        self.steps += 1;
+        ProbeContext {
+            step: self.steps,
+            role,
+            remaining: self.progress.0,
+            estimated_steps: self.progress.1,
+            worker: (self.workers > 1).then_some(worker + 1),
+            repeat: None,
+        }
+    }
+
+    /// The number the next run at `oid` gets: how many runs of it this search has made (the journal keeps
+    /// each run of a commit apart by it, so a resumed search replays the same runs).
+    fn next_repeat(&self, oid: Oid) -> u32 {
+        let commit = oid.to_string();
+        self.probes
+            .iter()
+            .filter(|r| r.commit == commit && r.role != ProbeRole::EndpointSanitizer)
+            .count() as u32
+    }
+
+    /// Hands commit `index` to worker `w` (already claimed); false when the worker is gone.
+    fn send(
+        &mut self,
+        pool: &mut Pool,
+        w: usize,
+        index: usize,
+        role: ProbeRole,
+        repeated: bool,
+    ) -> bool {
+        let oid = self.commits[index];
+        // Runs still in flight are not in the records yet: a round never holds one commit twice.
+        let repeat = repeated.then(|| self.next_repeat(oid));
+        let mut ctx = self.context(role, w);
+        ctx.repeat = repeat;
+        let task = Task::Probe(self.target.clone());
+        pool.send(w, index, oid, ctx, task)
+    }
+
+    /// The terms every probe is judged in.
+    fn terms<'t>(&'t self, target: Option<&'t Signature>) -> Terms<'t> {
+        Terms {
+            target: self.input.fix_of.as_ref().or(target),
+            policy: self.input.policy,
+            swapped: self.input.fix_of.is_some(),
+        }
+    }
+
+    /// Judges a job that came back. A probe that fails like the target but cannot be told apart from it
+    /// by its own output takes the kernel the sanitizer named for the same fault stack earlier in this
+    /// search, or goes back to its worker for a sanitizer run of its own (once).
+    pub(super) fn land(&mut self, pool: &mut Pool, landed: Landed) -> Landing {
+        let Landed {
+            worker,
+            index,
+            ctx,
+            done,
+        } = landed;
+        match done {
+            Done::Probed(outcome) => {
+                if outcome.interrupted {
+                    return Landing::Stopped(index);
+                }
+                let target = self.target.clone();
+                let j = judge(
+                    &outcome.record.signature,
+                    &outcome.output,
+                    self.terms(target.as_ref()),
+                    Kernel::NotAsked,
+                );
+                if !j.ask_sanitizer {
+                    return self.judged(index, &ctx, *outcome, j, None);
+                }
+                if let Some(known) = self.settled.get(&outcome.record.signature) {
+                    let note = format!("{REMEMBERED} {} ({})", short_sha(&known.commit), known.kernel);
+                    let mut outcome = *outcome;
+                    outcome.record.sanitizer = Some(note);
+                    let j = self.judge_kernel(&outcome, target.as_ref(), Some(&known.kernel));
+                    return self.judged(index, &ctx, outcome, j, Some(known.kernel));
+                }
+                if pool.claim(worker)
+                    && pool.send(worker, index, self.commits[index], ctx, Task::Sanitize)
+                {
+                    self.pending.insert(
+                        worker,
+                        Pending {
+                            outcome: *outcome,
+                            target,
+                        },
+                    );
+                    return Landing::Pending;
+                }
+                let j = self.judge_kernel(&outcome, target.as_ref(), None);
+                self.judged(index, &ctx, *outcome, j, None)
+            }
+            Done::Sanitized(s) => {
+                let Some(Pending {
+                    mut outcome,
+                    target,
+                }) = self.pending.remove(&worker)
+                else {
+                    return Landing::Sanitized(s);
+                };
+                let before = outcome.record.signature.clone();
+                let kernel = s.as_ref().and_then(|s| s.finding.as_ref()?.kernel.clone());
+                if let Some(s) = &s {
+                    outcome.record.duration_s += s.duration_s;
+                    outcome.record.sanitizer = Some(s.summary.clone());
+                    if let Some(k) = &kernel {
+                        self.settled.remember(&before, k, &outcome.record.commit);
+                    }
+                }
+                let j = self.judge_kernel(&outcome, target.as_ref(), kernel.as_deref());
+                self.judged(index, &ctx, outcome, j, kernel)
+            }
+        }
+    }
+
+    /// The judge, with what a sanitizer said of the probe's kernel.
+    fn judge_kernel(
+        &self,
+        outcome: &ProbeOutcome,
+        target: Option<&Signature>,
+        kernel: Option<&str>,
+    ) -> Judgement {
+        let evidence = kernel.map_or(Kernel::Unknown, Kernel::Named);
+        judge(
+            &outcome.record.signature,
+            &outcome.output,
+            self.terms(target),
+            evidence,
+        )
+    }
+
+    /// Writes the judgement into the probe's record, reports and keeps it. A kernel the sanitizer named
+    /// becomes the signature's, when the target has one to compare it with.
+    fn judged(
+        &mut self,
+        index: usize,
+        ctx: &ProbeContext,
+        outcome: ProbeOutcome,
+        j: Judgement,
+        kernel: Option<String>,
+    ) -> Landing {
+        let mut record = outcome.record;
+        let against_kernel = self
+            .terms(self.target.as_ref())
+            .target
+            .is_some_and(|t| t.kernel.is_some());
+        if let Some(k) = kernel.filter(|_| against_kernel) {
+            record.signature.kernel = Some(k);
+        }
+        record.verdict = j.verdict;
+        record.matched_target = j.matched_target;
+        record.reason = j.reason.clone();
+        if j.other_bug {
+            self.other_bugs.push(OtherBug {
+                commit: record.commit.clone(),
+                signature: record.signature.clone(),
+                reason: j.reason.unwrap_or_else(|| "a different bug".into()),
+            });
+        }
+        self.finish(ctx.step, &record);
+        Landing::Judged(index, record)
+    }
+
+    /// Reports and keeps a record.
+    pub(super) fn finish(&mut self, step: usize, record: &ProbeRecord) {
+        self.reporter.event(&Event::ProbeFinished {
+            step,
+            record: Box::new(record.clone()),
+        });
+        self.probes.push(record.clone());
+    }
+
+    /// Probes one commit on the first worker while the others stay idle, as the endpoints are probed.
+    pub(super) fn probe_alone(
+        &mut self,
+        pool: &mut Pool,
+        oid: Oid,
+        role: ProbeRole,
+        repeated: bool,
+    ) -> Result<ProbeRecord, SearchEnd> {
+        if self.cancelled() {
+            return Err(SearchEnd::Interrupted);
+        }
+        let index = self.index_of(oid);
+        if !(pool.claim(0) && self.send(pool, 0, index, role, repeated)) {
+            return Err(SearchEnd::HostFailure("no probe worker".into()));
+        }
+        loop {
+            let Some(landed) = pool.land(self.reporter) else {
+                if pool.all_idle() {
+                    return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
+                }
+                continue;
+            };
+            match self.land(pool, landed) {
+                Landing::Judged(_, record) => return Ok(record),
+                Landing::Stopped(_) => return Err(SearchEnd::Interrupted),
+                Landing::Pending | Landing::Sanitized(_) => {}
+            }
+        }
+    }
+
+    /// Runs `oid` under compute-sanitizer on the first worker (the commit it probed last); `None` when no
+    /// sanitizer can be used. The run takes a probe number only when it happens.
+    pub(super) fn sanitize_alone(
+        &mut self,
+        pool: &mut Pool,
+        oid: Oid,
+        role: ProbeRole,
+    ) -> Result<(ProbeContext, Option<Sanitized>), SearchEnd> {
+        if self.cancelled() {
+            return Err(SearchEnd::Interrupted);
+        }
+        let index = self.index_of(oid);
+        let ctx = self.context(role, 0);
+        if !(pool.claim(0) && pool.send(0, index, oid, ctx, Task::Sanitize)) {
+            return Err(SearchEnd::HostFailure("no probe worker".into()));
+        }
+        loop {
+            let Some(landed) = pool.land(self.reporter) else {
+                if pool.all_idle() {
+                    return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
+                }
+                continue;
+            };
+            if let Landing::Sanitized(s) = self.land(pool, landed) {
+                if s.is_none() {
+                    // No sanitizer run, no probe: its number goes to the next one.
+                    self.steps -= 1;
+                }
+                return Ok((ctx, s));
+            }
+        }
+    }
+
+    /// The one loop. Idle workers get what the strategy proposes; each answer is judged and marked the
+    /// moment it lands, and a probe in flight that no longer carries news is stopped. When a strategy ends,
+    /// every probe still in flight is stopped and waited for, and the next strategy (if any) takes over.
+    pub(super) fn drive(
+        &mut self,
+        pool: &mut Pool,
+        mut strategy: Box<dyn Strategy>,
+    ) -> Result<Answer, SearchEnd> {
+        let mut ending: Option<Result<Answer, SearchEnd>> = None;
+        loop {
+            if ending.is_none() && self.cancelled() {
+                ending = Some(Err(SearchEnd::Interrupted));
+            }
+            if let Some(end) = ending.take() {
+                if !pool.all_idle() {
+                    pool.stop_all();
+                    ending = Some(end);
+                } else {
+                    match end {
+                        Err(e) => return Err(e),
+                        Ok(answer) => match self.next(answer, strategy.as_ref())? {
+                            Next::Swap(next) => {
+                                strategy = next;
+                                continue;
+                            }
+                            Next::End(answer) => return Ok(answer),
+                        },
+                    }
+                }
+            } else if pool.idle() > 0 {
+                self.progress = strategy.progress();
+                match strategy.propose(pool.idle()) {
+                    Proposal::Run(picks) => {
+                        for i in picks {
+                            let sent = match pool.take_idle() {
+                                Some(w) => {
+                                    self.send(pool, w, i, strategy.role(), strategy.repeats())
+                                }
+                                None => false,
+                            };
+                            if !sent {
+                                strategy.abandon(i);
+                            }
+                        }
+                    }
+                    Proposal::Wait => {}
+                    Proposal::Done(answer) => {
+                        ending = Some(Ok(answer));
+                        continue;
+                    }
+                }
+            }
+            let Some(landed) = pool.land(self.reporter) else {
+                continue;
+            };
+            let worker = landed.worker;
+            let step = landed.ctx.step;
+            let commit = self.commits[landed.index].to_string();
+            match self.land(pool, landed) {
+                Landing::Pending | Landing::Sanitized(_) => {}
+                Landing::Stopped(i) => {
+                    strategy.abandon(i);
+                    if !self.cancelled() {
+                        self.reporter.event(&Event::ProbeAbandoned {
+                            step,
+                            commit,
+                            worker: worker + 1,
+                        });
+                    }
+                }
+                // An answer that lands while the strategy is ending is recorded but not marked.
+                Landing::Judged(_, _) if ending.is_some() => {}
+                Landing::Judged(i, record) => {
+                    if let Some(msg) = host_failure(&record).filter(|_| strategy.host_failure_ends())
+                    {
+                        ending = Some(Err(SearchEnd::HostFailure(msg)));
+                        continue;
+                    }
+                    strategy.mark(i, record.verdict);
+                    for (w, i) in pool.busy() {
+                        if !strategy.wants(i) && !self.pending.contains_key(&w) {
+                            pool.stop(w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What follows a strategy's answer: the next strategy, or the search's answer.
+    fn next(&mut self, answer: Answer, ended: &dyn Strategy) -> Result<Next, SearchEnd> {
+        let input = self.input;
+        Ok(match answer {
+            Answer::Plain(SearchResult::Found(i)) => match self.parent_of(i) {
+                // The bad end ran several times and faulted every time: its parent is run as many
+                // times, and a fault there says the fault is flaky after all.
+                Some(parent) if input.flaky.endpoint_runs > 1 => Next::Swap(Box::new(ParentCheck {
+                    culprit: i,
+                    parent,
+                    left: input.flaky.endpoint_runs,
+                    in_flight: false,
+                    faulted: false,
+                })),
+                _ => Next::End(Answer::Plain(SearchResult::Found(i))),
+            },
+            Answer::ParentClean(i) => Next::End(Answer::Plain(SearchResult::Found(i))),
+            Answer::ParentFaults(i) => {
+                self.reporter.event(&Event::FlakyAfterAll {
+                    culprit: self.commits[i].to_string(),
+                });
+                let earlier = self.runs_so_far();
+                Next::Swap(Box::new(self.flaky(&earlier, ended.progress())))
+            }
+            Answer::Flaky(result) => {
+                self.flaky = Some(self.flaky_answer(&result));
+                match self.parent_of(result.culprit).filter(|_| result.reached) {
+                    Some(parent) => {
+                        let commit = self.commits[parent].to_string();
+                        let verify =
+                            Verify::new(result.culprit, parent, commit, input.flaky.confidence);
+                        self.flaky_result = Some(result);
+                        Next::Swap(Box::new(verify))
+                    }
+                    None => Next::End(Answer::Flaky(result)),
+                }
+            }
+            Answer::Verified(v) => {
+                if let Some(f) = self.flaky.as_mut() {
+                    f.verification = Some(v);
+                }
+                match self.flaky_result.take() {
+                    Some(result) => Next::End(Answer::Flaky(result)),
+                    None => {
+                        return Err(SearchEnd::HostFailure(
+                            "a verification ended with no flaky answer to verify".into(),
+                        ))
+                    }
+                }
+            }
+            other @ Answer::Plain(SearchResult::Ambiguous(_)) => Next::End(other),
+        })
+    }
+}
+
+/// What follows a strategy.
+enum Next {
+    /// Another strategy takes over.
+    Swap(Box<dyn Strategy>),
+    /// The search's answer.
+    End(Answer),
+}
+
+impl Driver<'_, '_> {
+    /// The commit a culprit is measured against: its first parent in the range, else the good end below
+    /// it.
+    fn parent_of(&mut self, i: usize) -> Option<usize> {
+        let input = self.input;
+        match input.range.get(i).and_then(|c| c.parents.first()) {
+            Some(&p) => Some(p),
+            None => input.goods.first().map(|g| self.index_of(g.1)),
+        }
+    }
+
+    /// Every run of the repro in the range so far, for a Bayesian search taking over.
+    fn runs_so_far(&self) -> Vec<(usize, bool)> {
+        let index: HashMap<String, usize> = self
+            .input
+            .range
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (c.oid.to_string(), k))
+            .collect();
+        self.probes
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.role,
+                    ProbeRole::BadEndpoint | ProbeRole::Search | ProbeRole::Verify
+                ) && r.verdict != Verdict::Skip
+            })
+            .filter_map(|r| {
+                index
+                    .get(&r.commit)
+                    .map(|&k| (k, r.verdict == Verdict::Bad))
+            })
+            .collect()
+    }
+
+    /// The Bayesian search over the range, with `earlier` runs recorded.
+    pub(super) fn flaky(&self, earlier: &[(usize, bool)], progress: (usize, usize)) -> Flaky {
+        let parents: Vec<Vec<usize>> = self.input.range.iter().map(|c| c.parents.clone()).collect();
+        let flaky = self.input.flaky;
+        let mut bayes = BayesSearch::new(&parents, None, flaky.confidence, flaky.max_runs as usize);
+        for &(i, fault) in earlier {
+            bayes.record(i, fault);
+        }
+        Flaky {
+            bayes,
+            in_flight: 0,
+            progress,
+        }
+    }
+
+    fn flaky_answer(&self, result: &BayesResult) -> FlakyAnswer {
+        let name = |i: usize| self.commits[i].to_string();
+        FlakyAnswer {
+            p: result.p,
+            culprit: name(result.culprit),
+            posterior: result.confidence,
+            confidence: self.input.flaky.confidence,
+            reached: result.reached,
+            runners_up: result
+                .runners_up
+                .iter()
+                .map(|&(i, v)| (name(i), v))
+                .collect(),
+            runs: result.runs,
+            verification: None,
+        }
+    }
+
+    /// How the search ended, from the last strategy's answer.
+    pub(super) fn end_of(&self, answer: Answer) -> SearchEnd {
+        let oid = |i: usize| self.commits[i];
+        match answer {
+            Answer::Plain(SearchResult::Found(i)) | Answer::ParentClean(i) => SearchEnd::Found(oid(i)),
+            Answer::Plain(SearchResult::Ambiguous(ix)) => {
+                SearchEnd::Ambiguous(ix.into_iter().map(oid).collect())
+            }
+            Answer::Flaky(r) if r.reached => SearchEnd::Found(oid(r.culprit)),
+            Answer::Flaky(r) => {
+                let mut most_likely = vec![oid(r.culprit)];
+                most_likely.extend(r.runners_up.iter().map(|&(i, _)| oid(i)));
+                SearchEnd::Ambiguous(most_likely)
+            }
+            Answer::ParentFaults(i) => SearchEnd::Found(oid(i)),
+            Answer::Verified(_) => SearchEnd::Interrupted,
+        }
+    }
+}
+
+/// A probe whose class says the host is broken (infrastructure failures outlasted their retries, the repro
+/// cannot start): every probe after it would fail the same way. A missing object is the clone's, not the
+/// host's: that commit alone is skipped.
+pub(super) fn host_failure(rec: &ProbeRecord) -> Option<String> {
+    matches!(
+        rec.signature.class,
+        FaultClass::Infra | FaultClass::ExecFailure
+    )
+    .then(|| {
+        format!(
+            "stopped: the host failed at {}: {}",
+            short_sha(&rec.commit),
+            rec.signature.summary
+        )
+    })
+}

@@ -1,0 +1,158 @@
+//! The endpoints, before any commit of the range is searched: the bad end (its fault is the target, run
+//! again under `endpoint-runs` to tell a flaky fault), the target's kernel learned under the sanitizer,
+//! then the good ends and the merge bases. Each way the range can be wrong ends the search through `?`.
+
+use crate::bisect::Verdict;
+use crate::classify::{FaultClass, Sameness};
+use crate::report::event::Event;
+use crate::report::record::{short_sha, ProbeRole};
+
+use super::driver::{host_failure, Driver};
+use super::judge::{is_host_problem, reproduces};
+use super::pool::Pool;
+use super::SearchEnd;
+
+/// What the endpoints settled: the target (kept by the driver) and the bad end's runs.
+pub(super) struct Endpoints {
+    /// Whether each run of the bad end showed the target, in order.
+    pub(super) bad_runs: Vec<bool>,
+}
+
+impl Endpoints {
+    /// The bad end ran clean at least once: the fault is flaky.
+    pub(super) fn flaky(&self) -> bool {
+        self.bad_runs.iter().any(|&f| !f)
+    }
+}
+
+/// Probes the endpoints on the first worker.
+pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoints, SearchEnd> {
+    let input = d.input;
+    let (bad_name, bad_oid) = input.bad;
+    let mut bad = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, false)?;
+    // A flaky fault may not show on the bad end's first run: with `endpoint-runs`, run it again until it
+    // does (each clean run counts as one of them).
+    let mut bad_runs = Vec::new();
+    while bad.signature.class == FaultClass::None
+        && (bad_runs.len() as u32 + 1) < input.flaky.endpoint_runs
+    {
+        bad_runs.push(false);
+        bad = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, true)?;
+    }
+    if is_host_problem(bad.signature.class) {
+        let msg = format!(
+            "bad commit {bad_name} could not be judged: {}",
+            bad.signature.summary
+        );
+        return Err(SearchEnd::EndpointInfra(msg));
+    }
+    let finding_fix = input.fix_of.is_some();
+    if bad.verdict != Verdict::Bad || (!finding_fix && !reproduces(&bad.signature)) {
+        let runs = if bad_runs.is_empty() {
+            String::new()
+        } else {
+            format!(" in {} runs", bad_runs.len() + 1)
+        };
+        let msg = format!(
+            "bad commit {bad_name} does not reproduce{runs}: {}",
+            bad.signature.summary
+        );
+        return Err(SearchEnd::EndpointsInvalid(msg));
+    }
+    d.target = Some(bad.signature.clone());
+    // Finding a fix, every probe is measured by the older end's fault, whose kernel is known already.
+    if !finding_fix {
+        learn_kernel(d, pool)?;
+    }
+    if d.cancelled() {
+        return Err(SearchEnd::Interrupted);
+    }
+    // More runs of the bad end: a clean one says the fault is flaky, and the search is the Bayesian one.
+    bad_runs.push(true);
+    while (bad_runs.len() as u32) < input.flaky.endpoint_runs {
+        let rec = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, true)?;
+        if let Some(msg) = host_failure(&rec) {
+            return Err(SearchEnd::EndpointInfra(msg));
+        }
+        bad_runs.push(rec.verdict == Verdict::Bad);
+    }
+    check_good_ends(d, pool)?;
+    Ok(Endpoints { bad_runs })
+}
+
+/// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does
+/// not name one, and records that run as an endpoint check.
+fn learn_kernel(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
+    let Some(mut target) = d.target.clone().filter(|t| t.kernel.is_none()) else {
+        return Ok(());
+    };
+    let oid = d.input.bad.1;
+    let (ctx, sanitized) = d.sanitize_alone(pool, oid, ProbeRole::EndpointSanitizer)?;
+    let Some(s) = sanitized else {
+        return Ok(());
+    };
+    let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+    if let Some(k) = &kernel {
+        // The target's own fault stack is now settled: a probe that faults with exactly that stack is
+        // the target without a sanitizer run of its own.
+        d.settled().remember(&target, k, &oid.to_string());
+        target.kernel = kernel;
+    }
+    let record = s.endpoint_record(oid, &target, Verdict::Bad);
+    d.finish(ctx.step, &record);
+    d.target = Some(target);
+    Ok(())
+}
+
+/// The good ends and merge bases must not show the target.
+fn check_good_ends(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
+    let input = d.input;
+    let checks = input
+        .goods
+        .iter()
+        .map(|(name, oid)| (format!("good commit {name}"), *oid, ProbeRole::GoodEndpoint))
+        .chain(input.merge_bases.iter().map(|oid| {
+            let sha = oid.to_string();
+            (
+                format!("merge base {}", short_sha(&sha)),
+                *oid,
+                ProbeRole::MergeBase,
+            )
+        }));
+    for (what, oid, role) in checks.collect::<Vec<_>>() {
+        let rec = d.probe_alone(pool, oid, role, false)?;
+        if is_host_problem(rec.signature.class) {
+            let msg = format!("{what} could not be judged: {}", rec.signature.summary);
+            return Err(SearchEnd::EndpointInfra(msg));
+        }
+        let other_bug = input.goods_may_show_other_bugs
+            && role == ProbeRole::GoodEndpoint
+            && reproduces(&rec.signature)
+            && d.target.as_ref().is_some_and(|t| {
+                input.policy.compare(t, &rec.signature, "") == Sameness::Different
+            });
+        if other_bug {
+            d.reporter.event(&Event::GoodShowsOtherBug {
+                what,
+                commit: rec.commit.clone(),
+                signature: rec.signature.short(),
+            });
+            continue;
+        }
+        match (rec.verdict, role) {
+            (Verdict::Good, _) => {}
+            (Verdict::Bad, ProbeRole::MergeBase) => {
+                // git's wording: the good commit is on another line of history where the bug was fixed.
+                let msg = format!(
+                    "{what} is bad: the bug was fixed between it and the good commit; bisect from the merge base or give another good commit"
+                );
+                return Err(SearchEnd::EndpointsInvalid(msg));
+            }
+            _ => {
+                let msg = format!("{what} does not pass: {}", rec.signature.short());
+                return Err(SearchEnd::EndpointsInvalid(msg));
+            }
+        }
+    }
+    Ok(())
+}

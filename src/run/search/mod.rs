@@ -1,0 +1,227 @@
+//! The search: probes the bad endpoint (its signature becomes the target), the good endpoints and any
+//! merge bases, then runs one loop over a strategy (plain bisection, or the Bayesian search for a flaky
+//! fault) that keeps every worker busy, one worker or many. It sees the world only through the
+//! [`crate::run::probe::Probe`] trait, so it is tested in-process with scripted fakes, and one pure
+//! function, [`judge::judge`], decides every verdict.
+
+mod driver;
+mod endpoints;
+pub mod judge;
+mod pool;
+pub mod settled;
+mod strategy;
+
+use std::sync::atomic::AtomicBool;
+
+use git2::Oid;
+
+use crate::bisect::{Bisector, Verdict};
+use crate::classify::{MatchPolicy, Signature};
+use crate::git::RangeCommit;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{FlakyAnswer, OtherBug, ProbeRecord, ProbeRole};
+
+use driver::Driver;
+pub use pool::Worker;
+use settled::{SettledStacks, REMEMBERED};
+
+/// What the search starts from, validated by the plan.
+#[derive(Clone, Debug)]
+pub struct SearchInput<'a> {
+    /// The candidates, in topological order with the bad endpoint last.
+    pub range: &'a [RangeCommit],
+    /// The bad revision as given, and its commit.
+    pub bad: (&'a str, Oid),
+    /// Good revisions to check (those implied by another good one are left out).
+    pub goods: &'a [(String, Oid)],
+    /// Merge bases of goods that are not ancestors of the bad commit: they must be good too.
+    pub merge_bases: &'a [Oid],
+    /// The same-bug policy.
+    pub policy: &'a MatchPolicy,
+    /// A good endpoint that fails with a bug told apart from the target (another class, kernel, launch
+    /// site or exception) still counts as good: it does not show *this* bug. For the nightly job, which
+    /// bisects a new bug from the last head that showed only an older one.
+    pub goods_may_show_other_bugs: bool,
+    /// Runs of the bad end at the start, and what a flaky search needs.
+    pub flaky: crate::config::FlakySettings,
+    /// Finding a fix: the fault at the older end, which every probe is measured by (showing it is the
+    /// older state, a clean run the newer). The bad end's probe is then the fault being gone.
+    pub fix_of: Option<Signature>,
+}
+
+/// How the search ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SearchEnd {
+    /// One first bad commit.
+    Found(Oid),
+    /// The search named a commit, and running it and its parents alone did not bear it out (finding a
+    /// fix: the fixed commit faults, or its parent is clean): why.
+    Unverified(Oid, String),
+    /// Skips left several candidates, in topological order.
+    Ambiguous(Vec<Oid>),
+    /// An endpoint says the range is wrong (a message saying which and why).
+    EndpointsInvalid(String),
+    /// An endpoint could not be judged because the machine or the clone failed.
+    EndpointInfra(String),
+    /// The host broke during the search (the repro cannot start, the device is gone, infrastructure
+    /// failures outlasted their retries): stopped, rather than skip every commit left.
+    HostFailure(String),
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
+}
+
+/// The search's result and every probe it ran.
+#[derive(Clone, Debug)]
+pub struct SearchOutcome {
+    /// How it ended.
+    pub end: SearchEnd,
+    /// The bad endpoint's signature, once probed and reproducing.
+    pub target: Option<Signature>,
+    /// Every probe, in the order run.
+    pub probes: Vec<ProbeRecord>,
+    /// Bugs met that are not the target.
+    pub other_bugs: Vec<OtherBug>,
+    /// When the fault showed on only some runs of the bad end: the flaky search's answer.
+    pub flaky: Option<FlakyAnswer>,
+}
+
+/// Runs the whole search with one prober, one probe at a time.
+pub fn search(
+    input: &SearchInput,
+    prober: &mut dyn crate::run::probe::Probe,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let mut workers = [Worker {
+        probe: prober,
+        stop: cancel,
+    }];
+    search_with_workers(input, &mut workers, reporter, cancel)
+}
+
+/// Runs the whole search. The endpoints are probed by the first worker; the bisection then keeps every
+/// worker busy (one worker: one probe at a time, as `git bisect` does).
+pub fn search_with_workers(
+    input: &SearchInput,
+    workers: &mut [Worker],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    if workers.is_empty() {
+        let settled = SettledStacks::off();
+        let d = Driver::new(input, reporter, &settled, cancel, 0);
+        return d.outcome(SearchEnd::HostFailure("no probe worker".into()));
+    }
+    pool::with_pool(workers, cancel, |pool| {
+        let settled = SettledStacks::default();
+        let outcome = search_once(input, pool, reporter, cancel, &settled);
+        let Some(culprit) = judged_from_memory(&outcome) else {
+            return outcome;
+        };
+        recheck_culprit(input, pool, reporter, cancel, outcome, culprit)
+    })
+}
+
+/// One search with `settled` as its memory of sanitizer answers.
+fn search_once(
+    input: &SearchInput,
+    pool: &mut pool::Pool,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+    settled: &SettledStacks,
+) -> SearchOutcome {
+    let mut d = Driver::new(input, reporter, settled, cancel, pool.size());
+    let end = run(&mut d, pool).unwrap_or_else(|end| end);
+    d.outcome(end)
+}
+
+/// The endpoints, then the one loop.
+fn run(d: &mut Driver, pool: &mut pool::Pool) -> Result<SearchEnd, SearchEnd> {
+    let ends = endpoints::probe_endpoints(d, pool)?;
+    let input = d.input;
+    let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
+    let bisector = Bisector::new(&parents);
+    let progress = (bisector.remaining(), bisector.estimated_steps());
+    let strategy: Box<dyn strategy::Strategy> = if ends.flaky() {
+        d.reporter.event(&Event::FlakyDetected {
+            faults: ends.bad_runs.iter().filter(|&&f| f).count(),
+            runs: ends.bad_runs.len(),
+            confidence: input.flaky.confidence,
+            max_runs: input.flaky.max_runs,
+            workers: pool.size(),
+        });
+        let tip = input.range.len() - 1;
+        let runs: Vec<(usize, bool)> = ends.bad_runs.iter().map(|&f| (tip, f)).collect();
+        Box::new(d.flaky(&runs, progress))
+    } else {
+        Box::new(bisector)
+    };
+    let answer = d.drive(pool, strategy)?;
+    Ok(d.end_of(answer))
+}
+
+/// The culprit of a search that found one, when its bad verdict came from a remembered fault stack
+/// rather than a sanitizer run of its own.
+fn judged_from_memory(outcome: &SearchOutcome) -> Option<Oid> {
+    let SearchEnd::Found(culprit) = outcome.end else {
+        return None;
+    };
+    let sha = culprit.to_string();
+    outcome
+        .probes
+        .iter()
+        .rev()
+        .find(|p| p.commit == sha && p.verdict == Verdict::Bad)
+        .filter(|p| {
+            p.sanitizer
+                .as_deref()
+                .is_some_and(|s| s.starts_with(REMEMBERED))
+        })
+        .map(|_| culprit)
+}
+
+/// The culprit's fault was judged by a stack the sanitizer settled at another commit. Before it is named,
+/// the sanitizer looks at the culprit itself: one op can launch two kernels from the same lines. When it
+/// names another kernel, the search runs again with nothing remembered (the journal replays the probes,
+/// so only the sanitizer runs are paid again).
+fn recheck_culprit(
+    input: &SearchInput,
+    pool: &mut pool::Pool,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+    mut outcome: SearchOutcome,
+    culprit: Oid,
+) -> SearchOutcome {
+    let Some(target) = outcome.target.clone() else {
+        return outcome;
+    };
+    let off = SettledStacks::off();
+    let named = {
+        let mut d = Driver::new(input, &mut *reporter, &off, cancel, pool.size());
+        d.steps = outcome.probes.len();
+        let Ok((ctx, Some(s))) = d.sanitize_alone(pool, culprit, ProbeRole::Verify) else {
+            return outcome;
+        };
+        let named = s.finding.as_ref().and_then(|f| f.kernel.clone());
+        let mut record = s.endpoint_record(culprit, &target, Verdict::Bad);
+        record.role = ProbeRole::Verify;
+        d.finish(ctx.step, &record);
+        outcome.probes.push(record);
+        named
+    };
+    match (named, target.kernel.as_deref()) {
+        (Some(k), Some(want)) if k != want => {
+            reporter.event(&Event::RememberedStackMisled {
+                culprit: culprit.to_string(),
+                named: k,
+                expected: want.to_string(),
+            });
+            let mut again = search_once(input, pool, reporter, cancel, &off);
+            let mut probes = std::mem::take(&mut outcome.probes);
+            probes.append(&mut again.probes);
+            again.probes = probes;
+            again
+        }
+        _ => outcome,
+    }
+}

@@ -1,0 +1,238 @@
+//! The workers of a search: one thread per prober inside a thread scope, each running the probes and
+//! sanitizer runs the driver hands it. One worker or many, the search takes this one path; a worker's
+//! events reach the driver's reporter in the order they arrive.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use git2::Oid;
+
+use crate::classify::Signature;
+use crate::report::event::{Event, Reporter};
+use crate::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+
+/// One worker as the search sees it: a prober of its own (its own worktree, warm build directory and
+/// devices) and the flag that stops its probe (set on Ctrl-C, or when its answer no longer matters).
+pub struct Worker<'a> {
+    /// The prober.
+    pub probe: &'a mut dyn Probe,
+    /// Stops the probe in flight.
+    pub stop: &'a AtomicBool,
+}
+
+/// What a worker is asked to do at a commit.
+pub(super) enum Task {
+    /// Run the repro, against this target (`None`: the bad endpoint, whose signature becomes it).
+    Probe(Option<Signature>),
+    /// Rerun the commit it probed last under compute-sanitizer.
+    Sanitize,
+}
+
+/// What a worker did.
+pub(super) enum Done {
+    /// A probe's observation.
+    Probed(Box<ProbeOutcome>),
+    /// A sanitizer run (`None`: no sanitizer can be used).
+    Sanitized(Option<Sanitized>),
+}
+
+/// A job handed to a worker.
+struct Job {
+    index: usize,
+    oid: Oid,
+    ctx: ProbeContext,
+    task: Task,
+}
+
+/// What workers tell the driver.
+enum Message {
+    Event(Event),
+    Done(Landed),
+}
+
+/// A job that came back from a worker.
+pub(super) struct Landed {
+    pub(super) worker: usize,
+    pub(super) index: usize,
+    pub(super) ctx: ProbeContext,
+    pub(super) done: Done,
+}
+
+/// Forwards a worker's events to the driver.
+struct ChannelReporter {
+    tx: mpsc::Sender<Message>,
+}
+
+impl Reporter for ChannelReporter {
+    fn event(&mut self, event: &Event) {
+        let _ = self.tx.send(Message::Event(event.clone()));
+    }
+}
+
+/// How often the driver looks at Ctrl-C while every worker is busy.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Worker threads, each running the jobs the driver hands it on its own prober.
+pub(super) struct Pool<'s> {
+    jobs: Vec<mpsc::Sender<Job>>,
+    rx: mpsc::Receiver<Message>,
+    stops: Vec<&'s AtomicBool>,
+    /// Ctrl-C or SIGTERM: never cleared by the pool, even where a worker's stop flag is this flag.
+    cancel: &'s AtomicBool,
+    /// Idle workers, the first on top.
+    idle: Vec<usize>,
+    /// Which commit each busy worker is at.
+    busy: HashMap<usize, usize>,
+}
+
+/// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
+pub(super) fn with_pool<R>(
+    workers: &mut [Worker],
+    cancel: &AtomicBool,
+    f: impl FnOnce(&mut Pool) -> R,
+) -> R {
+    let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Message>();
+        let mut jobs: Vec<mpsc::Sender<Job>> = Vec::new();
+        for (w, worker) in workers.iter_mut().enumerate() {
+            let (job_tx, job_rx) = mpsc::channel::<Job>();
+            jobs.push(job_tx);
+            let tx = tx.clone();
+            let prober = &mut *worker.probe;
+            scope.spawn(move || {
+                let mut reporter = ChannelReporter { tx: tx.clone() };
+                for job in job_rx {
+                    let done = match job.task {
+                        Task::Probe(target) => Done::Probed(Box::new(prober.probe(
+                            job.oid,
+                            &job.ctx,
+                            target.as_ref(),
+                            &mut reporter,
+                        ))),
+                        Task::Sanitize => {
+                            Done::Sanitized(prober.sanitize(job.oid, &job.ctx, &mut reporter))
+                        }
+                    };
+                    let landed = Landed {
+                        worker: w,
+                        index: job.index,
+                        ctx: job.ctx,
+                        done,
+                    };
+                    if tx.send(Message::Done(landed)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut pool = Pool {
+            jobs,
+            rx,
+            idle: (0..stops.len()).rev().collect(),
+            stops,
+            cancel,
+            busy: HashMap::new(),
+        };
+        let out = f(&mut pool);
+        // Closing the job channels ends the threads; the scope waits for them.
+        pool.jobs.clear();
+        out
+    })
+}
+
+impl Pool<'_> {
+    /// Workers there are.
+    pub(super) fn size(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Idle workers.
+    pub(super) fn idle(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// Whether no job is out.
+    pub(super) fn all_idle(&self) -> bool {
+        self.busy.is_empty()
+    }
+
+    /// The commits busy workers are at, by worker.
+    pub(super) fn busy(&self) -> Vec<(usize, usize)> {
+        self.busy.iter().map(|(&w, &i)| (w, i)).collect()
+    }
+
+    /// The next idle worker, the first first; taken off the idle list.
+    pub(super) fn take_idle(&mut self) -> Option<usize> {
+        self.idle.pop()
+    }
+
+    /// Takes worker `w` off the idle list, if it is there.
+    pub(super) fn claim(&mut self, w: usize) -> bool {
+        match self.idle.iter().position(|&x| x == w) {
+            Some(at) => {
+                self.idle.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Hands a job to worker `w` (taken off the idle list by the caller), its stop flag cleared; false
+    /// when the worker is gone (it goes back on the idle list).
+    pub(super) fn send(&mut self, w: usize, index: usize, oid: Oid, ctx: ProbeContext, task: Task) -> bool {
+        if !std::ptr::eq(self.stops[w], self.cancel) {
+            self.stops[w].store(false, Ordering::SeqCst);
+        }
+        let job = Job {
+            index,
+            oid,
+            ctx,
+            task,
+        };
+        if self.jobs[w].send(job).is_ok() {
+            self.busy.insert(w, index);
+            true
+        } else {
+            self.idle.push(w);
+            false
+        }
+    }
+
+    /// Stops worker `w`'s job.
+    pub(super) fn stop(&self, w: usize) {
+        self.stops[w].store(true, Ordering::SeqCst);
+    }
+
+    /// Stops every job in flight.
+    pub(super) fn stop_all(&self) {
+        for &w in self.busy.keys() {
+            self.stop(w);
+        }
+    }
+
+    /// The next job to come back, passing workers' events on to `reporter` meanwhile; `None` after a short
+    /// wait with nothing back (so the caller can look at Ctrl-C), or when every worker is gone. The worker
+    /// goes back on the idle list.
+    pub(super) fn land(&mut self, reporter: &mut dyn Reporter) -> Option<Landed> {
+        loop {
+            match self.rx.recv_timeout(POLL) {
+                Ok(Message::Event(e)) => reporter.event(&e),
+                Ok(Message::Done(landed)) => {
+                    self.busy.remove(&landed.worker);
+                    self.idle.push(landed.worker);
+                    return Some(landed);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => return None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Every worker is gone: nothing out will come back.
+                    self.busy.clear();
+                    return None;
+                }
+            }
+        }
+    }
+}
