@@ -137,11 +137,12 @@ fn search_once(
 
 /// The endpoints, then the one loop.
 fn run(d: &mut Driver, pool: &mut pool::Pool) -> Result<SearchEnd, SearchEnd> {
-    let ends = endpoints::probe_endpoints(d, pool)?;
     let input = d.input;
     let parents: Vec<Vec<usize>> = input.range.iter().map(|c| c.parents.clone()).collect();
     let bisector = Bisector::new(&parents);
     let progress = (bisector.remaining(), bisector.estimated_steps());
+    d.progress = progress;
+    let ends = endpoints::probe_endpoints(d, pool)?;
     let strategy: Box<dyn strategy::Strategy> = if ends.flaky() {
         d.reporter.event(&Event::FlakyDetected {
             faults: ends.bad_runs.iter().filter(|&&f| f).count(),
@@ -199,6 +200,7 @@ fn recheck_culprit(
     let named = {
         let mut d = Driver::new(input, &mut *reporter, &off, cancel, pool.size());
         d.steps = outcome.probes.len();
+        d.progress = (1, 0);
         let Ok((ctx, Some(s))) = d.sanitize_alone(pool, culprit, ProbeRole::Verify) else {
             return outcome;
         };

@@ -1,4 +1,5 @@
-//! Helpers shared by the test binaries that run `cudabisect shrink` through the real binary.
+//! Helpers shared by the integration tests: the binary under test, `cudabisect shrink` and `start` run
+//! through it, and a bounded wait.
 
 use std::path::Path;
 use std::process::Command;
@@ -117,4 +118,15 @@ pub fn run_repro_alone(
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
+}
+
+/// Waits until `ready()` holds, looking every 20 ms, and fails with `never` after `within`. What the
+/// tests wait for (a pid file a fake wrote, a Slurm job's state, a flag the driver sets) gives no event
+/// to block on; a bounded look at a fixed pace keeps a core free where a spin would take it.
+pub fn wait_until(within: std::time::Duration, never: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "{never}");
+        std::thread::park_timeout(std::time::Duration::from_millis(20));
+    }
 }

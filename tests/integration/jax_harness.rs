@@ -7,24 +7,24 @@
 //! tests need jax and keras (`python3 -c "import jax, keras"`); CI installs them. Without them they fail,
 //! saying so: they never pass unrun.
 
-mod support;
+
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cudabisect::sample::repo_builder::{linear_history, put, Files};
 use serde_json::Value;
-use support::{kept, shrink, start_report};
+use crate::common::{kept, shrink, start_report};
 
 fn require_jax() {
-    support::require_python(
+    crate::common::require_python(
         "import jax, flatbuffers, os; os.environ['KERAS_BACKEND'] = 'jax'; import keras",
         "a real jax, keras and flatbuffers: pip install 'jax[cpu]' keras flatbuffers",
     );
 }
 
 fn fixture(rel: &str) -> String {
-    support::fixture_text("jax", rel)
+    crate::common::fixture_text("jax", rel)
 }
 
 /// The JAX fixture with a table of `rows` rows (the batch reaches row 7) and `config` as bisect.toml.
@@ -60,7 +60,7 @@ fn run_alone(
     let env: Vec<(&str, &str)> = std::iter::once(("JAX_PLATFORMS", "cpu"))
         .chain(env.iter().copied())
         .collect();
-    support::run_repro_alone(report, project, &env)
+    crate::common::run_repro_alone(report, project, &env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\nenv = { JAX_PLATFORMS = \"cpu\" }\n\n[triage]\nenabled = false\n\n";

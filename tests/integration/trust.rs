@@ -3,7 +3,7 @@
 //! real binary on real git repositories built with the git command line.
 
 #[allow(dead_code)] // this binary uses only `bin`
-mod support;
+
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -81,7 +81,7 @@ const CONFIG: &str =
     "[repro]\ncommand = \"./repro.sh\"\ngrace-period = \"1s\"\n[triage]\nenabled = false\n";
 
 fn run(repo: &Repo, args: &[&str]) -> (i32, String, String) {
-    let out: Output = Command::new(support::bin())
+    let out: Output = Command::new(crate::common::bin())
         .args(args)
         .arg("-C")
         .arg(&repo.path)

@@ -830,14 +830,10 @@ fn triage_without_compute_sanitizer_says_what_is_missing() {
 /// True while `pid` runs (a zombie waiting for its reaper is not running).
 use cudabisect::process::is_alive as alive;
 
-/// Waits (bounded, without sleeping) until `ready`, then sends Ctrl-C to `child` and checks that it exits
-/// 130, the code for an interrupted run.
+/// Waits (bounded) until `ready`, then sends Ctrl-C to `child` and checks that it exits 130, the code for
+/// an interrupted run.
 fn interrupt_when(child: std::process::Child, ready: impl Fn() -> bool, never: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !ready() {
-        assert!(std::time::Instant::now() < deadline, "{never}");
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(std::time::Duration::from_secs(60), never, ready);
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();

@@ -2,7 +2,8 @@
 //! `ci/slurm-up.sh`: one node, a `debug` partition, four count-only GPUs): bisections whose builds and
 //! repros run as Slurm jobs, serial and parallel, a probe timeout that queue time does not eat into, a job
 //! Slurm kills for its memory (infrastructure, retried), a drained node, and Ctrl-C leaving no job behind.
-//! Where Slurm is missing they say so and pass only when `CUDABISECT_REQUIRE_SLURM` is unset; CI sets it.
+//! They are ignored unless asked for, as the GPU tests are (a skipped test never counts as passed):
+//! `cargo test --release --test integration -- --ignored slurm::` runs them, and fails without a node.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,8 +16,8 @@ use serde_json::Value;
 /// The cluster is one node: tests that drain it or fill its queue must not overlap.
 static CLUSTER: Mutex<()> = Mutex::new(());
 
-/// True when a Slurm node is up. Without one: a failure when CI requires Slurm, else a skip that says so.
-fn slurm_up() -> bool {
+/// Fails unless a Slurm node is up: these tests run only when asked for, and then must not pass vacuously.
+fn require_slurm() {
     let up = Command::new("sinfo")
         .args(["-h", "-o", "%t"])
         .output()
@@ -25,16 +26,7 @@ fn slurm_up() -> bool {
             s.contains("idle") || s.contains("mix") || s.contains("alloc")
         })
         .unwrap_or(false);
-    if !up {
-        assert!(
-            std::env::var_os("CUDABISECT_REQUIRE_SLURM").is_none(),
-            "CUDABISECT_REQUIRE_SLURM is set but no Slurm node is up (run ci/slurm-up.sh)"
-        );
-        eprintln!(
-            "skipped: no Slurm node is up here (ci/slurm-up.sh starts one; CI always has it)"
-        );
-    }
-    up
+    assert!(up, "no Slurm node is up here (run ci/slurm-up.sh)");
 }
 
 /// Each commit's mode: `clean`, `fault`, `hang`, `oom-once` (the first run blows its memory limit, the
@@ -188,10 +180,9 @@ fn first_bad(report: &Value) -> &str {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_for_memory() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     // Commit 4 is where the search looks first after the endpoints.
     let modes = [
@@ -228,10 +219,9 @@ fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_f
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn parallel_probes_are_concurrent_jobs() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let mut modes = vec!["clean"; 10];
     modes.extend(["fault"; 6]);
@@ -265,10 +255,9 @@ fn parallel_probes_are_concurrent_jobs() {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let repo = repo(&["clean", "clean", "hang", "clean", "fault"], "");
     // A 3 s timeout, and a blocker job holding every GPU for longer than that while the first probe
@@ -301,15 +290,14 @@ fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() 
     let child = Running::spawn(start_cmd(&repo, &[]));
     // Release the blocker once a probe job has queued behind it for longer than the repro's timeout.
     let queued_since = std::time::Instant::now();
-    let deadline = queued_since + std::time::Duration::from_secs(120);
-    loop {
-        assert!(std::time::Instant::now() < deadline, "no probe ever queued");
-        let pending = our_jobs().iter().any(|j| j.ends_with("PENDING"));
-        if pending && queued_since.elapsed() > std::time::Duration::from_secs(5) {
-            break;
-        }
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(
+        std::time::Duration::from_secs(120),
+        "no probe ever queued",
+        || {
+            queued_since.elapsed() > std::time::Duration::from_secs(5)
+                && our_jobs().iter().any(|j| j.ends_with("PENDING"))
+        },
+    );
     std::fs::write(&release, "").unwrap();
     let out = child.wait();
     let _ = Command::new("scancel").arg(&blocker_id).status();
@@ -351,14 +339,11 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
     .unwrap();
     let node = node();
     let child = Running::spawn(start_cmd(&repo, &[]));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !our_jobs().iter().any(|j| j.ends_with("RUNNING")) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no probe job ever ran"
-        );
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(
+        std::time::Duration::from_secs(120),
+        "no probe job ever ran",
+        || our_jobs().iter().any(|j| j.ends_with("RUNNING")),
+    );
     let resume = Resume(node.clone());
     Command::new("scontrol")
         .args([
@@ -370,13 +355,11 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
         .status()
         .unwrap();
     let logs = repo.path.join(".git/cudabisect/runs");
-    while !log_says(&logs, seen) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no log ever said {seen}"
-        );
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(
+        std::time::Duration::from_secs(120),
+        &format!("no log ever said {seen}"),
+        || log_says(&logs, seen),
+    );
     drop(resume);
     let out = child.wait();
     let text = String::from_utf8_lossy(&out.stderr).to_string();
@@ -390,20 +373,18 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn a_node_drained_mid_run_makes_the_waiting_probe_infrastructure_and_the_run_goes_on() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     // The running allocation finishes; the next cannot start, and is given up as infrastructure.
     node_trouble_mid_run("drain", "STUCK in the queue");
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn a_node_failing_under_a_probe_is_infrastructure_and_the_probe_is_run_again() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     // The node goes down under a running step: Slurm ends the allocation NODE_FAIL.
     node_trouble_mid_run("down", "NODE_FAIL");
@@ -426,19 +407,18 @@ fn log_says(dir: &Path, text: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn ctrl_c_cancels_every_job_it_submitted() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let repo = repo(&["clean", "hang"], "");
     let child = Running::spawn(start_cmd(&repo, &[]));
     // The bad end's repro hangs: interrupt once its job runs.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !our_jobs().iter().any(|j| j.ends_with("RUNNING")) {
-        assert!(std::time::Instant::now() < deadline, "the job never ran");
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(
+        std::time::Duration::from_secs(120),
+        "the job never ran",
+        || our_jobs().iter().any(|j| j.ends_with("RUNNING")),
+    );
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id(), libc::SIGINT) };
     let out = child.wait();
@@ -452,10 +432,9 @@ fn ctrl_c_cancels_every_job_it_submitted() {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn a_partition_slurm_does_not_have_is_one_line_of_bad_input() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let repo = repo(&["clean", "fault"], "");
     let toml = repo.path.join("bisect.toml");
     std::fs::write(
@@ -476,10 +455,9 @@ fn a_partition_slurm_does_not_have_is_one_line_of_bad_input() {
 }
 
 #[test]
+#[ignore = "needs a Slurm cluster: ci/slurm-up.sh, then --ignored slurm::"]
 fn a_shared_workdir_holds_the_worktrees_and_the_allocations_files() {
-    if !slurm_up() {
-        return;
-    }
+    require_slurm();
     let _one = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let shared = tempfile::tempdir().unwrap();
     let repo = repo(

@@ -4,21 +4,21 @@
 //! a `repro.py` that fails the same way alone, from a fresh directory. These tests need torch
 //! (`python3 -c "import torch"`); CI installs it. Without it they fail, saying so: they never pass unrun.
 
-mod support;
+
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
 use serde_json::Value;
-use support::{kept, shrink, start_report};
+use crate::common::{kept, shrink, start_report};
 
 fn require_torch() {
-    support::require_python("import torch", "a real torch: pip install torch");
+    crate::common::require_python("import torch", "a real torch: pip install torch");
 }
 
 fn fixture(rel: &str) -> String {
-    support::fixture_text("torch/training", rel)
+    crate::common::fixture_text("torch/training", rel)
 }
 
 /// A repository with the training fixture and `config` as its bisect.toml.
@@ -44,7 +44,7 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
 
 /// Runs the minimal repro away from the project.
 fn run_alone(report: &Value, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    support::run_repro_alone(report, None, env)
+    crate::common::run_repro_alone(report, None, env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\n\n[triage]\nenabled = false\n\n";

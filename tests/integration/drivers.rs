@@ -74,14 +74,11 @@ impl Probe for Scripted {
         self.workers.push(ctx.worker);
         if let Some((below, stop)) = self.hang_below.filter(|(b, _)| i < *b && i > 0) {
             // Runs until stopped, as a long repro does; bounded, so a driver that never stops it fails.
-            let started = std::time::Instant::now();
-            while !stop.load(Ordering::SeqCst) {
-                assert!(
-                    started.elapsed() < Duration::from_secs(20),
-                    "probe of {i} (< {below}) never stopped"
-                );
-                std::thread::yield_now();
-            }
+            crate::common::wait_until(
+                Duration::from_secs(20),
+                &format!("probe of {i} (< {below}) never stopped"),
+                || stop.load(Ordering::SeqCst),
+            );
             let mut record = ProbeRecord {
                 commit: commit.to_string(),
                 role: ctx.role,

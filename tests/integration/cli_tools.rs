@@ -3,9 +3,7 @@
 
 use std::process::Command;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cudabisect")
-}
+use crate::common::bin;
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(bin()).args(args).output().expect("runs");

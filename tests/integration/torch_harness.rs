@@ -6,9 +6,7 @@ use std::process::Command;
 
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cudabisect")
-}
+use crate::common::bin;
 
 fn harness_py() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("harness/torch_harness.py")

@@ -226,17 +226,15 @@ fn ctrl_c_stops_every_rank_the_launcher_and_what_escaped_it() {
         .spawn()
         .unwrap();
     // The bad end's ranks hang in their collective: interrupt once both ranks and the escapee are up.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while ["rank0.pid", "rank1.pid", "escapee.pid"]
-        .iter()
-        .any(|n| pid_in(&repo.pids, n).is_none())
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the ranks never started"
-        );
-        std::thread::yield_now();
-    }
+    crate::common::wait_until(
+        std::time::Duration::from_secs(60),
+        "the ranks never started",
+        || {
+            ["rank0.pid", "rank1.pid", "escapee.pid"]
+                .iter()
+                .all(|n| pid_in(&repo.pids, n).is_some())
+        },
+    );
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
