@@ -40,7 +40,7 @@ pub enum Command {
         /// the answer is the first commit where it is gone (the one to backport).
         #[arg(long)]
         find_fix: bool,
-        /// The name of the older state in the output and `log --format git` (git's `--term-old`;
+        /// The name of the older state in the output and `log --message-format git` (git's `--term-old`;
         /// default `good`, or `broken` with --find-fix).
         #[arg(long, value_name = "TERM")]
         term_old: Option<String>,
@@ -105,8 +105,11 @@ pub enum Command {
         /// The process ran past its timeout.
         #[arg(long, conflicts_with = "exit_code")]
         timed_out: bool,
-        /// Print {"class","code","kernel","site","framework","rank","summary"}.
-        #[arg(long)]
+        /// Output: human, or json ({"class","code","kernel","site","framework","rank","summary"}).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+        /// The old spelling of `--message-format json`.
+        #[arg(long, hide = true)]
         json: bool,
     },
     /// Rerun the repro under compute-sanitizer and say which kernel did what to which allocation.
@@ -120,8 +123,11 @@ pub enum Command {
         /// Check out and build this revision in the probe worktree first.
         #[arg(long)]
         at: Option<String>,
-        /// Print the result as JSON.
-        #[arg(long)]
+        /// Output: human, or json (the result as one JSON object).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+        /// The old spelling of `--message-format json`.
+        #[arg(long, hide = true)]
         json: bool,
         /// The command to sanitize (default: the configured repro).
         #[arg(last = true)]
@@ -167,8 +173,9 @@ pub enum Command {
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,
-        /// human, json (the run's report.json), or git (for `git bisect replay`).
-        #[arg(long, value_enum, default_value = "human")]
+        /// human, json (the run's report.json), or git (for `git bisect replay`). `--format` is the old
+        /// spelling.
+        #[arg(long = "message-format", alias = "format", value_enum, default_value = "human")]
         format: LogFormat,
     },
     /// The nightly regression job: test the branch head, bisect a new fault from the last good commit,

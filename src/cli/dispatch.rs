@@ -113,6 +113,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             exit_code,
             signal,
             timed_out,
+            message_format,
             json,
         } => {
             let given = super::classify::GivenExit {
@@ -120,12 +121,13 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 signal,
                 timed_out,
             };
-            super::classify::run(&log, given, json)
+            super::classify::run(&log, given, json || message_format == MessageFormat::Json)
         }
         Command::Triage {
             config,
             dir,
             at,
+            message_format,
             json,
             command,
         } => super::triage::run(
@@ -133,7 +135,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             config.as_deref(),
             at.as_deref(),
             command,
-            json,
+            json || message_format == MessageFormat::Json,
             cancel,
         ),
         Command::Shrink {
