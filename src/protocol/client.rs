@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::backend::BackendChoice;
-use crate::child_env::{command_spec, ChildCommand, ChildContext};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::classify::Exit;
 use crate::config::{CommandLine, Config, ShrinkFramework, ShrinkSection};
-use crate::process::{self, ProcessError, RunOutput};
+use crate::exec::process::{self, ProcessError, RunOutput};
 
 use super::types::{Description, DescriptionError};
 use super::warm::WarmServer;

@@ -74,24 +74,7 @@ pub struct ProbeRecord {
     pub runner: Option<String>,
 }
 
-/// A command run as a scheduler job: which job, where, how it ended and how long it queued.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct JobInfo {
-    /// The scheduler (`slurm`).
-    pub scheduler: String,
-    /// The job id.
-    pub id: String,
-    /// The node it ran on, once it started.
-    pub node: Option<String>,
-    /// The scheduler's final state (`COMPLETED`, `FAILED`, `NODE_FAIL`, `OUT_OF_MEMORY`, …).
-    pub state: String,
-    /// The scheduler's reason, when it gives one (`NonZeroExitCode`, a pending reason, …).
-    pub reason: Option<String>,
-    /// Seconds from submission to start: queue time, never counted toward the command's timeout.
-    pub queue_s: f64,
-    /// Seconds it ran.
-    pub run_s: f64,
-}
+pub use crate::exec::process::JobInfo;
 
 /// How a `start` run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::child_env::{command_spec, ChildCommand, ChildContext};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::config::{CommandLine, Config, ShrinkSection};
-use crate::process;
+use crate::exec::process;
 use crate::protocol::torch::install_capture_hook;
 pub use crate::report::record::CapturedFault;
 use crate::report::record::{ShrinkReport, ShrinkStatus};

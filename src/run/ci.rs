@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::classify::Exit;
 use crate::config::Config;
-use crate::process::{self, CommandSpec};
+use crate::exec::process::{self, CommandSpec};
 use crate::report::event::{Event, Reporter};
 use crate::report::junit::{junit_case, junit_xml, probe_time, Outcome};
 use crate::report::record::Report;

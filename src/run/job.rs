@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use git2::Oid;
 
 use crate::report::bundle::{self, BundleInput};
-use crate::report::environment;
+use crate::host::environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
@@ -93,7 +93,7 @@ pub fn start(
     }
     let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
     if slurm {
-        crate::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
+        crate::exec::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
     }
     // Parallel probes: checked before anything is written.
     let slots = match plan.config.workers.jobs {
@@ -161,7 +161,7 @@ pub fn start(
     if slots.len() > 1 {
         for slot in &mut slots {
             let dir = state_dir.join("workers").join(slot.worker.to_string());
-            for (_, sub) in crate::child_env::WORKER_PRIVATE_DIRS {
+            for (_, sub) in crate::exec::child_env::WORKER_PRIVATE_DIRS {
                 std::fs::create_dir_all(dir.join(sub)).map_err(io_err(&dir))?;
             }
             slot.scratch = Some(dir);

@@ -6,7 +6,6 @@ pub mod ci;
 pub mod cross_check;
 pub mod error;
 pub mod find_fix;
-pub mod gpu_idle;
 pub mod job;
 pub mod journal;
 pub mod lock;

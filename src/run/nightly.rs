@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use crate::classify::{FaultClass, Sameness};
 use crate::config::Config;
 use crate::git::Repo;
-use crate::report::environment;
+use crate::host::environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ProbeRole, RunResult};
 

@@ -10,15 +10,15 @@ use std::time::Instant;
 
 use git2::Oid;
 
-use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
-use crate::classify::{classify, Exit, FaultClass, Signature};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
+use crate::classify::{Exit, FaultClass, Signature};
 use crate::config::Config;
 use crate::git::{CheckoutError, ProbeWorktree};
-use crate::process::{self, RunOutput};
+use crate::exec::process::{self, RunOutput};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
 
-use super::gpu_idle::{wait_idle, Devices, NvidiaSmi};
+use crate::host::gpu_idle::{wait_idle, Devices, NvidiaSmi};
 
 /// Where a probe stands in the search, for progress events and its record.
 #[derive(Clone, Copy, Debug)]
@@ -201,7 +201,7 @@ impl Probe for WorktreeProber<'_> {
         }
         // Where this probe's commands run: for Slurm, one allocation for its build and repro, released
         // when the probe ends.
-        let executor = crate::executor::for_config(self.config, &self.log_dir);
+        let executor = crate::exec::executor::for_config(self.config, &self.log_dir);
         let mut session = executor.session();
         let mut build_log = None;
         if self.config.build.is_some() {
@@ -224,7 +224,7 @@ impl Probe for WorktreeProber<'_> {
                         return record.done(sig, None, None, None, 0);
                     }
                     Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
-                        let seen = classify(run.exit, &run.output);
+                        let seen = run.signature();
                         if seen.class == FaultClass::Infra && !run.interrupted {
                             if infra_retried < self.config.repro.infra_retries {
                                 infra_retried += 1;
@@ -306,7 +306,7 @@ impl Probe for WorktreeProber<'_> {
             };
             self.lingering = run.lingering.clone();
             let log = self.write_log(ctx.step, &commit, &name, &run);
-            let mut sig = classify(run.exit, &run.output);
+            let mut sig = run.signature();
             sig.relativize(self.worktree.path());
             if sig.class == FaultClass::Infra
                 && infra_retried < repro.infra_retries
@@ -340,7 +340,7 @@ impl Probe for WorktreeProber<'_> {
     ) -> Option<Sanitized> {
         let config = self.config;
         if !config.triage.enabled
-            || crate::tools::find_sanitizer(config.triage.sanitizer.as_deref()).is_none()
+            || crate::exec::tools::find_sanitizer(config.triage.sanitizer.as_deref()).is_none()
         {
             return None;
         }
@@ -435,7 +435,7 @@ impl WorktreeProber<'_> {
             .checkout(oid, self.clean())
             .map_err(|source| PrepareError::Checkout { oid, source })?;
         let commit = oid.to_string();
-        let executor = crate::executor::for_config(self.config, &self.log_dir);
+        let executor = crate::exec::executor::for_config(self.config, &self.log_dir);
         match self.build(
             executor.session().as_mut(),
             &commit,
@@ -473,7 +473,7 @@ impl WorktreeProber<'_> {
 
     /// Waits until the previous run's processes have left this prober's GPUs (a killed rank lingers while
     /// the driver tears its context down), so no run starts on a GPU another still holds.
-    fn wait_for_free_gpus(&mut self) -> Result<(), super::gpu_idle::StillBusy> {
+    fn wait_for_free_gpus(&mut self) -> Result<(), crate::host::gpu_idle::StillBusy> {
         let devices = Devices {
             ids: self.slot.as_ref().and_then(|s| s.devices.as_deref()),
             exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
@@ -492,7 +492,7 @@ impl WorktreeProber<'_> {
     /// Runs the configured build in the worktree and logs it; `None` when there is no build step.
     fn build(
         &self,
-        session: &mut dyn crate::executor::Session,
+        session: &mut dyn crate::exec::executor::Session,
         commit: &str,
         step_no: usize,
         log_name: &str,
@@ -529,8 +529,15 @@ impl WorktreeProber<'_> {
             Exit::Timeout => "timeout".to_string(),
             Exit::Unknown => "unknown".to_string(),
         };
+        // A scheduler's end is a fact of the run, kept as a type; the log says it in words, in the form
+        // `cudabisect classify` reads back from a log.
+        let host_end = run
+            .ended_by
+            .as_ref()
+            .map(|end| format!("\n[cudabisect] {}", end.summary()))
+            .unwrap_or_default();
         let text = format!(
-            "{}\n{} {trailer} after {:.2}s\n",
+            "{}{host_end}\n{} {trailer} after {:.2}s\n",
             run.output.trim_end(),
             crate::classify::LOG_TRAILER_PREFIX,
             run.duration.as_secs_f64()

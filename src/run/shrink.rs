@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
 use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
-use crate::process::RunOutput;
+use crate::exec::process::RunOutput;
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};

@@ -7,19 +7,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
 
-use crate::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
 use crate::classify::sanitizer::{self, FoldedFinding};
 use crate::classify::{classify, Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config};
 use crate::git::ProbeWorktree;
-use crate::process;
+use crate::exec::process;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{FoldedLine, SanitizerTool, TriageResult, TriageStatus};
 
 /// Exit status the sanitizer is told to use when it reports errors.
 const SANITIZER_ERROR_EXIT: i32 = 86;
 
-pub use crate::tools::find_sanitizer;
+pub use crate::exec::tools::find_sanitizer;
 
 /// How to install compute-sanitizer, for the "missing" message.
 pub const INSTALL_HINT: &str = "compute-sanitizer was not found: it ships with the CUDA toolkit (<cuda>/bin/compute-sanitizer; \

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::config::CommandLine;
-use crate::process::CommandSpec;
+use crate::exec::process::CommandSpec;
 use crate::protocol::warm::{WarmError, WarmServer};
 
 /// How a repro run ran.

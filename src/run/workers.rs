@@ -5,9 +5,9 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::child_env::WorkerSlot;
+use crate::exec::child_env::WorkerSlot;
 use crate::config::{CommandLine, Jobs, WorkerSettings};
-use crate::process::{self, CommandSpec};
+use crate::exec::process::{self, CommandSpec};
 
 /// The worker slots: one per probe at once, each with its own devices when GPUs are known. `visible` is
 /// what this machine shows when the config names no devices.

@@ -172,7 +172,7 @@ pub fn settings() -> DemoSettings {
         .unwrap_or_else(|_| "cudabisect".into());
     let cuda = crate::harness::cuda::probe();
     let backend = if cuda.is_ok() { "cuda" } else { "cpu" };
-    let triage = cuda.is_ok() && crate::tools::find_sanitizer(None).is_some();
+    let triage = cuda.is_ok() && crate::exec::tools::find_sanitizer(None).is_some();
     DemoSettings {
         exe,
         backend,

@@ -92,7 +92,7 @@ fn repo(modes: &[&str]) -> Repo {
     }
 }
 
-use cudabisect::process::is_alive as alive;
+use cudabisect::exec::process::is_alive as alive;
 
 /// `cudabisect start` over the whole history, writing its report beside the repository.
 fn start_command(repo: &Repo) -> Command {

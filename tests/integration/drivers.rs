@@ -9,7 +9,7 @@ use std::time::Duration;
 use cudabisect::bisect::Verdict;
 use cudabisect::classify::{Exit, FaultClass, MatchPolicy, Signature};
 use cudabisect::git::RangeCommit;
-use cudabisect::process::RunOutput;
+use cudabisect::exec::process::RunOutput;
 use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
@@ -695,6 +695,7 @@ fn out(exit: i32, text: String) -> RunOutput {
         interrupted: false,
         lingering: Vec::new(),
         job: None,
+        ended_by: None,
     }
 }
 

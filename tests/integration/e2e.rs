@@ -828,7 +828,7 @@ fn triage_without_compute_sanitizer_says_what_is_missing() {
 }
 
 /// True while `pid` runs (a zombie waiting for its reaper is not running).
-use cudabisect::process::is_alive as alive;
+use cudabisect::exec::process::is_alive as alive;
 
 /// Waits (bounded) until `ready`, then sends Ctrl-C to `child` and checks that it exits 130, the code for
 /// an interrupted run.

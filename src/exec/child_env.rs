@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::{CommandLine, Config};
-use crate::process::CommandSpec;
+use crate::exec::process::CommandSpec;
 
 /// Which phase a command belongs to. Every phase but the build talks to the GPU and gets
 /// `CUDA_LAUNCH_BLOCKING`, so a fault surfaces at the launch that caused it.
@@ -166,7 +166,7 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         }
     }
     let stack_dump = (ctx.phase == ChildPhase::Repro && config.repro.stack_dump)
-        .then(|| crate::tools::find_program("py-spy", &[]))
+        .then(|| crate::exec::tools::find_program("py-spy", &[]))
         .flatten();
     CommandSpec {
         stack_dump,

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::process::{env_of, is_alive as alive, RUN_TAG};
+use crate::exec::process::{env_of, is_alive as alive, RUN_TAG};
 
 /// Asks which processes hold the GPUs.
 pub trait GpuProcesses {
@@ -19,7 +19,7 @@ pub struct NvidiaSmi;
 
 impl GpuProcesses for NvidiaSmi {
     fn compute_pids(&self, devices: Option<&str>) -> Option<Vec<i32>> {
-        let smi = crate::tools::find_program("nvidia-smi", &[])?;
+        let smi = crate::exec::tools::find_program("nvidia-smi", &[])?;
         let mut cmd = std::process::Command::new(smi);
         cmd.args(["--query-compute-apps=pid", "--format=csv,noheader"]);
         if let Some(d) = devices {

@@ -15,18 +15,14 @@ use std::time::{Duration, Instant};
 
 use crate::classify::Exit;
 use crate::config::{CommandLine, Config, ExecutorSection};
-use crate::executor::{Executor, Session};
-use crate::process::{CommandSpec, ProcessError, RunOutput};
-use crate::report::record::JobInfo;
+use crate::exec::executor::{Executor, Session};
+use crate::exec::process::{CommandSpec, HostEnd, JobInfo, ProcessError, RunOutput};
 
 /// How often a job's state is asked for.
 const POLL: Duration = Duration::from_millis(250);
 /// Slurm's time limit beyond a probe's own timeouts, when `[executor] time` is not set.
 const TIME_MARGIN: Duration = Duration::from_secs(5 * 60);
 
-/// The line cudabisect appends to a job's output when Slurm, not the command, ended it: the classifier
-/// reads it as an infrastructure failure (see `classify::patterns`).
-pub const INFRA_LINE: &str = "[cudabisect] slurm job";
 
 /// Slurm states that say the machine, not the code, ended the job.
 const INFRA_STATES: &[&str] = &[
@@ -167,10 +163,13 @@ impl Slurm {
                 return Ok(held);
             }
             if is_terminal(state) {
-                return Err(Unallocated::Infra(format!(
-                    "{INFRA_LINE} {} on no node: ENDED before it started ({state}, {reason})",
-                    held.id
-                )));
+                return Err(Unallocated::Infra(HostEnd {
+                    scheduler: "slurm".into(),
+                    job: held.id.clone(),
+                    node: None,
+                    state: format!("ENDED before it started ({state}, {reason})"),
+                    reason: None,
+                }));
             }
             if cancel.load(Ordering::SeqCst) {
                 return Err(Unallocated::Interrupted);
@@ -179,11 +178,16 @@ impl Slurm {
                 && STUCK_REASONS.iter().any(|r| reason.starts_with(r))
                 && submitted_at.elapsed() >= self.settings.stuck_timeout
             {
-                return Err(Unallocated::Infra(format!(
-                    "{INFRA_LINE} {} on no node: STUCK in the queue for {:.0} s ({reason})",
-                    held.id,
-                    submitted_at.elapsed().as_secs_f64()
-                )));
+                return Err(Unallocated::Infra(HostEnd {
+                    scheduler: "slurm".into(),
+                    job: held.id.clone(),
+                    node: None,
+                    state: format!(
+                        "STUCK in the queue for {:.0} s",
+                        submitted_at.elapsed().as_secs_f64()
+                    ),
+                    reason: Some(reason.to_string()),
+                }));
             }
             std::thread::sleep(POLL);
         }
@@ -221,8 +225,8 @@ fn in_queue(id: &str) -> bool {
 
 /// Why a probe got no allocation.
 enum Unallocated {
-    /// The machine's fault: a line for the classifier.
-    Infra(String),
+    /// The machine's fault.
+    Infra(HostEnd),
     /// Ctrl-C or an abandoned probe while it queued.
     Interrupted,
     /// `sbatch` refused or could not be run.
@@ -250,7 +254,7 @@ impl Executor for Slurm {
 }
 
 /// A run that never started, with what to say about it.
-fn not_run(output: String, interrupted: bool, job: Option<JobInfo>) -> RunOutput {
+fn not_run(ended_by: Option<HostEnd>, interrupted: bool) -> RunOutput {
     RunOutput {
         exit: if interrupted {
             Exit::Signal(libc::SIGTERM)
@@ -258,11 +262,12 @@ fn not_run(output: String, interrupted: bool, job: Option<JobInfo>) -> RunOutput
             Exit::Unknown
         },
         duration: Duration::ZERO,
-        total_bytes: output.len() as u64,
-        output,
+        total_bytes: 0,
+        output: String::new(),
         interrupted,
         lingering: Vec::new(),
-        job,
+        job: None,
+        ended_by,
     }
 }
 
@@ -272,12 +277,12 @@ impl Session for SlurmSession {
             match self.slurm.allocate(cancel) {
                 Ok(a) => self.allocation = Some(a),
                 Err(Unallocated::Refused(e)) => return Err(e),
-                Err(Unallocated::Interrupted) => return Ok(not_run(String::new(), true, None)),
-                Err(Unallocated::Infra(line)) => return Ok(not_run(line + "\n", false, None)),
+                Err(Unallocated::Interrupted) => return Ok(not_run(None, true)),
+                Err(Unallocated::Infra(end)) => return Ok(not_run(Some(end), false)),
             }
         }
         let Some(alloc) = self.allocation.as_ref() else {
-            return Ok(not_run(String::new(), false, None));
+            return Ok(not_run(None, false));
         };
         // The step: this process's srun client, in its own group under the local runner, so the timeout
         // and Ctrl-C end it as they end a local command; its environment is the spec's (srun passes it on).
@@ -302,7 +307,7 @@ impl Session for SlurmSession {
             // The step's processes are on the node, out of reach of a local stack dump.
             stack_dump: None,
         };
-        let mut run = crate::process::run(&step, cancel)?;
+        let mut run = crate::exec::process::run(&step, cancel)?;
         // How the allocation stands after the step: still running, or ended by Slurm under it.
         let info = scontrol_job(&alloc.id).unwrap_or_default();
         let state = info.get("JobState").cloned().unwrap_or_default();
@@ -319,18 +324,13 @@ impl Session for SlurmSession {
             } else {
                 format!("LOST ({})", if state.is_empty() { "gone" } else { &state })
             };
-            if !run.output.is_empty() && !run.output.ends_with('\n') {
-                run.output.push('\n');
-            }
-            run.output.push_str(&format!(
-                "{INFRA_LINE} {} on {}: {what}{}\n",
-                alloc.id,
-                alloc.node.as_deref().unwrap_or("no node"),
-                reason
-                    .as_deref()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default()
-            ));
+            run.ended_by = Some(HostEnd {
+                scheduler: "slurm".into(),
+                job: alloc.id.clone(),
+                node: alloc.node.clone(),
+                state: what,
+                reason: reason.clone(),
+            });
         }
         run.job = Some(JobInfo {
             scheduler: "slurm".into(),

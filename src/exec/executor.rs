@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use crate::config::{Config, ExecutorKind};
-use crate::process::{self, CommandSpec, ProcessError, RunOutput};
+use crate::exec::process::{self, CommandSpec, ProcessError, RunOutput};
 
 /// Where commands run.
 pub trait Executor {
@@ -50,6 +50,6 @@ impl Session for Local {
 pub fn for_config(config: &Config, spool: &Path) -> Box<dyn Executor> {
     match config.executor.kind {
         ExecutorKind::Local => Box::new(Local),
-        ExecutorKind::Slurm => Box::new(crate::slurm::Slurm::new(config, spool)),
+        ExecutorKind::Slurm => Box::new(crate::exec::slurm::Slurm::new(config, spool)),
     }
 }

@@ -223,6 +223,25 @@ pub struct CommandSpec {
     pub stack_dump: Option<PathBuf>,
 }
 
+/// A command run as a scheduler job: which job, where, how it ended and how long it queued.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct JobInfo {
+    /// The scheduler (`slurm`).
+    pub scheduler: String,
+    /// The job id.
+    pub id: String,
+    /// The node it ran on, once it started.
+    pub node: Option<String>,
+    /// The scheduler's final state (`COMPLETED`, `FAILED`, `NODE_FAIL`, `OUT_OF_MEMORY`, …).
+    pub state: String,
+    /// The scheduler's reason, when it gives one (`NonZeroExitCode`, a pending reason, …).
+    pub reason: Option<String>,
+    /// Seconds from submission to start: queue time, never counted toward the command's timeout.
+    pub queue_s: f64,
+    /// Seconds it ran.
+    pub run_s: f64,
+}
+
 /// What a finished command left behind.
 #[derive(Clone, Debug)]
 pub struct RunOutput {
@@ -240,7 +259,56 @@ pub struct RunOutput {
     /// whose GPU context the driver is tearing down lingers): what the device-idle check waits for.
     pub lingering: Vec<i32>,
     /// The scheduler job that ran it, when a scheduler did (its `duration` is then the run time only).
-    pub job: Option<crate::report::record::JobInfo>,
+    pub job: Option<JobInfo>,
+    /// The host (a scheduler) ended it, or never started it, whatever the command did: the machine's
+    /// doing, never the commit's.
+    pub ended_by: Option<HostEnd>,
+}
+
+/// How a scheduler ended a command, apart from the command's own exit.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostEnd {
+    /// The scheduler (`slurm`).
+    pub scheduler: String,
+    /// Its job id.
+    pub job: String,
+    /// The node, when it had one.
+    pub node: Option<String>,
+    /// What happened, in the scheduler's terms (`NODE_FAIL`, `PREEMPTED`, `LOST (PENDING)`, `STUCK in the
+    /// queue for 3600 s`, `ENDED before it started (CANCELLED, None)`).
+    pub state: String,
+    /// The scheduler's reason, when it gave one.
+    pub reason: Option<String>,
+}
+
+impl HostEnd {
+    /// One line: `slurm job 41 on gpu-3: NODE_FAIL (NodeDown)`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} job {} on {}: {}{}",
+            self.scheduler,
+            self.job,
+            self.node.as_deref().unwrap_or("no node"),
+            self.state,
+            self.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+impl RunOutput {
+    /// What the run showed: the host's end when the host ended it (an infrastructure failure, read from
+    /// the type before any text), else the classification of its exit and output.
+    pub fn signature(&self) -> crate::classify::Signature {
+        match &self.ended_by {
+            Some(end) => {
+                crate::classify::Signature::new(crate::classify::FaultClass::Infra, end.summary())
+            }
+            None => crate::classify::classify(self.exit, &self.output),
+        }
+    }
 }
 
 /// Why a command could not be run at all.
@@ -474,6 +542,7 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         interrupted,
         lingering,
         job: None,
+        ended_by: None,
     })
 }
 
@@ -499,6 +568,28 @@ fn terminate_group(pgid: Option<i32>, handle: &duct::ReaderHandle, grace: Durati
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_run_the_host_ended_is_the_machine_s_failure_whatever_it_printed() {
+        let mut run = sh("echo 'CUDA error: an illegal memory access was encountered'; exit 1", 5_000);
+        assert_eq!(run.signature().class, crate::classify::FaultClass::IllegalAddress);
+        run.ended_by = Some(HostEnd {
+            scheduler: "slurm".into(),
+            job: "41".into(),
+            node: Some("gpu-3".into()),
+            state: "NODE_FAIL".into(),
+            reason: Some("NodeDown".into()),
+        });
+        let sig = run.signature();
+        assert_eq!(sig.class, crate::classify::FaultClass::Infra);
+        assert_eq!(sig.summary, "slurm job 41 on gpu-3: NODE_FAIL (NodeDown)");
+        // The same words in a log are read back the same way.
+        let line = format!("[cudabisect] {}", sig.summary);
+        assert_eq!(
+            crate::classify::classify(Exit::Code(1), &line).class,
+            crate::classify::FaultClass::Infra
+        );
+    }
+
     use super::*;
 
     fn sh(script: &str, timeout_ms: u64) -> RunOutput {
