@@ -175,7 +175,12 @@ pub enum Command {
         dir: PathBuf,
         /// human, json (the run's report.json), or git (for `git bisect replay`). `--format` is the old
         /// spelling.
-        #[arg(long = "message-format", alias = "format", value_enum, default_value = "human")]
+        #[arg(
+            long = "message-format",
+            alias = "format",
+            value_enum,
+            default_value = "human"
+        )]
         format: LogFormat,
     },
     /// The nightly regression job: test the branch head, bisect a new fault from the last good commit,

@@ -88,7 +88,8 @@ mod doc_tests {
         assert_eq!(documented, defined);
         for code in defined {
             assert!(
-                HELP.lines().any(|l| l.trim_start().starts_with(&format!("{code} "))),
+                HELP.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{code} "))),
                 "--help lacks {code}"
             );
         }

@@ -4,14 +4,13 @@
 //! allocation). Both executors take the same command spec, the child environment contract included, and
 //! give back the same run output.
 
-use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use crate::config::{Config, ExecutorKind};
 use crate::exec::process::{self, CommandSpec, ProcessError, RunOutput};
 
-/// Where commands run.
-pub trait Executor {
+/// Where commands run. Built once per job from the config (`run::workspace`) and handed to whoever
+/// runs user code; nothing builds one for itself.
+pub trait Executor: Send + Sync {
     /// A session for one probe: its commands share it (for Slurm, one allocation, made when the first
     /// command needs it).
     fn session(&self) -> Box<dyn Session>;
@@ -42,14 +41,5 @@ impl Executor for Local {
 impl Session for Local {
     fn run(&mut self, spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, ProcessError> {
         process::run(spec, cancel)
-    }
-}
-
-/// The configured executor. `spool` is where a scheduler's job files go when `[executor] workdir` is not
-/// set (the run's log directory).
-pub fn for_config(config: &Config, spool: &Path) -> Box<dyn Executor> {
-    match config.executor.kind {
-        ExecutorKind::Local => Box::new(Local),
-        ExecutorKind::Slurm => Box::new(crate::exec::slurm::Slurm::new(config, spool)),
     }
 }

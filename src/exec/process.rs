@@ -570,8 +570,14 @@ fn terminate_group(pgid: Option<i32>, handle: &duct::ReaderHandle, grace: Durati
 mod tests {
     #[test]
     fn a_run_the_host_ended_is_the_machine_s_failure_whatever_it_printed() {
-        let mut run = sh("echo 'CUDA error: an illegal memory access was encountered'; exit 1", 5_000);
-        assert_eq!(run.signature().class, crate::classify::FaultClass::IllegalAddress);
+        let mut run = sh(
+            "echo 'CUDA error: an illegal memory access was encountered'; exit 1",
+            5_000,
+        );
+        assert_eq!(
+            run.signature().class,
+            crate::classify::FaultClass::IllegalAddress
+        );
         run.ended_by = Some(HostEnd {
             scheduler: "slurm".into(),
             job: "41".into(),

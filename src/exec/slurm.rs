@@ -23,7 +23,6 @@ const POLL: Duration = Duration::from_millis(250);
 /// Slurm's time limit beyond a probe's own timeouts, when `[executor] time` is not set.
 const TIME_MARGIN: Duration = Duration::from_secs(5 * 60);
 
-
 /// Slurm states that say the machine, not the code, ended the job.
 const INFRA_STATES: &[&str] = &[
     "NODE_FAIL",

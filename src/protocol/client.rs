@@ -2,13 +2,15 @@
 //! PyTorch one, or the user's own) for `describe`, `run` and `extract`, behind the [`HarnessClient`] trait
 //! the shrink driver sees.
 
+use crate::exec::executor::{Executor, Local};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use crate::backend::BackendChoice;
-use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::classify::Exit;
 use crate::config::{CommandLine, Config, ShrinkFramework, ShrinkSection};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::exec::process::{self, ProcessError, RunOutput};
 
 use super::types::{Description, DescriptionError};
@@ -136,6 +138,9 @@ pub struct ProcessHarness {
     scratch: PathBuf,
     /// The PyTorch harness's warm server, when it started: calls run in children forked from it.
     warm: Option<WarmServer>,
+    /// Where its calls run (each in a session of its own, as confirmation runs go at once): this machine
+    /// unless the job's executor is handed in ([`ProcessHarness::on`]).
+    executor: Arc<dyn Executor>,
 }
 
 impl ProcessHarness {
@@ -263,7 +268,18 @@ impl ProcessHarness {
             grace: spec.grace,
             scratch: run_dir.to_path_buf(),
             warm: None,
+            executor: Arc::new(Local),
         }
+    }
+
+    /// Runs every call through a session of the job's `executor`. The warm server forks its children on
+    /// this machine, so with an executor elsewhere it is stopped and every call runs cold there.
+    pub fn on(mut self, executor: Arc<dyn Executor>) -> Self {
+        if !executor.is_local() {
+            self.warm = None;
+        }
+        self.executor = executor;
+        self
     }
 
     fn extract_with(
@@ -324,7 +340,7 @@ impl ProcessHarness {
             grace: self.grace,
             stack_dump: None,
         };
-        Ok(process::run(&spec, cancel)?)
+        Ok(self.executor.session().run(&spec, cancel)?)
     }
 }
 

@@ -3,12 +3,13 @@
 //! replay with the same seeds saves that step (model, batch, optimizer, gradients) for the PyTorch harness
 //! to run alone (`--capture DIR`).
 
+use crate::exec::executor::Executor;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::config::{CommandLine, Config, ShrinkSection};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::exec::process;
 use crate::protocol::torch::install_capture_hook;
 pub use crate::report::record::CapturedFault;
@@ -72,10 +73,10 @@ fn capture_command(config: &Config, section: &ShrinkSection) -> CommandLine {
 
 /// Runs the find and replay runs in `cwd` and returns the capture directory (in `run_dir`).
 pub fn capture(
+    executor: &dyn Executor,
     config: &Config,
     section: &ShrinkSection,
-    cwd: &Path,
-    commit: &str,
+    (cwd, commit): (&Path, &str),
     run_dir: &Path,
     fault_rank: Option<u32>,
     cancel: &AtomicBool,
@@ -122,7 +123,7 @@ pub fn capture(
             },
             &ctx,
         );
-        let out = process::run(&spec, cancel)?;
+        let out = executor.session().run(&spec, cancel)?;
         let _ = std::fs::write(dir.join(log), &out.output);
         Ok(out.output)
     };

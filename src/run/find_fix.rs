@@ -8,7 +8,6 @@ use std::sync::atomic::AtomicBool;
 
 use git2::Oid;
 
-
 use crate::classify::Signature;
 use crate::report::event::Reporter;
 

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
 
-use crate::report::bundle::{self, BundleInput};
 use crate::host::environment;
+use crate::report::bundle::{self, BundleInput};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
@@ -18,12 +18,12 @@ use crate::git::Repo;
 
 use super::ci::start_outputs;
 use super::journal::{self, Journal, JournaledProbe};
-use super::lock::lock_state_dir;
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::{plan_slots, visible_devices};
+use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 use crate::config::{ExecutorKind, Jobs};
 
@@ -108,41 +108,21 @@ pub fn start(
             Some(plan_slots(&plan.config.workers, &visible).map_err(RunError::Usage)?)
         }
     };
-    let state_dir = plan.repo.state_dir();
     let stash_before = plan.repo.stash_tip();
-    let _lock = if opts.state_locked {
-        None
-    } else {
-        Some(lock_state_dir(
-            &state_dir,
-            &format!("start {}", opts.range),
-        )?)
-    };
+    let lock_name = format!("start {}", opts.range);
+    let mut ws = Workspace::open(
+        &plan.repo,
+        &plan.config,
+        Opening {
+            lock: (!opts.state_locked).then_some(lock_name.as_str()),
+            ..Opening::default()
+        },
+    )?;
+    let state_dir = ws.state_dir.clone();
     prune_runs(&state_dir.join("runs"), KEEP_RUNS);
-    let run_dir = state_dir.join("runs").join(run_id());
-    let log_dir = run_dir.join("logs");
-    std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
-    std::fs::write(run_dir.join("bisect.toml"), &plan.config.text).map_err(io_err(&run_dir))?;
-    // With a scheduler whose nodes do not see this repository, the worktrees go where they do.
-    // Each repository has a directory of its own there, named after the repository and its path.
-    let worktree_base = match &plan.config.executor.workdir {
-        Some(shared) => {
-            let name = plan
-                .repo
-                .workdir()
-                .file_name()
-                .map_or_else(|| "repo".into(), |n| n.to_string_lossy().into_owned());
-            let digest = state_dir
-                .to_string_lossy()
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-                });
-            shared.join(format!("{name}-{:08x}", digest as u32))
-        }
-        None => state_dir.clone(),
-    };
-    let worktree = plan.repo.probe_worktree(&worktree_base.join("worktree"))?;
+    let run_dir = ws.run_dir.clone();
+    let log_dir = ws.log_dir.clone();
+    let worktree = ws.worktree("worktree")?;
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let mut slots = slots.unwrap_or_default();
@@ -169,8 +149,7 @@ pub fn start(
     }
     let mut extra_worktrees = Vec::new();
     for slot in slots.iter().skip(1) {
-        let path = worktree_base.join(format!("worktree-{}", slot.worker));
-        extra_worktrees.push(plan.repo.probe_worktree(&path)?);
+        extra_worktrees.push(ws.worktree(&format!("worktree-{}", slot.worker))?);
     }
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
     // Warm interpreters for a Python repro, one per worker, ended with the run (a pool that cannot be
@@ -195,6 +174,7 @@ pub fn start(
         slot: slots.first().cloned(),
         lingering: Vec::new(),
         warm: warm_pool.as_ref(),
+        executor: ws.executor.clone(),
     };
     let mut others: Vec<WorktreeProber> = extra_worktrees
         .iter()
@@ -208,6 +188,7 @@ pub fn start(
             slot: Some(slot.clone()),
             lingering: Vec::new(),
             warm: warm_pool.as_ref(),
+            executor: ws.executor.clone(),
         })
         .collect();
     reporter.event(&Event::RunStarted {
@@ -378,17 +359,10 @@ pub fn start(
     reporter.event(&Event::Finished {
         report: Box::new(report.clone()),
     });
-    if !opts.keep_worktree {
-        for path in std::iter::once(worktree.path()).chain(extra_worktrees.iter().map(|w| w.path()))
-        {
-            if let Err(e) = plan.repo.remove_worktree(path) {
-                reporter.event(&Event::WorktreeNotRemoved {
-                    path: path.display().to_string(),
-                    error: e.to_string(),
-                });
-            }
-        }
+    if opts.keep_worktree {
+        ws.keep_worktrees();
     }
+    ws.close(reporter);
     Ok(report)
 }
 

@@ -21,3 +21,4 @@ pub mod triage;
 pub mod triage_job;
 pub mod warm_probes;
 pub mod workers;
+pub mod workspace;

@@ -21,8 +21,9 @@ use super::job::start;
 use super::journal::{self, journal_path, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
 use super::plan::{config_path, RunError, StartOptions};
-use super::probe::{Probe, ProbeContext, WorktreeProber};
+use super::probe::{Probe, ProbeContext};
 use super::search::judge::is_host_problem;
+use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 
 pub use super::nightly_state::*;
@@ -285,25 +286,18 @@ pub fn nightly(
         },
     });
     let record = {
-        let log_dir = repo
-            .state_dir()
-            .join("runs")
-            .join(format!("nightly-{}", super::job::run_id()))
-            .join("logs");
-        std::fs::create_dir_all(&log_dir).map_err(|source| RunError::Io {
-            path: log_dir.clone(),
-            source,
-        })?;
-        let worktree = repo.probe_worktree(&repo.state_dir().join("worktree"))?;
-        let mut prober = WorktreeProber {
-            worktree: &worktree,
-            config: &config,
-            log_dir,
-            cancel,
-            slot: None,
-            lingering: Vec::new(),
-            warm: None,
-        };
+        // The night holds the state lock already.
+        let ws = Workspace::open(
+            &repo,
+            &config,
+            Opening {
+                lock: None,
+                prefix: "nightly-",
+                log_dir: None,
+            },
+        )?;
+        let worktree = ws.worktree("worktree")?;
+        let mut prober = ws.prober(&worktree, &config, cancel);
         let ctx = ProbeContext {
             step: 1,
             role: ProbeRole::BadEndpoint,
@@ -335,12 +329,9 @@ pub fn nightly(
         for message in std::mem::take(&mut journaled.warnings) {
             reporter.event(&Event::Warning { message });
         }
-        if let Err(e) = repo.remove_worktree(worktree.path()) {
-            reporter.event(&Event::WorktreeNotRemoved {
-                path: worktree.path().display().to_string(),
-                error: e.to_string(),
-            });
-        }
+        drop(journaled);
+        drop(prober);
+        ws.close(reporter);
         if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
             // A stopped head says nothing: nothing is decided and the state is left as it was.
             return Err(RunError::Interrupted);

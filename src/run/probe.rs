@@ -10,11 +10,12 @@ use std::time::Instant;
 
 use git2::Oid;
 
-use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
 use crate::classify::{Exit, FaultClass, Signature};
 use crate::config::Config;
-use crate::git::{CheckoutError, ProbeWorktree};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
+use crate::exec::executor::Executor;
 use crate::exec::process::{self, RunOutput};
+use crate::git::{CheckoutError, ProbeWorktree};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
 
@@ -162,6 +163,8 @@ pub struct WorktreeProber<'a> {
     pub lingering: Vec<i32>,
     /// The warm interpreters Python repros run in (`[repro] warm`); `None`: every run is a fresh process.
     pub warm: Option<&'a super::warm_probes::WarmPool>,
+    /// Where its commands run, handed in by the job's workspace.
+    pub executor: std::sync::Arc<dyn Executor>,
 }
 
 impl Probe for WorktreeProber<'_> {
@@ -201,7 +204,7 @@ impl Probe for WorktreeProber<'_> {
         }
         // Where this probe's commands run: for Slurm, one allocation for its build and repro, released
         // when the probe ends.
-        let executor = crate::exec::executor::for_config(self.config, &self.log_dir);
+        let executor = self.executor.clone();
         let mut session = executor.session();
         let mut build_log = None;
         if self.config.build.is_some() {
@@ -357,6 +360,7 @@ impl Probe for WorktreeProber<'_> {
             .clone()
             .unwrap_or_else(|| config.repro.command.clone());
         let result = super::triage::run_tools(
+            self.executor.session().as_mut(),
             config,
             self.worktree.path(),
             &command,
@@ -435,9 +439,8 @@ impl WorktreeProber<'_> {
             .checkout(oid, self.clean())
             .map_err(|source| PrepareError::Checkout { oid, source })?;
         let commit = oid.to_string();
-        let executor = crate::exec::executor::for_config(self.config, &self.log_dir);
         match self.build(
-            executor.session().as_mut(),
+            self.executor.session().as_mut(),
             &commit,
             0,
             &format!("{name}-build"),

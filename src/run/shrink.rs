@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
-use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
 use crate::exec::process::RunOutput;
+use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
 use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};

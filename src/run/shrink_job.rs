@@ -12,10 +12,10 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, run_id, write_bundle_reporting};
-use super::lock::lock_state_dir;
+use super::job::{bundle_root, write_bundle_reporting};
 use super::plan::config_path;
-use super::probe::WorktreeProber;
+use super::workspace::{Opening, Workspace};
+
 use super::shrink::{check_parent, shrink, ShrinkSettings};
 
 /// Opens the repository containing `dir` and its config.
@@ -42,28 +42,23 @@ pub fn shrink_job(
         ))
     })?;
     let oid = at.map(|rev| repo.resolve(rev)).transpose()?;
-    let state_dir = repo.state_dir();
-    let _lock = match at {
-        Some(rev) => Some(lock_state_dir(&state_dir, &format!("shrink --at {rev}"))?),
-        None => None,
-    };
-    let run_dir = state_dir.join("runs").join(format!("shrink-{}", run_id()));
-    let log_dir = run_dir.join("logs");
-    std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
-    let _ = std::fs::write(run_dir.join("bisect.toml"), &config.text);
+    let lock_name = at.map(|rev| format!("shrink --at {rev}"));
+    let ws = Workspace::open(
+        &repo,
+        &config,
+        Opening {
+            lock: lock_name.as_deref(),
+            prefix: "shrink-",
+            log_dir: None,
+        },
+    )?;
+    let run_dir = ws.run_dir.clone();
+    let log_dir = ws.log_dir.clone();
     let worktree = match oid {
-        Some(_) => Some(repo.probe_worktree(&state_dir.join("worktree"))?),
+        Some(_) => Some(ws.worktree("worktree")?),
         None => None,
     };
-    let prober = worktree.as_ref().map(|w| WorktreeProber {
-        worktree: w,
-        config: &config,
-        log_dir: log_dir.clone(),
-        cancel,
-        slot: None,
-        lingering: Vec::new(),
-        warm: None,
-    });
+    let prober = worktree.as_ref().map(|w| ws.prober(w, &config, cancel));
     let result = (|| -> Result<ShrinkReport, RunError> {
         let (cwd, commit) = match (&prober, oid) {
             (Some(p), Some(oid)) => {
@@ -73,8 +68,15 @@ pub fn shrink_job(
             _ => (repo.workdir(), String::new()),
         };
         let captured = if section.captures() {
-            match super::capture::capture(&config, &section, &cwd, &commit, &run_dir, None, cancel)
-            {
+            match super::capture::capture(
+                ws.executor.as_ref(),
+                &config,
+                &section,
+                (&cwd, &commit),
+                &run_dir,
+                None,
+                cancel,
+            ) {
                 Ok(found) => Some(found),
                 Err(e) => {
                     return Ok(super::shrink::not_started(
@@ -96,7 +98,8 @@ pub fn shrink_job(
             &run_dir,
             None,
             capture_dir.as_deref(),
-        )?;
+        )
+        .map(|h| h.on(ws.executor.clone()))?;
         let settings = ShrinkSettings {
             policy: &config.match_policy,
             out_dir: run_dir.join("shrink"),
@@ -123,7 +126,9 @@ pub fn shrink_job(
                         &run_dir,
                         None,
                         capture_dir.as_deref(),
-                    ) {
+                    )
+                    .map(|h| h.on(ws.executor.clone()))
+                    {
                         Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
                         Err(e) => ParentCheck::NotRun(e.to_string()),
                     },
@@ -134,14 +139,8 @@ pub fn shrink_job(
         }
         Ok(report)
     })();
-    if let Some(w) = &worktree {
-        if let Err(e) = repo.remove_worktree(w.path()) {
-            reporter.event(&Event::WorktreeNotRemoved {
-                path: w.path().display().to_string(),
-                error: e.to_string(),
-            });
-        }
-    }
+    drop(prober);
+    ws.close(reporter);
     let report = result?;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);

@@ -68,8 +68,15 @@ pub fn run_stages(
         reporter.event(&Event::StageBegan {
             stage: crate::report::event::Stage::Triage,
         });
-        let result =
-            super::triage::at_commit(config, prober.worktree, oid, run_dir, cancel, reporter);
+        let result = super::triage::at_commit(
+            prober.executor.session().as_mut(),
+            config,
+            prober.worktree,
+            oid,
+            run_dir,
+            cancel,
+            reporter,
+        );
         let stopped = result.status == TriageStatus::Interrupted;
         report.triage = Some(result);
         if stopped {
@@ -95,10 +102,10 @@ pub fn run_stages(
             stage: crate::report::event::Stage::ShrinkCapture,
         });
         match super::capture::capture(
+            prober.executor.as_ref(),
             config,
             section,
-            prober.worktree.path(),
-            &commit,
+            (prober.worktree.path(), &commit),
             run_dir,
             fault_rank,
             cancel,
@@ -125,7 +132,9 @@ pub fn run_stages(
         run_dir,
         fault_rank,
         capture_dir,
-    ) {
+    )
+    .map(|h| h.on(prober.executor.clone()))
+    {
         Ok(h) => h,
         Err(e) => {
             reporter.event(&Event::Warning {
@@ -165,7 +174,9 @@ pub fn run_stages(
                     run_dir,
                     fault_rank,
                     capture_dir,
-                ) {
+                )
+                .map(|h| h.on(prober.executor.clone()))
+                {
                     Ok(h) => check_parent(&h, &result, &config.match_policy, cancel),
                     Err(e) => ParentCheck::NotRun(e.to_string()),
                 },

@@ -2,17 +2,18 @@
 //! when memcheck sees nothing but the fault persists), with the PyTorch caching allocator off and synchronous
 //! launches, and fold what it reports into a few lines a maintainer can act on.
 
+use crate::exec::executor::Session;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
 
-use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
 use crate::classify::sanitizer::{self, FoldedFinding};
 use crate::classify::{classify, Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase};
 use crate::git::ProbeWorktree;
-use crate::exec::process;
+
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{FoldedLine, SanitizerTool, TriageResult, TriageStatus};
 
@@ -35,6 +36,7 @@ pub fn missing_message(configured: Option<&str>) -> String {
 
 /// Runs triage at `oid` in the probe worktree (already built by the probe that found it).
 pub fn at_commit(
+    session: &mut dyn Session,
     config: &Config,
     worktree: &ProbeWorktree,
     oid: Oid,
@@ -54,6 +56,7 @@ pub fn at_commit(
             command.display(),
         ),
         Ok(()) => run(
+            session,
             config,
             worktree.path(),
             &command,
@@ -70,6 +73,7 @@ pub fn at_commit(
 
 /// Runs the escalation in `cwd` and writes logs into `out_dir`.
 pub fn run(
+    session: &mut dyn Session,
     config: &Config,
     cwd: &Path,
     command: &CommandLine,
@@ -78,6 +82,7 @@ pub fn run(
     cancel: &AtomicBool,
 ) -> TriageResult {
     run_tools(
+        session,
         config,
         cwd,
         command,
@@ -90,6 +95,7 @@ pub fn run(
 
 /// Runs the given sanitizer tools in order (stopping at the first that finds something) in `cwd`.
 pub fn run_tools(
+    session: &mut dyn Session,
     config: &Config,
     cwd: &Path,
     command: &CommandLine,
@@ -132,7 +138,7 @@ pub fn run_tools(
                 slot: None,
             },
         );
-        let run = match process::run(&spec, cancel) {
+        let run = match session.run(&spec, cancel) {
             Ok(run) => run,
             Err(e) => {
                 result.status = TriageStatus::Error;

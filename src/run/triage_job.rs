@@ -7,13 +7,13 @@ use std::sync::atomic::AtomicBool;
 use crate::config::{CommandLine, Config};
 use crate::git::Repo;
 use crate::report::bundle::BundleInput;
-use crate::report::event::{Event, Reporter};
+use crate::report::event::Reporter;
 use crate::report::record::{TriageResult, TriageStatus};
 
 use super::error::RunError;
 use super::job::{bundle_root, run_id, write_bundle_reporting};
-use super::lock::lock_state_dir;
-use super::probe::WorktreeProber;
+use super::workspace::{Opening, Workspace};
+
 use super::shrink_job::load;
 use super::triage;
 
@@ -75,25 +75,36 @@ pub fn triage_job(
                 .as_ref()
                 .map(|r| r.workdir())
                 .unwrap_or_else(|| dir.to_path_buf());
-            triage::run(&config, &cwd, &command, "", &out_dir, cancel)
+            let executor = super::workspace::executor_for(&config, &out_dir);
+            let mut session = executor.session();
+            triage::run(
+                session.as_mut(),
+                &config,
+                &cwd,
+                &command,
+                "",
+                &out_dir,
+                cancel,
+            )
         }
         (Some(_), None) => return Err(RunError::Usage("--at needs a git repository".into())),
         (Some(rev), Some(repo)) => {
             let oid = repo.resolve(rev)?;
-            let state_dir = repo.state_dir();
-            let _lock = lock_state_dir(&state_dir, &format!("triage --at {rev}"))?;
-            let worktree = repo.probe_worktree(&state_dir.join("worktree"))?;
-            let prober = WorktreeProber {
-                worktree: &worktree,
-                config: &config,
-                log_dir: out_dir.clone(),
-                cancel,
-                slot: None,
-                lingering: Vec::new(),
-                warm: None,
-            };
+            let lock_name = format!("triage --at {rev}");
+            let ws = Workspace::open(
+                repo,
+                &config,
+                Opening {
+                    lock: Some(&lock_name),
+                    prefix: "triage-",
+                    log_dir: Some(out_dir.clone()),
+                },
+            )?;
+            let worktree = ws.worktree("worktree")?;
+            let prober = ws.prober(&worktree, &config, cancel);
             let result = prober.prepare(oid, "triage").map(|()| {
                 triage::run(
+                    ws.executor.session().as_mut(),
                     &config,
                     worktree.path(),
                     &command,
@@ -102,12 +113,7 @@ pub fn triage_job(
                     cancel,
                 )
             });
-            if let Err(e) = repo.remove_worktree(worktree.path()) {
-            reporter.event(&Event::WorktreeNotRemoved {
-                path: worktree.path().display().to_string(),
-                error: e.to_string(),
-            });
-            }
+            ws.close(reporter);
             result?
         }
     };

@@ -5,8 +5,8 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::exec::child_env::WorkerSlot;
 use crate::config::{CommandLine, Jobs, WorkerSettings};
+use crate::exec::child_env::WorkerSlot;
 use crate::exec::process::{self, CommandSpec};
 
 /// The worker slots: one per probe at once, each with its own devices when GPUs are known. `visible` is

@@ -136,7 +136,10 @@ fn the_examples_use_only_options_the_cli_has() {
 /// in `--help`.
 #[test]
 fn every_command_takes_message_format_and_the_old_spellings_still_work() {
-    let log = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/logs/cupy_misaligned.log");
+    let log = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/logs/cupy_misaligned.log"
+    );
     let (code, new, err) = run(&["classify", log, "--message-format", "json"]);
     assert_eq!(code, Some(5), "{err}");
     let parsed: serde_json::Value = serde_json::from_str(new.trim()).expect("one JSON object");
@@ -144,12 +147,21 @@ fn every_command_takes_message_format_and_the_old_spellings_still_work() {
     let (_, old, _) = run(&["classify", log, "--json"]);
     assert_eq!(old, new);
     let (_, human, _) = run(&["classify", log]);
-    assert!(serde_json::from_str::<serde_json::Value>(human.trim()).is_err(), "{human}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(human.trim()).is_err(),
+        "{human}"
+    );
     for command in ["start", "shrink", "nightly", "classify", "triage", "log"] {
         let (code, help, err) = run(&[command, "--help"]);
         assert_eq!(code, Some(0), "{err}");
-        assert!(help.contains("--message-format"), "{command} --help: {help}");
-        assert!(!help.contains("--json ") && !help.contains(" --format "), "{command}: {help}");
+        assert!(
+            help.contains("--message-format"),
+            "{command} --help: {help}"
+        );
+        assert!(
+            !help.contains("--json ") && !help.contains(" --format "),
+            "{command}: {help}"
+        );
     }
     // `log --format` is the old spelling of `log --message-format`: the same usage error either way.
     let (a, _, _) = run(&["log", "-C", "/nonexistent", "--format", "git"]);

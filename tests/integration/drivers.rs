@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cudabisect::bisect::Verdict;
 use cudabisect::classify::{Exit, FaultClass, MatchPolicy, Signature};
-use cudabisect::git::RangeCommit;
 use cudabisect::exec::process::RunOutput;
+use cudabisect::git::RangeCommit;
 use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};

@@ -7,14 +7,12 @@
 //! tests need jax and keras (`python3 -c "import jax, keras"`); CI installs them. Without them they fail,
 //! saying so: they never pass unrun.
 
-
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::{kept, shrink, start_report};
 use cudabisect::sample::repo_builder::{linear_history, put, Files};
 use serde_json::Value;
-use crate::common::{kept, shrink, start_report};
 
 fn require_jax() {
     crate::common::require_python(

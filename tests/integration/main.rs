@@ -2,10 +2,10 @@
 //! each file below is a module; shared helpers are in `common/`. GPU tests (`gpu`) and the Slurm tests
 //! (`slurm`) are ignored unless asked for: see CONTRIBUTING.md.
 
-mod common;
 mod bisect_props;
 mod classify_logs;
 mod cli_tools;
+mod common;
 mod demo;
 mod distributed;
 mod drivers;
@@ -31,7 +31,10 @@ fn no_test_file_is_forgotten() {
     for entry in std::fs::read_dir(&here).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if let Some(module) = name.strip_suffix(".rs").filter(|m| *m != "main") {
-            assert!(main.contains(&format!("\nmod {module};")), "tests/integration/{name} is not a module of main.rs");
+            assert!(
+                main.contains(&format!("\nmod {module};")),
+                "tests/integration/{name} is not a module of main.rs"
+            );
         }
     }
     let stray: Vec<_> = std::fs::read_dir(here.parent().unwrap())
@@ -39,5 +42,8 @@ fn no_test_file_is_forgotten() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".rs"))
         .collect();
-    assert!(stray.is_empty(), "test files outside tests/integration: {stray:?}");
+    assert!(
+        stray.is_empty(),
+        "test files outside tests/integration: {stray:?}"
+    );
 }

@@ -2,14 +2,12 @@
 //! exactly the nodes they need, a candidate failing another way is rejected, and `start` shrinks at the
 //! first bad commit and checks the minimal subgraph at its parent.
 
-
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::{bin, kept, shrink, start_report};
 use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
-use crate::common::{bin, kept, shrink, start_report};
 
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(

@@ -4,14 +4,12 @@
 //! a `repro.py` that fails the same way alone, from a fresh directory. These tests need torch
 //! (`python3 -c "import torch"`); CI installs it. Without it they fail, saying so: they never pass unrun.
 
-
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::common::{kept, shrink, start_report};
 use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
 use serde_json::Value;
-use crate::common::{kept, shrink, start_report};
 
 fn require_torch() {
     crate::common::require_python("import torch", "a real torch: pip install torch");

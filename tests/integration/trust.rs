@@ -3,8 +3,6 @@
 //! real binary on real git repositories built with the git command line.
 
 #[allow(dead_code)] // this binary uses only `bin`
-
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -196,7 +196,11 @@ impl<'a, 'r> Driver<'a, 'r> {
                     return self.judged(index, &ctx, *outcome, j, None);
                 }
                 if let Some(known) = self.settled.get(&outcome.record.signature) {
-                    let note = format!("{REMEMBERED} {} ({})", short_sha(&known.commit), known.kernel);
+                    let note = format!(
+                        "{REMEMBERED} {} ({})",
+                        short_sha(&known.commit),
+                        known.kernel
+                    );
                     let mut outcome = *outcome;
                     outcome.record.sanitizer = Some(note);
                     let j = self.judge_kernel(&outcome, target.as_ref(), Some(&known.kernel));
@@ -433,7 +437,8 @@ impl<'a, 'r> Driver<'a, 'r> {
                 // An answer that lands while the strategy is ending is recorded but not marked.
                 Landing::Judged(_, _) if ending.is_some() => {}
                 Landing::Judged(i, record) => {
-                    if let Some(msg) = host_failure(&record).filter(|_| strategy.host_failure_ends())
+                    if let Some(msg) =
+                        host_failure(&record).filter(|_| strategy.host_failure_ends())
                     {
                         ending = Some(Err(SearchEnd::HostFailure(msg)));
                         continue;
@@ -456,13 +461,15 @@ impl<'a, 'r> Driver<'a, 'r> {
             Answer::Plain(SearchResult::Found(i)) => match self.parent_of(i) {
                 // The bad end ran several times and faulted every time: its parent is run as many
                 // times, and a fault there says the fault is flaky after all.
-                Some(parent) if input.flaky.endpoint_runs > 1 => Next::Swap(Box::new(ParentCheck {
-                    culprit: i,
-                    parent,
-                    left: input.flaky.endpoint_runs,
-                    in_flight: false,
-                    faulted: false,
-                })),
+                Some(parent) if input.flaky.endpoint_runs > 1 => {
+                    Next::Swap(Box::new(ParentCheck {
+                        culprit: i,
+                        parent,
+                        left: input.flaky.endpoint_runs,
+                        in_flight: false,
+                        faulted: false,
+                    }))
+                }
                 _ => Next::End(Answer::Plain(SearchResult::Found(i))),
             },
             Answer::ParentClean(i) => Next::End(Answer::Plain(SearchResult::Found(i))),
@@ -585,7 +592,9 @@ impl Driver<'_, '_> {
     pub(super) fn end_of(&self, answer: Answer) -> SearchEnd {
         let oid = |i: usize| self.commits[i];
         match answer {
-            Answer::Plain(SearchResult::Found(i)) | Answer::ParentClean(i) => SearchEnd::Found(oid(i)),
+            Answer::Plain(SearchResult::Found(i)) | Answer::ParentClean(i) => {
+                SearchEnd::Found(oid(i))
+            }
             Answer::Plain(SearchResult::Ambiguous(ix)) => {
                 SearchEnd::Ambiguous(ix.into_iter().map(oid).collect())
             }

@@ -91,7 +91,8 @@ pub fn judge(seen: &Signature, output: &str, terms: Terms, kernel: Kernel) -> Ju
     };
     // A device fault told apart from the target (by the sanitizer, or by its own output: another kernel
     // named at launch, another launch site or exception) is another bug.
-    let other_bug = terms.target.is_some() && verdict == Verdict::Skip && seen.class.is_device_fault();
+    let other_bug =
+        terms.target.is_some() && verdict == Verdict::Skip && seen.class.is_device_fault();
     Judgement {
         verdict: if terms.swapped {
             swapped(verdict)
@@ -116,7 +117,11 @@ pub fn swapped(verdict: Verdict) -> Verdict {
 
 /// The verdict table: a signature against the target (`None` while the bad endpoint itself is probed),
 /// with whether it is the target bug under the configured policy.
-fn verdict(sig: &Signature, target: Option<&Signature>, matched: bool) -> (Verdict, Option<String>) {
+fn verdict(
+    sig: &Signature,
+    target: Option<&Signature>,
+    matched: bool,
+) -> (Verdict, Option<String>) {
     match (sig.class, target) {
         (FaultClass::None, _) => (Verdict::Good, None),
         (c, _) if is_host_problem(c) => (Verdict::Skip, Some(format!("{c}: {}", sig.summary))),
@@ -210,24 +215,51 @@ mod judge_tests {
         let seen = fault(None);
         let first = judge(&seen, "", terms(Some(&target), &policy), Kernel::NotAsked);
         assert_eq!((first.verdict, first.ask_sanitizer), (Verdict::Bad, true));
-        let same = judge(&seen, "", terms(Some(&target), &policy), Kernel::Named("gather"));
-        assert_eq!((same.verdict, same.ask_sanitizer, same.other_bug), (Verdict::Bad, false, false));
-        let other = judge(&seen, "", terms(Some(&target), &policy), Kernel::Named("scatter"));
+        let same = judge(
+            &seen,
+            "",
+            terms(Some(&target), &policy),
+            Kernel::Named("gather"),
+        );
+        assert_eq!(
+            (same.verdict, same.ask_sanitizer, same.other_bug),
+            (Verdict::Bad, false, false)
+        );
+        let other = judge(
+            &seen,
+            "",
+            terms(Some(&target), &policy),
+            Kernel::Named("scatter"),
+        );
         assert_eq!(other.verdict, Verdict::Skip);
         assert!(other.other_bug && !other.matched_target);
         assert!(other.reason.unwrap().contains("scatter"));
         let unknown = judge(&seen, "", terms(Some(&target), &policy), Kernel::Unknown);
-        assert_eq!((unknown.verdict, unknown.ask_sanitizer), (Verdict::Bad, false));
+        assert_eq!(
+            (unknown.verdict, unknown.ask_sanitizer),
+            (Verdict::Bad, false)
+        );
     }
 
     #[test]
     fn a_fault_named_by_its_own_output_never_asks_the_sanitizer() {
         let policy = MatchPolicy::ClassAndKernel;
         let target = fault(Some("gather"));
-        let j = judge(&fault(Some("scatter")), "", terms(Some(&target), &policy), Kernel::NotAsked);
-        assert_eq!((j.verdict, j.ask_sanitizer, j.other_bug), (Verdict::Skip, false, true));
+        let j = judge(
+            &fault(Some("scatter")),
+            "",
+            terms(Some(&target), &policy),
+            Kernel::NotAsked,
+        );
+        assert_eq!(
+            (j.verdict, j.ask_sanitizer, j.other_bug),
+            (Verdict::Skip, false, true)
+        );
         let bad_end = judge(&fault(None), "", terms(None, &policy), Kernel::NotAsked);
-        assert_eq!((bad_end.verdict, bad_end.ask_sanitizer), (Verdict::Bad, false));
+        assert_eq!(
+            (bad_end.verdict, bad_end.ask_sanitizer),
+            (Verdict::Bad, false)
+        );
     }
 
     #[test]
@@ -241,7 +273,12 @@ mod judge_tests {
         };
         let still = judge(&fault(Some("gather")), "", t, Kernel::NotAsked);
         assert_eq!((still.verdict, still.matched_target), (Verdict::Good, true));
-        let gone = judge(&Signature::new(FaultClass::None, "clean"), "", t, Kernel::NotAsked);
+        let gone = judge(
+            &Signature::new(FaultClass::None, "clean"),
+            "",
+            t,
+            Kernel::NotAsked,
+        );
         assert_eq!(gone.verdict, Verdict::Bad);
         let other = judge(&fault(Some("scatter")), "", t, Kernel::NotAsked);
         assert_eq!((other.verdict, other.other_bug), (Verdict::Skip, true));
@@ -253,8 +290,14 @@ mod judge_tests {
         let target = Signature::new(FaultClass::Other, "assert");
         let seen = Signature::new(FaultClass::Other, "assert");
         let t = terms(Some(&target), &policy);
-        assert_eq!(judge(&seen, "index 7 out of bounds", t, Kernel::NotAsked).verdict, Verdict::Bad);
-        assert_eq!(judge(&seen, "something else", t, Kernel::NotAsked).verdict, Verdict::Skip);
+        assert_eq!(
+            judge(&seen, "index 7 out of bounds", t, Kernel::NotAsked).verdict,
+            Verdict::Bad
+        );
+        assert_eq!(
+            judge(&seen, "something else", t, Kernel::NotAsked).verdict,
+            Verdict::Skip
+        );
     }
 
     #[test]

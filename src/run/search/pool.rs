@@ -183,7 +183,14 @@ impl Pool<'_> {
 
     /// Hands a job to worker `w` (taken off the idle list by the caller), its stop flag cleared; false
     /// when the worker is gone (it goes back on the idle list).
-    pub(super) fn send(&mut self, w: usize, index: usize, oid: Oid, ctx: ProbeContext, task: Task) -> bool {
+    pub(super) fn send(
+        &mut self,
+        w: usize,
+        index: usize,
+        oid: Oid,
+        ctx: ProbeContext,
+        task: Task,
+    ) -> bool {
         if !std::ptr::eq(self.stops[w], self.cancel) {
             self.stops[w].store(false, Ordering::SeqCst);
         }

@@ -3,7 +3,9 @@
 //! verification of a flaky answer. Each proposes commits (by index) and takes their verdicts; none of them
 //! runs anything. The loop in `driver.rs` swaps one for the next.
 
-use crate::bisect::{rates_differ, BayesResult, BayesSearch, Bisector, NextStep, SearchResult, Verdict};
+use crate::bisect::{
+    rates_differ, BayesResult, BayesSearch, Bisector, NextStep, SearchResult, Verdict,
+};
 use crate::report::record::{ProbeRole, Verification};
 
 /// What a strategy asks the loop to do next.
@@ -187,7 +189,12 @@ pub(super) struct Verify {
 }
 
 impl Verify {
-    pub(super) fn new(culprit: usize, parent: usize, parent_commit: String, confidence: f64) -> Self {
+    pub(super) fn new(
+        culprit: usize,
+        parent: usize,
+        parent_commit: String,
+        confidence: f64,
+    ) -> Self {
         Self {
             culprit,
             parent,
@@ -328,6 +335,9 @@ mod tests {
         c.mark(2, Verdict::Good);
         assert!(matches!(c.propose(4), Proposal::Run(_)));
         c.mark(2, Verdict::Bad);
-        assert!(matches!(c.propose(4), Proposal::Done(Answer::ParentFaults(3))));
+        assert!(matches!(
+            c.propose(4),
+            Proposal::Done(Answer::ParentFaults(3))
+        ));
     }
 }

@@ -1,0 +1,178 @@
+//! Everything a job sets up before it runs user code, in one place: the state directory's lock, the run's
+//! id and directory with a copy of its config, the worktree base (honouring `[executor] workdir`, so a
+//! node that does not see the repository sees the worktrees), the executor every command goes through, and
+//! the probe worktrees, removed when the job ends (or when the workspace is dropped on an early return).
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use crate::config::{Config, ExecutorKind};
+use crate::exec::executor::{Executor, Local};
+use crate::exec::slurm::Slurm;
+use crate::git::{ProbeWorktree, Repo};
+use crate::report::event::{Event, Reporter};
+
+use super::error::RunError;
+use super::lock::{lock_state_dir, StateLock};
+use super::probe::WorktreeProber;
+
+/// The configured executor. `spool` is where a scheduler's job files go when `[executor] workdir` is not
+/// set (the run's log directory).
+pub fn executor_for(config: &Config, spool: &Path) -> Arc<dyn Executor> {
+    match config.executor.kind {
+        ExecutorKind::Local => Arc::new(Local),
+        ExecutorKind::Slurm => Arc::new(Slurm::new(config, spool)),
+    }
+}
+
+/// What a job asks of its workspace.
+#[derive(Clone, Debug, Default)]
+pub struct Opening<'a> {
+    /// Take the state directory's lock, naming the job (`start v1..v2`); `None` when the job holds it
+    /// already or touches no shared state.
+    pub lock: Option<&'a str>,
+    /// The run directory's name before its id (`shrink-`, `nightly-`; empty for `start`).
+    pub prefix: &'a str,
+    /// Where logs go instead of `<run dir>/logs`.
+    pub log_dir: Option<PathBuf>,
+}
+
+/// A job's workspace. Worktrees made through it are removed by [`Workspace::close`] (which reports a
+/// failure) or, on an early return, when it is dropped.
+pub struct Workspace<'r> {
+    repo: &'r Repo,
+    /// `.git/cudabisect`.
+    pub state_dir: PathBuf,
+    /// This run's directory: its config copy, logs, report.
+    pub run_dir: PathBuf,
+    /// Where the logs go.
+    pub log_dir: PathBuf,
+    /// Where the worktrees go: the state directory, or a directory of this repository's own under a
+    /// shared `[executor] workdir`.
+    pub worktree_base: PathBuf,
+    /// Where every command of the job runs.
+    pub executor: Arc<dyn Executor>,
+    _lock: Option<StateLock>,
+    made: RefCell<Vec<PathBuf>>,
+    keep: bool,
+}
+
+impl<'r> Workspace<'r> {
+    /// Sets the job up: the lock (first, so a second run writes nothing), the run directory with the
+    /// config's text, the worktree base and the executor.
+    pub fn open(repo: &'r Repo, config: &Config, opening: Opening) -> Result<Self, RunError> {
+        let state_dir = repo.state_dir();
+        let lock = opening
+            .lock
+            .map(|what| lock_state_dir(&state_dir, what))
+            .transpose()?;
+        let run_dir =
+            state_dir
+                .join("runs")
+                .join(format!("{}{}", opening.prefix, super::job::run_id()));
+        let log_dir = opening.log_dir.unwrap_or_else(|| run_dir.join("logs"));
+        std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
+        std::fs::create_dir_all(&run_dir).map_err(RunError::io(&run_dir))?;
+        std::fs::write(run_dir.join("bisect.toml"), &config.text)
+            .map_err(RunError::io(&run_dir))?;
+        let worktree_base = worktree_base(repo, &state_dir, config.executor.workdir.as_deref());
+        let executor = executor_for(config, &log_dir);
+        Ok(Workspace {
+            repo,
+            state_dir,
+            run_dir,
+            log_dir,
+            worktree_base,
+            executor,
+            _lock: lock,
+            made: RefCell::new(Vec::new()),
+            keep: false,
+        })
+    }
+
+    /// A probe worktree named `name` under the worktree base (reused when it is already there).
+    pub fn worktree(&self, name: &str) -> Result<ProbeWorktree, RunError> {
+        let path = self.worktree_base.join(name);
+        let worktree = self.repo.probe_worktree(&path)?;
+        self.made.borrow_mut().push(worktree.path().to_path_buf());
+        Ok(worktree)
+    }
+
+    /// A prober of one worktree, one probe at a time, with this job's executor and logs.
+    pub fn prober<'a>(
+        &'a self,
+        worktree: &'a ProbeWorktree,
+        config: &'a Config,
+        cancel: &'a AtomicBool,
+    ) -> WorktreeProber<'a> {
+        WorktreeProber {
+            worktree,
+            config,
+            log_dir: self.log_dir.clone(),
+            cancel,
+            slot: None,
+            lingering: Vec::new(),
+            warm: None,
+            executor: self.executor.clone(),
+        }
+    }
+
+    /// Leaves the worktrees registered after the job (`--keep-worktree`): the next run reuses them.
+    pub fn keep_worktrees(&mut self) {
+        self.keep = true;
+    }
+
+    /// Ends the job: removes its worktrees (unless kept), reporting any that could not be removed.
+    pub fn close(mut self, reporter: &mut dyn Reporter) {
+        for path in self.take_worktrees() {
+            if let Err(e) = self.repo.remove_worktree(&path) {
+                reporter.event(&Event::WorktreeNotRemoved {
+                    path: path.display().to_string(),
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+
+    fn take_worktrees(&mut self) -> Vec<PathBuf> {
+        let made = std::mem::take(&mut *self.made.borrow_mut());
+        if self.keep {
+            Vec::new()
+        } else {
+            made
+        }
+    }
+}
+
+impl Drop for Workspace<'_> {
+    fn drop(&mut self) {
+        // An early return (an error before the job's end): its worktrees go all the same.
+        for path in self.take_worktrees() {
+            let _ = self.repo.remove_worktree(&path);
+        }
+    }
+}
+
+/// The worktree base: the state directory, or, with a scheduler whose nodes do not see this repository,
+/// a directory of this repository's own under the shared workdir (named after the repository and a hash
+/// of its state directory, so two clones never share one).
+fn worktree_base(repo: &Repo, state_dir: &Path, shared: Option<&Path>) -> PathBuf {
+    match shared {
+        Some(shared) => {
+            let name = repo
+                .workdir()
+                .file_name()
+                .map_or_else(|| "repo".into(), |n| n.to_string_lossy().into_owned());
+            let digest = state_dir
+                .to_string_lossy()
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+            shared.join(format!("{name}-{:08x}", digest as u32))
+        }
+        None => state_dir.to_path_buf(),
+    }
+}
