@@ -187,10 +187,14 @@ mod tests {
 
     #[test]
     fn the_python_harness_writes_the_same_grammar() {
-        let py = include_str!("../harness/torch_harness.py");
+        let py = [
+            include_str!("../harness/torch_harness/cudabisect_torch/protocol.py"),
+            include_str!("../harness/torch_harness/cudabisect_torch/run.py"),
+        ]
+        .concat();
         assert!(
             py.contains(r#"MARKER = "@@cudabisect node={node} op={op} kernel={kernel} {phase}""#),
-            "torch_harness.py's MARKER must match Marker::format"
+            "the PyTorch harness's MARKER must match Marker::format"
         );
         assert!(py.contains(&format!("LAUNCH = \"{LAUNCH_PREFIX}{{kernel}}\"")));
         assert!(py.contains(&format!("HARNESS_ERROR = \"{HARNESS_ERROR_PREFIX}\"")));

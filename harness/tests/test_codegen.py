@@ -11,9 +11,8 @@ import sys
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("torch_harness", os.path.join(HERE, "..", "torch_harness.py"))
-h = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(h)
+sys.path.insert(0, HERE)
+from torch_harness_modules import h, repro  # noqa: E402
 
 tl = types.SimpleNamespace(constexpr=int)  # only for the annotation below; triton is not needed here
 BLOCK_SIZE = 1024
@@ -151,14 +150,14 @@ def test_modules_of_the_users_own_classes_are_pickled_and_flagged():
 
 
 def test_a_python_custom_op_is_called_by_name_and_carried_with_its_registration():
-    saved = h.python_custom_op
-    h.python_custom_op = lambda qual: fake_opdef() if qual == "mylib::scale_rows" else None
+    saved = repro.python_custom_op
+    repro.python_custom_op = lambda qual: fake_opdef() if qual == "mylib::scale_rows" else None
     try:
         steps = [h.Step("scaled", "scale_rows", "scale_rows", (R("x", None), 2.0), {},
                         OpOverload("mylib::scale_rows"), "call_function")]
         text = h.render_repro(steps, ["x"], [], "t")
     finally:
-        h.python_custom_op = saved
+        repro.python_custom_op = saved
     for want in [
         "env['scaled'] = torch.ops.mylib.scale_rows.default(env['x'], 2.0)",
         "def scale_rows(x, scale: float):",

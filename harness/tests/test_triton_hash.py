@@ -5,16 +5,14 @@ wrapped the way @triton.autotune wraps one) once, and never looks into installed
 Runs under pytest, or alone (`python3 harness/tests/test_triton_hash.py`), which is how `cargo test` runs it.
 """
 
-import importlib.util
 import os
 import sys
 import tempfile
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("torch_harness", os.path.join(HERE, "..", "torch_harness.py"))
-h = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(h)
+sys.path.insert(0, HERE)
+from torch_harness_modules import h  # noqa: E402
 
 
 def install_fake_triton():

@@ -16,21 +16,20 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(HERE, "..", "torch_harness.py")
+HARNESS_DIR = os.path.join(HERE, "..", "torch_harness")
 
-# The stand-in harness: the real main, serve and forward; prepare and execute replaced.
+# The stand-in harness: the real main, serve and forward, handed stand-ins for prepare and execute.
 DRIVER = f"""
-import importlib.util, os, signal, sys, types
-spec = importlib.util.spec_from_file_location("torch_harness", {HARNESS!r})
-h = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(h)
+import os, signal, sys, types
+sys.path.insert(0, {HARNESS_DIR!r})
+from cudabisect_torch import cli, warm as warm_server
 
 
 def prepare(a):
     print(f"built in {{os.getpid()}}", flush=True)
     if os.environ.get("WARM_TEST_DIE_BUILDING") and sys.argv[-2] == "--socket":
         os._exit(9)  # the server dies while building the model (an out-of-memory, say)
-    return types.SimpleNamespace(key=h.prepare_key(a))
+    return types.SimpleNamespace(key=cli.prepare_key(a))
 
 
 WARMED = [None]
@@ -60,11 +59,12 @@ def cuda_initialised():
     return "CUDA was initialised in the server (stand-in)" if flag and os.path.exists(flag) else None
 
 
-h.prepare = prepare
-h.execute = execute
-h.warm_device = warm_device
-h.cuda_initialised = cuda_initialised
-sys.exit(h.main())
+def main(argv=None, warm=None):
+    return cli.main(argv, warm, prepare=prepare, execute=execute, app=APP)
+
+
+APP = warm_server.App(cli.parse_args, prepare, main, start_device=warm_device, cuda_state=cuda_initialised)
+sys.exit(main())
 """
 
 BASE = ["--model", "m:build", "--example-inputs", "m:inputs", "--device", "cpu"]

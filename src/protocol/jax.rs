@@ -17,7 +17,7 @@ pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
 /// Whether `path` (a frame's file, a launch site) is inside one of the shipped harnesses: a frame of
 /// the harness is never the user's launch site.
 pub fn is_shipped_harness(path: &str) -> bool {
-    path.contains(JAX_HARNESS_FILE) || path.contains(super::torch::TORCH_HARNESS_FILE)
+    path.contains(JAX_HARNESS_FILE) || path.contains(super::torch::TORCH_PACKAGE)
 }
 
 #[cfg(test)]
@@ -38,6 +38,9 @@ mod tests {
             crate::marker::LAUNCH_PREFIX
         )));
         assert!(is_shipped_harness("/run/jax_harness.py:call"));
+        assert!(is_shipped_harness(
+            "/run/torch_harness/cudabisect_torch/run.py:call"
+        ));
         assert!(!is_shipped_harness("pkg/model.py:forward"));
     }
 }

@@ -1,14 +1,31 @@
-//! The PyTorch harness shipped inside the binary, installed into the run's own directory when a shrink
-//! needs it (never a shared path another user could swap between the write and the run).
+//! The PyTorch harness shipped inside the binary (a Python package split by concern: protocol, graph,
+//! running, training, recording, repro generation, the warm server, the command line), installed into the
+//! run's own directory when a shrink needs it (never a shared path another user could swap between the
+//! write and the run) and run as `python <dir>/torch_harness ...`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The PyTorch harness's source.
-pub const TORCH_HARNESS: &str = include_str!("../../harness/torch_harness.py");
+/// The folder the harness is installed as (`python <run dir>/torch_harness ...` runs its `__main__.py`).
+pub const TORCH_HARNESS_DIR: &str = "torch_harness";
 
-/// The file name the harness is installed under.
-pub const TORCH_HARNESS_FILE: &str = "torch_harness.py";
+/// The harness's package: a path with this in it is one of the harness's own frames.
+pub const TORCH_PACKAGE: &str = "cudabisect_torch";
+
+/// The harness's files, by path inside [`TORCH_HARNESS_DIR`].
+pub const TORCH_HARNESS: &[(&str, &str)] = &[
+    ("__main__.py", include_str!("../../harness/torch_harness/__main__.py")),
+    ("cudabisect_torch/__init__.py", include_str!("../../harness/torch_harness/cudabisect_torch/__init__.py")),
+    ("cudabisect_torch/protocol.py", include_str!("../../harness/torch_harness/cudabisect_torch/protocol.py")),
+    ("cudabisect_torch/graph.py", include_str!("../../harness/torch_harness/cudabisect_torch/graph.py")),
+    ("cudabisect_torch/run.py", include_str!("../../harness/torch_harness/cudabisect_torch/run.py")),
+    ("cudabisect_torch/training.py", include_str!("../../harness/torch_harness/cudabisect_torch/training.py")),
+    ("cudabisect_torch/record.py", include_str!("../../harness/torch_harness/cudabisect_torch/record.py")),
+    ("cudabisect_torch/repro.py", include_str!("../../harness/torch_harness/cudabisect_torch/repro.py")),
+    ("cudabisect_torch/warm.py", include_str!("../../harness/torch_harness/cudabisect_torch/warm.py")),
+    ("cudabisect_torch/cli.py", include_str!("../../harness/torch_harness/cudabisect_torch/cli.py")),
+];
+
 
 /// The capture hook: a `sitecustomize.py` that does nothing unless `CUDABISECT_CAPTURE` is set.
 pub const CAPTURE_HOOK: &str = include_str!("../../harness/capture/sitecustomize.py");
@@ -35,9 +52,18 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::R
     Ok(path)
 }
 
-/// Writes the harness into `dir` (created when missing) atomically and returns its path.
+/// Writes the harness into `dir/torch_harness/` (each file atomically) and returns that folder, the
+/// path to give Python.
 pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
-    write_atomically(dir, TORCH_HARNESS_FILE, TORCH_HARNESS)
+    let root = dir.join(TORCH_HARNESS_DIR);
+    for (path, text) in TORCH_HARNESS {
+        let file = root.join(path);
+        let (Some(parent), Some(name)) = (file.parent(), file.file_name()) else {
+            continue;
+        };
+        write_atomically(parent, &name.to_string_lossy(), text)?;
+    }
+    Ok(root)
 }
 
 /// Writes the capture hook into `dir/capture-hook/` and returns that folder (for `PYTHONPATH`).
@@ -51,16 +77,46 @@ pub fn install_capture_hook(dir: &Path) -> std::io::Result<PathBuf> {
 mod tests {
     use super::*;
 
+    /// The source of one of the harness's files.
+    fn source(path: &str) -> &'static str {
+        TORCH_HARNESS
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map_or("", |(_, text)| text)
+    }
+
     #[test]
     fn the_harness_is_installed_in_the_given_directory() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = install(&dir.path().join("run")).expect("installs");
-        assert!(path.starts_with(dir.path()));
-        assert_eq!(
-            std::fs::read_to_string(&path).expect("reads"),
-            TORCH_HARNESS
-        );
-        // A second install over the first replaces it in one step.
+        assert!(path.starts_with(dir.path()) && path.ends_with(TORCH_HARNESS_DIR));
+        for (file, text) in TORCH_HARNESS {
+            assert_eq!(std::fs::read_to_string(path.join(file)).expect("reads"), *text);
+        }
+        // A second install over the first replaces it.
         assert_eq!(install(&dir.path().join("run")).expect("again"), path);
+    }
+
+    #[test]
+    fn every_file_of_the_package_is_shipped() {
+        let package = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("harness")
+            .join(TORCH_HARNESS_DIR)
+            .join(TORCH_PACKAGE);
+        for entry in std::fs::read_dir(package).expect("the package") {
+            let name = entry.expect("entry").file_name().to_string_lossy().into_owned();
+            if name.ends_with(".py") {
+                let path = format!("{TORCH_PACKAGE}/{name}");
+                assert!(!source(&path).is_empty(), "{path} is not shipped");
+            }
+        }
+    }
+
+    #[test]
+    fn the_harness_speaks_this_protocol_version() {
+        assert!(source("cudabisect_torch/protocol.py").contains(&format!(
+            "PROTOCOL_VERSION = {}",
+            crate::protocol::types::PROTOCOL_VERSION
+        )));
     }
 }

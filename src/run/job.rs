@@ -67,13 +67,6 @@ fn prune_runs(runs: &Path, keep: usize) {
     }
 }
 
-/// A run's directory name: time and pid, unique per machine.
-pub fn run_id() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!("{}-{}", now.as_secs(), std::process::id())
-}
 
 /// Runs a whole bisection. `Err` only for problems found before anything ran (bad input, a held lock);
 /// once the search starts, every outcome is in the report.

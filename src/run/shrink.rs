@@ -687,7 +687,7 @@ mod tests {
         let labelled = "@@cudabisect node=hash_embed_default op=hash_embed kernel=hash_embed.default begin\nRuntimeError\n";
         let harness = sig(
             Some("hash_embed.default"),
-            Some("/run/torch_harness.py:call"),
+            Some("/run/torch_harness/cudabisect_torch/run.py:call"),
         );
         assert!(same_bug_across_stages(&p, &target, &harness, labelled));
         // The node launched the target's kernel: the same bug, by name.

@@ -11,7 +11,8 @@ use crate::report::event::Reporter;
 use crate::report::record::{TriageResult, TriageStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, run_id, write_bundle_reporting};
+use super::job::{bundle_root, write_bundle_reporting};
+use super::workspace::run_id;
 use super::workspace::{Opening, Workspace};
 
 use super::shrink_job::load;

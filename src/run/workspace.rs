@@ -27,6 +27,14 @@ pub fn executor_for(config: &Config, spool: &Path) -> Arc<dyn Executor> {
     }
 }
 
+/// A run's directory name: time and pid, unique per machine.
+pub fn run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}-{}", now.as_secs(), std::process::id())
+}
+
 /// What a job asks of its workspace.
 #[derive(Clone, Debug, Default)]
 pub struct Opening<'a> {
@@ -71,7 +79,7 @@ impl<'r> Workspace<'r> {
         let run_dir =
             state_dir
                 .join("runs")
-                .join(format!("{}{}", opening.prefix, super::job::run_id()));
+                .join(format!("{}{}", opening.prefix, run_id()));
         let log_dir = opening.log_dir.unwrap_or_else(|| run_dir.join("logs"));
         std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
         std::fs::create_dir_all(&run_dir).map_err(RunError::io(&run_dir))?;

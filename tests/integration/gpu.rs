@@ -561,7 +561,7 @@ fn the_pytorch_harness_descends_into_an_untraceable_model_through_hooks_on_the_c
         tmp.path().join("toy_model.py"),
     )
     .unwrap();
-    let harness = root().join("harness/torch_harness.py");
+    let harness = root().join("harness/torch_harness");
     let py = |args: &[&str]| {
         let out = Command::new("python3")
             .arg(&harness)

@@ -1,0 +1,250 @@
+"""The command line: arguments, building the model once (`prepare`), the verbs, and `main`."""
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional
+from .protocol import load_attr, say, timing
+from .graph import Ref, build_graph, describe
+from .run import announce_triton_launches, harness_error, run, to_device
+from .training import TRAINING_KINDS, Training, regenerate, step_source, training_steps, with_generated
+from .record import boundary_env, describe_graph, expand
+from .repro import ExtractError, extract
+from .warm import App, forward, serve, without_via
+
+
+@dataclass
+class Prepared:
+    """The model built on the CPU, its example inputs and its graph: what a warm server keeps between
+    candidates, and what a cold run builds for itself."""
+
+    key: tuple
+    example: tuple
+    steps: list
+    placeholders: list
+    attrs: dict
+    traced_by: str
+    root: object
+    opaque: set = field(default_factory=set)
+    training: Optional[Training] = None
+    forward_steps: list = field(default_factory=list)
+    attr_targets: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)
+    rng: object = None  # the random state at the start of a captured step
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="torch_harness")
+    p.add_argument("--model", help="module:factory returning the nn.Module")
+    p.add_argument("--example-inputs", dest="example", help="module:factory returning the model's example inputs")
+    p.add_argument("--capture", help="a captured training step (model, optimizer, batch, gradients) instead of "
+                                     "factories: the directory the capture wrote")
+    p.add_argument("--train", action="store_true", help="the whole training step: forward, loss, backward "
+                                                        "and (with --optimizer) the update")
+    p.add_argument("--loss", help="module:function, the model's output -> a scalar loss (default: the sum of "
+                                  "the outputs)")
+    p.add_argument("--optimizer", help="module:factory, the model -> its optimizer")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--via", help="a warm server's socket: run there (forked from the built model); "
+                                 "run cold here when it cannot be reached")
+    sub = p.add_subparsers(dest="verb", required=True)
+    d = sub.add_parser("describe")
+    d.add_argument("--out", help="write the description here (the protocol's channel) instead of stdout")
+    d.add_argument("--recording", help="describe the graph as this recording saw it (descended into "
+                                       "modules kept whole, along the fault)")
+    r = sub.add_parser("run")
+    r.add_argument("--keep")
+    r.add_argument("--recording", help="the recording boundary inputs come from")
+    r.add_argument("--record")
+    r.add_argument("--generate-over", type=int, help="recorded values over this many bytes are generated "
+                                                     "from their shape, dtype and range instead")
+    x = sub.add_parser("extract")
+    x.add_argument("--keep", required=True)
+    x.add_argument("--recording")
+    x.add_argument("--out", required=True)
+    x.add_argument("--generate-over", type=int, help="repro.py generates the values over this many bytes "
+                                                     "from their shape, dtype and range instead of shipping them")
+    s = sub.add_parser("serve")
+    s.add_argument("--socket", required=True, help="the Unix socket to listen on")
+    a = p.parse_args(argv)
+    if not a.capture and not (a.model and a.example):
+        p.error("give --model and --example-inputs, or --capture DIR")
+    return a
+
+
+def prepare_key(a):
+    return (a.model, a.example, a.capture, a.train, a.loss, a.optimizer)
+
+
+def load_capture(d):
+    """The captured step: the model (unpickled on the CPU), its batch as positional inputs, and what the
+    training graph needs (the output's gradient, the optimizer, the gradients it saw)."""
+    import torch
+    for path in (d, os.getcwd()):  # the captured script's own definitions (cudabisect_main.py), the project
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    with open(os.path.join(d, "capture.json")) as f:
+        meta = json.load(f)
+    fault = os.path.join(d, "fault.json")
+    if os.path.exists(fault):
+        with open(fault) as f:
+            meta.update(json.load(f))  # where the step failed, not where it was saved
+
+    def load(name):
+        path = os.path.join(d, name)
+        return torch.load(path, map_location="cpu", weights_only=False) if os.path.exists(path) else None
+
+    model = load("model.pt")
+    batch = load("batch.pt") or {"args": [], "kwargs": {}}
+    try:
+        bound = inspect.signature(model.forward).bind(*batch["args"], **batch["kwargs"])
+        bound.apply_defaults()
+        example = tuple(bound.arguments.values())
+    except TypeError:
+        example = tuple(batch["args"])
+    training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
+                        param_grads=load("param_grads.pt"))
+    meta["rng"] = load("rng.pt")
+    return model, example, training, meta
+
+
+def prepare(a):
+    """Imports torch and the user's package and builds the model, its inputs and its graph on the CPU.
+    CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
+    import torch
+    torch.manual_seed(0)
+    training, rng = None, None
+    if a.capture:
+        model, example, training, meta = load_capture(a.capture)
+        rng = meta.get("rng")
+        if meta.get("phase") == "forward" and not a.train:
+            training = None  # a forward fault needs no backward
+    else:
+        model = load_attr(a.model)()
+        example = load_attr(a.example)()
+        if not isinstance(example, (tuple, list)):
+            example = (example,)
+        if a.train or a.optimizer or a.loss:
+            training = Training(loss_fn=load_attr(a.loss) if a.loss else None,
+                                optimizer=load_attr(a.optimizer) if a.optimizer else None)
+        model = model.train() if training else model.eval()
+    steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, tuple(example))
+    forward_steps = steps
+    if training is not None:
+        training.output = getattr(root, "_cudabisect_output", None) or Ref("model", "model")
+        steps = training_steps(forward_steps, training)
+        traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
+    sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
+    return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng)
+
+
+def execute(a, w):
+    """Runs one verb on a prepared model: moves what the verb needs to the device, then describes, runs
+    or extracts."""
+    import torch
+    torch.manual_seed(0)
+    announce_triton_launches()
+    steps, levels = w.steps, []
+    if getattr(a, "recording", None):
+        steps, levels = expand(w.steps, w.root, a.recording, w.opaque)
+        if levels:
+            # Descended into a forward node: a forward fault needs no backward.
+            steps = [s for s in steps if s.kind not in TRAINING_KINDS]
+    if a.verb == "describe":
+        graph = describe_graph(w.traced_by, levels)
+        text = json.dumps(describe(steps, w.placeholders, graph, w.sources), indent=1)
+        if a.out:
+            tmp = a.out + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, a.out)
+        else:
+            print(text)
+        return 0
+    if a.keep:
+        keep = [k for k in a.keep.split(",") if k]
+        # The ids of the graph as recorded (descended) or as first described: a driver whose descent did
+        # not reproduce goes on with the coarse nodes, on the same recording.
+        for graph in (steps, w.steps):
+            if all(k in {s.name for s in graph} for k in keep):
+                steps = graph
+                break
+        else:
+            unknown = [k for k in keep if k not in {s.name for s in steps}]
+            raise SystemExit(f"error: --keep: no node {unknown[0]!r}")
+        kept = [s for s in steps if s.name in keep]
+    else:
+        kept = steps
+    how = w.traced_by.split(";")[0]
+    say(f"harness: torch {torch.__version__}, {how} graph, {len(kept)} of {len(steps)} nodes on {a.device}")
+    timing("start")
+    example = tuple(to_device(x, a.device) for x in w.example)
+    timing("inputs on the device")
+    training = any(s.kind in TRAINING_KINDS for s in kept)
+    rng = w.rng
+    if rng:
+        # The captured step's random state (its dropout masks), as the user's run had it.
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and str(a.device).startswith("cuda"):
+            torch.cuda.set_rng_state(rng["cuda"])
+    with torch.no_grad():
+        env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
+        over = getattr(a, "generate_over", None)
+        if over is not None and a.verb == "run":
+            env = {k: regenerate(with_generated(v, over), a.device) for k, v in env.items()}
+        timing("boundary values on the device")
+        if a.verb == "extract":
+            source = "a captured training step" if a.capture else a.model
+            title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
+            try:
+                written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
+                                  getattr(a, "recording", None), over)
+            except ExtractError as e:
+                print(f"error: extract: {e}", file=sys.stderr, flush=True)
+                return 2
+            print(json.dumps(written), flush=True)
+            return 0
+        # Only the modules the kept steps call go to the device: a candidate of three nodes does not pay
+        # for moving the whole model (the update moves all of it: it changes every parameter).
+        forward = {s.name: s for s in w.forward_steps}
+        for s in kept:
+            if s.kind == "optimizer":
+                w.root.to(a.device)
+            module = forward[s.target].module if s.kind == "backward" and s.target in forward else s.module
+            if module is not None:
+                w.root.get_submodule(module).to(a.device)
+        timing("modules on the device")
+        if a.record:
+            os.makedirs(a.record, exist_ok=True)
+        return run(kept, w.root, env, a.device, a.record, w)
+
+
+def main(argv=None, warm=None, prepare=prepare, execute=execute, app=None):
+    """Runs one verb. `prepare`, `execute` and the warm server's `app` are parameters so that a test can
+    hand in stand-ins (the server then runs them, not this module's own)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    if a.verb == "serve":
+        return serve(a, app or APP)
+    if a.via:
+        code = forward(a.via, without_via(argv))
+        if code is not None:
+            return code
+    try:
+        if getattr(warm, "key", None) != prepare_key(a):
+            warm = prepare(a)
+        return execute(a, warm)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - outside every node: the harness failed, not the model
+        traceback.print_exc()
+        return harness_error(f"{a.verb}: {type(e).__name__}: {e}")
+
+
+# The warm server runs the harness through these.
+APP = App(parse_args, prepare, main)
