@@ -34,6 +34,67 @@ pub enum Stage {
     },
 }
 
+/// What the plan decided that the user should know.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PlanNote {
+    /// A good commit is not an ancestor of the bad one: its merge bases must be good too, and are tested
+    /// first.
+    MergeBasesTested {
+        /// The good revision as given.
+        good: String,
+        /// The bad revision as given.
+        bad: String,
+        /// The merge bases (full shas).
+        bases: Vec<String>,
+    },
+    /// A good commit is an ancestor of another good one: implied good, not probed.
+    GoodImplied {
+        /// The implied one.
+        good: String,
+        /// The one that implies it.
+        by: String,
+    },
+    /// More probes at once were asked for than there are candidates.
+    WorkersCapped {
+        /// Probes at once asked for.
+        asked: usize,
+        /// Candidates.
+        candidates: usize,
+        /// Workers used.
+        used: usize,
+    },
+}
+
+impl std::fmt::Display for PlanNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MergeBasesTested { good, bad, bases } => {
+                let shorts: Vec<&str> = bases.iter().map(|b| super::record::short_sha(b)).collect();
+                let one = bases.len() == 1;
+                write!(
+                    f,
+                    "good commit {good} is not an ancestor of {bad}: its merge base{} {} must be good too, and {} tested first",
+                    if one { "" } else { "s" },
+                    shorts.join(", "),
+                    if one { "is" } else { "are" },
+                )
+            }
+            Self::GoodImplied { good, by } => {
+                write!(f, "good commit {good} is implied by good commit {by}: not probed")
+            }
+            Self::WorkersCapped {
+                asked,
+                candidates,
+                used,
+            } => write!(
+                f,
+                "{asked} probes at once asked for, {candidates} candidates: {used} workers are used"
+            ),
+        }
+    }
+}
+
 /// Something that happened during a run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data", rename_all = "snake_case")]
@@ -174,10 +235,10 @@ pub enum Event {
         /// The text.
         message: String,
     },
-    /// What the plan decided that the user should know (merge bases, implied good commits).
-    Note {
-        /// The text.
-        message: String,
+    /// What the plan decided that the user should know.
+    Planned {
+        /// What it decided.
+        note: PlanNote,
     },
     /// The hand-off bundle was written.
     BundleWritten {
@@ -185,11 +246,6 @@ pub enum Event {
         path: String,
         /// The bytes of its files (`bundle pack` warns above 25 MB).
         bytes: u64,
-    },
-    /// A stage after the search started (triage, shrink, the bundle's environment probes).
-    StageStarted {
-        /// What it does.
-        message: String,
     },
     /// Triage finished.
     TriageFinished {
@@ -245,4 +301,48 @@ pub enum Event {
 pub trait Reporter {
     /// Handles one event.
     fn event(&mut self, event: &Event);
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every event type is in the JSON reference, and the reference names no type that is gone.
+    #[test]
+    fn the_json_reference_lists_every_event_type() {
+        let source = include_str!("event.rs");
+        let page = include_str!("../../docs/reference/json.md");
+        let body = &source[source.find("pub enum Event {").expect("the enum")..];
+        let body = &body[..body.find("\n}\n").expect("its end")];
+        let snake = |name: &str| {
+            let mut out = String::new();
+            for (i, c) in name.chars().enumerate() {
+                if c.is_ascii_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(c.to_ascii_lowercase());
+            }
+            out
+        };
+        let variants: Vec<String> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("    ")?.strip_suffix(" {"))
+            .filter(|n| n.chars().all(|c| c.is_ascii_alphanumeric()))
+            .map(snake)
+            .collect();
+        assert!(variants.len() > 20, "{variants:?}");
+        for v in &variants {
+            assert!(page.contains(&format!("`{v}`")), "docs/reference/json.md lacks `{v}`");
+        }
+        let table: Vec<&str> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .flat_map(|l| l.split(" |").next().unwrap_or("").split(", "))
+            .map(|n| n.trim_matches('`'))
+            .collect();
+        for name in table {
+            assert!(
+                variants.iter().any(|v| v == name),
+                "docs/reference/json.md names `{name}`, which is no event type"
+            );
+        }
+    }
 }

@@ -260,11 +260,10 @@ impl Reporter for HumanReporter {
                 "note: a new state for {branch}: none yet for this repository, branch and judging config; {others} other state file(s) of this branch in {state_dir} (another config or repository)"
             )),
             Event::Warning { message } => self.line(&format!("warning: {message}")),
-            Event::Note { message } => self.line(&format!("note: {message}")),
+            Event::Planned { note } => self.line(&format!("note: {note}")),
             Event::BundleWritten { path, bytes } => {
                 self.line(&format!("note: bundle: {path} ({})", human_bytes(*bytes)))
             }
-            Event::StageStarted { message } => self.line(message),
             Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
             Event::ShrinkStarted { nodes } => self.line(&format!(
                 "shrink: {nodes} nodes; locating the fault with a recorded run"

@@ -2,6 +2,7 @@
 //! the bundle. The result is written as soon as it is known, the report and the `finished` event come
 //! before any fallible cleanup, and cleanup failures are warnings.
 
+use crate::report::event::PlanNote;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -122,11 +123,11 @@ pub fn start(
     // More workers than candidates would only make checkouts: each worker costs a full worktree.
     let useful = plan.range.len().max(2);
     if slots.len() > useful {
-        plan.notes.push(format!(
-            "{} probes at once asked for, {} candidates: {useful} workers are used",
-            slots.len(),
-            plan.range.len()
-        ));
+        plan.notes.push(PlanNote::WorkersCapped {
+            asked: slots.len(),
+            candidates: plan.range.len(),
+            used: useful,
+        });
         slots.truncate(useful);
     }
     // Parallel workers each get a scratch directory of their own (temporary files, JIT caches), kept
@@ -191,9 +192,7 @@ pub fn start(
         terms: opts.terms.clone(),
     });
     for note in &plan.notes {
-        reporter.event(&Event::Note {
-            message: note.clone(),
-        });
+        reporter.event(&Event::Planned { note: note.clone() });
     }
     let input = SearchInput {
         range: &plan.range,
@@ -587,7 +586,7 @@ fn empty_report(plan: &Plan, opts: &StartOptions, run_dir: &Path) -> Report {
         triage: None,
         shrink: None,
         bundle: None,
-        notes: plan.notes.clone(),
+        notes: plan.notes.iter().map(ToString::to_string).collect(),
         other_bugs: Vec::new(),
         flaky: None,
         interrupted: false,

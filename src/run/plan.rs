@@ -2,6 +2,7 @@
 //! resolved, the range listed as git sees it, merge bases to check, implied good commits dropped, the
 //! config read and its commands checked. Any problem is a [`RunError`] naming it.
 
+use crate::report::event::PlanNote;
 use std::path::{Path, PathBuf};
 
 use git2::Oid;
@@ -75,7 +76,7 @@ pub struct Plan {
     /// The candidates.
     pub range: Vec<RangeCommit>,
     /// Notes for the user about what the plan did (merge bases, implied goods).
-    pub notes: Vec<String>,
+    pub notes: Vec<PlanNote>,
 }
 
 /// Splits `GOOD..BAD`.
@@ -128,17 +129,11 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
             }
             .into());
         }
-        let shorts: Vec<String> = bases
-            .iter()
-            .map(|b| b.to_string()[..12].to_string())
-            .collect();
-        notes.push(format!(
-            "good commit {name} is not an ancestor of {}: its merge base{} {} must be good too, and {} tested first",
-            bad.0,
-            if bases.len() == 1 { "" } else { "s" },
-            shorts.join(", "),
-            if bases.len() == 1 { "is" } else { "are" },
-        ));
+        notes.push(PlanNote::MergeBasesTested {
+            good: name.clone(),
+            bad: bad.0.clone(),
+            bases: bases.iter().map(|b| b.to_string()).collect(),
+        });
         merge_bases.extend(bases);
     }
     let all_goods: Vec<Oid> = given.iter().map(|(_, o)| *o).collect();
@@ -148,9 +143,10 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
         let mut implied = false;
         for (other_name, other) in &given {
             if other != oid && repo.is_ancestor(*oid, *other)? {
-                notes.push(format!(
-                    "good commit {name} is implied by good commit {other_name}: not probed"
-                ));
+                notes.push(PlanNote::GoodImplied {
+                    good: name.clone(),
+                    by: other_name.clone(),
+                });
                 implied = true;
                 break;
             }
