@@ -189,7 +189,7 @@ mod tests {
     fn the_python_harness_writes_the_same_grammar() {
         let py = [
             include_str!("../harness/torch_harness/cudabisect_torch/protocol.py"),
-            include_str!("../harness/torch_harness/cudabisect_torch/run.py"),
+            include_str!("../harness/torch_harness/cudabisect_torch/node.py"),
         ]
         .concat();
         assert!(

@@ -10,7 +10,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from torch_harness_modules import h, run as run_module  # noqa: E402
+from torch_harness_modules import h, node, run as run_module  # noqa: E402
 R = h.Ref
 
 
@@ -26,7 +26,7 @@ def test_an_op_in_c_that_raises_is_the_models_failure(capsys):
 def test_the_harness_raising_by_itself_is_a_harness_error(capsys, monkeypatch):
     # A bug inside the harness's own code, before the model is called: resolving arguments calls a
     # function of the harness with the wrong arguments.
-    monkeypatch.setattr(run_module, "resolve", h.short_name)
+    monkeypatch.setattr(node, "resolve", h.short_name)
     steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, torch.relu, "call_function")]
     code = h.run(steps, torch.nn.Module(), {"x": torch.zeros(2)}, "cpu")
     out = capsys.readouterr().out

@@ -14,18 +14,51 @@ pub const TORCH_PACKAGE: &str = "cudabisect_torch";
 
 /// The harness's files, by path inside [`TORCH_HARNESS_DIR`].
 pub const TORCH_HARNESS: &[(&str, &str)] = &[
-    ("__main__.py", include_str!("../../harness/torch_harness/__main__.py")),
-    ("cudabisect_torch/__init__.py", include_str!("../../harness/torch_harness/cudabisect_torch/__init__.py")),
-    ("cudabisect_torch/protocol.py", include_str!("../../harness/torch_harness/cudabisect_torch/protocol.py")),
-    ("cudabisect_torch/graph.py", include_str!("../../harness/torch_harness/cudabisect_torch/graph.py")),
-    ("cudabisect_torch/run.py", include_str!("../../harness/torch_harness/cudabisect_torch/run.py")),
-    ("cudabisect_torch/training.py", include_str!("../../harness/torch_harness/cudabisect_torch/training.py")),
-    ("cudabisect_torch/record.py", include_str!("../../harness/torch_harness/cudabisect_torch/record.py")),
-    ("cudabisect_torch/repro.py", include_str!("../../harness/torch_harness/cudabisect_torch/repro.py")),
-    ("cudabisect_torch/warm.py", include_str!("../../harness/torch_harness/cudabisect_torch/warm.py")),
-    ("cudabisect_torch/cli.py", include_str!("../../harness/torch_harness/cudabisect_torch/cli.py")),
+    (
+        "__main__.py",
+        include_str!("../../harness/torch_harness/__main__.py"),
+    ),
+    (
+        "cudabisect_torch/__init__.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/__init__.py"),
+    ),
+    (
+        "cudabisect_torch/protocol.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/protocol.py"),
+    ),
+    (
+        "cudabisect_torch/graph.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/graph.py"),
+    ),
+    (
+        "cudabisect_torch/node.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/node.py"),
+    ),
+    (
+        "cudabisect_torch/run.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/run.py"),
+    ),
+    (
+        "cudabisect_torch/training.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/training.py"),
+    ),
+    (
+        "cudabisect_torch/record.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/record.py"),
+    ),
+    (
+        "cudabisect_torch/repro.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/repro.py"),
+    ),
+    (
+        "cudabisect_torch/warm.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/warm.py"),
+    ),
+    (
+        "cudabisect_torch/cli.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/cli.py"),
+    ),
 ];
-
 
 /// The capture hook: a `sitecustomize.py` that does nothing unless `CUDABISECT_CAPTURE` is set.
 pub const CAPTURE_HOOK: &str = include_str!("../../harness/capture/sitecustomize.py");
@@ -91,7 +124,10 @@ mod tests {
         let path = install(&dir.path().join("run")).expect("installs");
         assert!(path.starts_with(dir.path()) && path.ends_with(TORCH_HARNESS_DIR));
         for (file, text) in TORCH_HARNESS {
-            assert_eq!(std::fs::read_to_string(path.join(file)).expect("reads"), *text);
+            assert_eq!(
+                std::fs::read_to_string(path.join(file)).expect("reads"),
+                *text
+            );
         }
         // A second install over the first replaces it.
         assert_eq!(install(&dir.path().join("run")).expect("again"), path);
@@ -104,7 +140,11 @@ mod tests {
             .join(TORCH_HARNESS_DIR)
             .join(TORCH_PACKAGE);
         for entry in std::fs::read_dir(package).expect("the package") {
-            let name = entry.expect("entry").file_name().to_string_lossy().into_owned();
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
             if name.ends_with(".py") {
                 let path = format!("{TORCH_PACKAGE}/{name}");
                 assert!(!source(&path).is_empty(), "{path} is not shipped");

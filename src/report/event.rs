@@ -81,7 +81,10 @@ impl std::fmt::Display for PlanNote {
                 )
             }
             Self::GoodImplied { good, by } => {
-                write!(f, "good commit {good} is implied by good commit {by}: not probed")
+                write!(
+                    f,
+                    "good commit {good} is implied by good commit {by}: not probed"
+                )
             }
             Self::WorkersCapped {
                 asked,
@@ -330,7 +333,10 @@ mod tests {
             .collect();
         assert!(variants.len() > 20, "{variants:?}");
         for v in &variants {
-            assert!(page.contains(&format!("`{v}`")), "docs/reference/json.md lacks `{v}`");
+            assert!(
+                page.contains(&format!("`{v}`")),
+                "docs/reference/json.md lacks `{v}`"
+            );
         }
         let table: Vec<&str> = page
             .lines()

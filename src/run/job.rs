@@ -68,7 +68,6 @@ fn prune_runs(runs: &Path, keep: usize) {
     }
 }
 
-
 /// Runs a whole bisection. `Err` only for problems found before anything ran (bad input, a held lock);
 /// once the search starts, every outcome is in the report.
 pub fn start(

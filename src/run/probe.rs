@@ -362,9 +362,8 @@ impl Probe for WorktreeProber<'_> {
         let result = super::triage::run_tools(
             self.executor.session().as_mut(),
             config,
-            self.worktree.path(),
+            (self.worktree.path(), &oid.to_string()),
             &command,
-            &oid.to_string(),
             &out_dir,
             self.cancel,
             &[crate::report::record::SanitizerTool::Memcheck],

@@ -84,9 +84,8 @@ pub fn run(
     run_tools(
         session,
         config,
-        cwd,
+        (cwd, commit),
         command,
-        commit,
         out_dir,
         cancel,
         &SanitizerTool::ESCALATION,
@@ -97,9 +96,8 @@ pub fn run(
 pub fn run_tools(
     session: &mut dyn Session,
     config: &Config,
-    cwd: &Path,
+    (cwd, commit): (&Path, &str),
     command: &CommandLine,
-    commit: &str,
     out_dir: &Path,
     cancel: &AtomicBool,
     tools: &[SanitizerTool],

@@ -76,10 +76,9 @@ impl<'r> Workspace<'r> {
             .lock
             .map(|what| lock_state_dir(&state_dir, what))
             .transpose()?;
-        let run_dir =
-            state_dir
-                .join("runs")
-                .join(format!("{}{}", opening.prefix, run_id()));
+        let run_dir = state_dir
+            .join("runs")
+            .join(format!("{}{}", opening.prefix, run_id()));
         let log_dir = opening.log_dir.unwrap_or_else(|| run_dir.join("logs"));
         std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
         std::fs::create_dir_all(&run_dir).map_err(RunError::io(&run_dir))?;

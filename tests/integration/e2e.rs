@@ -11,73 +11,7 @@ use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
 
-const REPRO: &str = r#"#!/bin/sh
-mode=$(cat mode.txt)
-if [ -n "$PROBE_LOG" ]; then
-  echo "$CUDABISECT_COMMIT ${CUDABISECT_WORKER:-none} ${CUDA_VISIBLE_DEVICES:-none} $CUDABISECT_WORKTREE" >> "$PROBE_LOG"
-fi
-show() { grep -v '^exit=' "$FIXTURES/$1"; }
-case "$mode" in
-  clean) echo "step ok"; exit 0 ;;
-  fault) show native_oob_sync.log; exit 42 ;;
-  torchfault) show torch_uaf_cached.log; exit 1 ;;
-  oom) show torch_oom.log; exit 1 ;;
-  mismatch) show torch_device_mismatch.log; exit 1 ;;
-  segv) echo "about to crash"; kill -SEGV $$ ;;
-  abort) kill -ABRT $$ ;;
-  hang) sleep 60 & sleep 60; wait ;;
-  hang-long) sleep 61 & echo $! > "$PID_DIR/bg.pid"; echo $$ > "$PID_DIR/main.pid"; sleep 61; wait ;;
-  hang-worker)
-    sleep 61 & echo $! > "$PID_DIR/bg.$CUDABISECT_COMMIT.pid"
-    echo $$ > "$PID_DIR/main.$CUDABISECT_COMMIT.pid"; sleep 61; wait ;;
-  infra-then-fault)
-    if [ "$CUDABISECT_ATTEMPT" = 1 ]; then echo "RuntimeError: CUDA error: no CUDA-capable device is detected"; exit 1; fi
-    show native_oob_sync.log; exit 42 ;;
-  flaky)
-    # The fault shows on the second run of a probe and later ones, never on the first.
-    if [ "$CUDABISECT_ATTEMPT" -ge 2 ]; then show native_oob_sync.log; exit 42; fi
-    echo "step ok"; exit 0 ;;
-  coin)
-    # Faults on about half the runs, decided by a hash of the commit and its run number: seeded, so a
-    # rerun of the test sees the same runs.
-    n=$(cat "$COIN_DIR/$CUDABISECT_COMMIT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COIN_DIR/$CUDABISECT_COMMIT"
-    h=$(printf '%s-%s' "$CUDABISECT_COMMIT" "$n" | cksum | cut -d' ' -f1)
-    if [ $((h % 2)) -eq 0 ]; then show native_oob_sync.log; exit 42; fi
-    echo "step ok"; exit 0 ;;
-  lie-once)
-    # Runs clean the first time at each commit, then faults: a bad commit that misleads one run.
-    n=$(cat "$COIN_DIR/$CUDABISECT_COMMIT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COIN_DIR/$CUDABISECT_COMMIT"
-    if [ "$n" -ge 1 ]; then show native_oob_sync.log; exit 42; fi
-    echo "step ok"; exit 0 ;;
-  env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
-  tri-other|tri-target|tri-same-other|tri-same-target)
-    case "$mode" in
-      tri-other) file=pkg/ops.py; func=bias_gelu ;;
-      tri-target) file=pkg/embed.py; func=hash_embed ;;
-      *) file=pkg/model.py; func=forward ;;
-    esac
-    echo "Traceback (most recent call last):"
-    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 40, in <module>"
-    echo "    loss = step(batch)"
-    echo "  File \"$CUDABISECT_WORKTREE/$file\", line $((20 + ${#mode})), in $func"
-    echo "    out = kernel[grid](x, y)"
-    echo "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space"
-    exit 1 ;;
-  import-err)
-    echo "Traceback (most recent call last):"
-    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 3, in <module>"
-    echo "    import fancy_dataloader"
-    echo "ModuleNotFoundError: No module named 'fancy_dataloader'"
-    exit 1 ;;
-  assert-err)
-    echo "Traceback (most recent call last):"
-    echo "  File \"$CUDABISECT_WORKTREE/train.py\", line 80, in <module>"
-    echo "    assert loss < 10, loss"
-    echo "AssertionError: 12.5"
-    exit 1 ;;
-esac
-echo "unknown mode $mode"; exit 99
-"#;
+const REPRO: &str = include_str!("fakes/e2e_repro.sh");
 
 const BUILD: &str = "#!/bin/sh\nif grep -q broken build.txt; then echo 'error: expected ;' >&2; exit 2; fi\necho built\n";
 
@@ -743,23 +677,7 @@ fn json_lines_stream_has_versioned_events() {
 
 /// A stand-in for compute-sanitizer that replays a recorded H200 report for the tool it is asked for:
 /// memcheck finds nothing, racecheck reports the recorded race. Exercises the escalation end to end.
-const FAKE_SANITIZER: &str = r#"#!/bin/sh
-tool=""; xml=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --tool) tool="$2"; shift 2 ;;
-    --save) xml="$2"; shift 2 ;;
-    --print-limit|--error-exitcode) shift 2 ;;
-    --xml) shift ;;
-    *) break ;;
-  esac
-done
-echo "$tool $*" >> "$FAKE_SANITIZER_CALLS"
-case "$tool" in
-  racecheck) cat "$FIXTURES/h200_race_racecheck.log"; cp "$FIXTURES/h200_race_racecheck.xml" "$xml"; exit 86 ;;
-  *) echo "========= COMPUTE-SANITIZER"; "$@"; rc=$?; echo "========= ERROR SUMMARY: 0 errors"; exit $rc ;;
-esac
-"#;
+const FAKE_SANITIZER: &str = include_str!("fakes/e2e_fake_sanitizer.sh");
 
 #[test]
 fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
@@ -1324,30 +1242,7 @@ fn a_cleanup_failure_after_the_search_never_loses_the_result() {
 
 /// A stand-in for compute-sanitizer that runs the repro and reports an out-of-bounds write in the kernel
 /// the probed commit's bug lives in (as memcheck would), by the commit's mode.
-const KERNEL_SANITIZER: &str = r#"#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --tool|--save|--print-limit|--error-exitcode) shift 2 ;;
-    --xml) shift ;;
-    *) break ;;
-  esac
-done
-echo "sanitized $(cat mode.txt)" >> "$SANITIZER_CALLS"
-case "$(cat mode.txt)" in
-  tri-same-other) kernel=_bias_gelu_kernel ;;
-  tri-same-target) kernel=_hash_embed_kernel ;;
-  *) "$@"; exit $? ;;
-esac
-echo "========= COMPUTE-SANITIZER"
-echo "========= Invalid __global__ write of size 4 bytes"
-echo "=========     at $kernel+0xe0"
-echo "=========     by thread (0,0,0) in block (2,0,0)"
-echo "=========     Access to 0x7fea9c805620 is out of bounds"
-echo "========= "
-echo "========= ERROR SUMMARY: 1 error"
-"$@" >/dev/null 2>&1
-exit 86
-"#;
+const KERNEL_SANITIZER: &str = include_str!("fakes/e2e_kernel_sanitizer.sh");
 
 fn history(modes: &[&'static str]) -> TestRepo {
     linear(&modes.iter().map(|m| (*m, true)).collect::<Vec<_>>())
@@ -1446,12 +1341,7 @@ fn an_unrelated_other_failure_never_steers_the_search() {
 
 /// A build and repro wrapper (`wrapper.sh build|repro`) that counts its runs and, on the run named in
 /// `kill_at.txt`, SIGKILLs cudabisect (its parent) as a preempted runner would, mid-build or mid-repro.
-const KILLING_REPRO: &str = r#"#!/bin/sh
-n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
-echo "$n" > "$STATE/count.txt"
-if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
-exec "./$1.sh"
-"#;
+const KILLING_REPRO: &str = include_str!("fakes/e2e_killing_repro.sh");
 
 fn killing_setup(repo: &TestRepo) -> (PathBuf, PathBuf) {
     let state = repo.path.parent().unwrap().join("kill-state");

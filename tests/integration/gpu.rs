@@ -944,20 +944,7 @@ fn find_fix_names_the_fix_and_is_not_misled_by_another_triton_bug_of_the_same_cl
 
 /// A torch repro that gathers far past its table at and after the culprit commit, and logs which GPU
 /// it ran on and when (for the rounds and the pinning).
-const TWO_GPU_REPRO: &str = r#"import os, sys, time
-import torch
-start = time.time()
-x = torch.randn(1 << 20, device="cuda")
-idx = torch.randint(0, 1 << 20, (1 << 16,), device="cuda")
-time.sleep(2)  # a training step's length, so the rounds show in the wall time
-if open("state.txt").read().strip() == "bad":
-    idx = idx + (1 << 30)
-y = x[idx]
-torch.cuda.synchronize()
-with open(os.environ["RUN_LOG"], "a") as f:
-    f.write(f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')} {torch.cuda.device_count()} {start:.3f}\n")
-print("ok", float(y.sum()))
-"#;
+const TWO_GPU_REPRO: &str = include_str!("fakes/gpu_two_gpu_repro.py");
 
 #[test]
 #[ignore = "needs two NVIDIA GPUs and torch: run with --include-ignored on the two-GPU machine"]

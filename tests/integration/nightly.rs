@@ -11,16 +11,7 @@ use serde_json::Value;
 
 const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\nif [ \"$(cat mode.txt)\" = assert ]; then echo 'RuntimeError: CUDA error: device-side assert triggered'; exit 1; fi\necho ok\n";
 /// The notify hook writes what it was told next to the repository.
-const CONFIG: &str = r#"[repro]
-command = ["./repro.sh"]
-timeout = "30s"
-
-[triage]
-enabled = false
-
-[nightly]
-notify = 'echo "$CUDABISECT_NIGHTLY_STATUS $CUDABISECT_FIRST_BAD $CUDABISECT_REPORT" >> ../notified.txt'
-"#;
+const CONFIG: &str = include_str!("fakes/nightly_config.toml");
 
 struct Grower {
     _tmp: tempfile::TempDir,
@@ -259,12 +250,7 @@ fn another_bug_on_top_of_an_open_one_is_bisected_from_the_last_head_that_showed_
 
 /// A repro wrapper that counts its runs and SIGKILLs cudabisect (its parent) on the run named in
 /// `kill_at.txt`.
-const KILLING_REPRO: &str = r#"#!/bin/sh
-n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
-echo "$n" > "$STATE/count.txt"
-if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
-exec ./repro.sh
-"#;
+const KILLING_REPRO: &str = include_str!("fakes/nightly_killing_repro.sh");
 
 /// A grower with an outside config whose repro goes through the killing wrapper; returns the
 /// `--config` arguments' path and the counter directory.

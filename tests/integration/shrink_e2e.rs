@@ -302,12 +302,7 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
 
 /// A harness that delegates to the native one and, on the call named in `kill_at.txt`, SIGKILLs
 /// cudabisect (its parent), as a preempted runner would, in the middle of the shrink stage.
-const KILLING_HARNESS: &str = r#"#!/bin/sh
-n=$(($(cat "$STATE/count.txt" 2>/dev/null || echo 0) + 1))
-echo "$n" > "$STATE/count.txt"
-if [ "$n" = "$(cat "$STATE/kill_at.txt" 2>/dev/null)" ]; then kill -KILL "$PPID"; exit 0; fi
-exec "$CUDABISECT_BIN" harness --model model.toml --backend cpu "$@"
-"#;
+const KILLING_HARNESS: &str = include_str!("fakes/shrink_e2e_killing_harness.sh");
 
 /// A repository whose change 5 makes the model fault, with the killing harness configured.
 fn regression_with_killing_harness() -> (tempfile::TempDir, PathBuf, PathBuf, String) {

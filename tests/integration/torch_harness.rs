@@ -15,20 +15,7 @@ fn harness_py() -> PathBuf {
 /// A stand-in for `python3`: checks that it was handed the shipped harness with the configured factories,
 /// then answers the protocol with the native harness on a model file (no torch anywhere), and for
 /// `extract` writes a repro.py that fails the way a real one would.
-const FAKE_PYTHON: &str = r#"#!/bin/sh
-script=$1; shift
-grep -q "cudabisect's PyTorch harness" "$script/cudabisect_torch/__init__.py" || { echo "not the harness: $script"; exit 90; }
-[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --example-inputs toy.model:example_inputs --device cuda" ] || { echo "bad args: $*"; exit 91; }
-shift 6
-echo "$script" >> harness_calls.txt
-if [ "$1" = extract ]; then
-  out=$(echo "$@" | sed 's/.*--out \([^ ]*\).*/\1/')
-  mkdir -p "$out"
-  printf 'import sys\nprint("@@cudabisect node=b2_lookup op=embedding kernel=embedding_gather begin")\nprint("RuntimeError: CUDA error: an illegal memory access was encountered")\nsys.exit(1)\n' > "$out/repro.py"
-  exit 0
-fi
-exec "$CUDABISECT_BIN" harness --model model.toml --backend cpu "$@"
-"#;
+const FAKE_PYTHON: &str = include_str!("fakes/torch_harness_fake_python.sh");
 
 #[test]
 fn the_torch_harness_speaks_the_protocol_and_its_repro_lands_in_the_bundle() {
@@ -66,7 +53,11 @@ fn the_torch_harness_speaks_the_protocol_and_its_repro_lands_in_the_bundle() {
     // The harness was written from the binary's copy and run from there.
     let calls = std::fs::read_to_string(dir.join("harness_calls.txt")).unwrap();
     let script = calls.lines().next().unwrap();
-    for file in ["__main__.py", "cudabisect_torch/cli.py", "cudabisect_torch/warm.py"] {
+    for file in [
+        "__main__.py",
+        "cudabisect_torch/cli.py",
+        "cudabisect_torch/warm.py",
+    ] {
         assert_eq!(
             std::fs::read_to_string(Path::new(script).join(file)).unwrap(),
             std::fs::read_to_string(harness_py().join(file)).unwrap(),

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 from .protocol import load_attr, say, timing
 from .graph import Ref, build_graph, describe
-from .run import announce_triton_launches, harness_error, run, to_device
+from .node import announce_triton_launches, harness_error, to_device
+from .run import run
 from .training import TRAINING_KINDS, Training, regenerate, step_source, training_steps, with_generated
 from .record import boundary_env, describe_graph, expand
 from .repro import ExtractError, extract

@@ -217,7 +217,6 @@ def refs_in(a):
 
 
 def describe(steps, placeholders, graph=None, sources=None):
-    from .training import phase_of  # a cycle: imported when called
     def tensors(args):
         # The shape is unknown until the model runs (the recording's shapes.json fills it in).
         return [{"name": r.name, "shape": None, "producer": r.producer} for r in refs_in(args)]
@@ -242,3 +241,7 @@ def describe(steps, placeholders, graph=None, sources=None):
         "graph": graph,
         "nodes": [node(s) for s in steps],
     }
+
+
+def phase_of(step):
+    return {"loss": "loss", "backward": "backward", "optimizer": "optimizer"}.get(step.kind, "forward")

@@ -12,7 +12,7 @@ import os
 import sys
 from .protocol import MARKER, say
 from .graph import LeafTracer, Ref, Step, short_name
-from .run import needed_refs, shape_of, to_device
+from .node import needed_refs, shape_of, to_device
 from .training import GRADS_VALUE
 
 

@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
 from .graph import Ref, refs_in
-from .run import LAUNCH, announce_triton_launches, markers, to_device
+from .node import LAUNCH, announce_triton_launches, markers, to_device
 from .training import (
     GRADS_VALUE,
     TRAINING_KINDS,

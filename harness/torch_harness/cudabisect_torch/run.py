@@ -1,157 +1,12 @@
-"""Running steps: each node bound to its inputs and run inside its markers, synchronised, its outputs
-recorded."""
+"""Running the kept steps: each inside its markers, synchronised, its outputs recorded, a training step's
+nodes in their phases."""
 
-import json
 import os
 import sys
-import traceback
-from .protocol import MARKER, say, timing
-from .graph import Ref, Step, refs_in
-
-
-class MissingValue(Exception):
-    """A kept step needs a value that neither a kept step made nor the recording holds."""
-
-
-def resolve(a, env):
-    """`a` with every Ref replaced by its value (FX's walk keeps namedtuples and slices intact)."""
-    from torch.fx.node import map_aggregate
-
-    def value(x):
-        if not isinstance(x, Ref):
-            return x
-        if x.name not in env:
-            raise MissingValue(x.name)
-        return env[x.name]
-    return map_aggregate(a, value)
-
-
-def model_call(fn, *args, **kwargs):
-    """Calls the model's code (a module, an op, a loss, a backward, an update): whatever it raises is
-    marked as the model's failure, never the harness's, even when no Python frame of the model's is on
-    the traceback (an op implemented in C raises right at the harness's call)."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:
-        try:
-            e._cudabisect_model = True
-        except AttributeError:
-            pass
-        raise
-
-
-def call(step, root, env):
-    args, kwargs = resolve(step.args, env), resolve(step.kwargs, env)
-    if step.kind == "call_recorded":
-        # The one argument is the (args, kwargs) the call got on the recorded run.
-        (args, kwargs), = args
-        return call(Step(step.name, step.op, step.kernel, tuple(args), dict(kwargs), step.target, step.via),
-                    root, {})
-    if step.kind == "call_module":
-        return model_call(root.get_submodule(step.target), *args, **kwargs)
-    if step.kind == "call_function":
-        return model_call(step.target, *args, **kwargs)
-    self_obj, *rest = args
-    return model_call(getattr(self_obj, step.target), *rest, **kwargs)
-
-
-def to_device(v, device):
-    import torch
-    from torch.utils._pytree import tree_map
-    return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, v)
-
-
-def needed_refs(steps):
-    return {r.name for s in steps for r in refs_in((s.args, s.kwargs))}
-
-
-def shape_of(v):
-    """{"shape", "dtype"} of a tensor value (of the first tensor in a container), else None."""
-    if isinstance(v, (tuple, list, dict)):
-        for x in (v.values() if isinstance(v, dict) else v):
-            sh = shape_of(x)
-            if sh:
-                return sh
-        return None
-    shape = getattr(v, "shape", None)
-    dtype = getattr(v, "dtype", None)
-    if shape is None or dtype is None:
-        return None
-    return {"shape": [int(d) for d in shape], "dtype": str(dtype).replace("torch.", "")}
-
-
-def write_shapes(record, env, more=None):
-    """The recording's `shapes.json`: what `describe` cannot know without running the model."""
-    shapes = {k: sh for k, sh in ((k, shape_of(v)) for k, v in env.items()) if sh}
-    shapes.update(more or {})
-    with open(os.path.join(record, "shapes.json"), "w") as f:
-        json.dump(shapes, f)
-
-
-# A failure of the harness's own making (a bug here, a fork that cannot use CUDA) is said on this line
-# and exits with HARNESS_ERROR_EXIT, so the driver never takes it for the model's failure.
-HARNESS_ERROR = "@@cudabisect harness-error"
-HARNESS_ERROR_EXIT = 4
-# Printed inside a node before every Triton launch: the kernel a node launched last is the one that
-# faulted (launches are synchronous under CUDA_LAUNCH_BLOCKING=1), whatever the node is called.
-LAUNCH = "@@cudabisect launch kernel={kernel}"
-DEVICE_ERROR_WORDS = ("CUDA", "CUBLAS", "CUDNN", "cuda", "device-side", "Triton Error", "illegal memory",
-                      "misaligned address", "AcceleratorError")
-
-
-def harness_error(text):
-    say(f"{HARNESS_ERROR}: {text}")
-    return HARNESS_ERROR_EXIT
-
-
-def node_failed(name):
-    """Prints the failure of node `name`; 1 when it is the model's (the finding), HARNESS_ERROR_EXIT
-    when the harness caused it itself (its own code raised, or a forked child cannot use CUDA)."""
-    etype, e, tb = sys.exc_info()
-    traceback.print_exc(file=sys.stdout)
-    sys.stdout.flush()
-    text = f"{etype.__name__}: {e}"
-    frames = traceback.extract_tb(tb)
-    ours = bool(frames) and os.path.abspath(frames[-1].filename) == os.path.abspath(__file__)
-    models = getattr(e, "_cudabisect_model", False)
-    device_error = any(w in text for w in DEVICE_ERROR_WORDS)
-    if "Cannot re-initialize CUDA in forked subprocess" in text:
-        return harness_error(f"node {name}: a forked child cannot use CUDA: {text}")
-    if ours and not models and not device_error:
-        return harness_error(f"node {name}: the harness itself raised {text}")
-    say(f"harness: node {name} failed")
-    timing("failed")
-    return 1
-
-
-def announce_triton_launches():
-    """Makes every Triton launch say its kernel's name first (a wrapper around JITFunction.run, the one
-    path autotuned, heuristic and plain kernels all take). repro.py carries it too, so a repro's fault
-    names the same kernel as the harness's."""
-    if "triton" not in sys.modules:
-        return
-    try:
-        from triton.runtime.jit import JITFunction
-    except Exception:  # noqa: BLE001 - a Triton without it: nodes keep their own names
-        return
-    if getattr(JITFunction.run, "_cudabisect", False):
-        return
-    original = JITFunction.run
-
-    def launch(self, *args, **kwargs):
-        print(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"),
-              flush=True)
-        return original(self, *args, **kwargs)
-
-    launch._cudabisect = True
-    JITFunction.run = launch
-
-
-def markers(s):
-    """The begin and end marker lines of step `s`."""
-    op = s.op.replace(" ", "_")
-    return (MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"),
-            MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"))
+from .protocol import say, timing
+from .training import TRAINING_KINDS, TrainRun
+from .record import Recorder
+from .node import MissingValue, call, markers, node_failed, to_device, write_shapes
 
 
 def run(steps, root, env, device, record=None, prepared=None):
@@ -160,8 +15,6 @@ def run(steps, root, env, device, record=None, prepared=None):
     hooks, every call inside the modules kept whole (see `Recorder`). With training steps among them,
     forward steps run on fresh leaves so that each backward step is its node's own (see `TrainRun`); a
     kept backward step whose forward is not kept runs that forward first."""
-    from .training import TRAINING_KINDS, TrainRun  # a cycle: imported when called
-    from .record import Recorder  # a cycle: imported when called
     import torch
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     recorder = Recorder(root, steps, prepared.opaque if prepared else set(), record, sync) if record else None

@@ -15,7 +15,7 @@ import inspect
 import os
 from dataclasses import dataclass
 from .graph import Ref, Step, refs_in
-from .run import MissingValue, call, model_call, resolve, to_device
+from .node import MissingValue, call, model_call, resolve, to_device
 
 
 LOSS_NODE = "loss"
@@ -79,8 +79,6 @@ def optimizer_class_name(spec):
     return getattr(spec, "__name__", "optimizer")
 
 
-def phase_of(step):
-    return {"loss": "loss", "backward": "backward", "optimizer": "optimizer"}.get(step.kind, "forward")
 
 
 def step_source(step, root):

@@ -29,13 +29,13 @@ struct Pending {
 /// What came of a job that landed.
 pub(super) enum Landing {
     /// A probe, judged and recorded.
-    Judged(usize, ProbeRecord),
+    Judged(usize, Box<ProbeRecord>),
     /// A probe that was stopped: nothing was judged or recorded.
     Stopped(usize),
     /// A probe that went on to its sanitizer run (the worker stays busy).
     Pending,
     /// A sanitizer run asked alone (not part of a probe).
-    Sanitized(Option<Sanitized>),
+    Sanitized(Option<Box<Sanitized>>),
 }
 
 /// The search's state around the strategies: records, the probe count, the sanitizer's settled stacks.
@@ -157,7 +157,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         let repeat = repeated.then(|| self.next_repeat(oid));
         let mut ctx = self.context(role, w);
         ctx.repeat = repeat;
-        let task = Task::Probe(self.target.clone());
+        let task = Task::Probe(self.target.clone().map(Box::new));
         pool.send(w, index, oid, ctx, task)
     }
 
@@ -289,7 +289,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             });
         }
         self.finish(ctx.step, &record);
-        Landing::Judged(index, record)
+        Landing::Judged(index, Box::new(record))
     }
 
     /// Reports and keeps a record.
@@ -313,21 +313,16 @@ impl<'a, 'r> Driver<'a, 'r> {
             return Err(SearchEnd::Interrupted);
         }
         let index = self.index_of(oid);
-        if !(pool.claim(0) && self.send(pool, 0, index, role, repeated)) {
-            return Err(SearchEnd::HostFailure("no probe worker".into()));
-        }
-        loop {
-            let Some(landed) = pool.land(self.reporter) else {
-                if pool.all_idle() {
-                    return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
-                }
-                continue;
-            };
-            match self.land(pool, landed) {
-                Landing::Judged(_, record) => return Ok(record),
-                Landing::Stopped(_) => return Err(SearchEnd::Interrupted),
-                Landing::Pending | Landing::Sanitized(_) => {}
-            }
+        let repeat = repeated.then(|| self.next_repeat(oid));
+        let mut ctx = self.context(role, 0);
+        ctx.repeat = repeat;
+        let task = Task::Probe(self.target.clone().map(Box::new));
+        match self.alone(pool, index, ctx, task)? {
+            Landing::Judged(_, record) => Ok(*record),
+            Landing::Stopped(_) => Err(SearchEnd::Interrupted),
+            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
+                "a probe came back as a sanitizer run".into(),
+            )),
         }
     }
 
@@ -344,7 +339,28 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
         let index = self.index_of(oid);
         let ctx = self.context(role, 0);
-        if !(pool.claim(0) && pool.send(0, index, oid, ctx, Task::Sanitize)) {
+        let sanitized = match self.alone(pool, index, ctx, Task::Sanitize)? {
+            Landing::Sanitized(s) => s.map(|s| *s),
+            _ => None,
+        };
+        if sanitized.is_none() {
+            // No sanitizer run, no probe: its number goes to the next one.
+            self.steps -= 1;
+        }
+        Ok((ctx, sanitized))
+    }
+
+    /// Hands one job to the first worker and waits for what comes of it (a probe that goes on to its
+    /// sanitizer run is waited for to the end).
+    fn alone(
+        &mut self,
+        pool: &mut Pool,
+        index: usize,
+        ctx: ProbeContext,
+        task: Task,
+    ) -> Result<Landing, SearchEnd> {
+        let oid = self.commits[index];
+        if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
         }
         loop {
@@ -354,12 +370,9 @@ impl<'a, 'r> Driver<'a, 'r> {
                 }
                 continue;
             };
-            if let Landing::Sanitized(s) = self.land(pool, landed) {
-                if s.is_none() {
-                    // No sanitizer run, no probe: its number goes to the next one.
-                    self.steps -= 1;
-                }
-                return Ok((ctx, s));
+            match self.land(pool, landed) {
+                Landing::Pending => {}
+                other => return Ok(other),
             }
         }
     }

@@ -25,7 +25,7 @@ pub struct Worker<'a> {
 /// What a worker is asked to do at a commit.
 pub(super) enum Task {
     /// Run the repro, against this target (`None`: the bad endpoint, whose signature becomes it).
-    Probe(Option<Signature>),
+    Probe(Option<Box<Signature>>),
     /// Rerun the commit it probed last under compute-sanitizer.
     Sanitize,
 }
@@ -35,7 +35,7 @@ pub(super) enum Done {
     /// A probe's observation.
     Probed(Box<ProbeOutcome>),
     /// A sanitizer run (`None`: no sanitizer can be used).
-    Sanitized(Option<Sanitized>),
+    Sanitized(Option<Box<Sanitized>>),
 }
 
 /// A job handed to a worker.
@@ -49,7 +49,7 @@ struct Job {
 /// What workers tell the driver.
 enum Message {
     Event(Event),
-    Done(Landed),
+    Done(Box<Landed>),
 }
 
 /// A job that came back from a worker.
@@ -109,12 +109,14 @@ pub(super) fn with_pool<R>(
                         Task::Probe(target) => Done::Probed(Box::new(prober.probe(
                             job.oid,
                             &job.ctx,
-                            target.as_ref(),
+                            target.as_deref(),
                             &mut reporter,
                         ))),
-                        Task::Sanitize => {
-                            Done::Sanitized(prober.sanitize(job.oid, &job.ctx, &mut reporter))
-                        }
+                        Task::Sanitize => Done::Sanitized(
+                            prober
+                                .sanitize(job.oid, &job.ctx, &mut reporter)
+                                .map(Box::new),
+                        ),
                     };
                     let landed = Landed {
                         worker: w,
@@ -122,7 +124,7 @@ pub(super) fn with_pool<R>(
                         ctx: job.ctx,
                         done,
                     };
-                    if tx.send(Message::Done(landed)).is_err() {
+                    if tx.send(Message::Done(Box::new(landed))).is_err() {
                         break;
                     }
                 }
@@ -231,7 +233,7 @@ impl Pool<'_> {
                 Ok(Message::Done(landed)) => {
                     self.busy.remove(&landed.worker);
                     self.idle.push(landed.worker);
-                    return Some(landed);
+                    return Some(*landed);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => return None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
