@@ -2,5 +2,5 @@
 //! and the demo's messy sample engine built with it.
 
 pub mod demo;
-pub mod repo_builder;
+pub(crate) mod repo_builder;
 pub mod shapes;

@@ -1,5 +1,6 @@
-//! Builds git repositories from in-memory file maps: the demo's sample history, and test and benchmark
-//! repositories. Commits get fixed, increasing timestamps so that histories are reproducible.
+//! Builds git repositories from in-memory file maps: the demo's sample history (and, compiled into the
+//! integration tests by path, their repositories; it is not part of the library's API). Commits get
+//! fixed, increasing timestamps so that histories are reproducible.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,11 +26,6 @@ impl RepoBuilder {
             repo,
             clock: 1_700_000_000,
         })
-    }
-
-    /// The repository.
-    pub fn repo(&self) -> &Repository {
-        &self.repo
     }
 
     /// Writes a commit with exactly `files` and the given parents, without moving any ref.
@@ -89,46 +85,6 @@ impl RepoBuilder {
         self.repo
             .checkout_head(Some(git2::build::CheckoutBuilder::new().force()))
     }
-}
-
-/// Sets one file in a file map.
-/// A linear history at `path`: one commit per file set (`commit 0`, `commit 1`, …), with `main` at the
-/// last one and checked out. Returns the commits, oldest first.
-pub fn linear_history(
-    path: &Path,
-    commits: impl IntoIterator<Item = Files>,
-) -> Result<Vec<Oid>, git2::Error> {
-    let mut b = RepoBuilder::init(path)?;
-    let mut oids: Vec<Oid> = Vec::new();
-    for (i, files) in commits.into_iter().enumerate() {
-        let parents: Vec<Oid> = oids.last().copied().into_iter().collect();
-        oids.push(b.commit(&parents, &files, &format!("commit {i}"))?);
-    }
-    if let Some(last) = oids.last() {
-        b.set_branch("main", *last)?;
-        b.checkout_main()?;
-    }
-    Ok(oids)
-}
-
-/// A linear history of test commits: each holds the `fixed` files, its mode in `mode.txt`, its index in
-/// `rev.txt`, and `config` as `bisect.toml` (what a scripted repro reads to decide how to fail).
-pub fn history_of_modes(
-    path: &Path,
-    modes: &[&str],
-    fixed: &Files,
-    config: &str,
-) -> Result<Vec<Oid>, git2::Error> {
-    linear_history(
-        path,
-        modes.iter().enumerate().map(|(i, mode)| {
-            let mut f = fixed.clone();
-            put(&mut f, "mode.txt", *mode, false);
-            put(&mut f, "rev.txt", format!("{i}\n"), false);
-            put(&mut f, "bisect.toml", config, false);
-            f
-        }),
-    )
 }
 
 /// Adds a file to a commit's file set.

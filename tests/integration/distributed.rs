@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{history_of_modes, put, Files};
+use crate::common::histories::history_of_modes;
+use crate::common::repo_builder::{put, Files};
 use git2::Oid;
 use serde_json::Value;
 

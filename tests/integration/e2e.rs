@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::repo_builder::{put, Files, RepoBuilder};
 use cudabisect::report::event::Event;
 use cudabisect::report::json::Envelope;
 use cudabisect::report::record::{Report, RunResult};
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
 

@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{history_of_modes, linear_history, put, Files};
+use crate::common::histories::{history_of_modes, linear_history};
+use crate::common::repo_builder::{put, Files};
 
 fn root() -> PathBuf {
     std::env::var_os("CUDABISECT_ROOT")
@@ -269,10 +270,10 @@ fn the_kernel_cache_is_hit_on_the_second_run() {
 }
 
 fn git_repo_with(dir: &std::path::Path, files: &[(&str, String)]) {
-    let mut b = cudabisect::sample::repo_builder::RepoBuilder::init(dir).unwrap();
-    let mut f = cudabisect::sample::repo_builder::Files::new();
+    let mut b = crate::common::repo_builder::RepoBuilder::init(dir).unwrap();
+    let mut f = crate::common::repo_builder::Files::new();
     for (p, c) in files {
-        cudabisect::sample::repo_builder::put(&mut f, p, c.clone(), false);
+        crate::common::repo_builder::put(&mut f, p, c.clone(), false);
     }
     let c = b.commit(&[], &f, "model").unwrap();
     b.set_branch("main", c).unwrap();
@@ -766,8 +767,8 @@ fn two_bug_files(
     bias_bug: bool,
     embed_bug: bool,
     note: usize,
-) -> cudabisect::sample::repo_builder::Files {
-    use cudabisect::sample::repo_builder::{put, Files};
+) -> crate::common::repo_builder::Files {
+    use crate::common::repo_builder::{put, Files};
     let mut f = Files::new();
     put(&mut f, "pkg/__init__.py", "", false);
     put(

@@ -10,8 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::histories::linear_history;
+use crate::common::repo_builder::{put, Files};
 use crate::common::{kept, shrink, start_report};
-use cudabisect::sample::repo_builder::{linear_history, put, Files};
 use serde_json::Value;
 
 fn require_jax() {

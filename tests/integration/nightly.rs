@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use crate::common::repo_builder::{put, Files, RepoBuilder};
 use git2::Oid;
 use serde_json::Value;
 

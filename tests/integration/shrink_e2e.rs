@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::repo_builder::{put, Files, RepoBuilder};
 use crate::common::{bin, kept, shrink, start_report};
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudabisect::sample::repo_builder::{put, Files, RepoBuilder};
+use crate::common::repo_builder::{put, Files, RepoBuilder};
 
 use crate::common::bin;
 

@@ -7,8 +7,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::common::histories::linear_history;
+use crate::common::repo_builder::{put, Files, RepoBuilder};
 use crate::common::{kept, shrink, start_report};
-use cudabisect::sample::repo_builder::{linear_history, put, Files, RepoBuilder};
 use serde_json::Value;
 
 fn require_torch() {

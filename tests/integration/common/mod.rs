@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests: the binary under test, `cudabisect shrink` and `start` run
 //! through it, and a bounded wait.
 
+pub mod histories;
+#[path = "../../../src/sample/repo_builder.rs"]
+pub mod repo_builder;
+
 use std::path::Path;
 use std::process::Command;
 
