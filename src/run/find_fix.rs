@@ -15,7 +15,9 @@ use super::journal::JournaledProbe;
 use super::plan::Plan;
 use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use super::search::judge::{judge, swapped, Kernel, Terms};
-use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
+use super::search::{
+    search_with_workers, EndpointProblem, SearchEnd, SearchInput, SearchOutcome, Worker,
+};
 use crate::report::event::Event;
 use crate::report::record::{short_sha, ProbeRole};
 
@@ -181,18 +183,18 @@ pub fn search_for_fix(
             )
         {
             report_it(&mut probes);
-            let msg = format!(
-                "the fault does not show at old commit {name} ({}): --find-fix needs OLD to fault and NEW to be clean",
-                rec.signature.short()
-            );
-            return ended(SearchEnd::EndpointsInvalid(msg), probes, fault);
+            let problem = EndpointProblem::FaultNotAtOld {
+                old: name.clone(),
+                seen: rec.signature.short(),
+            };
+            return ended(SearchEnd::EndpointsInvalid(problem), probes, fault);
         }
         fault.get_or_insert(rec.signature.clone());
         known.insert(*oid, out);
     }
     let Some(mut fault) = fault else {
         return ended(
-            SearchEnd::EndpointsInvalid("no old commit".into()),
+            SearchEnd::EndpointsInvalid(EndpointProblem::NoOldCommit),
             probes,
             None,
         );
@@ -243,19 +245,18 @@ pub fn search_for_fix(
     drop(workers);
     // The search's target is the NEW end's clean run; the fault it measured by is the OLD end's.
     outcome.target = Some(fault);
-    if let SearchEnd::EndpointsInvalid(msg) = &outcome.end {
-        if msg.starts_with(&format!("bad commit {} ", input.bad.0)) {
-            let still = outcome
-                .probes
-                .iter()
-                .find(|p| p.role == ProbeRole::BadEndpoint)
-                .map(|p| p.signature.short())
-                .unwrap_or_default();
-            outcome.end = SearchEnd::EndpointsInvalid(format!(
-                "the fault is not gone at new commit {} ({still}): --find-fix needs OLD to fault and NEW to be clean",
-                input.bad.0
-            ));
-        }
+    // The search's bad end is the NEW end: not reproducing there means the fault is not gone.
+    if let SearchEnd::EndpointsInvalid(EndpointProblem::BadDoesNotReproduce { .. }) = &outcome.end {
+        let still = outcome
+            .probes
+            .iter()
+            .find(|p| p.role == ProbeRole::BadEndpoint)
+            .map(|p| p.signature.short())
+            .unwrap_or_default();
+        outcome.end = SearchEnd::EndpointsInvalid(EndpointProblem::FaultNotGone {
+            new: input.bad.0.to_string(),
+            seen: still,
+        });
     }
     probes.append(&mut outcome.probes);
     outcome.probes = probes;

@@ -531,9 +531,9 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
             };
             None
         }
-        SearchEnd::EndpointsInvalid(msg) => {
+        SearchEnd::EndpointsInvalid(problem) => {
             report.result = RunResult::EndpointsInvalid;
-            report.message = msg.clone();
+            report.message = problem.to_string();
             None
         }
         SearchEnd::EndpointInfra(msg) => {

@@ -249,11 +249,11 @@ fn the_bad_endpoint_goes_first_then_the_goods_then_the_search() {
 fn endpoint_failures_end_the_search_with_their_own_result() {
     let run = run_search(8, &[], |_| clean(), None);
     assert!(
-        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("bad commit main does not reproduce"))
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit main does not reproduce"))
     );
     let run = run_search(8, &[], |_| fault("gather"), None);
     assert!(
-        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("good commit v1 does not pass"))
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("good commit v1 does not pass"))
     );
     let run = run_search(
         8,
@@ -311,7 +311,7 @@ fn a_merge_base_is_checked_after_the_goods_and_a_bad_one_stops_the_search() {
         None,
     );
     assert!(
-        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.contains("bug was fixed")),
+        matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bug was fixed")),
         "{:?}",
         run.end
     );

@@ -10,7 +10,7 @@ use crate::report::record::{short_sha, ProbeRole};
 use super::driver::{host_failure, Driver};
 use super::judge::{is_host_problem, reproduces};
 use super::pool::Pool;
-use super::SearchEnd;
+use super::{EndpointProblem, SearchEnd};
 
 /// What the endpoints settled: the target (kept by the driver) and the bad end's runs.
 pub(super) struct Endpoints {
@@ -48,16 +48,13 @@ pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoin
     }
     let finding_fix = input.fix_of.is_some();
     if bad.verdict != Verdict::Bad || (!finding_fix && !reproduces(&bad.signature)) {
-        let runs = if bad_runs.is_empty() {
-            String::new()
-        } else {
-            format!(" in {} runs", bad_runs.len() + 1)
-        };
-        let msg = format!(
-            "bad commit {bad_name} does not reproduce{runs}: {}",
-            bad.signature.summary
-        );
-        return Err(SearchEnd::EndpointsInvalid(msg));
+        return Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::BadDoesNotReproduce {
+                bad: bad_name.to_string(),
+                runs: bad_runs.len() + 1,
+                seen: bad.signature.summary.clone(),
+            },
+        ));
     }
     d.target = Some(bad.signature.clone());
     // Finding a fix, every probe is measured by the older end's fault, whose kernel is known already.
@@ -141,16 +138,19 @@ fn check_good_ends(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
         }
         match (rec.verdict, role) {
             (Verdict::Good, _) => {}
+            // git's wording: the good commit is on another line of history where the bug was fixed.
             (Verdict::Bad, ProbeRole::MergeBase) => {
-                // git's wording: the good commit is on another line of history where the bug was fixed.
-                let msg = format!(
-                    "{what} is bad: the bug was fixed between it and the good commit; bisect from the merge base or give another good commit"
-                );
-                return Err(SearchEnd::EndpointsInvalid(msg));
+                return Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
+                    what,
+                }));
             }
             _ => {
-                let msg = format!("{what} does not pass: {}", rec.signature.short());
-                return Err(SearchEnd::EndpointsInvalid(msg));
+                return Err(SearchEnd::EndpointsInvalid(
+                    EndpointProblem::GoodDoesNotPass {
+                        what,
+                        seen: rec.signature.short(),
+                    },
+                ));
             }
         }
     }

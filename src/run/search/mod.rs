@@ -59,8 +59,8 @@ pub enum SearchEnd {
     Unverified(Oid, String),
     /// Skips left several candidates, in topological order.
     Ambiguous(Vec<Oid>),
-    /// An endpoint says the range is wrong (a message saying which and why).
-    EndpointsInvalid(String),
+    /// An endpoint says the range is wrong: which, and why.
+    EndpointsInvalid(EndpointProblem),
     /// An endpoint could not be judged because the machine or the clone failed.
     EndpointInfra(String),
     /// The host broke during the search (the repro cannot start, the device is gone, infrastructure
@@ -68,6 +68,76 @@ pub enum SearchEnd {
     HostFailure(String),
     /// Ctrl-C or SIGTERM.
     Interrupted,
+}
+
+/// Why the endpoints say the range is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndpointProblem {
+    /// The bad end does not show a fault that can be a target (clean, a build break), in `runs` runs.
+    BadDoesNotReproduce {
+        /// The bad revision as given.
+        bad: String,
+        /// Runs of it.
+        runs: usize,
+        /// What it showed.
+        seen: String,
+    },
+    /// A merge base shows the fault: it was fixed between it and the good commit.
+    MergeBaseBad {
+        /// Which (`merge base 1a2b3c4d5e6f`).
+        what: String,
+    },
+    /// A good end does not pass.
+    GoodDoesNotPass {
+        /// Which (`good commit v1`).
+        what: String,
+        /// What it showed.
+        seen: String,
+    },
+    /// Finding a fix: the fault does not show at the OLD end.
+    FaultNotAtOld {
+        /// The old revision as given.
+        old: String,
+        /// What it showed.
+        seen: String,
+    },
+    /// Finding a fix: the fault is not gone at the NEW end.
+    FaultNotGone {
+        /// The new revision as given.
+        new: String,
+        /// What it showed.
+        seen: String,
+    },
+    /// Finding a fix with no OLD end.
+    NoOldCommit,
+}
+
+impl std::fmt::Display for EndpointProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const FIX: &str = "--find-fix needs OLD to fault and NEW to be clean";
+        match self {
+            Self::BadDoesNotReproduce { bad, runs, seen } => {
+                let runs = if *runs > 1 {
+                    format!(" in {runs} runs")
+                } else {
+                    String::new()
+                };
+                write!(f, "bad commit {bad} does not reproduce{runs}: {seen}")
+            }
+            Self::MergeBaseBad { what } => write!(
+                f,
+                "{what} is bad: the bug was fixed between it and the good commit; bisect from the merge base or give another good commit"
+            ),
+            Self::GoodDoesNotPass { what, seen } => write!(f, "{what} does not pass: {seen}"),
+            Self::FaultNotAtOld { old, seen } => {
+                write!(f, "the fault does not show at old commit {old} ({seen}): {FIX}")
+            }
+            Self::FaultNotGone { new, seen } => {
+                write!(f, "the fault is not gone at new commit {new} ({seen}): {FIX}")
+            }
+            Self::NoOldCommit => write!(f, "no old commit: {FIX}"),
+        }
+    }
 }
 
 /// The search's result and every probe it ran.
