@@ -254,6 +254,10 @@ pub enum Event {
     TriageFinished {
         /// Its one-line summary.
         summary: String,
+        /// Its status (`found`, `clean`, `unavailable`, …).
+        status: super::record::TriageStatus,
+        /// What it found: the first finding's signature (class, kernel, site, access).
+        signature: Option<crate::classify::Signature>,
     },
     /// Shrinking started on a graph of this many nodes.
     ShrinkStarted {
@@ -282,6 +286,10 @@ pub enum Event {
     ShrinkFinished {
         /// Its one-line summary.
         summary: String,
+        /// How it ended (`minimal`, `not_reproduced`, …).
+        status: super::record::ShrinkStatus,
+        /// The nodes kept.
+        kept: Vec<String>,
     },
     /// `cudabisect shrink` is over.
     ShrinkDone {

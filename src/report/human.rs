@@ -264,7 +264,7 @@ impl Reporter for HumanReporter {
             Event::BundleWritten { path, bytes } => {
                 self.line(&format!("note: bundle: {path} ({})", human_bytes(*bytes)))
             }
-            Event::TriageFinished { summary } => self.line(&format!("triage: {summary}")),
+            Event::TriageFinished { summary, .. } => self.line(&format!("triage: {summary}")),
             Event::ShrinkStarted { nodes } => self.line(&format!(
                 "shrink: {nodes} nodes; locating the fault with a recorded run"
             )),
@@ -293,7 +293,7 @@ impl Reporter for HumanReporter {
                     None => self.line(&msg),
                 }
             }
-            Event::ShrinkFinished { summary } => self.line(&format!("shrink: {summary}")),
+            Event::ShrinkFinished { summary, .. } => self.line(&format!("shrink: {summary}")),
             Event::ShrinkDone { report } => self.print(&shrink_summary(report)),
             Event::Finished { report } => self.print(&summary(report)),
             Event::Nightly { record } => self.print(&format!(

@@ -64,16 +64,17 @@ pub fn cross_check(
         if out.interrupted {
             return CrossCheck::Interrupted;
         }
+        // Judged in the search's terms (swapped when finding a fix), and compared in the fault's.
         let terms = Terms {
             target: Some(target),
             policy,
-            swapped: false,
+            swapped: swap,
         };
         let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
-        let got = j.verdict;
+        let got = if swap { swapped(j.verdict) } else { j.verdict };
         let summary = out.record.signature.short();
         let mut record = out.record;
-        record.verdict = if swap { swapped(got) } else { got };
+        record.verdict = j.verdict;
         record.matched_target = j.matched_target;
         record.reason = j.reason;
         reporter.event(&Event::ProbeFinished {

@@ -301,6 +301,8 @@ pub fn shrink(
     report.duration_s = started.elapsed().as_secs_f64();
     reporter.event(&Event::ShrinkFinished {
         summary: report.summary.clone(),
+        status: report.status,
+        kept: report.kept.iter().map(|n| n.id.clone()).collect(),
     });
     report
 }

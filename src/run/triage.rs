@@ -67,6 +67,8 @@ pub fn at_commit(
     };
     reporter.event(&Event::TriageFinished {
         summary: result.summary.clone(),
+        status: result.status,
+        signature: result.signature.clone(),
     });
     result
 }
