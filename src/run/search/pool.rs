@@ -48,7 +48,7 @@ struct Job {
 
 /// What workers tell the driver.
 enum Message {
-    Event(Event),
+    Event(Box<Event>),
     Done(Box<Landed>),
 }
 
@@ -67,7 +67,7 @@ struct ChannelReporter {
 
 impl Reporter for ChannelReporter {
     fn event(&mut self, event: &Event) {
-        let _ = self.tx.send(Message::Event(event.clone()));
+        let _ = self.tx.send(Message::Event(Box::new(event.clone())));
     }
 }
 
