@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::classify::Exit;
 use crate::config::Config;
-use crate::exec::process::{self, CommandSpec};
+use crate::exec::process::CommandSpec;
 use crate::report::event::{Event, Reporter};
 use crate::report::junit::{junit_case, junit_xml, probe_time, Outcome};
 use crate::report::record::Report;
@@ -74,7 +74,7 @@ pub fn append_step_summary(text: &str) -> std::io::Result<()> {
 pub fn nightly_outputs(
     night: &NightlyReport,
     config: &Config,
-    workdir: &Path,
+    (workdir, state_dir): (&Path, &Path),
     opts: &NightlyOptions,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
@@ -127,7 +127,7 @@ pub fn nightly_outputs(
             format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
         );
     }
-    if let Some(message) = notify(night, config, workdir, opts, cancel) {
+    if let Some(message) = notify(night, config, (workdir, state_dir), opts, cancel) {
         warn(reporter, message);
     }
 }
@@ -139,7 +139,7 @@ pub fn nightly_outputs(
 fn notify(
     night: &NightlyReport,
     config: &Config,
-    workdir: &Path,
+    (workdir, state_dir): (&Path, &Path),
     opts: &NightlyOptions,
     cancel: &AtomicBool,
 ) -> Option<String> {
@@ -188,7 +188,10 @@ fn notify(
         grace: std::time::Duration::from_secs(2),
         stack_dump: None,
     };
-    match process::run(&spec, cancel) {
+    // Through the job's executor, like every command of the user's (with a scheduler, a step of its own).
+    let executor = super::workspace::executor_for(config, state_dir);
+    let result = executor.session().run(&spec, cancel);
+    match result {
         Ok(run) if run.exit == Exit::Code(0) => None,
         Ok(run) => {
             let how = match run.exit {

@@ -23,10 +23,11 @@ use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
-use super::workers::{plan_slots, visible_devices};
+use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 use crate::config::{ExecutorKind, Jobs};
+use crate::host::devices::visible_devices;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io {

@@ -548,6 +548,13 @@ fn finish_night(
         record: Box::new(report.nightly.clone()),
     });
     // What CI reads, and the team's hook, from the config this night ran with.
-    nightly_outputs(&report, config, &repo.workdir(), opts, reporter, cancel);
+    nightly_outputs(
+        &report,
+        config,
+        (&repo.workdir(), &repo.state_dir()),
+        opts,
+        reporter,
+        cancel,
+    );
     report
 }
