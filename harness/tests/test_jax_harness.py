@@ -4,12 +4,12 @@ numpy cannot hold (bfloat16, PRNG keys), a kept subset runs on recorded values, 
 jitted is reported with its XLA dump, a subclassed Keras model falls back to its jaxpr, and the
 harness's own failures are said as such."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -18,10 +18,13 @@ import jax
 import jax.numpy as jnp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(HERE, "..", "jax_harness.py")
-spec = importlib.util.spec_from_file_location("jax_harness", HARNESS)
-h = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(h)
+HARNESS = os.path.join(HERE, "..", "jax_harness")
+sys.path.insert(0, HARNESS)
+from cudabisect_jax import cli, graph, keras, protocol, record, repro, run  # noqa: E402
+
+# One namespace of all the harness's parts, for tests that call functions of several.
+MODULES = (protocol, graph, keras, record, run, repro, cli)
+h = types.SimpleNamespace(**{k: v for m in MODULES for k, v in vars(m).items() if not k.startswith("__")})
 
 
 def project(tmp_path, source):

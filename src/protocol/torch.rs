@@ -88,15 +88,20 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::R
 /// Writes the harness into `dir/torch_harness/` (each file atomically) and returns that folder, the
 /// path to give Python.
 pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
-    let root = dir.join(TORCH_HARNESS_DIR);
-    for (path, text) in TORCH_HARNESS {
+    install_package(&dir.join(TORCH_HARNESS_DIR), TORCH_HARNESS)
+}
+
+/// Writes a shipped Python harness's `files` (paths inside it, and their text) under `root`, each file
+/// atomically, and returns `root`.
+pub(crate) fn install_package(root: &Path, files: &[(&str, &str)]) -> std::io::Result<PathBuf> {
+    for (path, text) in files {
         let file = root.join(path);
         let (Some(parent), Some(name)) = (file.parent(), file.file_name()) else {
             continue;
         };
         write_atomically(parent, &name.to_string_lossy(), text)?;
     }
-    Ok(root)
+    Ok(root.to_path_buf())
 }
 
 /// Writes the capture hook into `dir/capture-hook/` and returns that folder (for `PYTHONPATH`).

@@ -181,7 +181,8 @@ fn ctrl_c_stops_every_rank_the_launcher_and_what_escaped_it() {
         .spawn()
         .unwrap();
     // The bad end's ranks hang in their collective: interrupt once both ranks and the escapee are up.
-    crate::common::wait_until(
+    crate::common::wait_for_files(
+        &repo.pids,
         std::time::Duration::from_secs(60),
         "the ranks never started",
         || {

@@ -74,11 +74,14 @@ impl Probe for Scripted {
         self.workers.push(ctx.worker);
         if let Some((below, stop)) = self.hang_below.filter(|(b, _)| i < *b && i > 0) {
             // Runs until stopped, as a long repro does; bounded, so a driver that never stops it fails.
-            crate::common::wait_until(
-                Duration::from_secs(20),
-                &format!("probe of {i} (< {below}) never stopped"),
-                || stop.load(Ordering::SeqCst),
-            );
+            // The pool wakes this thread when it sets the flag; the deadline only bounds a driver that
+            // never stops it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::SeqCst) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                assert!(!left.is_zero(), "probe of {i} (< {below}) never stopped");
+                std::thread::park_timeout(left);
+            }
             let mut record = ProbeRecord {
                 commit: commit.to_string(),
                 role: ctx.role,

@@ -748,10 +748,10 @@ fn triage_without_compute_sanitizer_says_what_is_missing() {
 /// True while `pid` runs (a zombie waiting for its reaper is not running).
 use cudabisect::exec::process::is_alive as alive;
 
-/// Waits (bounded) until `ready`, then sends Ctrl-C to `child` and checks that it exits 130, the code for
-/// an interrupted run.
-fn interrupt_when(child: std::process::Child, ready: impl Fn() -> bool, never: &str) {
-    crate::common::wait_until(std::time::Duration::from_secs(60), never, ready);
+/// Waits (bounded) until `ready`, looking again whenever a fake writes a file into `pids`, then sends
+/// Ctrl-C to `child` and checks that it exits 130, the code for an interrupted run.
+fn interrupt_when(child: std::process::Child, pids: &Path, ready: impl Fn() -> bool, never: &str) {
+    crate::common::wait_for_files(pids, std::time::Duration::from_secs(60), never, ready);
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
@@ -795,6 +795,7 @@ fn ctrl_c_stops_the_process_group_and_cleans_up() {
     };
     interrupt_when(
         child,
+        &pids,
         || read_pid("bg.pid").is_some() && read_pid("main.pid").is_some(),
         "the repro never started",
     );
@@ -1874,6 +1875,7 @@ fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
     };
     interrupt_when(
         child,
+        &pids,
         || pid_files("main.").len() >= 3 && pid_files("bg.").len() >= 3,
         "three workers never ran at once",
     );

@@ -203,11 +203,11 @@ fn a_kept_pallas_kernel_is_written_as_a_standalone_repro_that_needs_only_jax() {
 fn find_harness(out_dir: &Path) -> PathBuf {
     let mut dir = out_dir.to_path_buf();
     loop {
-        let candidate = dir.join("jax_harness.py");
-        if candidate.is_file() {
+        let candidate = dir.join("jax_harness");
+        if candidate.join("__main__.py").is_file() {
             return candidate;
         }
-        assert!(dir.pop(), "no jax_harness.py above {}", out_dir.display());
+        assert!(dir.pop(), "no jax_harness above {}", out_dir.display());
     }
 }
 

@@ -275,7 +275,8 @@ fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() 
     let child = Running::spawn(start_cmd(&repo, &[]));
     // Release the blocker once a probe job has queued behind it for longer than the repro's timeout.
     let queued_since = std::time::Instant::now();
-    crate::common::wait_until(
+    crate::common::poll_until(
+        std::time::Duration::from_millis(250),
         std::time::Duration::from_secs(120),
         "no probe ever queued",
         || {
@@ -324,7 +325,8 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
     .unwrap();
     let node = node();
     let child = Running::spawn(start_cmd(&repo, &[]));
-    crate::common::wait_until(
+    crate::common::poll_until(
+        std::time::Duration::from_millis(250),
         std::time::Duration::from_secs(120),
         "no probe job ever ran",
         || our_jobs().iter().any(|j| j.ends_with("RUNNING")),
@@ -340,7 +342,8 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
         .status()
         .unwrap();
     let logs = repo.path.join(".git/cudabisect/runs");
-    crate::common::wait_until(
+    crate::common::poll_until(
+        std::time::Duration::from_millis(250),
         std::time::Duration::from_secs(120),
         &format!("no log ever said {seen}"),
         || log_says(&logs, seen),
@@ -399,7 +402,8 @@ fn ctrl_c_cancels_every_job_it_submitted() {
     let repo = repo(&["clean", "hang"], "");
     let child = Running::spawn(start_cmd(&repo, &[]));
     // The bad end's repro hangs: interrupt once its job runs.
-    crate::common::wait_until(
+    crate::common::poll_until(
+        std::time::Duration::from_millis(250),
         std::time::Duration::from_secs(120),
         "the job never ran",
         || our_jobs().iter().any(|j| j.ends_with("RUNNING")),

@@ -79,6 +79,8 @@ pub(super) struct Pool<'s> {
     jobs: Vec<mpsc::Sender<Job>>,
     rx: mpsc::Receiver<Message>,
     stops: Vec<&'s AtomicBool>,
+    /// The workers' threads: a stop also wakes its worker, should it be parked waiting for one.
+    threads: Vec<std::thread::Thread>,
     /// Ctrl-C or SIGTERM: never cleared by the pool, even where a worker's stop flag is this flag.
     cancel: &'s AtomicBool,
     /// Idle workers, the first on top.
@@ -97,12 +99,13 @@ pub(super) fn with_pool<R>(
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Message>();
         let mut jobs: Vec<mpsc::Sender<Job>> = Vec::new();
+        let mut threads = Vec::new();
         for (w, worker) in workers.iter_mut().enumerate() {
             let (job_tx, job_rx) = mpsc::channel::<Job>();
             jobs.push(job_tx);
             let tx = tx.clone();
             let prober = &mut *worker.probe;
-            scope.spawn(move || {
+            let handle = scope.spawn(move || {
                 let mut reporter = ChannelReporter { tx: tx.clone() };
                 for job in job_rx {
                     let done = match job.task {
@@ -129,6 +132,7 @@ pub(super) fn with_pool<R>(
                     }
                 }
             });
+            threads.push(handle.thread().clone());
         }
         drop(tx);
         let mut pool = Pool {
@@ -136,6 +140,7 @@ pub(super) fn with_pool<R>(
             rx,
             idle: (0..stops.len()).rev().collect(),
             stops,
+            threads,
             cancel,
             busy: HashMap::new(),
         };
@@ -214,6 +219,7 @@ impl Pool<'_> {
     /// Stops worker `w`'s job.
     pub(super) fn stop(&self, w: usize) {
         self.stops[w].store(true, Ordering::SeqCst);
+        self.threads[w].unpark();
     }
 
     /// Stops every job in flight.

@@ -124,13 +124,57 @@ pub fn run_repro_alone(
     )
 }
 
-/// Waits until `ready()` holds, looking every 20 ms, and fails with `never` after `within`. What the
-/// tests wait for (a pid file a fake wrote, a Slurm job's state, a flag the driver sets) gives no event
-/// to block on; a bounded look at a fixed pace keeps a core free where a spin would take it.
-pub fn wait_until(within: std::time::Duration, never: &str, mut ready: impl FnMut() -> bool) {
+/// Waits until `ready()` holds, looking again each time a file in `dir` is created, written and closed,
+/// or moved in (inotify): the fakes say how far they got by writing files there. Fails with `never` after
+/// `within`.
+pub fn wait_for_files(
+    dir: &Path,
+    within: std::time::Duration,
+    never: &str,
+    mut ready: impl FnMut() -> bool,
+) {
+    use std::os::unix::ffi::OsStrExt;
+    let deadline = std::time::Instant::now() + within;
+    std::fs::create_dir_all(dir).unwrap();
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: plain system calls on a descriptor this function opens, owns and closes.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    assert!(fd >= 0, "inotify_init1 failed");
+    let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_CREATE;
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    let wd = unsafe { libc::inotify_add_watch(fd, path.as_ptr(), mask) };
+    assert!(wd >= 0, "inotify_add_watch {} failed", dir.display());
+    let mut events = [0u8; 4096];
+    while !ready() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "{never}");
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: one pollfd, valid for the call.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } > 0 {
+            // SAFETY: reads into a buffer of the given length.
+            unsafe { libc::read(fd, events.as_mut_ptr().cast(), events.len()) };
+        }
+    }
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+}
+
+/// Asks `ready()` every `every` until it holds, failing with `never` after `within`: for a state only an
+/// outside system knows and tells no one (a Slurm job's), asked at a pace that system can bear.
+pub fn poll_until(
+    every: std::time::Duration,
+    within: std::time::Duration,
+    never: &str,
+    mut ready: impl FnMut() -> bool,
+) {
     let deadline = std::time::Instant::now() + within;
     while !ready() {
         assert!(std::time::Instant::now() < deadline, "{never}");
-        std::thread::park_timeout(std::time::Duration::from_millis(20));
+        std::thread::park_timeout(every);
     }
 }
