@@ -259,3 +259,25 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
         assert proc.wait(timeout=10) == 0
     finally:
         proc.kill()
+
+
+def test_two_messages_in_one_read_are_both_read():
+    # A child that exits at once: the server's `pid` and `status` can reach the client in one read.
+    import importlib.util
+    import socket
+
+    spec = importlib.util.spec_from_file_location("warm_probe", RUNNER)
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    a, b = socket.socketpair()
+    try:
+        a.sendall(b'{"pid": 7}\n{"status": 0}\n{"par')
+        a.sendall(b'tial": 1}\n')
+        a.close()
+        m = w.Messages(b)
+        assert m.next() == {"pid": 7}
+        assert m.next() == {"status": 0}
+        assert m.next() == {"partial": 1}
+        assert m.next() is None
+    finally:
+        b.close()

@@ -32,14 +32,24 @@ def send_json(conn, obj, fds=()):
         conn.sendall(data)
 
 
-def recv_json(conn):
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(MAX_MSG)
-        if not chunk:
-            return None
-        buf += chunk
-    return json.loads(buf)
+class Messages:
+    """The JSON messages on a socket, one per line. One read can hold the end of a message and the next
+    one whole (a child that exits at once: the server's `pid` and `status` arrive together), so what is
+    read past a message is kept for the next."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.buf = b""
+
+    def next(self):
+        """The next message, or None when the peer closed the connection."""
+        while b"\n" not in self.buf:
+            chunk = self.conn.recv(MAX_MSG)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -510,7 +520,8 @@ def client(sock_path, status_path, argv):
     }
     try:
         send_json(conn, req, fds=(0, 1, 2))
-        first = recv_json(conn)
+        messages = Messages(conn)
+        first = messages.next()
     except OSError as e:
         first = {"cold": f"the warm interpreter did not answer ({e})"}
     if not first or "cold" in first:
@@ -529,7 +540,7 @@ def client(sock_path, status_path, argv):
         signal.signal(sig, forward)
     while True:
         try:
-            done = recv_json(conn)
+            done = messages.next()
             break
         except InterruptedError:
             continue

@@ -53,7 +53,7 @@ pub const JAX_HARNESS: &[(&str, &str)] = &[
 /// Writes the harness into `dir/jax_harness/` (each file atomically) and returns that folder, the path
 /// to give Python.
 pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
-    super::torch::install_package(&dir.join(JAX_HARNESS_DIR), JAX_HARNESS)
+    super::shipped::install_package(&dir.join(JAX_HARNESS_DIR), JAX_HARNESS)
 }
 
 /// Whether `path` (a frame's file, a launch site) is inside one of the shipped harnesses: a frame of
@@ -64,26 +64,13 @@ pub fn is_shipped_harness(path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::shipped::{assert_every_file_shipped, assert_installs, source_of};
     use super::*;
-
-    fn source(path: &str) -> &'static str {
-        JAX_HARNESS
-            .iter()
-            .find(|(p, _)| *p == path)
-            .map_or("", |(_, text)| text)
-    }
 
     #[test]
     fn the_harness_is_installed_and_says_which_protocol_it_speaks() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = install(dir.path()).expect("installs");
-        for (file, text) in JAX_HARNESS {
-            assert_eq!(
-                std::fs::read_to_string(path.join(file)).expect("reads"),
-                *text
-            );
-        }
-        let protocol = source("cudabisect_jax/protocol.py");
+        assert_installs(install, JAX_HARNESS_DIR, JAX_HARNESS);
+        let protocol = source_of(JAX_HARNESS, "cudabisect_jax/protocol.py");
         assert!(protocol.contains(&format!(
             "PROTOCOL_VERSION = {}",
             crate::protocol::types::PROTOCOL_VERSION
@@ -103,20 +90,6 @@ mod tests {
 
     #[test]
     fn every_file_of_the_package_is_shipped() {
-        let package = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("harness")
-            .join(JAX_HARNESS_DIR)
-            .join(JAX_PACKAGE);
-        for entry in std::fs::read_dir(package).expect("the package") {
-            let name = entry
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            if name.ends_with(".py") {
-                let path = format!("{JAX_PACKAGE}/{name}");
-                assert!(!source(&path).is_empty(), "{path} is not shipped");
-            }
-        }
+        assert_every_file_shipped(JAX_HARNESS_DIR, JAX_PACKAGE, JAX_HARNESS);
     }
 }

@@ -3,7 +3,6 @@
 //! run's own directory when a shrink needs it (never a shared path another user could swap between the
 //! write and the run) and run as `python <dir>/torch_harness ...`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The folder the harness is installed as (`python <run dir>/torch_harness ...` runs its `__main__.py`).
@@ -69,99 +68,47 @@ pub const WARM_PROBE: &str = include_str!("../../harness/warm/warm_probe.py");
 
 /// Writes the warm probe runner into `dir` and returns its path.
 pub fn install_warm_probe(dir: &Path) -> std::io::Result<PathBuf> {
-    write_atomically(dir, "warm_probe.py", WARM_PROBE)
+    super::shipped::write_atomically(dir, "warm_probe.py", WARM_PROBE)
 }
 
 /// The folder, inside a run directory, that goes first on `PYTHONPATH` for a capture.
 pub const CAPTURE_HOOK_DIR: &str = "capture-hook";
 
-/// Writes `text` to `dir/name` in one step (a temporary file renamed over it).
-pub(crate) fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(name);
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
-    tmp.persist(&path).map_err(|e| e.error)?;
-    Ok(path)
-}
-
 /// Writes the harness into `dir/torch_harness/` (each file atomically) and returns that folder, the
 /// path to give Python.
 pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
-    install_package(&dir.join(TORCH_HARNESS_DIR), TORCH_HARNESS)
-}
-
-/// Writes a shipped Python harness's `files` (paths inside it, and their text) under `root`, each file
-/// atomically, and returns `root`.
-pub(crate) fn install_package(root: &Path, files: &[(&str, &str)]) -> std::io::Result<PathBuf> {
-    for (path, text) in files {
-        let file = root.join(path);
-        let (Some(parent), Some(name)) = (file.parent(), file.file_name()) else {
-            continue;
-        };
-        write_atomically(parent, &name.to_string_lossy(), text)?;
-    }
-    Ok(root.to_path_buf())
+    super::shipped::install_package(&dir.join(TORCH_HARNESS_DIR), TORCH_HARNESS)
 }
 
 /// Writes the capture hook into `dir/capture-hook/` and returns that folder (for `PYTHONPATH`).
 pub fn install_capture_hook(dir: &Path) -> std::io::Result<PathBuf> {
     let hook = dir.join(CAPTURE_HOOK_DIR);
-    write_atomically(&hook, "sitecustomize.py", CAPTURE_HOOK)?;
+    super::shipped::write_atomically(&hook, "sitecustomize.py", CAPTURE_HOOK)?;
     Ok(hook)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::shipped::{assert_every_file_shipped, assert_installs, source_of};
     use super::*;
-
-    /// The source of one of the harness's files.
-    fn source(path: &str) -> &'static str {
-        TORCH_HARNESS
-            .iter()
-            .find(|(p, _)| *p == path)
-            .map_or("", |(_, text)| text)
-    }
 
     #[test]
     fn the_harness_is_installed_in_the_given_directory() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = install(&dir.path().join("run")).expect("installs");
-        assert!(path.starts_with(dir.path()) && path.ends_with(TORCH_HARNESS_DIR));
-        for (file, text) in TORCH_HARNESS {
-            assert_eq!(
-                std::fs::read_to_string(path.join(file)).expect("reads"),
-                *text
-            );
-        }
-        // A second install over the first replaces it.
-        assert_eq!(install(&dir.path().join("run")).expect("again"), path);
+        assert_installs(install, TORCH_HARNESS_DIR, TORCH_HARNESS);
     }
 
     #[test]
     fn every_file_of_the_package_is_shipped() {
-        let package = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("harness")
-            .join(TORCH_HARNESS_DIR)
-            .join(TORCH_PACKAGE);
-        for entry in std::fs::read_dir(package).expect("the package") {
-            let name = entry
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            if name.ends_with(".py") {
-                let path = format!("{TORCH_PACKAGE}/{name}");
-                assert!(!source(&path).is_empty(), "{path} is not shipped");
-            }
-        }
+        assert_every_file_shipped(TORCH_HARNESS_DIR, TORCH_PACKAGE, TORCH_HARNESS);
     }
 
     #[test]
     fn the_harness_speaks_this_protocol_version() {
-        assert!(source("cudabisect_torch/protocol.py").contains(&format!(
-            "PROTOCOL_VERSION = {}",
-            crate::protocol::types::PROTOCOL_VERSION
-        )));
+        assert!(
+            source_of(TORCH_HARNESS, "cudabisect_torch/protocol.py").contains(&format!(
+                "PROTOCOL_VERSION = {}",
+                crate::protocol::types::PROTOCOL_VERSION
+            ))
+        );
     }
 }
