@@ -105,20 +105,8 @@ struct Run {
 }
 
 fn cudabisect(dir: &Path, args: &[&str]) -> Run {
-    let report = dir.parent().unwrap().join("report.json");
-    let _ = std::fs::remove_file(&report);
-    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
-        .arg("start")
-        .args(args)
-        .arg("-C")
-        .arg(dir)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    let report = std::fs::read_to_string(&report)
-        .ok()
-        .map(|t| serde_json::from_str(&t).unwrap());
+    let (out, report) =
+        crate::common::start_with_report(dir, args, &dir.parent().unwrap().join("report.json"));
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into(),

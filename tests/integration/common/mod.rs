@@ -52,24 +52,37 @@ pub fn kept(report: &Value) -> Vec<String> {
 /// Runs `cudabisect start ARGS…` in `dir` with `--report` in `scratch`; its exit status, the report (null
 /// when none was written) and everything it printed.
 pub fn start_report(dir: &Path, args: &[&str], scratch: &Path) -> (i32, Value, String) {
-    let report = scratch.join("report.json");
-    let _ = std::fs::remove_file(&report);
+    let (out, report) = start_with_report(dir, args, &scratch.join("report.json"));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.code().unwrap_or(-1),
+        report.unwrap_or(Value::Null),
+        text,
+    )
+}
+
+/// Runs `cudabisect start ARGS…` in `dir` with `--report REPORT` (removed first); what it did, and the
+/// report it wrote (`None` when it wrote none; a report that is not JSON fails the test).
+pub fn start_with_report(
+    dir: &Path,
+    args: &[&str],
+    report: &Path,
+) -> (std::process::Output, Option<Value>) {
+    let _ = std::fs::remove_file(report);
     let out = Command::new(bin())
         .arg("start")
         .args(args)
         .arg("-C")
         .arg(dir)
         .arg("--report")
-        .arg(&report)
+        .arg(report)
         .output()
         .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let r = std::fs::read_to_string(&report)
+    let written = std::fs::read_to_string(report)
         .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), r, text)
+        .map(|t| serde_json::from_str(&t).expect("the report is JSON"));
+    (out, written)
 }
 
 /// Fails the test, naming what to install, unless `python3 -c CODE` succeeds: these tests must never
