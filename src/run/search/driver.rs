@@ -152,13 +152,23 @@ impl<'a, 'r> Driver<'a, 'r> {
         role: ProbeRole,
         repeated: bool,
     ) -> bool {
-        let oid = self.commits[index];
+        let (ctx, task) = self.probe_job(index, role, w, repeated);
+        pool.send(w, index, self.commits[index], ctx, task)
+    }
+
+    /// The context and task of a probe of commit `index` on worker `w`.
+    fn probe_job(
+        &mut self,
+        index: usize,
+        role: ProbeRole,
+        w: usize,
+        repeated: bool,
+    ) -> (ProbeContext, Task) {
         // Runs still in flight are not in the records yet: a round never holds one commit twice.
-        let repeat = repeated.then(|| self.next_repeat(oid));
+        let repeat = repeated.then(|| self.next_repeat(self.commits[index]));
         let mut ctx = self.context(role, w);
         ctx.repeat = repeat;
-        let task = Task::Probe(self.target.clone().map(Box::new));
-        pool.send(w, index, oid, ctx, task)
+        (ctx, Task::Probe(self.target.clone().map(Box::new)))
     }
 
     /// The terms every probe is judged in.
@@ -313,10 +323,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             return Err(SearchEnd::Interrupted);
         }
         let index = self.index_of(oid);
-        let repeat = repeated.then(|| self.next_repeat(oid));
-        let mut ctx = self.context(role, 0);
-        ctx.repeat = repeat;
-        let task = Task::Probe(self.target.clone().map(Box::new));
+        let (ctx, task) = self.probe_job(index, role, 0, repeated);
         match self.alone(pool, index, ctx, task)? {
             Landing::Judged(_, record) => Ok(*record),
             Landing::Stopped(_) => Err(SearchEnd::Interrupted),
