@@ -466,16 +466,8 @@ fn subgraph_lines(r: &ShrinkReport) -> String {
             r.nodes_after, r.nodes_before
         ));
         for n in &r.kept {
-            let ins: Vec<String> = n
-                .inputs
-                .iter()
-                .map(|t| format!("{}{}", t.name, t.shape_text()))
-                .collect();
-            let outs: Vec<String> = n
-                .outputs
-                .iter()
-                .map(|t| format!("{}{}", t.name, t.shape_text()))
-                .collect();
+            let ins: Vec<String> = n.inputs.iter().map(tensor_text).collect();
+            let outs: Vec<String> = n.outputs.iter().map(tensor_text).collect();
             out.push_str(&format!(
                 "    {} {}({}) -> {}\n",
                 n.id,
@@ -527,6 +519,15 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// A tensor as the minimal subgraph names it: `x0[64, 128]`, or `x0[?]` when its shape was never
+/// recorded (the node that makes it is the one that failed).
+fn tensor_text(t: &crate::protocol::types::GraphTensor) -> String {
+    match &t.shape {
+        Some(dims) => format!("{}{dims:?}", t.name),
+        None => format!("{}[?]", t.name),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,5 +539,18 @@ mod tests {
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
         assert!(shown.starts_with("fix\\u{1b}]0;owned"), "{shown}");
         assert_eq!(printable(&"x".repeat(10_000)).chars().count(), 501);
+    }
+
+    #[test]
+    fn a_tensor_without_a_recorded_shape_says_so() {
+        let mut t = crate::protocol::types::GraphTensor {
+            name: "table".into(),
+            shape: None,
+            dtype: None,
+            producer: None,
+        };
+        assert_eq!(super::tensor_text(&t), "table[?]");
+        t.shape = Some(vec![2, 4]);
+        assert_eq!(super::tensor_text(&t), "table[2, 4]");
     }
 }
