@@ -87,22 +87,80 @@ def _save(torch, name, value):
 
 
 def _pickle_model(torch, module):
-    """Pickles the model; classes defined in the script itself are pickled as cudabisect_main's."""
-    moved = [cls for cls in {type(m) for m in module.modules()} if cls.__module__ == "__main__"]
-    if moved:
-        src = _main_module_source()
-        if src is None:
-            raise RuntimeError("the model's classes are defined in a script whose source cannot be read")
+    """Pickles the model, and the program's state its code reads (see `_program_state`); classes defined
+    in the script itself are pickled as cudabisect_main's, whose source is the script's definitions."""
+    main = sys.modules.get("__main__")
+    moved = [v for v in vars(main).values() if isinstance(v, type) and v.__module__ == "__main__"] if main else []
+    src = _main_module_source()
+    if src is not None:
         with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
             f.write(src)
-        sys.modules["cudabisect_main"] = sys.modules["__main__"]
+        sys.modules["cudabisect_main"] = main
+    elif any(type(m).__module__ == "__main__" for m in module.modules()):
+        raise RuntimeError("the model's classes are defined in a script whose source cannot be read")
     for cls in moved:
         cls.__module__ = "cudabisect_main"
     try:
         _save(torch, "model.pt", module)
+        state = _program_state(torch)
+        _save(torch, "program_state.pt", state)
     finally:
         for cls in moved:
             cls.__module__ = "__main__"
+
+
+# Values of the program's state that are not saved: the model, optimizers and the like are saved on their
+# own, and code is carried as source.
+SKIPPED_STATE = ("Module", "Optimizer", "DataLoader", "Dataset", "Generator")
+STATE_LIMIT = 16 << 20
+
+
+def _picklable(value, torch):
+    import pickle
+    import types
+    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
+                          types.MethodType, classmethod, staticmethod, property)):
+        return False
+    if any(c.__name__ in SKIPPED_STATE for c in type(value).__mro__):
+        return False
+    if isinstance(value, torch.Tensor) and value.numel() * value.element_size() > STATE_LIMIT:
+        return False
+    try:
+        return len(pickle.dumps(value)) <= STATE_LIMIT
+    except Exception:  # noqa: BLE001 - whatever cannot be pickled is not part of the replay
+        return False
+
+
+def _project_modules():
+    """The script and the modules of the project (under the working directory, not installed ones)."""
+    root = os.path.abspath(os.getcwd()) + os.sep
+    for name, m in list(sys.modules.items()):
+        path = getattr(m, "__file__", None) or ""
+        if name == "__main__" or (path and os.path.abspath(path).startswith(root)
+                                  and "-packages" + os.sep not in path):
+            yield ("cudabisect_main" if name == "__main__" else name), m
+
+
+def _program_state(torch):
+    """The program's own state at the start of the captured step, which the model's code may read: the
+    module-level values of the script and of the project's modules (flags, constants, config read at
+    import), and the plain attributes of their classes (a step counter kept on a class). The harness
+    puts them back before it runs anything."""
+    state = {}
+    for name, m in _project_modules():
+        values, classes = {}, {}
+        for k, v in list(vars(m).items()):
+            if k.startswith("__"):
+                continue
+            if isinstance(v, type) and v.__module__ in (m.__name__, "cudabisect_main"):
+                attrs = {a: x for a, x in vars(v).items() if not a.startswith("__") and _picklable(x, torch)}
+                if attrs:
+                    classes[k] = attrs
+            elif _picklable(v, torch):
+                values[k] = v
+        if values or classes:
+            state[name] = {"globals": values, "classes": classes}
+    return state
 
 
 def _unwrap(module):

@@ -229,7 +229,9 @@ class Module:
     """Stands in for torch.nn.Module: the user's class below derives from it."""
 
 
-nn = types.SimpleNamespace(Module=Module)
+# A module object, as torch.nn is: the generator imports it by name instead of copying it.
+nn = types.ModuleType("torch.nn")
+nn.Module = Module
 
 
 class GatedRelu(nn.Module):
@@ -276,3 +278,25 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)
     from standalone import run_all
     run_all(globals())
+
+
+def test_a_title_of_several_lines_quotes_and_backslashes_still_compiles():
+    # The NOT STANDALONE note made the title two paragraphs; docstrings of real models carry quotes,
+    # backslashes and their own indentation.
+    title = ('Minimal repro: 1 of 4 nodes of a captured training step (model__backward)\n\n'
+             'NOT STANDALONE: it unpickles the model\'s own module classes (train.Net) from repro_modules.pt.\n'
+             '        indented """ quoted """ C:\\path\\to\\it')
+    steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, "relu", "call_method")]
+    text = h.render_repro(steps, ["x"], [], title)
+    compile(text, "repro.py", "exec")
+    assert "NOT STANDALONE: it unpickles" in text
+    assert h.lint(text) is None
+
+
+def test_generated_code_that_does_not_compile_is_refused_with_its_text():
+    assert "does not compile" in h.lint("def f(:\n    pass\n")
+    try:
+        import pyflakes  # noqa: F401
+    except ImportError:
+        return
+    assert "never defines" in h.lint("def f():\n    return undefined_thing\n")

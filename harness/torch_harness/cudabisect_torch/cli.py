@@ -6,14 +6,14 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 from .protocol import load_attr, say, timing
 from .graph import Ref, build_graph, describe
 from .node import announce_triton_launches, harness_error, to_device
 from .run import run
 from .training import TRAINING_KINDS, Training, regenerate, step_source, training_steps, with_generated
-from .record import boundary_env, describe_graph, expand
+from .record import boundary_env, describe_graph, descended
 from .repro import ExtractError, extract
 from .warm import App, forward, serve, without_via
 
@@ -100,6 +100,7 @@ def load_capture(d):
         return torch.load(path, map_location="cpu", weights_only=False) if os.path.exists(path) else None
 
     model = load("model.pt")
+    restore_program_state(load("program_state.pt") or {})
     batch = load("batch.pt") or {"args": [], "kwargs": {}}
     try:
         bound = inspect.signature(model.forward).bind(*batch["args"], **batch["kwargs"])
@@ -111,6 +112,27 @@ def load_capture(d):
                         param_grads=load("param_grads.pt"))
     meta["rng"] = load("rng.pt")
     return model, example, training, meta
+
+
+def restore_program_state(state):
+    """Puts the program's own state back as it was at the start of the captured step: the module-level
+    values of the script (as cudabisect_main) and of the project's modules, and their classes' plain
+    attributes. A module that no longer imports is said, not fatal: the replay may not need it."""
+    import importlib
+    for name, saved in state.items():
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - the replay goes on; a node that needs it fails and says so
+            print(f"harness: the captured state of {name} is not restored ({type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
+            continue
+        for k, v in saved.get("globals", {}).items():
+            setattr(module, k, v)
+        for cls_name, attrs in saved.get("classes", {}).items():
+            cls = getattr(module, cls_name, None)
+            if isinstance(cls, type):
+                for k, v in attrs.items():
+                    setattr(cls, k, v)
 
 
 def prepare(a):
@@ -150,12 +172,10 @@ def execute(a, w):
     import torch
     torch.manual_seed(0)
     announce_triton_launches()
-    steps, levels = w.steps, []
-    if getattr(a, "recording", None):
-        steps, levels = expand(w.steps, w.root, a.recording, w.opaque)
-        if levels:
-            # Descended into a forward node: a forward fault needs no backward.
-            steps = [s for s in steps if s.kind not in TRAINING_KINDS]
+    coarse = w
+    steps, forward_steps, levels = descended(w, getattr(a, "recording", None))
+    if levels:
+        w = replace(w, steps=steps, forward_steps=forward_steps)
     if a.verb == "describe":
         graph = describe_graph(w.traced_by, levels)
         text = json.dumps(describe(steps, w.placeholders, graph, w.sources), indent=1)
@@ -171,9 +191,9 @@ def execute(a, w):
         keep = [k for k in a.keep.split(",") if k]
         # The ids of the graph as recorded (descended) or as first described: a driver whose descent did
         # not reproduce goes on with the coarse nodes, on the same recording.
-        for graph in (steps, w.steps):
-            if all(k in {s.name for s in graph} for k in keep):
-                steps = graph
+        for graph in (w, coarse):
+            if all(k in {s.name for s in graph.steps} for k in keep):
+                steps, w = graph.steps, graph
                 break
         else:
             unknown = [k for k in keep if k not in {s.name for s in steps}]

@@ -13,7 +13,7 @@ import sys
 from .protocol import MARKER, say
 from .graph import LeafTracer, Ref, Step, short_name
 from .node import needed_refs, shape_of, to_device
-from .training import GRADS_VALUE
+from .training import BACKWARD, GRADS_VALUE, TRAINING_KINDS, grad_name, training_steps
 
 
 HOOKS_FILE = "hooks.json"
@@ -31,6 +31,9 @@ class Recorder:
         self.stack, self.calls, self.shapes, self.handles = [], [], {}, []
         self.counts = collections.Counter()
         self.index = {}
+        # The backward of the calls: a gradient hook on each tensor a call made or got, so that the
+        # backward of every call is marked like its forward (see `watch_backward`).
+        self.inputs, self.watched, self.grads, self.bw_seq = {}, {}, {}, 0
         whole = set()
         for s in steps:
             m = root.get_submodule(s.target) if s.kind == "call_module" else None
@@ -60,6 +63,7 @@ class Recorder:
         entry.update(id=cid, parent=parent, ended=False)
         self.calls.append(entry)
         self.index[cid] = entry
+        self.inputs[cid] = value
         self.save(f"{cid}__in", value)
         return cid
 
@@ -84,8 +88,58 @@ class Recorder:
         say(MARKER.format(node=cid, op=op, kernel=kernel, phase="end"))
         self.save(cid, out)
         self.index[cid]["ended"] = True
+        self.watch_backward(cid, op, kernel, out)
         if self.stack and self.stack[-1] == cid:
             self.stack.pop()
+
+    def watch_backward(self, cid, op, kernel, out):
+        """In a training run: marks the call's own backward. It begins when the gradient of the call's
+        output arrives and ends when the gradients of its inputs are made, so the innermost backward
+        still open when a backward faults is the call whose backward it was, at any depth, with no
+        module backward hooks (which in-place ops downstream refuse). The gradient that reached the
+        output is recorded, as `<call>__grad`, for that call's backward node alone."""
+        import torch
+        from torch.utils._pytree import tree_leaves
+        inputs = self.inputs.pop(cid, None)
+        if not torch.is_grad_enabled():
+            return
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not any(t.requires_grad for t in outs):
+            return
+        mine = {id(t) for t in outs}
+        for t in tree_leaves(inputs):
+            if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in mine:
+                self.watch(t)[2].append(cid)
+        marker_op = f"backward_of_{op}".replace(" ", "_")
+        for i, t in enumerate(outs):
+            if t.requires_grad:
+                self.watch(t)[1].append((cid, i, marker_op, kernel))
+
+    def watch(self, t):
+        """The hook's entry of tensor `t`: [t, calls whose output it is, calls whose input it is]."""
+        entry = self.watched.get(id(t))
+        if entry is None or entry[0] is not t:
+            entry = [t, [], []]
+            self.watched[id(t)] = entry
+            t.register_hook(lambda g, e=entry: self.on_grad(e, g))
+        return entry
+
+    def on_grad(self, entry, g):
+        for cid in entry[2]:
+            c = self.index[cid]
+            if c.get("bw") == "begun":
+                c["bw"] = "ended"
+                say(MARKER.format(node=cid + BACKWARD, op=c["bw_op"], kernel=c["bw_kernel"], phase="end"))
+        # Outer calls first: a module and the last call inside it share their output tensor, and the
+        # innermost marker is the one a fault is charged to.
+        for cid, i, op, kernel in reversed(entry[1]):
+            self.grads.setdefault(cid, {})[i] = g.detach().cpu()
+            c = self.index[cid]
+            if "bw" not in c:
+                self.bw_seq += 1
+                c.update(bw="begun", bw_seq=self.bw_seq, bw_op=op, bw_kernel=kernel)
+                say(MARKER.format(node=cid + BACKWARD, op=op, kernel=kernel, phase="begin"))
+        return None
 
     def hook(self, module, path):
         name = path.split(".")[-1]
@@ -143,8 +197,12 @@ class Recorder:
         module.forward = types.MethodType(forward, module)
 
     def write(self):
+        import torch
         for h in self.handles:
             h.remove()
+        for cid, grads in self.grads.items():
+            torch.save(grads, os.path.join(self.record, f"{grad_name(cid)}.pt"))
+        self.watched.clear()
         with open(os.path.join(self.record, HOOKS_FILE), "w") as f:
             json.dump({"whole": sorted(self.whole), "calls": self.calls}, f)
 
@@ -198,18 +256,38 @@ def chain_links(children, recording):
     return len(children) > 1
 
 
+def descended(w, recording):
+    """The graph a verb on `recording` works on: (steps, forward steps, levels). Descended along the
+    recorded fault when the recording has one inside a node kept whole: a forward fault gives the forward
+    calls alone (it needs no backward), a backward fault the training step over the finer forward calls,
+    so the faulting call's own backward is a node."""
+    if not recording:
+        return w.steps, w.forward_steps, []
+    forward, levels, backward = expand(w.forward_steps, w.root, recording, w.opaque)
+    if not levels:
+        return w.steps, w.forward_steps, []
+    if backward and w.training is not None:
+        return training_steps(forward, w.training), forward, levels
+    return [s for s in forward if s.kind not in TRAINING_KINDS], forward, levels
+
+
 def expand(steps, root, recording, opaque=frozenset()):
     """`steps` with each call on the way to the recorded fault replaced by the calls it made, level by
-    level, down to the innermost one that was still running; and what each level was obtained by.
-    A recording without hooks (or a clean one) leaves the steps as they are."""
+    level, down to the innermost one that was still running (in the forward pass, else in the
+    backward); what each level was obtained by; and whether the way led to a backward. A recording
+    without hooks (or a clean one) leaves the steps as they are."""
     path = os.path.join(recording, HOOKS_FILE)
     if not os.path.exists(path):
-        return steps, []
+        return steps, [], False
     with open(path) as f:
         calls = json.load(f).get("calls", [])
     open_calls = [c for c in calls if not c.get("ended")]
+    backward = False
     if not open_calls:
-        return steps, []
+        begun = [c for c in calls if c.get("bw") == "begun"]
+        if not begun:
+            return steps, [], False
+        open_calls, backward = [max(begun, key=lambda c: c["bw_seq"])], True
     by_id = {c["id"]: c for c in calls}
     # The way down: the innermost call still running, then its parents up to a step.
     way = [open_calls[-1]["id"]]
@@ -244,7 +322,7 @@ def expand(steps, root, recording, opaque=frozenset()):
             out.extend(level(s.name, 0))
         else:
             out.append(s)
-    return out, levels
+    return out, levels, backward
 
 
 def describe_graph(traced_by, levels):

@@ -62,7 +62,12 @@ IMPORTABLE = ("torch", "triton", "math", "operator", "builtins", "_operator")
 
 
 class ExtractError(Exception):
-    """What keeps repro.py from being standalone: names the op or function."""
+    """What keeps repro.py from being standalone: names the op or function; `text` is the generated code
+    that was refused, when the generator itself failed."""
+
+    def __init__(self, message, text=None):
+        super().__init__(message)
+        self.text = text
 
 
 @dataclass
@@ -408,7 +413,8 @@ def custom_op_source(qual, opdef, missing):
 @dataclass
 class ModuleSpec:
     """A module the kept steps call: built from code (`ctor`) with its state dict, or pickled whole. For a
-    module of the user's own class, `cls` is that class, whose source repro.py carries."""
+    module of the user's own class, `cls` is that class (or the classes of it and its children), whose
+    source repro.py carries."""
     name: str
     ctor: Optional[str]
     cls: Optional[type] = None
@@ -417,21 +423,33 @@ class ModuleSpec:
 PLAIN = (bool, int, float, str, type(None))
 
 
-def revived_ctor(name, m):
-    """For a leaf module of the user's own class whose attributes are plain values: source that makes an
-    instance without running its __init__ (whose arguments are unknown), sets those attributes and
-    registers its parameters and buffers from the saved state dict. None when that cannot be done."""
-    if list(m.children()) or source_of(type(m)) is None:
+def revived_ctor(name, m, prefix="", classes=None):
+    """For a module of the user's own class whose attributes are plain values and whose children are
+    torch.nn modules or such modules themselves: source that makes an instance without running its
+    __init__ (whose arguments are unknown), sets those attributes, builds its children the same way and
+    registers its parameters and buffers from the saved state dict (of module `name`, under `prefix`).
+    The user's classes it needs are appended to `classes`. None when that cannot be done."""
+    if source_of(type(m)) is None:
         return None
     attrs = {k: v for k, v in vars(m).items() if not k.startswith("_") and k != "training"}
     plain = all(isinstance(v, PLAIN) or (isinstance(v, tuple) and all(isinstance(x, PLAIN) for x in v))
                 for v in attrs.values())
     if not plain:
         return None
+    found = [] if classes is None else classes
+    children = []
+    for child_name, child in m.named_children():
+        import torch
+        ctor = checked_ctor(child, torch) or revived_ctor(name, child, f"{prefix}{child_name}.", found)
+        if ctor is None:
+            return None
+        children.append(f"{child_name!r}: {ctor}")
+    found.append(type(m))
     params = [k for k, v in m._parameters.items() if v is not None]
     buffers = [k for k, v in m._buffers.items() if v is not None]
+    more = f", {prefix!r}, {{{', '.join(children)}}}" if prefix or children else ""
     return (f"revive({type(m).__name__}, {attrs!r}, {params!r}, {buffers!r}, "
-            f"data['states'][{name!r}])")
+            f"data['states'][{name!r}]{more})")
 
 
 def module_ctor(m, nn):
@@ -551,6 +569,13 @@ def training_call(s, needs):
     return f"    print({begin!r}, flush=True)\n{body}    sync()\n    print({end!r}, flush=True)"
 
 
+def docstring_text(text):
+    """`text` safe inside a triple-quoted docstring at column 0: every line's own indentation removed,
+    backslashes and triple quotes escaped."""
+    lines = [line.strip() for line in text.replace("\r", "").split("\n")]
+    return "\n".join(lines).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
 def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None):
     """repro.py's text: markers and a synchronise around every node, like the harness, so the classifier
     reads it the same way. Raises ExtractError naming what it could not carry."""
@@ -594,7 +619,9 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                      f"    sync()\n"
                      f"    print({end!r}, flush=True)")
     # The user's own module classes that repro.py revives from code.
-    needs.user_fns.extend(s.cls for s in modules if s.ctor and s.cls is not None)
+    for spec in modules:
+        if spec.ctor and spec.cls is not None:
+            needs.user_fns.extend(spec.cls if isinstance(spec.cls, tuple) else (spec.cls,))
     op_sources, op_deps = [], []
     for qual, opdef in needs.custom_ops.items():
         src, deps = custom_op_source(qual, opdef, needs.missing)
@@ -622,27 +649,24 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
     if project:
         needs.notes.append(f"the project under test at the culprit commit on PYTHONPATH (the copied code imports "
                            f"{', '.join(project)}); reproduce.sh checks it out")
-    notes = "".join(f"\n        Needs: {n}." for n in needs.notes)
+    notes = "".join(f"\nNeeds: {n}." for n in needs.notes)
     if needs.generated:
         values_text = (f"{needs.generated} large recorded values are generated from their recorded shape, dtype\n"
-                       "        and range (extremes in place: the fault was checked to show that way); the rest of\n"
-                       "        repro_data.pt is exact;")
+                       "and range (extremes in place: the fault was checked to show that way); the rest of\n"
+                       "repro_data.pt is exact;")
     else:
         values_text = "The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;"
     base = "torch and triton" if triton else "torch"
     needs_text = f"{base}, and what follows" if packages or project else f"only {base}"
-    head = textwrap.dedent(f'''\
-        #!/usr/bin/env python3
-        """{title}
-
-        Generated by cudabisect. Needs {needs_text}.{notes}
-        Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it reproduced)
-        {values_text}
-        it loads with weights_only=True (no code runs when it is opened).
-        """
-        from __future__ import annotations
-        # cudabisect-needs-project: {", ".join(project)}
-        ''')
+    # The template is dedented before anything is put in it: a title or note of several lines (at any
+    # indentation) can never change how the rest is indented.
+    doc = docstring_text(f"{title}\n\nGenerated by cudabisect. Needs {needs_text}.{notes}\n"
+                         "Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it "
+                         f"reproduced)\n{values_text}\nit loads with weights_only=True (no code runs when it is opened).")
+    head = ('#!/usr/bin/env python3\n'
+            f'"""{doc}\n"""\n'
+            'from __future__ import annotations\n'
+            f'# cudabisect-needs-project: {", ".join(project)}\n')
     plain = sorted(i for i in needs.imports if i.startswith(("import ", "from ")))
     consts = sorted(i for i in needs.imports if not i.startswith(("import ", "from ")))
     body = "\n".join(plain) + "\n\n"
@@ -665,16 +689,19 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                 torch.cuda.synchronize()
 
 
-        def revive(cls, attrs, params, buffers, state):
-            # A module of the model's own class, without its __init__: plain attributes, then its tensors.
+        def revive(cls, attrs, params, buffers, state, prefix="", children=None):
+            # A module of the model's own class, without its __init__: plain attributes, its children
+            # (built the same way), then its tensors (under `prefix` in the state dict).
             module = cls.__new__(cls)
             torch.nn.Module.__init__(module)
             for k, v in attrs.items():
                 setattr(module, k, v)
+            for k, child in (children or {{}}).items():
+                setattr(module, k, child)
             for k in params:
-                module.register_parameter(k, torch.nn.Parameter(state[k]))
+                module.register_parameter(k, torch.nn.Parameter(state[prefix + k]))
             for k in buffers:
-                module.register_buffer(k, state[k])
+                module.register_buffer(k, state[prefix + k])
             return module
 
 
@@ -718,11 +745,29 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                 sys.exit(1)
         ''')
     text = head + body
+    problem = lint(text)
+    if problem:
+        raise ExtractError(f"a defect of cudabisect's code generator: the repro.py it generated {problem}",
+                           text)
+    return text
+
+
+def lint(text):
+    """Why generated code must not be written (it does not compile, or pyflakes, when installed, finds a
+    name it never defines), else None."""
     try:
         compile(text, "repro.py", "exec")
     except SyntaxError as e:
-        raise ExtractError(f"the written repro.py does not compile: {e}") from e
-    return text
+        return f"does not compile: {e}"
+    try:
+        from pyflakes import api, reporter
+    except ImportError:
+        return None
+    import io
+    out = io.StringIO()
+    api.check(text, "repro.py", reporter.Reporter(out, out))
+    undefined = [line for line in out.getvalue().splitlines() if "undefined name" in line]
+    return f"uses a name it never defines: {undefined[0]}" if undefined else None
 
 
 def optimizer_spec(opt, root):
@@ -810,8 +855,9 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
         ctor = checked_ctor(m, torch)
         own = None
         if ctor is None:
-            ctor = revived_ctor(s.module, m)
-            own = type(m) if ctor else None
+            classes = []
+            ctor = revived_ctor(s.module, m, classes=classes)
+            own = tuple(classes) if ctor else None
         specs.append(ModuleSpec(s.module, ctor, own))
         if ctor:
             states[s.module] = m.state_dict()
@@ -833,8 +879,17 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
                 data[key] = with_generated(data[key], generate_over)
         generated = count_generated(data)
     needs.generated = generated
-    text = render_repro(kept, names, specs, title, device, needs)
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        text = render_repro(kept, names, specs, title, device, needs)
+    except ExtractError as e:
+        if e.text:
+            # The text that failed, for the defect report.
+            rejected = os.path.join(out_dir, "repro.py.rejected")
+            with open(rejected, "w") as f:
+                f.write(e.text)
+            raise ExtractError(f"{e} (the text: {rejected})") from e
+        raise
     data_path = os.path.join(out_dir, "repro_data.pt")
     torch.save(data, data_path)
     try:

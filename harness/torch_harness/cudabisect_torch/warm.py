@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 from .protocol import say, timing
-from .record import boundary_env, expand
+from .record import boundary_env, descended
 
 
 def without_via(argv):
@@ -180,7 +180,7 @@ def preload(req, warm, app):
     try:
         a = app.parse_args(req["argv"])
         if getattr(a, "recording", None) and a.verb in ("run", "extract"):
-            steps, _ = expand(warm.steps, warm.root, a.recording, warm.opaque)
+            steps, _, _ = descended(warm, a.recording)
             keep = set((a.keep or "").split(","))
             kept = [s for s in steps if s.name in keep] if a.keep else steps
             boundary_env(kept, warm.placeholders, warm.example, warm.attrs, a.recording, "cpu")
