@@ -314,10 +314,6 @@ fn default_python() -> String {
     "python3".into()
 }
 
-fn default_device() -> String {
-    "cuda".into()
-}
-
 /// `[shrink]`: the harness that can describe the model and run parts of it (the harness protocol).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -342,9 +338,10 @@ pub struct ShrinkSection {
     /// example inputs. A training step is shrunk through its forward, backward and update equations.
     pub function: Option<String>,
     /// The PyTorch harness: shrink the whole training step (forward, loss, backward and, with
-    /// `optimizer`, the update), not the forward pass alone.
+    /// `optimizer`, the update), not the forward pass alone. Left out, the training step is shrunk when
+    /// the fault was met in the backward, loss or optimizer phase; `false` is never overridden.
     #[serde(default)]
-    pub train: bool,
+    pub train: Option<bool>,
     /// The PyTorch harness with factories: the loss (`package.module:loss`, the model's output -> a
     /// scalar; default the sum of the outputs). Implies `train`.
     pub loss: Option<String>,
@@ -361,9 +358,10 @@ pub struct ShrinkSection {
     /// The PyTorch harness: the Python interpreter (default `python3`).
     #[serde(default = "default_python")]
     pub python: String,
-    /// The PyTorch harness: the device (default `cuda`).
-    #[serde(default = "default_device")]
-    pub device: String,
+    /// The shipped harnesses: the device. Left out, the one the fault happened on: a captured step's
+    /// own device, else `cuda` when a GPU is usable and `cpu` when not.
+    #[serde(default)]
+    pub device: Option<String>,
     /// The PyTorch harness: build the model once in a warm server and fork each run from it, instead of
     /// importing torch and building the model again for every run.
     #[serde(default = "yes")]
@@ -391,6 +389,10 @@ pub struct ShrinkSection {
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Not written by the user: the section `start` and `nightly` shrink with when bisect.toml has none
+    /// (a capture of the repro command).
+    #[serde(skip)]
+    pub implicit: bool,
 }
 
 /// Which shipped harness `[shrink]`'s factories are for.
@@ -418,7 +420,54 @@ impl ShrinkSection {
 
     /// The PyTorch harness runs the whole training step.
     pub fn trains(&self) -> bool {
-        self.train || self.loss.is_some() || self.optimizer.is_some()
+        self.train == Some(true) || self.loss.is_some() || self.optimizer.is_some()
+    }
+
+    /// Whether the training step may be chosen for the user (`train` left out, no loss or optimizer).
+    pub fn train_left_out(&self) -> bool {
+        self.train.is_none() && self.loss.is_none() && self.optimizer.is_none()
+    }
+
+    /// Factories, a model file or a harness of the user's own name the model.
+    pub fn has_factories(&self) -> bool {
+        self.harness.is_some()
+            || self.model.is_some()
+            || self.function.is_some()
+            || (self.step.is_some() && self.inputs.is_some())
+    }
+
+    /// The device argument of the shipped harnesses (`auto`: the fault's own device).
+    pub fn device_arg(&self) -> &str {
+        self.device.as_deref().unwrap_or("auto")
+    }
+
+    /// The section used when bisect.toml has no `[shrink]`: capture the faulting step from the repro
+    /// command, every other key at its default.
+    pub fn implicit() -> Self {
+        Self {
+            enabled: true,
+            harness: None,
+            model: None,
+            inputs: None,
+            framework: ShrinkFramework::Torch,
+            function: None,
+            train: None,
+            loss: None,
+            optimizer: None,
+            step: None,
+            capture: true,
+            python: default_python(),
+            device: None,
+            warm_start: true,
+            backend: BackendChoice::default(),
+            timeout: default_shrink_timeout(),
+            attempts: 1,
+            confirm: default_confirm(),
+            confirm_jobs: 1,
+            check_parent: true,
+            env: BTreeMap::new(),
+            implicit: true,
+        }
     }
 }
 
@@ -596,7 +645,7 @@ pub struct Config {
     pub flaky: FlakySettings,
     /// Triage settings.
     pub triage: TriageSection,
-    /// Shrink settings, when a harness is configured.
+    /// The `[shrink]` section as written, when there is one (see [`Config::shrink_section`]).
     pub shrink: Option<ShrinkSection>,
     /// Bundle settings.
     pub bundle: BundleSection,
@@ -696,6 +745,15 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The shrink to run at the first bad commit: the `[shrink]` section unless it says
+    /// `enabled = false`, and with no section a capture of the repro command.
+    pub fn shrink_section(&self) -> Option<ShrinkSection> {
+        match &self.shrink {
+            Some(section) => section.enabled.then(|| section.clone()),
+            None => Some(ShrinkSection::implicit()),
+        }
+    }
+
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -89,24 +89,33 @@ def _save(torch, name, value):
 def _pickle_model(torch, module):
     """Pickles the model, and the program's state its code reads (see `_program_state`); classes defined
     in the script itself are pickled as cudabisect_main's, whose source is the script's definitions."""
-    main = sys.modules.get("__main__")
-    moved = [v for v in vars(main).values() if isinstance(v, type) and v.__module__ == "__main__"] if main else []
     src = _main_module_source()
     if src is not None:
         with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
             f.write(src)
-        sys.modules["cudabisect_main"] = main
+        sys.modules["cudabisect_main"] = sys.modules.get("__main__")
     elif any(type(m).__module__ == "__main__" for m in module.modules()):
         raise RuntimeError("the model's classes are defined in a script whose source cannot be read")
-    for cls in moved:
-        cls.__module__ = "cudabisect_main"
-    try:
+    with _as_cudabisect_main():
         _save(torch, "model.pt", module)
-        state = _program_state(torch)
-        _save(torch, "program_state.pt", state)
-    finally:
-        for cls in moved:
+        _save(torch, "program_state.pt", _program_state(torch))
+
+
+class _as_cudabisect_main:
+    """While pickling: the script's own classes are cudabisect_main's (the script's definitions, written
+    beside the capture), so the harness can unpickle them."""
+
+    def __enter__(self):
+        main = sys.modules.get("__main__")
+        self.moved = [v for v in vars(main).values() if isinstance(v, type) and v.__module__ == "__main__"] \
+            if main else []
+        for cls in self.moved:
+            cls.__module__ = "cudabisect_main"
+
+    def __exit__(self, *exc):
+        for cls in self.moved:
             cls.__module__ = "__main__"
+        return False
 
 
 # Values of the program's state that are not saved: the model, optimizers and the like are saved on their
@@ -182,15 +191,25 @@ def _optimizer_spec(opt, names):
     return {"cls": f"{cls.__module__}.{cls.__qualname__}", "groups": groups, "state": opt.state_dict()}
 
 
-def _autocast(torch):
-    """Whether the step runs under autocast, on any device type this torch can ask about."""
-    for device in (None, "cuda", "cpu"):
+def _autocast_spec(torch):
+    """The autocast the step runs under, {device_type, dtype}, for the harness to run it the same way;
+    None without."""
+    for device in ("cuda", "cpu"):
         try:
-            if torch.is_autocast_enabled() if device is None else torch.is_autocast_enabled(device):
-                return True
-        except (TypeError, RuntimeError):
+            if torch.is_autocast_enabled(device):
+                return {"device_type": device, "dtype": str(torch.get_autocast_dtype(device)).replace("torch.", "")}
+        except (TypeError, RuntimeError, AttributeError):
             pass
-    return False
+    return None
+
+
+def _device_of(torch, module, args, kwargs):
+    """The device the step ran on: its parameters', else its first input tensor's."""
+    from torch.utils._pytree import tree_leaves
+    for t in list(module.parameters()) + [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]:
+        d = t.device
+        return d.type if d.index in (None, 0) else str(d)
+    return None
 
 
 def _save_step(torch, module, args, kwargs):
@@ -201,9 +220,7 @@ def _save_step(torch, module, args, kwargs):
     if compiled:
         notes.append("the model is torch.compile'd: the harness runs its original module eagerly, so a fault "
                      "inside compiled code may not show")
-    if _autocast(torch):
-        notes.append("it runs under autocast (AMP), which the harness does not replay: its ops run in the "
-                     "parameters' own dtypes")
+    autocast = _autocast_spec(torch)
     # The random state at the start of the step (dropout and the like draw from it).
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -219,7 +236,8 @@ def _save_step(torch, module, args, kwargs):
             _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
             break
     STATE["notes"] = notes
-    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}"))
+    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}",
+                                     device=_device_of(torch, root, args, kwargs), autocast=autocast))
 
 
 def _install():
@@ -273,14 +291,17 @@ def _install():
             STATE["phase"] = "loss"
             if MODE == "replay" and STATE["saved"] and STATE["step"] == want_step and STATE["call"] == want_call:
                 _hook_output(torch, out)
+                _watch_loss(torch, out, sys._getframe(1))
         return out
 
     torch.nn.Module.__call__ = module_call
+    MODULE_CALL[0] = module_call.__code__
 
     backward = torch.autograd.backward
 
     def autograd_backward(*args, **kwargs):
         STATE["phase"] = "backward"
+        _stop_watching_loss()
         try:
             return backward(*args, **kwargs)
         except Exception as e:
@@ -341,6 +362,101 @@ def _hook_output(torch, out):
     for i, t in enumerate(tensors):
         if t.requires_grad:
             t.register_hook(keep(i))
+
+
+LOSS_WATCH = {"previous": None, "on": False}
+
+
+def _stop_watching_loss():
+    if LOSS_WATCH["on"]:
+        LOSS_WATCH["on"] = False
+        sys.setprofile(LOSS_WATCH["previous"])
+
+
+def _watch_loss(torch, out, step_frame):
+    """After the faulting step's model call: the first call the step's own code makes that takes a
+    tensor needing a gradient (the model's output or what it made of it) and returns one, or raises
+    (the loss faulted), is the user's loss. Its function and inputs are saved (loss_call.pt), the
+    inputs taken from the model's output marked with their place in it, so the harness runs the loss
+    phase as a node of its own. Watched with a profile function from the model's return to the start
+    of the backward pass, in this thread only."""
+    from torch.utils._pytree import tree_leaves
+    outputs = {id(t): i for i, t in enumerate(x for x in tree_leaves(out) if isinstance(x, torch.Tensor))}
+    pending = {}
+
+    def grad_tensor(v):
+        return any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves(v))
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_back is step_frame and not pending:
+            try:
+                spec = _call_spec(torch, frame, outputs)
+            except Exception:  # noqa: BLE001 - a call whose inputs cannot be read is not the loss
+                spec = None
+            if spec is not None:
+                pending[frame] = spec
+        elif event == "return" and frame in pending:
+            spec = pending.pop(frame)
+            if arg is None or grad_tensor(arg):
+                _stop_watching_loss()
+                try:
+                    with _as_cudabisect_main():
+                        _save(torch, "loss_call.pt", spec)
+                except Exception as e:  # noqa: BLE001 - the harness then uses the recorded gradients
+                    STATE["notes"].append(f"the loss ({spec['name']}) could not be saved: {type(e).__name__}: {e}")
+
+    LOSS_WATCH.update(previous=sys.getprofile(), on=True)
+    sys.setprofile(profile)
+
+
+def _call_spec(torch, frame, outputs):
+    """The function a frame runs and the arguments it was called with, when one of them is a tensor that
+    needs a gradient; else None."""
+    from torch.utils._pytree import tree_leaves
+    code, local = frame.f_code, frame.f_locals
+    n, kw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames[:n]
+    args = [local[k] for k in names]
+    kwargs = {k: local[k] for k in code.co_varnames[n:n + kw]}
+    at = n + kw
+    if code.co_flags & 0x04:  # *args
+        args += list(local[code.co_varnames[at]])
+        at += 1
+    if code.co_flags & 0x08:  # **kwargs
+        kwargs.update(local[code.co_varnames[at]])
+    if code is MODULE_CALL[0]:
+        fn = {"object": local["self"], "method": "__call__"}
+        args, kwargs = list(local["args"]), dict(local["kwargs"])
+    elif names and names[0] in ("self", "cls"):
+        fn = {"object": args[0], "method": code.co_name}
+        args = args[1:]
+    else:
+        module = frame.f_globals.get("__name__")
+        fn = {"module": "cudabisect_main" if module == "__main__" else module, "qualname": code.co_qualname}
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves((args, kwargs))):
+        return None
+
+    def saved(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu()
+            if id(x) in outputs:
+                return {"__cudabisect__": "output", "index": outputs[id(x)], "tensor": t}
+            if x.requires_grad:
+                return {"__cudabisect__": "leaf", "tensor": t}
+            return t
+        if isinstance(x, dict):
+            return {k: saved(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [saved(v) for v in x]
+        if isinstance(x, tuple) and not hasattr(x, "_fields"):
+            return tuple(saved(v) for v in x)
+        return x
+
+    name = fn.get("qualname") or f"{type(fn['object']).__name__}.{fn['method']}"
+    return {"fn": fn, "args": saved(args), "kwargs": saved(kwargs), "name": name}
+
+
+MODULE_CALL = [None]
 
 
 def _hook_triton():

@@ -194,7 +194,7 @@ impl ProcessHarness {
                         argv.extend([flag.to_string(), v.clone()]);
                     }
                 }
-                argv.extend(["--device".into(), shrink.device.clone()]);
+                argv.extend(["--device".into(), shrink.device_arg().to_string()]);
                 (CommandLine::Argv(argv), None)
             }
             (None, None, model) => {
@@ -371,7 +371,7 @@ fn jax_command(
     if let Some(loss) = &shrink.loss {
         argv.extend(["--loss".into(), loss.clone()]);
     }
-    argv.extend(["--device".into(), shrink.device.clone()]);
+    argv.extend(["--device".into(), shrink.device_arg().to_string()]);
     Ok(Some(CommandLine::Argv(argv)))
 }
 

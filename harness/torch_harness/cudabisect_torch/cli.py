@@ -9,8 +9,8 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Optional
 from .protocol import load_attr, say, timing
-from .graph import Ref, build_graph, describe
-from .node import announce_triton_launches, harness_error, to_device
+from .graph import Ref, build_graph, describe, whole_call_graph
+from .node import announce_triton_launches, harness_error, resolve_device, to_device
 from .run import run
 from .training import TRAINING_KINDS, Training, regenerate, step_source, training_steps, with_generated
 from .record import boundary_env, describe_graph, descended
@@ -36,6 +36,8 @@ class Prepared:
     attr_targets: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
     rng: object = None  # the random state at the start of a captured step
+    device: Optional[str] = None  # the device a captured step ran on
+    autocast: Optional[dict] = None  # the autocast a captured step ran under: {device_type, dtype}
 
 
 def parse_args(argv):
@@ -49,7 +51,8 @@ def parse_args(argv):
     p.add_argument("--loss", help="module:function, the model's output -> a scalar loss (default: the sum of "
                                   "the outputs)")
     p.add_argument("--optimizer", help="module:factory, the model -> its optimizer")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="auto", help="cuda, cpu, cuda:N, or auto (default): a captured step's "
+                                                     "own device, else cuda when a GPU is usable")
     p.add_argument("--via", help="a warm server's socket: run there (forked from the built model); "
                                  "run cold here when it cannot be reached")
     sub = p.add_subparsers(dest="verb", required=True)
@@ -102,16 +105,37 @@ def load_capture(d):
     model = load("model.pt")
     restore_program_state(load("program_state.pt") or {})
     batch = load("batch.pt") or {"args": [], "kwargs": {}}
-    try:
-        bound = inspect.signature(model.forward).bind(*batch["args"], **batch["kwargs"])
-        bound.apply_defaults()
-        example = tuple(bound.arguments.values())
-    except TypeError:
-        example = tuple(batch["args"])
+    call = (tuple(batch["args"]), dict(batch["kwargs"]))
     training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
-                        param_grads=load("param_grads.pt"))
+                        param_grads=load("param_grads.pt"), loss_call=load("loss_call.pt"))
     meta["rng"] = load("rng.pt")
-    return model, example, training, meta
+    return model, call, training, meta
+
+
+def inputs_call(inputs):
+    """The model's call from what an inputs factory returned: a dict is keyword inputs, a tuple or list
+    positional ones, anything else the one input."""
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def bound_example(model, call):
+    """Every parameter of the model's forward as one positional value (defaults filled in): what FX's
+    placeholders take. A forward with *args or **kwargs takes the call's positional inputs (FX cannot
+    trace it anyway, and the call is then made as it was)."""
+    args, kwargs = call
+    try:
+        sig = inspect.signature(model.forward)
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+            return tuple(args) + tuple(kwargs.values())
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+    except (TypeError, ValueError):
+        return tuple(args) + tuple(kwargs.values())
 
 
 def restore_program_state(state):
@@ -140,22 +164,26 @@ def prepare(a):
     CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
     import torch
     torch.manual_seed(0)
-    training, rng = None, None
+    training, rng, device, meta = None, None, None, {}
     if a.capture:
-        model, example, training, meta = load_capture(a.capture)
-        rng = meta.get("rng")
+        model, call, training, meta = load_capture(a.capture)
+        rng, device = meta.get("rng"), meta.get("device")
         if meta.get("phase") == "forward" and not a.train:
             training = None  # a forward fault needs no backward
     else:
         model = load_attr(a.model)()
-        example = load_attr(a.example)()
-        if not isinstance(example, (tuple, list)):
-            example = (example,)
+        call = inputs_call(load_attr(a.example)())
         if a.train or a.optimizer or a.loss:
             training = Training(loss_fn=load_attr(a.loss) if a.loss else None,
                                 optimizer=load_attr(a.optimizer) if a.optimizer else None)
         model = model.train() if training else model.eval()
-    steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, tuple(example))
+    example = bound_example(model, call)
+    steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, example)
+    if traced_by == "whole":
+        # The model is one node, called exactly as the user called it (keyword inputs stay keywords).
+        steps, placeholders, example = whole_call_graph(model, call)
+    if training is not None:
+        training.autocast = meta.get("autocast")
     forward_steps = steps
     if training is not None:
         training.output = getattr(root, "_cudabisect_output", None) or Ref("model", "model")
@@ -163,7 +191,8 @@ def prepare(a):
         traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
     sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
     return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
-                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng)
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device,
+                    meta.get("autocast"))
 
 
 def execute(a, w):
@@ -172,6 +201,7 @@ def execute(a, w):
     import torch
     torch.manual_seed(0)
     announce_triton_launches()
+    a.device = resolve_device(a.device, w.device)
     coarse = w
     steps, forward_steps, levels = descended(w, getattr(a, "recording", None))
     if levels:

@@ -202,6 +202,17 @@ def whole_graph(model, n_inputs, opaque):
     return [step], inputs, {}, ("whole", model, opaque)
 
 
+def whole_call_graph(model, call):
+    """The model as one node called as the user called it: (steps, placeholders, example). Positional
+    inputs are `input_<i>`, keyword inputs keep their names."""
+    args, kwargs = call
+    names = [f"input_{i}" for i in range(len(args))]
+    name = type(model).__name__
+    step = Step("model", name, name, tuple(Ref(n, None) for n in names), {k: Ref(k, None) for k in kwargs}, "",
+                "call_module")
+    return [step], names + list(kwargs), tuple(args) + tuple(kwargs.values())
+
+
 def refs_in(a):
     """Every Ref inside an argument structure, in order."""
     if isinstance(a, Ref):

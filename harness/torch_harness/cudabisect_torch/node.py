@@ -55,6 +55,18 @@ def call(step, root, env):
     return model_call(getattr(self_obj, step.target), *rest, **kwargs)
 
 
+def resolve_device(requested, captured=None):
+    """The device to run on: as asked, or for `auto` the one the fault happened on (a captured step's
+    own device), else `cuda` when a GPU is usable and `cpu` when not. Asked in the run's own process,
+    never in a warm server before it forks."""
+    if requested != "auto":
+        return requested
+    if captured:
+        return captured
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def to_device(v, device):
     import torch
     from torch.utils._pytree import tree_map

@@ -33,6 +33,8 @@ class Training:
     loss_fn: object = None         # else: output -> scalar loss (default: the sum of every float output)
     optimizer: object = None       # a spec {"cls", "groups", "state"} or a factory model -> optimizer
     param_grads: object = None     # name -> the gradient the optimizer saw (captured; covers clipping)
+    loss_call: object = None       # the user's own loss as captured: {"fn", "args", "kwargs"} (see run_loss_call)
+    autocast: object = None        # the autocast the captured step ran under: {"device_type", "dtype"}
 
 
 def grad_name(step_name):
@@ -57,7 +59,9 @@ def training_steps(steps, training):
             if r.producer in forward:
                 consumers[r.producer].append(s.name)
     outputs = {r.producer for r in refs_in(training.output) if r.producer}
-    out.append(Step(LOSS_NODE, "loss", "loss", (training.output,), {}, None, "loss"))
+    loss_op = loss_name(training.loss_call)
+    out.append(Step(LOSS_NODE, f"loss {loss_op}" if loss_op else "loss", loss_op or "loss", (training.output,), {},
+                    None, "loss"))
     for s in reversed(steps):
         producers = [c + BACKWARD for c in consumers[s.name]]
         if s.name in outputs:
@@ -71,6 +75,29 @@ def training_steps(steps, training):
         out.append(Step(OPTIMIZER_NODE, f"{optimizer_class_name(training.optimizer)}.step", "optimizer",
                         (Ref(GRADS_VALUE, last),), {}, None, "optimizer"))
     return out
+
+
+def loss_name(spec):
+    """The user's own loss function's name, when the step's loss was captured."""
+    if not spec:
+        return None
+    fn = spec["fn"]
+    if "qualname" in fn:
+        return fn["qualname"].rsplit(".", 1)[-1]
+    owner = fn["object"]
+    owner = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+    return f"{owner}.{fn['method']}"
+
+
+def loss_callable(spec):
+    """The captured loss's function: imported from its module, or the captured object's method."""
+    fn = spec["fn"]
+    if "qualname" in fn:
+        target = importlib.import_module(fn["module"])
+        for part in fn["qualname"].split("."):
+            target = getattr(target, part)
+        return target
+    return getattr(fn["object"], fn["method"])
 
 
 def optimizer_class_name(spec):
@@ -119,6 +146,48 @@ def cut(v, name, leaves, clone=False):
             i += 1
         out.append(x)
     return torch.utils._pytree.tree_unflatten(out, spec)
+
+
+def run_loss_call(fn, args, kwargs, device):
+    """The user's own loss, called on its captured inputs, then differentiated from the scalar it returns:
+    the loss phase's own kernels, forward and backward. Its differentiable inputs are fresh leaves; the
+    gradients that reached those taken from the model's output are returned as {output index: grad}."""
+    import torch
+    leaves, outputs = [], []
+
+    def walk(x):
+        if isinstance(x, dict) and x.get("__cudabisect__") in ("output", "leaf"):
+            t = x["tensor"].to(device).detach().requires_grad_(True)
+            leaves.append(t)
+            if x["__cudabisect__"] == "output":
+                outputs.append((x["index"], t))
+            return t
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, tuple) and not hasattr(x, "_fields"):
+            return tuple(walk(v) for v in x)
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    args, kwargs = walk(list(args)), walk(dict(kwargs))
+    with torch.enable_grad():
+        value = fn(*args, **kwargs)
+        if not isinstance(value, torch.Tensor):
+            value = getattr(value, "loss", None) if not isinstance(value, (tuple, list, dict)) else value
+            found = [v for v in torch.utils._pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
+            value = found[0] if found else None
+        if value is None or not value.requires_grad or not leaves:
+            return {}
+        value = value.float().sum() if value.numel() != 1 else value.reshape(())
+        got = torch.autograd.grad(value, leaves, allow_unused=True)
+    by_leaf = {id(t): g for t, g in zip(leaves, got)}
+    grads = {}
+    for i, t in outputs:
+        g = by_leaf.get(id(t))
+        if g is not None:
+            grads[i] = g if grads.get(i) is None else grads[i] + g
+    return grads
 
 
 def add_grads(store, name, grads):
@@ -243,6 +312,10 @@ class TrainRun:
         self.param_grads = {}     # parameter name -> accumulated gradient
 
     def forward_step(self, step):
+        with autocast(self.training.autocast, self.device):
+            self.forward_step_as_is(step)
+
+    def forward_step_as_is(self, step):
         """Runs a forward step on fresh leaves and keeps what its backward needs."""
         import torch
         from torch.fx.node import map_aggregate
@@ -271,10 +344,18 @@ class TrainRun:
         self.contributed.add(name)
 
     def loss(self, step):
-        """The gradient of every model output: recorded from the user's loss, or from the loss function."""
+        """The gradient of every model output: recorded from the user's loss, or from the loss function.
+        A captured loss of the user's own runs first, forward and backward, on its captured inputs."""
         import torch
+        live = None
+        if self.training.loss_call is not None:
+            spec = self.training.loss_call
+            with autocast(self.training.autocast, self.device):
+                live = model_call(run_loss_call, loss_callable(spec), spec["args"], spec["kwargs"], self.device)
         if self.training.out_grads is not None:
             grads = [to_device(g, self.device) for g in self.training.out_grads]
+        elif live is not None:
+            grads = [live.get(i) for i in range(max(live, default=-1) + 1)]
         else:
             leaves = []
             out = cut(resolve(self.training.output, self.env), "output", leaves)
@@ -332,6 +413,18 @@ class TrainRun:
             g = grads.get(name)
             p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)
         model_call(lambda: build_optimizer(self.training.optimizer, self.root).step())
+
+
+def autocast(spec, device):
+    """The autocast the captured step ran its forward and loss under ({"device_type", "dtype"}), on this
+    run's device; no autocast when it had none."""
+    import contextlib
+
+    import torch
+    if not spec:
+        return contextlib.nullcontext()
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    return torch.autocast(device_type=kind, dtype=getattr(torch, spec["dtype"]))
 
 
 def step_is_inplace(step, root):

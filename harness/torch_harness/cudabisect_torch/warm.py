@@ -9,6 +9,7 @@ import sys
 import traceback
 from .protocol import say, timing
 from .record import boundary_env, descended
+from .node import resolve_device
 
 
 def without_via(argv):
@@ -142,14 +143,17 @@ def hash_triton_kernels():
                 value = getattr(value, "fn", None)
 
 
-def warm_device(a, root=None):
+def warm_device(a, root=None, captured=None):
     """In a spare child, before any request: start the device and the libraries the model will call
     (cuBLAS for matrix products, cuDNN for convolutions and norms, Triton's driver when the user's code
     imported Triton), so the run it serves does not wait for them. A spare serves one run only, so
     nothing it warms can leak into another."""
     import torch
     nn = torch.nn
-    dev = torch.device(a.device)
+    device = resolve_device(a.device, captured)
+    if not device.startswith("cuda"):
+        return
+    dev = torch.device(device)
     x = torch.ones(8, 8, device=dev)
     modules = list(root.modules()) if isinstance(root, nn.Module) else []
     uses = lambda *types: any(isinstance(m, types) for m in modules)  # noqa: E731
@@ -323,7 +327,7 @@ def serve(a, app):
                 except OSError:
                     pass
             try:
-                app.warm_device(a, getattr(warm, "root", None))
+                app.warm_device(a, getattr(warm, "root", None), getattr(warm, "device", None))
                 req, fds = recv_request(theirs, timeout=None)
             except BaseException:  # noqa: BLE001 - a spare that cannot start is simply not used
                 os._exit(0)
