@@ -150,6 +150,50 @@ def _project_modules():
             yield ("cudabisect_main" if name == "__main__" else name), m
 
 
+def _code_values(module):
+    """What a project module's own code gives its module-level and class-level names: {name: literal}
+    for names its source assigns a literal, and the names it assigns anything else (computed at import:
+    a fresh import computes them again, at whichever commit it runs). Only values the run itself changed
+    are the program's state; the rest belong to the commit."""
+    path = getattr(module, "__file__", None)
+    literals, computed = {}, set()
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return literals, computed
+
+    def scan(body, prefix):
+        for node in body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    try:
+                        if isinstance(node, ast.AugAssign) or node.value is None:
+                            raise ValueError
+                        literals[prefix + t.id] = ast.literal_eval(node.value)
+                    except (ValueError, TypeError, SyntaxError, RecursionError):
+                        computed.add(prefix + t.id)
+            if isinstance(node, ast.ClassDef) and not prefix:
+                scan(node.body, node.name + ".")
+
+    scan(tree.body, "")
+    return literals, computed
+
+
+def _changed_by_the_run(name, value, code):
+    literals, computed = code
+    if name in computed:
+        return False
+    if name in literals:
+        try:
+            return bool(literals[name] != value)
+        except Exception:  # noqa: BLE001 - not comparable: keep it
+            return True
+    return True  # set from outside the module (the script setting a library's flag)
+
+
 def _program_state(torch):
     """The program's own state at the start of the captured step, which the model's code may read: the
     module-level values of the script and of the project's modules (flags, constants, config read at
@@ -158,14 +202,22 @@ def _program_state(torch):
     state = {}
     for name, m in _project_modules():
         values, classes = {}, {}
+        # The script is replayed from its own definitions, so all of its state is kept; a project module
+        # keeps only what the run changed (see `_code_values`), so the check at the parent commit runs
+        # that commit's own constants.
+        code = None if name == "cudabisect_main" else _code_values(m)
+
+        def changed(k, v, code=code):
+            return code is None or _changed_by_the_run(k, v, code)
         for k, v in list(vars(m).items()):
             if k.startswith("__"):
                 continue
             if isinstance(v, type) and v.__module__ in (m.__name__, "cudabisect_main"):
-                attrs = {a: x for a, x in vars(v).items() if not a.startswith("__") and _picklable(x, torch)}
+                attrs = {a: x for a, x in vars(v).items() if not a.startswith("__") and _picklable(x, torch)
+                         and changed(f"{k}.{a}", x)}
                 if attrs:
                     classes[k] = attrs
-            elif _picklable(v, torch):
+            elif _picklable(v, torch) and changed(k, v):
                 values[k] = v
         if values or classes:
             state[name] = {"globals": values, "classes": classes}

@@ -31,7 +31,7 @@ pub fn run(
         // Stopped mid-way, whatever the harness then said.
         _ if cancel.load(std::sync::atomic::Ordering::SeqCst) => exit_codes::INTERRUPTED,
         // A model or harness that cannot be described or run is the config's to fix: nothing was shrunk.
-        ShrinkStatus::Failed => exit_codes::USAGE,
+        ShrinkStatus::Failed | ShrinkStatus::NotApplicable => exit_codes::USAGE,
         ShrinkStatus::Interrupted => exit_codes::INTERRUPTED,
     })
 }

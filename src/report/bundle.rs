@@ -433,6 +433,13 @@ pub fn render(
     if let Some(s) = input.shrink {
         let _ = writeln!(md, "## Minimal repro\n");
         let _ = writeln!(md, "{}\n", s.summary);
+        if let Some(path) = &s.path {
+            let _ = writeln!(md, "Made from: the {path}.");
+            for tried in s.paths.iter().filter(|t| &t.path != path) {
+                let _ = writeln!(md, "Tried first: the {}: {}.", tried.path, tried.outcome);
+            }
+            md.push('\n');
+        }
         if !s.kept.is_empty() {
             md.push_str("| node | op | kernel | inputs | outputs |\n|---|---|---|---|---|\n");
             for n in &s.kept {
@@ -538,8 +545,13 @@ pub fn render(
             if !boundary.is_empty() {
                 let _ = writeln!(
                     md,
-                    "The kept nodes read {} from cut nodes: the exact tensors the full model produced at this commit, recorded in `minimal/inputs/` (not random stand-ins).",
-                    boundary.join(", ")
+                    "The kept nodes read {} from cut nodes: the exact tensors the full model produced at this commit, recorded in `{}` (not random stand-ins).",
+                    boundary.join(", "),
+                    if s.minimal_model.as_deref().is_some_and(|m| m.ends_with(".py")) {
+                        "minimal/repro_data.pt"
+                    } else {
+                        "minimal/inputs/"
+                    }
                 );
             }
             md.push('\n');
@@ -609,7 +621,7 @@ pub fn render(
     }
     if let Some(commit) = full_repro {
         let why = match input.shrink {
-            None => "no shrink was configured (`[shrink]` in `bisect.toml`)".to_string(),
+            None => "the shrink was turned off (`--no-shrink`, or `enabled = false` under `[shrink]` in `bisect.toml`)".to_string(),
             Some(s) => match &s.extract_error {
                 Some(e) if s.minimal_model.is_none() && !s.kept.is_empty() => {
                     format!("the minimal subgraph was found, but no standalone repro could be written: {e}")

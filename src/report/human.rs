@@ -423,6 +423,7 @@ pub fn summary(report: &Report) -> String {
     }
     if let Some(shrink) = &report.shrink {
         out.push_str(&format!("Shrink: {}\n", shrink.summary));
+        out.push_str(&path_lines(shrink));
         out.push_str(&subgraph_lines(shrink));
         if let Some(p) = &shrink.parent_check {
             out.push_str(&format!("Minimal subgraph at the parent: {p}\n"));
@@ -458,6 +459,19 @@ pub fn summary(report: &Report) -> String {
 }
 
 /// The minimal subgraph, one node a line, and how much was cut.
+/// Which way gave the minimal repro, and why the ways before it did not: shown only when more than
+/// one way was tried.
+fn path_lines(r: &ShrinkReport) -> String {
+    let mut out = String::new();
+    if let (Some(path), true) = (&r.path, r.paths.len() > 1) {
+        out.push_str(&format!("Made from: the {path}\n"));
+        for tried in r.paths.iter().filter(|t| &t.path != path) {
+            out.push_str(&format!("Tried first: the {}: {}\n", tried.path, tried.outcome));
+        }
+    }
+    out
+}
+
 fn subgraph_lines(r: &ShrinkReport) -> String {
     let mut out = String::new();
     if !r.kept.is_empty() {
@@ -484,6 +498,7 @@ fn subgraph_lines(r: &ShrinkReport) -> String {
 /// The human summary of a shrink: what was kept, what was cut, how to reproduce it.
 pub fn shrink_summary(r: &ShrinkReport) -> String {
     let mut out = format!("Shrink: {}\n", r.summary);
+    out.push_str(&path_lines(r));
     out.push_str(&subgraph_lines(r));
     if let Some(g) = &r.graph {
         out.push_str(&format!("Graph: {g}\n"));

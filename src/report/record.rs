@@ -219,6 +219,18 @@ pub enum ShrinkStatus {
     Failed,
     /// Ctrl-C or SIGTERM stopped it.
     Interrupted,
+    /// There was nothing to shrink with: the repro is not a Python program of a framework the shipped
+    /// harnesses read, and bisect.toml names no model (the summary says so in words).
+    NotApplicable,
+}
+
+/// One way to a minimal repro the shrink stage tried, and how it ended.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ShrinkPathTried {
+    /// `factories`, `factories (the training step)` or `capture of the repro command`.
+    pub path: String,
+    /// How it ended, in words.
+    pub outcome: String,
 }
 
 /// A candidate that failed, but differently: rejected, and kept on record.
@@ -318,6 +330,12 @@ pub struct ShrinkReport {
     /// The training step the model was taken from, when it was captured from the repro command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<CapturedFault>,
+    /// The way to the model this report's shrink took (see `paths`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Every way tried, in order, with how each ended: the factories, then the capture.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<ShrinkPathTried>,
 }
 
 /// What the minimal repro ships.

@@ -639,7 +639,14 @@ fn write_bundle(
         config_text: &plan.config.text,
         log_dirs: vec![
             ("probes", run_dir.join("logs")),
-            ("shrink", run_dir.join("shrink").join("logs")),
+            (
+                "shrink",
+                report
+                    .shrink
+                    .as_ref()
+                    .map_or_else(|| run_dir.join("shrink"), |s| PathBuf::from(&s.out_dir))
+                    .join("logs"),
+            ),
         ],
         extra_files: triage_files,
         backend,

@@ -16,6 +16,7 @@ pub mod probe;
 pub mod search;
 pub mod shrink;
 pub mod shrink_job;
+pub mod shrink_stage;
 pub mod stages;
 pub mod triage;
 pub mod triage_job;

@@ -269,6 +269,8 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         graph: None,
         captured: None,
         data: None,
+        path: None,
+        paths: vec![],
     }
 }
 
@@ -506,6 +508,7 @@ fn drive(
         )? {
             nodes = finer;
             report.graph = graph;
+            report.nodes_before = nodes.len();
             fault = Some(at);
         } else {
             // The way down did not reproduce: the fault stays at the innermost described node.

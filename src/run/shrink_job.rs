@@ -1,12 +1,11 @@
 //! `cudabisect shrink` on its own: the shrink stage in the checkout as it is, or at a revision built in the
 //! probe worktree under the state lock (then also checked at the revision's parent), with its bundle.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::config::Config;
 use crate::git::Repo;
-use crate::protocol::client::ProcessHarness;
 use crate::report::bundle::BundleInput;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
@@ -16,7 +15,7 @@ use super::job::{bundle_root, write_bundle_reporting};
 use super::plan::config_path;
 use super::workspace::{Opening, Workspace};
 
-use super::shrink::{check_parent, shrink, ShrinkSettings};
+use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
 
 /// Opens the repository containing `dir` and its config.
 pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
@@ -35,9 +34,10 @@ pub fn shrink_job(
     cancel: &AtomicBool,
 ) -> Result<ShrinkReport, RunError> {
     let (repo, config) = load(dir, config)?;
-    let section = config.shrink.clone().ok_or_else(|| {
+    // No [shrink] section: the faulting step is captured from the repro command.
+    let section = config.shrink_section().ok_or_else(|| {
         RunError::Usage(format!(
-            "{}: no [shrink] section: name a model (native harness) or a harness command",
+            "{}: [shrink] says enabled = false",
             config.path.display()
         ))
     })?;
@@ -67,71 +67,37 @@ pub fn shrink_job(
             }
             _ => (repo.workdir(), String::new()),
         };
-        let captured = if section.captures() {
-            match super::capture::capture(
-                ws.executor.as_ref(),
-                &config,
-                &section,
-                (&cwd, &commit),
-                &run_dir,
-                None,
-                cancel,
-            ) {
-                Ok(found) => Some(found),
-                Err(e) => {
-                    return Ok(super::shrink::not_started(
-                        &run_dir.join("shrink"),
-                        ShrinkStatus::Failed,
-                        e.to_string(),
-                    ))
-                }
-            }
-        } else {
-            None
-        };
-        let capture_dir = captured.as_ref().map(|(d, _)| d.clone());
-        let harness = ProcessHarness::from_config(
-            &config,
-            &section,
-            &cwd,
-            &commit,
-            &run_dir,
-            None,
-            capture_dir.as_deref(),
-        )
-        .map(|h| h.on(ws.executor.clone()))?;
-        let settings = ShrinkSettings {
-            policy: &config.match_policy,
-            out_dir: run_dir.join("shrink"),
+        let stage = ShrinkStage {
+            config: &config,
+            section: &section,
+            executor: ws.executor.clone(),
+            cwd: &cwd,
+            commit: &commit,
+            run_dir: &run_dir,
+            fault_rank: None,
             target: None,
-            attempts: section.attempts,
-            confirm: section.confirm,
-            confirm_jobs: section.confirm_jobs,
         };
-        let mut report = shrink(&harness, &settings, reporter, cancel);
-        report.captured = captured.map(|(_, fault)| fault);
-        super::capture::explain(&mut report);
-        if report.status == ShrinkStatus::Minimal && section.check_parent {
+        let Shrunk {
+            mut report,
+            way,
+        } = run_shrink_stage(&stage, reporter, cancel);
+        if let (ShrinkStatus::Minimal, true, Some(way)) =
+            (report.status, section.check_parent, &way)
+        {
             let parent = oid
                 .and_then(|o| repo.parents(o).ok())
                 .and_then(|p| p.first().copied());
             report.parent_check = Some(match (&prober, parent) {
                 (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
                     Err(e) => ParentCheck::NotRun(e.to_string()),
-                    Ok(()) => match ProcessHarness::from_config(
-                        &config,
-                        &section,
+                    Ok(()) => parent_check(
+                        &stage,
+                        way,
                         p.worktree.path(),
                         &parent.to_string(),
-                        &run_dir,
-                        None,
-                        capture_dir.as_deref(),
-                    )
-                    .map(|h| h.on(ws.executor.clone()))
-                    {
-                        Ok(h) => check_parent(&h, &report, &config.match_policy, cancel),
-                        Err(e) => ParentCheck::NotRun(e.to_string()),
-                    },
+                        &report,
+                        cancel,
+                    ),
                 },
                 (None, _) => ParentCheck::NotRun("no --at revision".into()),
                 (Some(_), None) => ParentCheck::NotRun("the revision has no parent".into()),
@@ -143,7 +109,8 @@ pub fn shrink_job(
     ws.close(reporter);
     let report = result?;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    let _ = std::fs::write(run_dir.join("shrink").join("report.json"), &json);
+    let out_dir = PathBuf::from(&report.out_dir);
+    let _ = std::fs::write(out_dir.join("report.json"), &json);
     reporter.event(&Event::ShrinkDone {
         report: Box::new(report.clone()),
     });
@@ -165,7 +132,7 @@ pub fn shrink_job(
             config_text: &config.text,
             log_dirs: vec![
                 ("probes", log_dir.clone()),
-                ("shrink", run_dir.join("shrink").join("logs")),
+                ("shrink", out_dir.join("logs")),
             ],
             extra_files: vec![],
             backend: Some(

@@ -8,12 +8,11 @@ use git2::Oid;
 
 use crate::classify::FaultClass;
 use crate::config::Config;
-use crate::protocol::client::ProcessHarness;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ParentCheck, Report, ShrinkStatus, TriageStatus};
 
 use super::probe::WorktreeProber;
-use super::shrink::{check_parent, shrink, ShrinkSettings};
+use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
 
 /// Which stages to run.
 #[derive(Clone, Copy, Debug)]
@@ -51,10 +50,7 @@ pub fn run_stages(
         cancel,
     } = *ctx;
     let triage = config.triage.enabled && choice.triage;
-    let section = config
-        .shrink
-        .as_ref()
-        .filter(|s| s.enabled && choice.shrink);
+    let section = config.shrink_section().filter(|_| choice.shrink);
     if !triage && section.is_none() {
         return false;
     }
@@ -96,68 +92,26 @@ pub fn run_stages(
         .as_ref()
         .filter(|t| !matches!(t.class, FaultClass::Nccl | FaultClass::Hang))
         .and_then(|t| t.rank);
-    // No factories: the step is captured from the repro command at the first bad commit.
-    let captured = if section.captures() {
-        reporter.event(&Event::StageBegan {
-            stage: crate::report::event::Stage::ShrinkCapture,
-        });
-        match super::capture::capture(
-            prober.executor.as_ref(),
-            config,
-            section,
-            (prober.worktree.path(), &commit),
-            run_dir,
-            fault_rank,
-            cancel,
-        ) {
-            Ok(found) => Some(found),
-            Err(e) => {
-                report.shrink = Some(super::shrink::not_started(
-                    &run_dir.join("shrink"),
-                    ShrinkStatus::Failed,
-                    e.to_string(),
-                ));
-                return cancel.load(Ordering::SeqCst);
-            }
-        }
-    } else {
-        None
-    };
-    let capture_dir = captured.as_ref().map(|(d, _)| d.as_path());
-    let harness = match ProcessHarness::from_config(
+    let stage = ShrinkStage {
         config,
-        section,
-        prober.worktree.path(),
-        &commit,
+        section: &section,
+        executor: prober.executor.clone(),
+        cwd: prober.worktree.path(),
+        commit: &commit,
         run_dir,
         fault_rank,
-        capture_dir,
-    )
-    .map(|h| h.on(prober.executor.clone()))
-    {
-        Ok(h) => h,
-        Err(e) => {
-            reporter.event(&Event::Warning {
-                message: format!("shrink: {e}"),
-            });
-            return false;
-        }
-    };
-    let settings = ShrinkSettings {
-        policy: &config.match_policy,
-        out_dir: run_dir.join("shrink"),
         target: report.target.clone(),
-        attempts: section.attempts,
-        confirm: section.confirm,
-        confirm_jobs: section.confirm_jobs,
     };
-    let mut result = shrink(&harness, &settings, reporter, cancel);
-    result.captured = captured.as_ref().map(|(_, fault)| fault.clone());
-    super::capture::explain(&mut result);
-    if result.status == ShrinkStatus::Minimal
-        && section.check_parent
-        && !cancel.load(Ordering::SeqCst)
-    {
+    let Shrunk {
+        report: mut result,
+        way,
+    } = run_shrink_stage(&stage, reporter, cancel);
+    if let (ShrinkStatus::Minimal, true, false, Some(way)) = (
+        result.status,
+        section.check_parent,
+        cancel.load(Ordering::SeqCst),
+        &way,
+    ) {
         let parent = report
             .good_parents
             .first()
@@ -166,20 +120,14 @@ pub fn run_stages(
             None => ParentCheck::NotRun("the first bad commit has no parent in the range".into()),
             Some(p) => match prober.prepare(p, "parent") {
                 Err(e) => ParentCheck::NotRun(e.to_string()),
-                Ok(()) => match ProcessHarness::from_config(
-                    config,
-                    section,
+                Ok(()) => parent_check(
+                    &stage,
+                    way,
                     prober.worktree.path(),
                     &p.to_string(),
-                    run_dir,
-                    fault_rank,
-                    capture_dir,
-                )
-                .map(|h| h.on(prober.executor.clone()))
-                {
-                    Ok(h) => check_parent(&h, &result, &config.match_policy, cancel),
-                    Err(e) => ParentCheck::NotRun(e.to_string()),
-                },
+                    &result,
+                    cancel,
+                ),
             },
         });
     }
