@@ -50,7 +50,8 @@ def _write_json(name, value):
 
 
 def _fault():
-    return {k: STATE[k] for k in ("step", "phase", "call", "module", "kernel", "exception", "forward_trace")}
+    keys = ("step", "phase", "call", "module", "kernel", "exception", "forward_trace", "framework", "function")
+    return {k: STATE[k] for k in keys if k in STATE}
 
 
 def _seen(exc, module=None):
@@ -194,6 +195,21 @@ def _changed_by_the_run(name, value, code):
     return True  # set from outside the module (the script setting a library's flag)
 
 
+class _NoTorch:
+    """Stands in for torch where there is none (a JAX program): nothing is a tensor."""
+
+    class Tensor:
+        pass
+
+
+def _program_state_plain():
+    try:
+        import torch
+    except ImportError:
+        torch = _NoTorch
+    return _program_state(torch)
+
+
 def _program_state(torch):
     """The program's own state at the start of the captured step, which the model's code may read: the
     module-level values of the script and of the project's modules (flags, constants, config read at
@@ -292,19 +308,64 @@ def _save_step(torch, module, args, kwargs):
                                      device=_device_of(torch, root, args, kwargs), autocast=autocast))
 
 
-def _install():
-    import torch
-
+def _install_common():
+    """What every capture does, whatever the framework: seeds, the record of the first failure."""
     os.environ["CUDABISECT_CAPTURE_PID"] = str(os.getpid())
     os.makedirs(OUT, exist_ok=True)
     import random
     random.seed(0)
-    torch.manual_seed(0)
     try:
         import numpy
         numpy.random.seed(0)
     except ImportError:
         pass
+    hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        _seen(value)
+        return hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: STATE["exception"] and _write_json("fault.json", _fault()))
+
+
+class _AfterImport:
+    """A finder that lets the real one import `torch` or `jax`, then instruments it: a script that never
+    imports one pays nothing for it (JAX would take the GPU's memory the moment it started)."""
+
+    def __init__(self, installers):
+        self.installers = installers
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.installers:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run, install = spec.loader.exec_module, self.installers.pop(name)
+
+        def exec_module(module):
+            run(module)
+            try:
+                install()
+            except Exception as e:  # noqa: BLE001 - the run goes on uncaptured; the driver says what was missing
+                print(f"cudabisect capture: not installed for {name}: {type(e).__name__}: {e}", file=sys.stderr)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install():
+    _install_common()
+    sys.meta_path.insert(0, _AfterImport({"torch": _install_torch, "jax": _install_jax}))
+
+
+def _install_torch():
+    import torch
+
+    STATE.setdefault("framework", "torch")
+    torch.manual_seed(0)
     want_step = int(os.environ.get("CUDABISECT_CAPTURE_STEP", "0") or 0)
     want_call = int(os.environ.get("CUDABISECT_CAPTURE_CALL", "0") or 0)
     if MODE == "find":
@@ -388,15 +449,6 @@ def _install():
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
     _hook_triton()
-
-    hook = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        _seen(value)
-        return hook(kind, value, tb)
-
-    sys.excepthook = excepthook
-    atexit.register(lambda: STATE["exception"] and _write_json("fault.json", _fault()))
 
 
 def _hook_output(torch, out):
@@ -509,6 +561,166 @@ def _call_spec(torch, frame, outputs):
 
 
 MODULE_CALL = [None]
+
+
+# JAX: a training script's jitted functions. Each top-level call of one is counted; the first that
+# fails (its result is waited for inside the call, so an asynchronous fault surfaces there) is noted as
+# the function and its call number; the replay saves that call's arguments, and the module
+# cudabisect_jax_capture.py names the function and loads them, for the JAX harness to split into its
+# equations like a function named by factories.
+
+JAX_CALLS = {"depth": 0, "counts": {}}
+
+
+def _function_name(fun):
+    fun = getattr(fun, "__wrapped__", fun)
+    module = getattr(fun, "__module__", None) or "?"
+    return f"{'cudabisect_main' if module == '__main__' else module}:{getattr(fun, '__qualname__', '?')}"
+
+
+def _install_jax():
+    import jax
+    target = None
+    if MODE == "replay":
+        try:
+            with open(os.path.join(OUT, "fault-found.json")) as f:
+                target = json.load(f).get("function")
+        except (OSError, ValueError):
+            target = None
+    want = int(os.environ.get("CUDABISECT_CAPTURE_STEP", "0") or 0)
+    original = jax.jit
+
+    def jit(fun=None, *jit_args, **jit_kwargs):
+        if fun is None:
+            return lambda f: jit(f, *jit_args, **jit_kwargs)
+        return _Jitted(original(fun, *jit_args, **jit_kwargs), fun, jit_kwargs, target, want)
+
+    jax.jit = jit
+
+
+class _Jitted:
+    """A jitted function, counted and watched (see above); everything else is the jitted object's."""
+
+    def __init__(self, jitted, fun, jit_kwargs, target, want):
+        self._jitted, self._fun, self._jit_kwargs = jitted, fun, jit_kwargs
+        self._name, self._target, self._want = _function_name(fun), target, want
+        self.__wrapped__ = fun
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            try:
+                setattr(self, attr, getattr(fun, attr))
+            except (AttributeError, TypeError):
+                pass
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+    def __get__(self, obj, objtype=None):
+        import functools
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def __call__(self, *args, **kwargs):
+        import jax
+        if JAX_CALLS["depth"]:
+            return self._jitted(*args, **kwargs)
+        n = JAX_CALLS["counts"][self._name] = JAX_CALLS["counts"].get(self._name, 0) + 1
+        if MODE == "replay" and self._name == self._target and n == self._want and not STATE["saved"]:
+            _save_jax_call(self, args, kwargs)
+            STATE["saved"] = True
+        JAX_CALLS["depth"] += 1
+        try:
+            out = self._jitted(*args, **kwargs)
+            return jax.block_until_ready(out)
+        except Exception as e:
+            if STATE["exception"] is None:
+                STATE.update(step=n, call=1, phase="jit", function=self._name, framework="jax")
+            _seen(e, self._name)
+            raise
+        finally:
+            JAX_CALLS["depth"] -= 1
+
+
+def _save_jax_call(jitted, args, kwargs):
+    """The arguments of the faulting call on the host, the program's state, and the module that hands
+    them to the JAX harness."""
+    import pickle
+
+    import jax
+    static = set(jitted._jit_kwargs.get("static_argnames") or ())
+    src = _main_module_source()
+    if src is not None:
+        with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
+            f.write(src)
+        sys.modules["cudabisect_main"] = sys.modules.get("__main__")
+    with _as_cudabisect_main():
+        with open(os.path.join(OUT, "jax_call.pkl"), "wb") as f:
+            pickle.dump({"function": jitted._name, "args": jax.device_get(list(args)),
+                         "kwargs": jax.device_get(dict(kwargs)), "static": sorted(static)}, f)
+        try:
+            state = {k: v for k, v in _program_state_plain().items()}
+            with open(os.path.join(OUT, "program_state.pkl"), "wb") as f:
+                pickle.dump(state, f)
+        except Exception as e:  # noqa: BLE001 - the replay may not need it; say so in the notes
+            STATE["notes"].append(f"the program's state was not saved: {type(e).__name__}: {e}")
+    with open(os.path.join(OUT, "cudabisect_jax_capture.py"), "w") as f:
+        f.write(JAX_CAPTURE_MODULE)
+    _write_json("capture.json", dict(_fault(), framework="jax", function=jitted._name, step=STATE.get("step", 1),
+                                     notes=STATE["notes"]))
+
+
+JAX_CAPTURE_MODULE = '''"""The faulting call of a jitted function, captured by cudabisect from the training
+script: `function` is the function, `inputs` its arguments as the call had them (on the host), for the
+JAX harness."""
+
+import importlib
+import os
+import pickle
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+with open(os.path.join(HERE, "jax_call.pkl"), "rb") as _f:
+    _CALL = pickle.load(_f)
+
+
+def _restore_state():
+    path = os.path.join(HERE, "program_state.pkl")
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        state = pickle.load(f)
+    for name, saved in state.items():
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module that no longer imports: the replay may not need it
+            continue
+        for k, v in saved.get("globals", {}).items():
+            setattr(module, k, v)
+        for cls_name, attrs in saved.get("classes", {}).items():
+            cls = getattr(module, cls_name, None)
+            for k, v in attrs.items():
+                setattr(cls, k, v)
+
+
+def _resolve(spec):
+    module, qualname = spec.split(":", 1)
+    target = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return getattr(target, "__wrapped__", target)
+
+
+_restore_state()
+_FUN = _resolve(_CALL["function"])
+
+
+def function(*args):
+    return _FUN(*args, **_CALL["kwargs"])
+
+
+def inputs():
+    return tuple(_CALL["args"])
+'''
 
 
 def _hook_triton():

@@ -140,6 +140,20 @@ mod tests {
         let text =
             std::fs::read_to_string(&pidfile).expect("pid file written before the ready line");
         let pid: i32 = text.trim().parse().expect("pid");
+        // The signal may still be on its way: wait (blocked in poll, bounded) until the grandchild ends.
+        // SAFETY: pidfd_open and poll on a descriptor we own, closed after.
+        unsafe {
+            let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as i32;
+            if fd >= 0 {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                libc::poll(&mut p, 1, 10_000);
+                libc::close(fd);
+            }
+        }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // Gone, or a zombie waiting for its (now reparented) parent to reap it.
         assert!(stat.is_empty() || stat.contains(") Z"), "{stat}");

@@ -330,6 +330,7 @@ fn no_minimal_reason(s: &ShrinkReport) -> String {
             s.summary
         ),
         ShrinkStatus::Interrupted => "the shrink was interrupted".to_string(),
+        ShrinkStatus::NotApplicable => s.summary.clone(),
         _ => format!("the shrink stopped{captured}: {}", s.summary),
     }
 }
@@ -415,6 +416,15 @@ pub fn render(
             );
         }
         let _ = writeln!(md, "\n```\n{}\n```\n", t.summary);
+        if !t.stack.is_empty() {
+            // The traceback as the project's own code saw it: its frames, outermost first, paths relative
+            // to the repository (the whole log is in `logs/probes/`).
+            let _ = writeln!(md, "Traceback of the faulting run (the project's own frames, most recent call last):\n\n```");
+            for frame in &t.stack {
+                let _ = writeln!(md, "  {frame}");
+            }
+            let _ = writeln!(md, "{}\n```\n", t.summary);
+        }
     }
     if let Some(tr) = &input.triage {
         let _ = writeln!(
@@ -511,6 +521,15 @@ pub fn render(
                         md,
                         "The failing backward node was created by the forward call at `{line}`."
                     );
+                }
+            }
+            for n in s
+                .kept
+                .iter()
+                .filter(|n| n.phase.as_deref() != Some("backward"))
+            {
+                if let Some(src) = &n.source {
+                    let _ = writeln!(md, "`{}` is called at `{src}`.", n.id);
                 }
             }
             for n in s

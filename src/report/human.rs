@@ -466,7 +466,10 @@ fn path_lines(r: &ShrinkReport) -> String {
     if let (Some(path), true) = (&r.path, r.paths.len() > 1) {
         out.push_str(&format!("Made from: the {path}\n"));
         for tried in r.paths.iter().filter(|t| &t.path != path) {
-            out.push_str(&format!("Tried first: the {}: {}\n", tried.path, tried.outcome));
+            out.push_str(&format!(
+                "Tried first: the {}: {}\n",
+                tried.path, tried.outcome
+            ));
         }
     }
     out

@@ -265,6 +265,9 @@ pub enum ParentCheck {
     FailedDifferently(String),
     /// It could not be run (why).
     NotRun(String),
+    /// A captured step faulted the same way at the parent: on the values captured at the first bad
+    /// commit (its model, batch and data), which the commit may have changed, so it tells nothing.
+    ReproducedOnCapturedValues,
 }
 
 impl std::fmt::Display for ParentCheck {
@@ -272,6 +275,9 @@ impl std::fmt::Display for ParentCheck {
         match self {
             Self::Passed => f.write_str("passed"),
             Self::Reproduced => f.write_str("reproduced"),
+            Self::ReproducedOnCapturedValues => f.write_str(
+                "reproduced on the values captured at the first bad commit (its model, batch and data, which the commit may have changed): this tells nothing about the parent's own run",
+            ),
             Self::FailedDifferently(s) => write!(f, "failed differently: {s}"),
             Self::NotRun(why) => write!(f, "not run: {why}"),
         }
@@ -374,6 +380,13 @@ pub struct CapturedFault {
     /// For a backward failure: anomaly mode's traceback of the forward call that created the node.
     #[serde(default)]
     pub forward_trace: Option<String>,
+    /// The framework whose code failed: `torch` (a model call, its loss, backward or update) or `jax`
+    /// (a call of a jitted function: `step` is then that function's call number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
+    /// JAX: the jitted function whose call failed (`module:qualname`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
     /// What the replay noticed about the step that the harness runs differently (a `torch.compile`d
     /// model run eagerly, autocast): the reason to give when the harness does not reproduce the fault.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -151,7 +151,12 @@ pub fn capture(
         "replay.log",
     )?;
     let _ = std::fs::copy(&found, dir.join("fault.json"));
-    for needed in ["capture.json", "model.pt"] {
+    let needed: &[&str] = if fault.framework.as_deref() == Some("jax") {
+        &["capture.json", "jax_call.pkl", JAX_CAPTURE_MODULE_FILE]
+    } else {
+        &["capture.json", "model.pt"]
+    };
+    for needed in needed {
         if !dir.join(needed).is_file() {
             return Err(CaptureError::NotSaved {
                 step: fault.step,
@@ -162,6 +167,34 @@ pub fn capture(
     let mut fault = fault;
     fault.notes = read_notes(&dir);
     Ok((dir, fault))
+}
+
+/// The module a JAX capture writes: `function` and `inputs` for the JAX harness.
+pub const JAX_CAPTURE_MODULE_FILE: &str = "cudabisect_jax_capture.py";
+
+/// The `[shrink]` section the JAX harness runs a captured jitted call under: its `function` and
+/// `inputs` from the module the capture wrote in `dir`, which goes first on `PYTHONPATH`.
+pub fn jax_section(section: &ShrinkSection, dir: &Path) -> ShrinkSection {
+    let mut jax = section.clone();
+    jax.framework = crate::config::ShrinkFramework::Jax;
+    jax.capture = false;
+    jax.model = None;
+    jax.step = None;
+    jax.train = None;
+    jax.function = Some("cudabisect_jax_capture:function".into());
+    jax.inputs = Some("cudabisect_jax_capture:inputs".into());
+    let inherited = jax
+        .env
+        .get("PYTHONPATH")
+        .cloned()
+        .or_else(|| std::env::var("PYTHONPATH").ok())
+        .filter(|p| !p.is_empty());
+    let path = match inherited {
+        Some(p) => format!("{}:{p}", dir.display()),
+        None => dir.display().to_string(),
+    };
+    jax.env.insert("PYTHONPATH".into(), path);
+    jax
 }
 
 /// Puts what the capture noticed about the step (a compiled model run eagerly, autocast) into the
@@ -210,6 +243,8 @@ mod tests {
             kernel: None,
             exception: None,
             notes: vec![],
+            framework: None,
+            function: None,
             forward_trace: Some("Error detected in ScatterBackward. Traceback of forward call that caused the error:\n  File \"/w/train.py\", line 11, in <module>\n    out = model(idx)\n  File \"/h/capture-hook/sitecustomize.py\", line 192, in module_call\n  File \"/v/lib/python3.11/site-packages/torch/nn/modules/module.py\", line 1787, in _wrapped_call_impl\n  File \"/w/toy/model.py\", line 31, in forward\n    return Scatter.apply(self.weight, idx)\n".into()),
         };
         assert_eq!(fault.forward_line().as_deref(), Some("/w/toy/model.py:31"));

@@ -508,7 +508,6 @@ fn drive(
         )? {
             nodes = finer;
             report.graph = graph;
-            report.nodes_before = nodes.len();
             fault = Some(at);
         } else {
             // The way down did not reproduce: the fault stays at the innermost described node.

@@ -77,10 +77,7 @@ pub fn shrink_job(
             fault_rank: None,
             target: None,
         };
-        let Shrunk {
-            mut report,
-            way,
-        } = run_shrink_stage(&stage, reporter, cancel);
+        let Shrunk { mut report, way } = run_shrink_stage(&stage, reporter, cancel);
         if let (ShrinkStatus::Minimal, true, Some(way)) =
             (report.status, section.check_parent, &way)
         {

@@ -88,12 +88,21 @@ pub fn fault_phase(target: &Signature) -> Option<FaultPhase> {
     let calls = |line: &str, words: &[&str]| words.iter().any(|w| line.contains(w));
     for frame in target.stack.iter().rev() {
         let code = frame.split_once(": ").map_or(frame.as_str(), |(_, c)| c);
-        if calls(code, &[".backward(", "autograd.backward(", "autograd.grad("]) {
+        if calls(
+            code,
+            &[".backward(", "autograd.backward(", "autograd.grad("],
+        ) {
             return Some(FaultPhase::Backward);
         }
         if calls(
             code,
-            &["opt.step(", "optimizer.step(", "optim.step(", "scaler.step(", "_step("],
+            &[
+                "opt.step(",
+                "optimizer.step(",
+                "optim.step(",
+                "scaler.step(",
+                "_step(",
+            ],
         ) {
             return Some(FaultPhase::Optimizer);
         }
@@ -142,8 +151,10 @@ pub fn ways(section: &ShrinkSection, target: Option<&Signature>) -> Result<Vec<S
         && section.inputs.is_none()
         && section.model.is_some()
         && section.step.is_none();
-    if torch_harness && !native_model && (section.captures() || capture_refusal(target).is_none())
-    {
+    // Asked for in bisect.toml, a capture is tried whatever the failure looked like; by default, only
+    // for a Python program.
+    let asked = section.captures() && !section.implicit;
+    if torch_harness && !native_model && (asked || capture_refusal(target).is_none()) {
         let mut capture = section.clone();
         capture.model = None;
         capture.inputs = None;
@@ -283,7 +294,12 @@ fn run_way(
                 cancel,
             ) {
                 Ok((dir, fault)) => {
-                    let way = ShrinkWay::Capture(section, Some(dir));
+                    // A jitted JAX call runs through the JAX harness on the module the capture wrote.
+                    let way = if fault.framework.as_deref() == Some("jax") {
+                        ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)
+                    } else {
+                        ShrinkWay::Capture(section, Some(dir))
+                    };
                     let (mut report, way) = shrink_with(stage, way, out_dir, reporter, cancel);
                     report.captured = Some(fault);
                     super::capture::explain(&mut report);
@@ -358,12 +374,18 @@ pub fn parent_check(
         stage.fault_rank,
         way.capture_dir(),
     ) {
-        Ok(h) => check_parent(
+        Ok(h) => match check_parent(
             &h.on(stage.executor.clone()),
             report,
             &stage.config.match_policy,
             cancel,
-        ),
+        ) {
+            // The captured values are the first bad commit's, not the parent's.
+            ParentCheck::Reproduced if matches!(way, ShrinkWay::Capture(..)) => {
+                ParentCheck::ReproducedOnCapturedValues
+            }
+            other => other,
+        },
         Err(e) => ParentCheck::NotRun(e.to_string()),
     }
 }
@@ -382,7 +404,10 @@ mod tests {
 
     #[test]
     fn the_phase_is_read_from_the_innermost_frame_that_calls_backward_or_the_update() {
-        let back = python_fault(&["train.py:9 in <module>: main()", "train.py:30 in main: loss.backward()"]);
+        let back = python_fault(&[
+            "train.py:9 in <module>: main()",
+            "train.py:30 in main: loss.backward()",
+        ]);
         assert_eq!(fault_phase(&back), Some(FaultPhase::Backward));
         let update = python_fault(&["train.py:31 in main: opt.step()"]);
         assert_eq!(fault_phase(&update), Some(FaultPhase::Optimizer));

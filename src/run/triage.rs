@@ -121,8 +121,7 @@ pub fn run_tools(
         let log = out_dir.join(format!("sanitizer-{tool}.log"));
         let _ = std::fs::remove_file(&xml);
         let wrapped = wrap(&sanitizer, tool, &xml, command);
-        let mut env = config.triage.env.clone();
-        env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
+        let env = sanitizer_env(&config.triage.env);
         let spec = command_spec(
             config,
             ChildCommand {
@@ -218,6 +217,24 @@ fn refine(mut finding: Signature, program: &Signature) -> Signature {
     finding
 }
 
+/// The environment of a run under compute-sanitizer: the frameworks' pooling allocators off, so memcheck
+/// sees each buffer as its own allocation and names the kernel and access of a small overrun (PyTorch's
+/// caching allocator; XLA's preallocated pool, one big allocation otherwise). `[triage] env` may set the
+/// XLA ones otherwise.
+pub fn sanitizer_env(
+    configured: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut env = configured.clone();
+    env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
+    for (k, v) in [
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+    ] {
+        env.entry(k.into()).or_insert_with(|| v.into());
+    }
+    env
+}
+
 fn wrap(sanitizer: &Path, tool: SanitizerTool, xml: &Path, command: &CommandLine) -> CommandLine {
     let (program, args) = command.argv();
     let mut argv = vec![
@@ -299,6 +316,17 @@ pub fn interpret(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sanitizer_runs_with_the_pooling_allocators_off_unless_triage_env_says_otherwise() {
+        let env = sanitizer_env(&Default::default());
+        assert_eq!(env["PYTORCH_NO_CUDA_MEMORY_CACHING"], "1");
+        assert_eq!(env["XLA_PYTHON_CLIENT_PREALLOCATE"], "false");
+        assert_eq!(env["XLA_PYTHON_CLIENT_ALLOCATOR"], "platform");
+        let mut mine = std::collections::BTreeMap::new();
+        mine.insert("XLA_PYTHON_CLIENT_ALLOCATOR".to_string(), "bfc".to_string());
+        assert_eq!(sanitizer_env(&mine)["XLA_PYTHON_CLIENT_ALLOCATOR"], "bfc");
+    }
 
     #[test]
     fn the_program_side_is_read_without_sanitizer_lines() {

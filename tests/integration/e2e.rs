@@ -2060,7 +2060,7 @@ fn without_a_minimal_repro_the_bundle_reproduces_with_the_projects_own_repro_at_
     let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
     let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
     assert!(
-        md.contains("No minimal repro: no shrink was configured"),
+        md.contains("No minimal repro: the repro is not a Python program"),
         "{md}"
     );
     // reproduce.sh, run from elsewhere against the project: it builds and runs the culprit in a fresh

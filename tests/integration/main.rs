@@ -6,6 +6,7 @@ mod bisect_props;
 mod classify_logs;
 mod cli_tools;
 mod common;
+mod default_shrink;
 mod demo;
 mod distributed;
 mod drivers;

@@ -232,7 +232,7 @@ fn a_custom_op_backward_is_carried_with_its_register_autograd_into_a_standalone_
 }
 
 #[test]
-fn a_step_under_autocast_is_captured_and_the_report_says_the_harness_runs_it_without() {
+fn a_step_under_autocast_is_captured_and_replayed_under_the_same_autocast() {
     require_torch();
     let (_tmp, dir) = repo(&format!(
         "{}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n",
@@ -240,10 +240,17 @@ fn a_step_under_autocast_is_captured_and_the_report_says_the_harness_runs_it_wit
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    // The fault does not depend on the dtype: it still shrinks, and the capture's note is kept.
     assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    // The capture noted the step's autocast, which the harness runs it under: no note of a difference.
+    let capture = PathBuf::from(r["out_dir"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .join("capture/capture.json");
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
+    assert_eq!(saved["autocast"]["device_type"], "cpu", "{saved}");
+    assert_eq!(saved["autocast"]["dtype"], "bfloat16", "{saved}");
     assert!(
-        r["captured"]["notes"].as_array().is_some_and(|n| n
+        !r["captured"]["notes"].as_array().is_some_and(|n| n
             .iter()
             .any(|x| x.as_str().is_some_and(|t| t.contains("autocast")))),
         "{r}"

@@ -121,7 +121,9 @@ class Recorder:
         if entry is None or entry[0] is not t:
             entry = [t, [], []]
             self.watched[id(t)] = entry
-            t.register_hook(lambda g, e=entry: self.on_grad(e, g))
+            from torch.utils.hooks import unserializable_hook
+            # A recording saves tensors that carry this hook: it is not part of what they hold.
+            t.register_hook(unserializable_hook(lambda g, e=entry: self.on_grad(e, g)))
         return entry
 
     def on_grad(self, entry, g):

@@ -1,7 +1,7 @@
 #!/bin/sh
 script=$1; shift
 grep -q "cudabisect's PyTorch harness" "$script/cudabisect_torch/__init__.py" || { echo "not the harness: $script"; exit 90; }
-[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --example-inputs toy.model:example_inputs --device cuda" ] || { echo "bad args: $*"; exit 91; }
+[ "$1 $2 $3 $4 $5 $6" = "--model toy.model:build --example-inputs toy.model:example_inputs --device auto" ] || { echo "bad args: $*"; exit 91; }
 shift 6
 echo "$script" >> harness_calls.txt
 if [ "$1" = extract ]; then

@@ -1,0 +1,290 @@
+//! The minimal repro by default: `start` with a bisect.toml of `[repro]` only (no `[shrink]`) on training
+//! packages the way users write them, with a real torch, a real `transformers` and a real JAX on the CPU.
+//! Each ends with a `repro.py` that compiles and fails the same way alone, in a fresh directory (with the
+//! culprit's code on `PYTHONPATH` where the copied code imports the project): a backward fault three
+//! modules deep in a model FX cannot trace, at step 4, reading the script's own globals; the user's own
+//! loss on a `transformers` model's output; factories with no `train`; a JAX script with no factories.
+//! A repro that is not a Python program is not shrunk, and the report says why in words. These tests need
+//! torch, transformers and jax (CI installs them); without them they fail, saying so.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::histories::linear_history;
+use crate::common::repo_builder::{put, Files};
+use crate::common::{kept, run_repro_alone, start_report};
+use serde_json::Value;
+
+fn realistic(rel: &str) -> String {
+    crate::common::fixture_text("torch/realistic", rel)
+}
+
+/// A history of four commits where the limit in `<pkg>/limits.py` drops at the third: `files` gives the
+/// package's files, `config` is bisect.toml.
+fn history(
+    dir: &Path,
+    files: &[(&str, String)],
+    limits: [&str; 4],
+    config: &str,
+) -> Vec<git2::Oid> {
+    linear_history(
+        dir,
+        limits.map(|limit| {
+            let mut f = Files::new();
+            for (path, text) in files {
+                put(&mut f, path, text.clone(), false);
+            }
+            put(
+                &mut f,
+                limit.split('=').next().unwrap().trim(),
+                limit.split_once('=').unwrap().1.trim().to_string() + "\n",
+                false,
+            );
+            put(&mut f, "bisect.toml", config.to_string(), false);
+            f
+        }),
+    )
+    .unwrap()
+}
+
+fn start(dir: &Path, first: git2::Oid, scratch: &Path) -> (i32, Value, String) {
+    start_report(dir, &[&format!("{first}..main"), "--no-triage"], scratch)
+}
+
+/// The minimal repro, run alone from a fresh directory with the project at the culprit on PYTHONPATH.
+fn reproduces_alone(report: &Value, project: &Path, node: &str) {
+    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
+    let text = std::fs::read_to_string(&repro).unwrap();
+    let compiled = std::process::Command::new("python3")
+        .args(["-m", "py_compile"])
+        .arg(&repro)
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{text}");
+    let (exit, out) = run_repro_alone(report, Some(project), &[]);
+    assert_eq!(exit, Some(1), "{out}\n{text}");
+    assert!(out.contains("an illegal memory access"), "{out}");
+    assert!(out.contains(&format!("node={node}")), "{out}");
+}
+
+const REPRO_DEEP: &str =
+    "[repro]\ncommand = [\"python3\", \"train_deep.py\"]\ntimeout = \"180s\"\n";
+
+#[test]
+fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_section() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let files: Vec<(&str, String)> = [
+        "deep/__init__.py",
+        "deep/ops.py",
+        "deep/model.py",
+        "train_deep.py",
+    ]
+    .iter()
+    .map(|p| (*p, realistic(p)))
+    .collect();
+    let commits = history(
+        &dir,
+        &files,
+        [
+            "deep/limits.py = LIMIT = 99",
+            "deep/limits.py = LIMIT = 99",
+            "deep/limits.py = LIMIT = 3",
+            "deep/limits.py = LIMIT = 3",
+        ],
+        REPRO_DEEP,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "minimal", "{text}");
+    assert_eq!(s["path"], "capture of the repro command", "{s}");
+    assert_eq!(s["captured"]["step"], 4, "{s}");
+    assert_eq!(s["captured"]["phase"], "backward", "{s}");
+    // Down to the faulting Function's module, in the second block: not the model's backward.
+    assert_eq!(kept(s), ["body__encoder__mixer_1__backward"], "{text}");
+    assert!(
+        s["graph"]
+            .as_str()
+            .unwrap()
+            .contains("descended along the fault"),
+        "{s}"
+    );
+    // At the parent (the limit back at 99) the same subgraph runs clean: the script's state is
+    // replayed, the project's constants are the commit's own.
+    assert_eq!(s["parent_check"]["status"], "passed", "{s}");
+    reproduces_alone(s, &dir, "body__encoder__mixer_1__backward");
+}
+
+#[test]
+fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
+    crate::common::require_python(
+        "import torch, transformers",
+        "a real torch and transformers: pip install torch transformers",
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let files: Vec<(&str, String)> = ["hfloss/__init__.py", "hfloss/loss.py", "train_hf.py"]
+        .iter()
+        .map(|p| (*p, realistic(p)))
+        .collect();
+    let config = "[repro]\ncommand = [\"python3\", \"train_hf.py\"]\ntimeout = \"300s\"\nenv = { HF_HUB_OFFLINE = \"1\", TRANSFORMERS_OFFLINE = \"1\" }\n";
+    let commits = history(
+        &dir,
+        &files,
+        [
+            "hfloss/limits.py = LIMIT = 99",
+            "hfloss/limits.py = LIMIT = 99",
+            "hfloss/limits.py = LIMIT = 60",
+            "hfloss/limits.py = LIMIT = 60",
+        ],
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "minimal", "{text}");
+    assert_eq!(s["captured"]["step"], 3, "{s}");
+    // The GPT-2 (keyword inputs, a ModelOutput) runs whole; the fused loss on its logits is the node.
+    assert_eq!(kept(s), ["loss"], "{text}");
+    assert!(
+        s["kept"][0]["op"]
+            .as_str()
+            .unwrap()
+            .contains("fused_cross_entropy"),
+        "{s}"
+    );
+    reproduces_alone(s, &dir, "loss");
+}
+
+#[test]
+fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let training = |p: &str| crate::common::fixture_text("torch/training", p);
+    let model = training("toy/model.py").replace(
+        "        if int(idx.max()) >= 3 and",
+        "        from toy import limits\n\n        if int(idx.max()) >= limits.LIMIT and",
+    );
+    let files = vec![
+        ("toy/__init__.py", String::new()),
+        ("toy/model.py", model),
+        ("train.py", training("train.py")),
+    ];
+    // Factories, no `train`, no device: the fault is in the backward only, on a machine with no GPU.
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"180s\"\n\n[shrink]\nmodel = \"toy.model:build\"\ninputs = \"toy.model:example_inputs\"\nconfirm = 2\n";
+    let commits = history(
+        &dir,
+        &files,
+        [
+            "toy/limits.py = LIMIT = 99",
+            "toy/limits.py = LIMIT = 99",
+            "toy/limits.py = LIMIT = 3",
+            "toy/limits.py = LIMIT = 3",
+        ],
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "minimal", "{text}");
+    assert_eq!(s["path"], "factories (the training step)", "{s}");
+    assert_eq!(kept(s), ["emb__backward"], "{text}");
+    reproduces_alone(s, &dir, "emb__backward");
+
+    // `shrink` has no bisection to tell the phase: the factories' forward shows nothing, and the capture
+    // of the repro command gives the repro; the report says both.
+    let (code, r, out) = crate::common::shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r["path"], "capture of the repro command", "{r}");
+    assert_eq!(r["paths"][0]["path"], "factories", "{r}");
+    assert!(
+        r["paths"][0]["outcome"].as_str().unwrap().contains("none"),
+        "{r}"
+    );
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+}
+
+#[test]
+fn a_jax_training_script_without_factories_is_captured_and_shrunk() {
+    crate::common::require_python("import jax", "a real JAX: pip install 'jax[cpu]'");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let jax = |p: &str| crate::common::fixture_text("jax", p);
+    let files: Vec<(&str, String)> = ["toy/__init__.py", "toy/fn.py", "toy/ops.py", "train.py"]
+        .iter()
+        .map(|p| (*p, jax(p)))
+        .collect();
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"180s\"\nenv = { JAX_PLATFORMS = \"cpu\" }\n";
+    let commits = history(
+        &dir,
+        &files,
+        [
+            "toy/rows.py = ROWS = 99",
+            "toy/rows.py = ROWS = 99",
+            "toy/rows.py = ROWS = 6",
+            "toy/rows.py = ROWS = 6",
+        ],
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "minimal", "{text}");
+    assert_eq!(s["captured"]["framework"], "jax", "{s}");
+    assert_eq!(s["captured"]["function"], "toy.fn:train_step", "{s}");
+    let kept = kept(s);
+    assert_eq!(kept.len(), 1, "{text}");
+    assert!(kept[0].contains("callback"), "{kept:?}");
+    // The captured arguments are the culprit's (its table has 6 rows): the check at the parent cannot
+    // tell, and says so rather than "reproduced".
+    assert_eq!(
+        s["parent_check"]["status"], "reproduced_on_captured_values",
+        "{s}"
+    );
+    assert!(
+        s["minimal_model"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("repro.py")),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_repro_that_is_not_a_python_program_is_not_shrunk_and_the_report_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let script = "#!/bin/sh\nif [ \"$(cat limit.txt)\" -lt 10 ]; then echo 'CUDA error: an illegal memory access was encountered (cudaErrorIllegalAddress)' >&2; exit 1; fi\n";
+    let config = "[repro]\ncommand = [\"sh\", \"run.sh\"]\ntimeout = \"60s\"\n";
+    let commits = history(
+        &dir,
+        &[("run.sh", script.to_string())],
+        [
+            "limit.txt = 99",
+            "limit.txt = 99",
+            "limit.txt = 3",
+            "limit.txt = 3",
+        ],
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "not_applicable", "{text}");
+    assert!(
+        s["summary"]
+            .as_str()
+            .unwrap()
+            .contains("not a Python program"),
+        "{s}"
+    );
+    assert_eq!(
+        text.matches("not a Python program").count(),
+        1,
+        "said once: {text}"
+    );
+}
