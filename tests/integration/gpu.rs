@@ -1464,3 +1464,144 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
     assert_eq!(r["signature"]["kernel"], "window_kernel", "{text}");
     standalone_repro_faults(&r);
 }
+
+/// Files of one commit of a default-shrink package: trainpkg (its kernels with `kernel_edits`), the
+/// realistic GPU fixtures, and `extra` files.
+fn default_shrink_files(kernel_edits: &[(&str, &str)], extra: &[(&str, String)], config: &str) -> Files {
+    let mut f = trainpkg_files(kernel_edits, config);
+    let base = root().join("fixtures/torch/realistic_gpu");
+    for p in [
+        "deep_model.py",
+        "train_deep.py",
+        "train_compiled.py",
+        "hfce/__init__.py",
+        "hfce/ce.py",
+        "train_hf.py",
+    ] {
+        put(&mut f, p, std::fs::read_to_string(base.join(p)).unwrap(), false);
+    }
+    for (p, text) in extra {
+        put(&mut f, p, text.clone(), false);
+    }
+    f
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch, triton, transformers and jax with CUDA: run with --include-ignored on the GPU machine"]
+fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_package() {
+    let op_bug = ("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1 << 22\n");
+    let op_fixed = ("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1\n");
+    let hf_bug = "BUG_CE_STRIDE = 1 << 22";
+    let mut failures = Vec::new();
+    for (case, script, good, bad, want) in [
+        // A custom op's Triton backward, three modules deep under a forward FX cannot trace.
+        ("custom op three modules deep", "train_deep.py", op_fixed, op_bug, "backward"),
+        // The same op under torch.compile: the capture replays the original module eagerly.
+        ("torch.compile'd model", "train_compiled.py", op_fixed, op_bug, "backward"),
+        // A transformers GPT-2 in bf16 trained with the project's fused Triton cross-entropy.
+        ("transformers model, fused Triton loss", "train_hf.py", op_fixed, op_fixed, "loss"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        let config = format!("[repro]\ncommand = [\"python3\", \"{script}\"]\ntimeout = \"5m\"\n");
+        let ce = |buggy: bool| {
+            let text = std::fs::read_to_string(root().join("fixtures/torch/realistic_gpu/hfce/ce.py")).unwrap();
+            let text = if buggy { text.replace("BUG_CE_STRIDE = 1", hf_bug) } else { text };
+            vec![("hfce/ce.py", text)]
+        };
+        let hf = case.starts_with("transformers");
+        let commits = linear_history(
+            &dir,
+            [
+                default_shrink_files(&[good], &ce(false), &config),
+                default_shrink_files(&[good], &ce(false), &config),
+                default_shrink_files(&[bad], &ce(hf), &config),
+                default_shrink_files(&[bad], &ce(hf), &config),
+            ],
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let (r, text) = start_with_report(
+            &dir,
+            &["start", &format!("{}..main", commits[0])],
+            &tmp.path().join("report.json"),
+        );
+        let s = &r["shrink"];
+        let kept: Vec<&str> = s["kept"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
+            .unwrap_or_default();
+        let bundle = r["bundle"].as_str().map(PathBuf::from);
+        let bytes = bundle.as_deref().map_or(0, dir_bytes);
+        println!(
+            "{case}: culprit {} (want {}) | {} | path {} | captured step {} phase {} | kept {kept:?} | triage {} | bundle {} bytes | {:.1}s",
+            r["first_bad"]["commit"],
+            commits[2],
+            s["summary"],
+            s["path"],
+            s["captured"]["step"],
+            s["captured"]["phase"],
+            r["triage"]["summary"],
+            bytes,
+            started.elapsed().as_secs_f64()
+        );
+        let phase_ok = kept.len() == 1
+            && s["kept"][0]["phase"] == want
+            && !kept[0].starts_with("model");
+        if r["first_bad"]["commit"] != commits[2].to_string() || s["status"] != "minimal" || !phase_ok {
+            failures.push(format!("{case}: {}\n{text}", s));
+            continue;
+        }
+        match bundle {
+            Some(b) => {
+                let (code, sig, out) = reproduce_from_bundle(&b, &dir);
+                println!("{case}: reproduce.sh: exit {code}, {}", sig.short());
+                if code == 0 || bytes > 25 << 20 {
+                    failures.push(format!("{case}: reproduce.sh exit {code}, bundle {bytes} bytes\n{out}"));
+                }
+            }
+            None => failures.push(format!("{case}: no bundle\n{text}")),
+        }
+    }
+    // A JAX script with no factories: the jitted step is captured, its Pallas kernel kept.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"300s\"\n";
+    let commits = linear_history(
+        &dir,
+        [0, 0, -(1 << 28), -(1 << 28)].map(|o| jax_gpu_files(o, config)),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (r, text) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0])],
+        &tmp.path().join("report.json"),
+    );
+    let s = &r["shrink"];
+    let bytes = r["bundle"].as_str().map_or(0, |b| dir_bytes(Path::new(b)));
+    println!(
+        "JAX script without factories: culprit ok {} | {} | captured {} | triage {} | bundle {} bytes | {:.1}s",
+        r["first_bad"]["commit"] == commits[2].to_string(),
+        s["summary"],
+        s["captured"]["function"],
+        r["triage"]["summary"],
+        bytes,
+        started.elapsed().as_secs_f64()
+    );
+    if s["status"] != "minimal" || s["captured"]["framework"] != "jax" {
+        failures.push(format!("JAX: {s}\n{text}"));
+    } else {
+        standalone_repro_faults(s);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() { dir_bytes(&entry.path()) } else { meta.len() };
+    }
+    total
+}
