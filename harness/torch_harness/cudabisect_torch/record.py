@@ -346,10 +346,13 @@ def load_recorded(path):
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     if key in RECORDED:
         return RECORDED[key]
+    # On the CPU whatever was saved: a value inside a container torch's tree functions do not know (a
+    # model's output object) may have been saved on the device, and loading it there would start CUDA in
+    # a warm server, whose forked children could then not use it.
     try:
-        value = torch.load(path, weights_only=True)
+        value = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError:
-        value = torch.load(path, weights_only=False)
+        value = torch.load(path, weights_only=False, map_location="cpu")
     if len(RECORDED) >= 4096:
         RECORDED.clear()
     RECORDED[key] = value
