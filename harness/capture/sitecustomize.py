@@ -71,8 +71,15 @@ def _main_module_source():
     with open(path) as f:
         tree = ast.parse(f.read())
     keep = []
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            keep.append(node)
+        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name)
+              and node.value.func.value.id in defined):
+            # A registration on the script's own op or function (`op.register_autograd(backward)`,
+            # `fn.defvjp(fwd, bwd)`): part of its definitions. A plain call (`main()`) is a statement.
             keep.append(node)
         elif isinstance(node, ast.Assign):
             try:

@@ -288,3 +288,26 @@ fn a_repro_that_is_not_a_python_program_is_not_shrunk_and_the_report_says_why() 
         "said once: {text}"
     );
 }
+
+#[test]
+fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_standalone_repro() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[repro]\ncommand = [\"python3\", \"train_op.py\"]\ntimeout = \"120s\"\n";
+    history(
+        &dir,
+        &[("train_op.py", realistic("train_op.py"))],
+        ["unused.txt = 0", "unused.txt = 0", "unused.txt = 0", "unused.txt = 0"],
+        config,
+    );
+    let (code, r, out) = crate::common::shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    // The op's own backward, found inside the traceable submodule of the model kept whole.
+    assert_eq!(kept(&r), ["model__inner__scale_default__backward"], "{out}");
+    let text = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    assert!(text.contains("# cudabisect-needs-project: \n"), "needs nothing of the project: {text}");
+    let (exit, out) = run_repro_alone(&r, None, &[]);
+    assert_eq!(exit, Some(1), "{out}\n{text}");
+    assert!(out.contains("an illegal memory access"), "{out}");
+}

@@ -356,9 +356,20 @@ def named_globals(names, globs, imports):
                 imports.add(f"from {mod} import {real}" + (f" as {name}" if real != name else ""))
                 continue
             found.append((g, name))
-        elif isinstance(g, (bool, int, float, str)) or g is None:
+        elif plain_literal(g):
             imports.add(f"{name} = {g!r}")
     return found
+
+
+def plain_literal(v, depth=0):
+    """Whether `v` is written back exactly by its repr: a number, string, bool or None, or a (small) dict,
+    list, tuple or set of those (a flag table the copied code reads)."""
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return not (isinstance(v, float) and v != v) and v not in (float("inf"), float("-inf"))
+    if depth > 4 or type(v) not in (dict, list, tuple, set) or len(v) > 256:
+        return False
+    items = list(v.items()) if isinstance(v, dict) else [(x, None) for x in v]
+    return all(plain_literal(k, depth + 1) and plain_literal(x, depth + 1) for k, x in items)
 
 
 def custom_op_source(qual, opdef, missing):
@@ -601,9 +612,12 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             fmt = "cut(env[{name!r}], {name!r}, LEAVES" + (", clone=True)" if s.inplace else ")")
         args = ", ".join([literal(a, fmt) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
                          + [f"{k}={literal(v, fmt)}" for k, v in s.kwargs.items()])
+        prelude = ""
         if s.kind == "call_recorded":
-            # A call found by descending into a module kept whole: its recorded (args, kwargs).
-            rec = literal(s.args[0], None)
+            # A call found by descending into a module kept whole: its recorded (args, kwargs), cut into
+            # fresh leaves once when its backward is kept (as the harness's forward step does).
+            prelude = f"    rec = {literal(s.args[0], fmt)}\n"
+            rec = "rec"
             if s.via == "call_module":
                 expr = f"modules[{s.target!r}](*{rec}[0], **{rec}[1])"
             elif s.via == "call_method":
@@ -622,6 +636,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             module = f"modules[{s.module!r}]" if s.module is not None else "None"
             done = f"    forward_done({s.name!r}, env[{s.name!r}], {module})\n"
         lines.append(f"    print({begin!r}, flush=True)\n"
+                     f"{prelude}"
                      f"    env[{s.name!r}] = {expr}\n"
                      f"{done}"
                      f"    sync()\n"
