@@ -300,3 +300,11 @@ def test_generated_code_that_does_not_compile_is_refused_with_its_text():
     except ImportError:
         return
     assert "never defines" in h.lint("def f():\n    return undefined_thing\n")
+
+
+def test_source_paths_name_the_project_or_the_package_never_this_machine():
+    here = os.getcwd()
+    assert h.readable_path(os.path.join(here, "pkg", "model.py")) == os.path.join("pkg", "model.py")
+    lib = "/opt/venv/lib/python3.12/site-packages/transformers/utils/generic.py"
+    assert h.readable_path(lib) == "transformers/utils/generic.py"
+    assert h.readable_path("/elsewhere/tool.py") == "tool.py"

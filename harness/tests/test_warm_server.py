@@ -35,7 +35,7 @@ def prepare(a):
 WARMED = [None]
 
 
-def warm_device(a, root=None):
+def warm_device(a, root=None, captured=None):
     WARMED[0] = os.getpid()
     print(f"warmed in {{os.getpid()}}", flush=True)
 

@@ -94,16 +94,7 @@ pub fn capture(
     let command = capture_command(config, section);
     let run = |extra: &[(&str, String)], log: &str| -> Result<String, CaptureError> {
         let mut env: BTreeMap<String, String> = config.repro.env.clone();
-        let inherited = env
-            .get("PYTHONPATH")
-            .cloned()
-            .or_else(|| std::env::var("PYTHONPATH").ok())
-            .filter(|p| !p.is_empty());
-        let path = match inherited {
-            Some(p) => format!("{}:{p}", hook.display()),
-            None => hook.display().to_string(),
-        };
-        env.insert("PYTHONPATH".into(), path);
+        prepend_pythonpath(&mut env, &hook);
         env.insert("PYTHONHASHSEED".into(), "0".into());
         env.insert("CUDABISECT_CAPTURE_DIR".into(), dir.display().to_string());
         if let Some(rank) = fault_rank {
@@ -183,8 +174,13 @@ pub fn jax_section(section: &ShrinkSection, dir: &Path) -> ShrinkSection {
     jax.train = None;
     jax.function = Some("cudabisect_jax_capture:function".into());
     jax.inputs = Some("cudabisect_jax_capture:inputs".into());
-    let inherited = jax
-        .env
+    prepend_pythonpath(&mut jax.env, dir);
+    jax
+}
+
+/// Puts `dir` first on the `PYTHONPATH` of `env` (which, when it names none, inherits this process's).
+fn prepend_pythonpath(env: &mut BTreeMap<String, String>, dir: &Path) {
+    let inherited = env
         .get("PYTHONPATH")
         .cloned()
         .or_else(|| std::env::var("PYTHONPATH").ok())
@@ -193,8 +189,7 @@ pub fn jax_section(section: &ShrinkSection, dir: &Path) -> ShrinkSection {
         Some(p) => format!("{}:{p}", dir.display()),
         None => dir.display().to_string(),
     };
-    jax.env.insert("PYTHONPATH".into(), path);
-    jax
+    env.insert("PYTHONPATH".into(), path);
 }
 
 /// Puts what the capture noticed about the step (a compiled model run eagerly, autocast) into the

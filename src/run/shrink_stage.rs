@@ -329,16 +329,8 @@ fn shrink_with(
     cancel: &AtomicBool,
 ) -> (ShrinkReport, ShrinkWay) {
     let section = way.section();
-    let harness = match ProcessHarness::from_config(
-        stage.config,
-        section,
-        stage.cwd,
-        stage.commit,
-        stage.run_dir,
-        stage.fault_rank,
-        way.capture_dir(),
-    ) {
-        Ok(h) => h.on(stage.executor.clone()),
+    let harness = match harness_for(stage, &way, stage.cwd, stage.commit) {
+        Ok(h) => h,
         Err(e) => {
             let report = not_started(out_dir, ShrinkStatus::Failed, format!("shrink: {e}"));
             return (report, way);
@@ -355,6 +347,25 @@ fn shrink_with(
     (shrink(&harness, &settings, reporter, cancel), way)
 }
 
+/// The harness of `way` on the commit built in `cwd`, run through the stage's executor.
+fn harness_for(
+    stage: &ShrinkStage,
+    way: &ShrinkWay,
+    cwd: &Path,
+    commit: &str,
+) -> Result<ProcessHarness, crate::protocol::client::ProtocolError> {
+    ProcessHarness::from_config(
+        stage.config,
+        way.section(),
+        cwd,
+        commit,
+        stage.run_dir,
+        stage.fault_rank,
+        way.capture_dir(),
+    )
+    .map(|h| h.on(stage.executor.clone()))
+}
+
 /// The minimal subgraph once more at `parent_cwd` (the parent commit, built there), through the way
 /// that found it.
 pub fn parent_check(
@@ -365,21 +376,8 @@ pub fn parent_check(
     report: &ShrinkReport,
     cancel: &AtomicBool,
 ) -> ParentCheck {
-    match ProcessHarness::from_config(
-        stage.config,
-        way.section(),
-        parent_cwd,
-        parent,
-        stage.run_dir,
-        stage.fault_rank,
-        way.capture_dir(),
-    ) {
-        Ok(h) => match check_parent(
-            &h.on(stage.executor.clone()),
-            report,
-            &stage.config.match_policy,
-            cancel,
-        ) {
+    match harness_for(stage, way, parent_cwd, parent) {
+        Ok(h) => match check_parent(&h, report, &stage.config.match_policy, cancel) {
             // The captured values are the first bad commit's, not the parent's.
             ParentCheck::Reproduced if matches!(way, ShrinkWay::Capture(..)) => {
                 ParentCheck::ReproducedOnCapturedValues

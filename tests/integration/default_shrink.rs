@@ -298,7 +298,12 @@ fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_stand
     history(
         &dir,
         &[("train_op.py", realistic("train_op.py"))],
-        ["unused.txt = 0", "unused.txt = 0", "unused.txt = 0", "unused.txt = 0"],
+        [
+            "unused.txt = 0",
+            "unused.txt = 0",
+            "unused.txt = 0",
+            "unused.txt = 0",
+        ],
         config,
     );
     let (code, r, out) = crate::common::shrink(&dir, &[]);
@@ -306,7 +311,10 @@ fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_stand
     // The op's own backward, found inside the traceable submodule of the model kept whole.
     assert_eq!(kept(&r), ["model__inner__scale_default__backward"], "{out}");
     let text = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
-    assert!(text.contains("# cudabisect-needs-project: \n"), "needs nothing of the project: {text}");
+    assert!(
+        text.contains("# cudabisect-needs-project: \n"),
+        "needs nothing of the project: {text}"
+    );
     let (exit, out) = run_repro_alone(&r, None, &[]);
     assert_eq!(exit, Some(1), "{out}\n{text}");
     assert!(out.contains("an illegal memory access"), "{out}");

@@ -1467,7 +1467,11 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
 
 /// Files of one commit of a default-shrink package: trainpkg (its kernels with `kernel_edits`), the
 /// realistic GPU fixtures, and `extra` files.
-fn default_shrink_files(kernel_edits: &[(&str, &str)], extra: &[(&str, String)], config: &str) -> Files {
+fn default_shrink_files(
+    kernel_edits: &[(&str, &str)],
+    extra: &[(&str, String)],
+    config: &str,
+) -> Files {
     let mut f = trainpkg_files(kernel_edits, config);
     let base = root().join("fixtures/torch/realistic_gpu");
     for p in [
@@ -1478,7 +1482,12 @@ fn default_shrink_files(kernel_edits: &[(&str, &str)], extra: &[(&str, String)],
         "hfce/ce.py",
         "train_hf.py",
     ] {
-        put(&mut f, p, std::fs::read_to_string(base.join(p)).unwrap(), false);
+        put(
+            &mut f,
+            p,
+            std::fs::read_to_string(base.join(p)).unwrap(),
+            false,
+        );
     }
     for (p, text) in extra {
         put(&mut f, p, text.clone(), false);
@@ -1489,24 +1498,51 @@ fn default_shrink_files(kernel_edits: &[(&str, &str)], extra: &[(&str, String)],
 #[test]
 #[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch, triton, transformers and jax with CUDA: run with --include-ignored on the GPU machine"]
 fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_package() {
-    let op_bug = ("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1 << 22\n");
+    let op_bug = (
+        "BUG_OP_BWD_STRIDE = 1 << 22\n",
+        "BUG_OP_BWD_STRIDE = 1 << 22\n",
+    );
     let op_fixed = ("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1\n");
     let hf_bug = "BUG_CE_STRIDE = 1 << 22";
     let mut failures = Vec::new();
     for (case, script, good, bad, want) in [
         // A custom op's Triton backward, three modules deep under a forward FX cannot trace.
-        ("custom op three modules deep", "train_deep.py", op_fixed, op_bug, "backward"),
+        (
+            "custom op three modules deep",
+            "train_deep.py",
+            op_fixed,
+            op_bug,
+            "backward",
+        ),
         // The same op under torch.compile: the capture replays the original module eagerly.
-        ("torch.compile'd model", "train_compiled.py", op_fixed, op_bug, "backward"),
+        (
+            "torch.compile'd model",
+            "train_compiled.py",
+            op_fixed,
+            op_bug,
+            "backward",
+        ),
         // A transformers GPT-2 in bf16 trained with the project's fused Triton cross-entropy.
-        ("transformers model, fused Triton loss", "train_hf.py", op_fixed, op_fixed, "loss"),
+        (
+            "transformers model, fused Triton loss",
+            "train_hf.py",
+            op_fixed,
+            op_fixed,
+            "loss",
+        ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("repo");
         let config = format!("[repro]\ncommand = [\"python3\", \"{script}\"]\ntimeout = \"5m\"\n");
         let ce = |buggy: bool| {
-            let text = std::fs::read_to_string(root().join("fixtures/torch/realistic_gpu/hfce/ce.py")).unwrap();
-            let text = if buggy { text.replace("BUG_CE_STRIDE = 1", hf_bug) } else { text };
+            let text =
+                std::fs::read_to_string(root().join("fixtures/torch/realistic_gpu/hfce/ce.py"))
+                    .unwrap();
+            let text = if buggy {
+                text.replace("BUG_CE_STRIDE = 1", hf_bug)
+            } else {
+                text
+            };
             vec![("hfce/ce.py", text)]
         };
         let hf = case.starts_with("transformers");
@@ -1548,7 +1584,10 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
         let phase_ok = kept.len() == 1
             && s["kept"][0]["phase"] == want
             && !["model", "model__backward"].contains(&kept[0]);
-        if r["first_bad"]["commit"] != commits[2].to_string() || s["status"] != "minimal" || !phase_ok {
+        if r["first_bad"]["commit"] != commits[2].to_string()
+            || s["status"] != "minimal"
+            || !phase_ok
+        {
             failures.push(format!("{case}: {}\n{text}", s));
             continue;
         }
@@ -1557,7 +1596,9 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
                 let (code, sig, out) = reproduce_from_bundle(&b, &dir);
                 println!("{case}: reproduce.sh: exit {code}, {}", sig.short());
                 if code == 0 || bytes > 25 << 20 {
-                    failures.push(format!("{case}: reproduce.sh exit {code}, bundle {bytes} bytes\n{out}"));
+                    failures.push(format!(
+                        "{case}: reproduce.sh exit {code}, bundle {bytes} bytes\n{out}"
+                    ));
                 }
             }
             None => failures.push(format!("{case}: no bundle\n{text}")),
@@ -1601,7 +1642,11 @@ fn dir_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let meta = entry.metadata().unwrap();
-        total += if meta.is_dir() { dir_bytes(&entry.path()) } else { meta.len() };
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())
+        } else {
+            meta.len()
+        };
     }
     total
 }

@@ -40,6 +40,20 @@ class Ref:
         return f"Ref({self.name!r})"
 
 
+def readable_path(path):
+    """A source file as a maintainer reads it: relative to the project (the working directory) when it is
+    the project's, from the package's own name when it is an installed library's, never a path of this
+    machine's checkout or environment."""
+    full = os.path.abspath(path)
+    root = os.path.abspath(os.getcwd()) + os.sep
+    if full.startswith(root):
+        return os.path.relpath(full)
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in full:
+            return full.split(marker, 1)[1]
+    return os.path.basename(full)
+
+
 def short_name(target):
     if isinstance(target, str):
         return target.split(".")[-1]
@@ -165,7 +179,7 @@ def fx_source(node):
         if line.startswith("File "):
             parts = line.split(",")
             if len(parts) >= 2 and "-packages/" not in parts[0] and "/lib/python3" not in parts[0]:
-                path = os.path.relpath(parts[0][5:].strip().strip(chr(34)))
+                path = readable_path(parts[0][5:].strip().strip(chr(34)))
                 found = f"{path}:{parts[1].strip().removeprefix('line ')}"
     return found
 

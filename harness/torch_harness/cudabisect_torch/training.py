@@ -14,7 +14,7 @@ import importlib.util
 import inspect
 import os
 from dataclasses import dataclass
-from .graph import Ref, Step, refs_in
+from .graph import Ref, Step, readable_path, refs_in
 from .node import MissingValue, call, model_call, resolve, to_device
 
 
@@ -122,7 +122,7 @@ def step_source(step, root):
             return None
         fn = getattr(fn, "fn", fn)
         _, line = inspect.getsourcelines(fn)
-        return f"{os.path.relpath(inspect.getsourcefile(fn))}:{line}"
+        return f"{readable_path(inspect.getsourcefile(fn))}:{line}"
     except (OSError, TypeError, ValueError):
         return None
 
