@@ -329,7 +329,14 @@ pub fn start(
         if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
             let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
             match write_bundle(&plan, &report, &run_dir, root, reporter, cancel) {
-                Ok(dir) => report.bundle = Some(dir.display().to_string()),
+                Ok(dir) => {
+                    // What a maintainer is handed, and its size (attachable or not).
+                    reporter.event(&Event::BundleWritten {
+                        bytes: super::shrink::dir_bytes(&dir),
+                        path: dir.display().to_string(),
+                    });
+                    report.bundle = Some(dir.display().to_string());
+                }
                 Err(e) => reporter.event(&Event::Warning {
                     message: e.to_string(),
                 }),

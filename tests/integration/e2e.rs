@@ -1126,6 +1126,7 @@ fn redact(text: &str, repo: &Path) -> String {
         (r"[0-9]+\.[0-9]+s\b", "<d>s"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<date>"),
         (r"runs/[0-9]+-[0-9]+", "runs/<id>"),
+        (r"\([0-9]+\.[0-9] (KiB|MiB)\)", "(<size>)"),
     ];
     rules.iter().fold(text, |t, (re, to)| {
         regex::Regex::new(re)
