@@ -142,6 +142,14 @@ def _picklable(value, torch):
         return False
     if isinstance(value, torch.Tensor) and value.numel() * value.element_size() > STATE_LIMIT:
         return False
+    # Sized before pickled: a data set kept at module level (a large array, a long list) is not state.
+    if getattr(value, "nbytes", 0) > STATE_LIMIT:
+        return False
+    try:
+        if len(value) > 10000:
+            return False
+    except Exception:  # noqa: BLE001 - no length: a scalar or a plain object
+        pass
     try:
         return len(pickle.dumps(value)) <= STATE_LIMIT
     except Exception:  # noqa: BLE001 - whatever cannot be pickled is not part of the replay

@@ -81,11 +81,24 @@ fn hex16(digest: &[u8]) -> String {
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
-/// A config's meaning: its TOML parsed and written back in one canonical form, so a comment, blank
-/// lines or the order of keys change nothing (the text itself when it does not parse).
+/// A config's meaning for a probe's verdict: its TOML parsed and written back in one canonical form, so a
+/// comment, blank lines or the order of keys change nothing (the text itself when it does not parse),
+/// without what never judges a probe: `[shrink]` and `[bundle]` (stages after the search), and whether
+/// and how long triage runs (its sanitizer and environment stay: the search reruns probes under them).
 pub fn config_meaning(text: &str) -> String {
     match text.parse::<toml::Table>() {
-        Ok(table) => serde_json::to_string(&table).unwrap_or_else(|_| text.to_string()),
+        Ok(mut table) => {
+            table.remove("shrink");
+            table.remove("bundle");
+            if let Some(toml::Value::Table(triage)) = table.get_mut("triage") {
+                triage.remove("enabled");
+                triage.remove("timeout");
+                if triage.is_empty() {
+                    table.remove("triage");
+                }
+            }
+            serde_json::to_string(&table).unwrap_or_else(|_| text.to_string())
+        }
         Err(_) => text.to_string(),
     }
 }
@@ -511,6 +524,20 @@ impl JournaledProbe<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stages_after_the_search_do_not_change_what_a_probe_means() {
+        let plain = "[repro]\ncommand = \"python train.py\"\n";
+        let staged = format!(
+            "{plain}\n[shrink]\nconfirm = 2\n\n[bundle]\ninclude-binary = true\n\n[triage]\nenabled = false\ntimeout = \"2h\"\n"
+        );
+        assert_eq!(config_meaning(plain), config_meaning(&staged));
+        // The sanitizer the search reruns probes under does.
+        let sanitized = format!("{plain}\n[triage]\nsanitizer = \"/opt/cs\"\n");
+        assert_ne!(config_meaning(plain), config_meaning(&sanitized));
+        let repro = plain.replace("train.py", "other.py");
+        assert_ne!(config_meaning(plain), config_meaning(&repro));
+    }
     use crate::bisect::Verdict;
     use crate::classify::FaultClass;
     use crate::report::event::Event;
