@@ -428,12 +428,10 @@ impl ShrinkSection {
         self.train.is_none() && self.loss.is_none() && self.optimizer.is_none()
     }
 
-    /// Factories, a model file or a harness of the user's own name the model.
+    /// Factories, a model file or a harness of the user's own name the model (a `step` with factories
+    /// names its `model` too: the config requires it).
     pub fn has_factories(&self) -> bool {
-        self.harness.is_some()
-            || self.model.is_some()
-            || self.function.is_some()
-            || (self.step.is_some() && self.inputs.is_some())
+        self.harness.is_some() || self.model.is_some() || self.function.is_some()
     }
 
     /// The device argument of the shipped harnesses (`auto`: the fault's own device).
@@ -445,7 +443,7 @@ impl ShrinkSection {
     /// command, every other key at its default.
     pub fn implicit() -> Self {
         Self {
-            enabled: true,
+            enabled: yes(),
             harness: None,
             model: None,
             inputs: None,
@@ -458,13 +456,13 @@ impl ShrinkSection {
             capture: true,
             python: default_python(),
             device: None,
-            warm_start: true,
+            warm_start: yes(),
             backend: BackendChoice::default(),
             timeout: default_shrink_timeout(),
-            attempts: 1,
+            attempts: one(),
             confirm: default_confirm(),
-            confirm_jobs: 1,
-            check_parent: true,
+            confirm_jobs: one(),
+            check_parent: yes(),
             env: BTreeMap::new(),
             implicit: true,
         }

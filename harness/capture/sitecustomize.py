@@ -97,16 +97,23 @@ def _save(torch, name, value):
 def _pickle_model(torch, module):
     """Pickles the model, and the program's state its code reads (see `_program_state`); classes defined
     in the script itself are pickled as cudabisect_main's, whose source is the script's definitions."""
-    src = _main_module_source()
-    if src is not None:
-        with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
-            f.write(src)
-        sys.modules["cudabisect_main"] = sys.modules.get("__main__")
-    elif any(type(m).__module__ == "__main__" for m in module.modules()):
+    if not _write_main_source() and any(type(m).__module__ == "__main__" for m in module.modules()):
         raise RuntimeError("the model's classes are defined in a script whose source cannot be read")
     with _as_cudabisect_main():
         _save(torch, "model.pt", module)
         _save(torch, "program_state.pt", _program_state(torch))
+
+
+def _write_main_source():
+    """Writes the script's definitions beside the capture as cudabisect_main.py, the module its own
+    classes and functions are pickled as; False when its source cannot be read."""
+    src = _main_module_source()
+    if src is None:
+        return False
+    with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
+        f.write(src)
+    sys.modules["cudabisect_main"] = sys.modules.get("__main__")
+    return True
 
 
 class _as_cudabisect_main:
@@ -608,7 +615,7 @@ def _install_jax():
     def jit(fun=None, *jit_args, **jit_kwargs):
         if fun is None:
             return lambda f: jit(f, *jit_args, **jit_kwargs)
-        return _Jitted(original(fun, *jit_args, **jit_kwargs), fun, jit_kwargs, target, want)
+        return _Jitted(original(fun, *jit_args, **jit_kwargs), fun, target, want)
 
     jax.jit = jit
 
@@ -616,8 +623,8 @@ def _install_jax():
 class _Jitted:
     """A jitted function, counted and watched (see above); everything else is the jitted object's."""
 
-    def __init__(self, jitted, fun, jit_kwargs, target, want):
-        self._jitted, self._fun, self._jit_kwargs = jitted, fun, jit_kwargs
+    def __init__(self, jitted, fun, target, want):
+        self._jitted, self._fun = jitted, fun
         self._name, self._target, self._want = _function_name(fun), target, want
         self.__wrapped__ = fun
         for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -660,18 +667,13 @@ def _save_jax_call(jitted, args, kwargs):
     import pickle
 
     import jax
-    static = set(jitted._jit_kwargs.get("static_argnames") or ())
-    src = _main_module_source()
-    if src is not None:
-        with open(os.path.join(OUT, "cudabisect_main.py"), "w") as f:
-            f.write(src)
-        sys.modules["cudabisect_main"] = sys.modules.get("__main__")
+    _write_main_source()
     with _as_cudabisect_main():
         with open(os.path.join(OUT, "jax_call.pkl"), "wb") as f:
             pickle.dump({"function": jitted._name, "args": jax.device_get(list(args)),
-                         "kwargs": jax.device_get(dict(kwargs)), "static": sorted(static)}, f)
+                         "kwargs": jax.device_get(dict(kwargs))}, f)
         try:
-            state = {k: v for k, v in _program_state_plain().items()}
+            state = _program_state_plain()
             with open(os.path.join(OUT, "program_state.pkl"), "wb") as f:
                 pickle.dump(state, f)
         except Exception as e:  # noqa: BLE001 - the replay may not need it; say so in the notes

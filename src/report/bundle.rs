@@ -443,11 +443,11 @@ pub fn render(
     if let Some(s) = input.shrink {
         let _ = writeln!(md, "## Minimal repro\n");
         let _ = writeln!(md, "{}\n", s.summary);
-        if let Some(path) = &s.path {
-            let _ = writeln!(md, "Made from: the {path}.");
-            for tried in s.paths.iter().filter(|t| &t.path != path) {
-                let _ = writeln!(md, "Tried first: the {}: {}.", tried.path, tried.outcome);
-            }
+        let ways = s.way_lines();
+        for line in &ways {
+            let _ = writeln!(md, "{line}.");
+        }
+        if !ways.is_empty() {
             md.push('\n');
         }
         if !s.kept.is_empty() {

@@ -462,17 +462,10 @@ pub fn summary(report: &Report) -> String {
 /// Which way gave the minimal repro, and why the ways before it did not: shown only when more than
 /// one way was tried.
 fn path_lines(r: &ShrinkReport) -> String {
-    let mut out = String::new();
-    if let (Some(path), true) = (&r.path, r.paths.len() > 1) {
-        out.push_str(&format!("Made from: the {path}\n"));
-        for tried in r.paths.iter().filter(|t| &t.path != path) {
-            out.push_str(&format!(
-                "Tried first: the {}: {}\n",
-                tried.path, tried.outcome
-            ));
-        }
+    if r.paths.len() < 2 {
+        return String::new();
     }
-    out
+    r.way_lines().iter().map(|l| format!("{l}\n")).collect()
 }
 
 fn subgraph_lines(r: &ShrinkReport) -> String {

@@ -344,6 +344,24 @@ pub struct ShrinkReport {
     pub paths: Vec<ShrinkPathTried>,
 }
 
+impl ShrinkReport {
+    /// The way that gave this result and how each way before it ended, one line each (`Made from: the
+    /// capture of the repro command`, `Tried first: the factories: …`); none when no way was named.
+    pub fn way_lines(&self) -> Vec<String> {
+        let Some(path) = &self.path else {
+            return vec![];
+        };
+        std::iter::once(format!("Made from: the {path}"))
+            .chain(
+                self.paths
+                    .iter()
+                    .filter(|t| &t.path != path)
+                    .map(|t| format!("Tried first: the {}: {}", t.path, t.outcome)),
+            )
+            .collect()
+    }
+}
+
 /// What the minimal repro ships.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct ReproData {

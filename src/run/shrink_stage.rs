@@ -136,7 +136,7 @@ pub fn capture_refusal(target: Option<&Signature>) -> Option<String> {
 /// backward or the update and `train` is left out), then the capture of the repro command.
 pub fn ways(section: &ShrinkSection, target: Option<&Signature>) -> Result<Vec<ShrinkWay>, String> {
     let mut out = Vec::new();
-    if section.has_factories() && !(section.step.is_some() && section.inputs.is_none()) {
+    if section.has_factories() {
         let mut factories = section.clone();
         let training = target
             .and_then(fault_phase)
@@ -279,46 +279,45 @@ fn run_way(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> (ShrinkReport, ShrinkWay) {
-    let way = match way {
-        ShrinkWay::Capture(section, _) => {
-            reporter.event(&Event::StageBegan {
-                stage: Stage::ShrinkCapture,
-            });
-            match super::capture::capture(
-                stage.executor.as_ref(),
-                stage.config,
-                &section,
-                (stage.cwd, stage.commit),
-                stage.run_dir,
-                stage.fault_rank,
-                cancel,
-            ) {
-                Ok((dir, fault)) => {
-                    // A jitted JAX call runs through the JAX harness on the module the capture wrote.
-                    let way = if fault.framework.as_deref() == Some("jax") {
-                        ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)
-                    } else {
-                        ShrinkWay::Capture(section, Some(dir))
-                    };
-                    let (mut report, way) = shrink_with(stage, way, out_dir, reporter, cancel);
-                    report.captured = Some(fault);
-                    super::capture::explain(&mut report);
-                    return (report, way);
-                }
-                Err(e) => {
-                    let status = if cancel.load(Ordering::SeqCst) {
-                        ShrinkStatus::Interrupted
-                    } else {
-                        ShrinkStatus::Failed
-                    };
-                    let report = not_started(out_dir, status, e.to_string());
-                    return (report, ShrinkWay::Capture(section, None));
-                }
-            }
-        }
-        factories => factories,
+    let ShrinkWay::Capture(section, _) = way else {
+        return shrink_with(stage, way, out_dir, reporter, cancel);
     };
-    shrink_with(stage, way, out_dir, reporter, cancel)
+    reporter.event(&Event::StageBegan {
+        stage: Stage::ShrinkCapture,
+    });
+    match super::capture::capture(
+        stage.executor.as_ref(),
+        stage.config,
+        &section,
+        (stage.cwd, stage.commit),
+        stage.run_dir,
+        stage.fault_rank,
+        cancel,
+    ) {
+        Ok((dir, fault)) => {
+            // A jitted JAX call runs through the JAX harness on the module the capture wrote.
+            let way = if fault.framework.as_deref() == Some("jax") {
+                ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)
+            } else {
+                ShrinkWay::Capture(section, Some(dir))
+            };
+            let (mut report, way) = shrink_with(stage, way, out_dir, reporter, cancel);
+            report.captured = Some(fault);
+            super::capture::explain(&mut report);
+            (report, way)
+        }
+        Err(e) => {
+            let status = if cancel.load(Ordering::SeqCst) {
+                ShrinkStatus::Interrupted
+            } else {
+                ShrinkStatus::Failed
+            };
+            (
+                not_started(out_dir, status, e.to_string()),
+                ShrinkWay::Capture(section, None),
+            )
+        }
+    }
 }
 
 fn shrink_with(

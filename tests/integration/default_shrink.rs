@@ -18,27 +18,22 @@ fn realistic(rel: &str) -> String {
     crate::common::fixture_text("torch/realistic", rel)
 }
 
-/// A history of four commits where the limit in `<pkg>/limits.py` drops at the third: `files` gives the
-/// package's files, `config` is bisect.toml.
+/// A history of four commits of the package's `files` and bisect.toml (`config`), where the file at `path`
+/// holds `good` in the first two and `bad` from the third on.
 fn history(
     dir: &Path,
     files: &[(&str, String)],
-    limits: [&str; 4],
+    (path, good, bad): (&str, &str, &str),
     config: &str,
 ) -> Vec<git2::Oid> {
     linear_history(
         dir,
-        limits.map(|limit| {
+        [good, good, bad, bad].map(|text| {
             let mut f = Files::new();
-            for (path, text) in files {
-                put(&mut f, path, text.clone(), false);
+            for (p, t) in files {
+                put(&mut f, p, t.clone(), false);
             }
-            put(
-                &mut f,
-                limit.split('=').next().unwrap().trim(),
-                limit.split_once('=').unwrap().1.trim().to_string() + "\n",
-                false,
-            );
+            put(&mut f, path, format!("{text}\n"), false);
             put(&mut f, "bisect.toml", config.to_string(), false);
             f
         }),
@@ -86,12 +81,7 @@ fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_sec
     let commits = history(
         &dir,
         &files,
-        [
-            "deep/limits.py = LIMIT = 99",
-            "deep/limits.py = LIMIT = 99",
-            "deep/limits.py = LIMIT = 3",
-            "deep/limits.py = LIMIT = 3",
-        ],
+        ("deep/limits.py", "LIMIT = 99", "LIMIT = 3"),
         REPRO_DEEP,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
@@ -133,12 +123,7 @@ fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
     let commits = history(
         &dir,
         &files,
-        [
-            "hfloss/limits.py = LIMIT = 99",
-            "hfloss/limits.py = LIMIT = 99",
-            "hfloss/limits.py = LIMIT = 60",
-            "hfloss/limits.py = LIMIT = 60",
-        ],
+        ("hfloss/limits.py", "LIMIT = 99", "LIMIT = 60"),
         config,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
@@ -179,12 +164,7 @@ fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
     let commits = history(
         &dir,
         &files,
-        [
-            "toy/limits.py = LIMIT = 99",
-            "toy/limits.py = LIMIT = 99",
-            "toy/limits.py = LIMIT = 3",
-            "toy/limits.py = LIMIT = 3",
-        ],
+        ("toy/limits.py", "LIMIT = 99", "LIMIT = 3"),
         config,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
@@ -222,12 +202,7 @@ fn a_jax_training_script_without_factories_is_captured_and_shrunk() {
     let commits = history(
         &dir,
         &files,
-        [
-            "toy/rows.py = ROWS = 99",
-            "toy/rows.py = ROWS = 99",
-            "toy/rows.py = ROWS = 6",
-            "toy/rows.py = ROWS = 6",
-        ],
+        ("toy/rows.py", "ROWS = 99", "ROWS = 6"),
         config,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
@@ -263,12 +238,7 @@ fn a_repro_that_is_not_a_python_program_is_not_shrunk_and_the_report_says_why() 
     let commits = history(
         &dir,
         &[("run.sh", script.to_string())],
-        [
-            "limit.txt = 99",
-            "limit.txt = 99",
-            "limit.txt = 3",
-            "limit.txt = 3",
-        ],
+        ("limit.txt", "99", "3"),
         config,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
@@ -298,12 +268,7 @@ fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_stand
     history(
         &dir,
         &[("train_op.py", realistic("train_op.py"))],
-        [
-            "unused.txt = 0",
-            "unused.txt = 0",
-            "unused.txt = 0",
-            "unused.txt = 0",
-        ],
+        ("unused.txt", "0", "0"),
         config,
     );
     let (code, r, out) = crate::common::shrink(&dir, &[]);

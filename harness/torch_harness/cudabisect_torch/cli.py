@@ -37,7 +37,6 @@ class Prepared:
     sources: dict = field(default_factory=dict)
     rng: object = None  # the random state at the start of a captured step
     device: Optional[str] = None  # the device a captured step ran on
-    autocast: Optional[dict] = None  # the autocast a captured step ran under: {device_type, dtype}
 
 
 def parse_args(argv):
@@ -191,8 +190,7 @@ def prepare(a):
         traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
     sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
     return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
-                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device,
-                    meta.get("autocast"))
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device)
 
 
 def execute(a, w):
