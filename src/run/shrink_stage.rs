@@ -101,7 +101,6 @@ pub fn fault_phase(target: &Signature) -> Option<FaultPhase> {
                 "optimizer.step(",
                 "optim.step(",
                 "scaler.step(",
-                "_step(",
             ],
         ) {
             return Some(FaultPhase::Optimizer);
@@ -410,6 +409,12 @@ mod tests {
         assert_eq!(fault_phase(&update), Some(FaultPhase::Optimizer));
         let forward = python_fault(&["train.py:28 in main: out = model(x)"]);
         assert_eq!(fault_phase(&forward), Some(FaultPhase::Forward));
+        // A step function of the user's is not the optimizer's update.
+        let inside = python_fault(&[
+            "train.py:40 in main: loss = train_step(model, batch)",
+            "train.py:28 in train_step: out = model(batch)",
+        ]);
+        assert_eq!(fault_phase(&inside), Some(FaultPhase::Forward));
         assert_eq!(fault_phase(&python_fault(&[])), None);
     }
 
