@@ -85,6 +85,42 @@ def gpt2_inputs():
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+class OptionalBias(torch.nn.Module):
+    """Traceable, with an argument left None by its caller (as transformers' embeddings take
+    `token_type_ids=None`): FX specialises `if bias is None` on what it traced."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, bias=None):
+        if bias is None:
+            bias = torch.zeros_like(x)
+        return self.lin(x) + bias
+
+
+class Branchy(torch.nn.Module):
+    """Its own forward branches on a tensor's value: kept whole, and the recorded run descends into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = OptionalBias()
+
+    def forward(self, x):
+        if x.sum() > 1e9:
+            x = x * 0
+        return self.inner(x)
+
+
+def branchy():
+    torch.manual_seed(0)
+    return Branchy()
+
+
+def branchy_inputs():
+    return (torch.randn(2, 4),)
+
+
 sys.modules[ZOO] = sys.modules[__name__]
 
 
@@ -137,3 +173,13 @@ def test_a_model_called_with_keyword_inputs_runs_as_called(tmp_path):
     step = warm.steps[0]
     assert set(step.kwargs) == {"input_ids", "attention_mask"}, step.kwargs
     assert h.main(argv + ["run"], warm=warm) == 0
+
+
+def test_a_call_that_leaves_an_argument_none_runs_in_the_recorded_descent(tmp_path):
+    argv = ["--model", f"{ZOO}:branchy", "--example-inputs", f"{ZOO}:branchy_inputs", "--device", "cpu"]
+    warm = h.prepare(h.parse_args(argv + ["describe"]))
+    assert warm.traced_by.startswith("whole")
+    record = tmp_path / "record"
+    assert h.main(argv + ["run", "--record", str(record)], warm=warm) == 0
+    calls = json.loads((record / h.HOOKS_FILE).read_text())["calls"]
+    assert any(c.get("none_args") == ["bias"] for c in calls), calls

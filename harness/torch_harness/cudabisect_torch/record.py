@@ -164,25 +164,39 @@ class Recorder:
         self.handles.append(module.register_forward_hook(post, with_kwargs=True))
 
     def interpret(self, module, path, opaque):
-        """Runs `module` through FX, op by op, with markers and recordings (it can be traced)."""
+        """Runs `module` through FX, op by op, with markers and recordings (it can be traced). FX
+        specialises a forward's `if x is None` on what it traced, so each call is run on the graph traced
+        with its own None arguments as constants; a call whose graph cannot be traced runs as it is."""
         import types
 
         import torch.fx
         try:
-            gm = torch.fx.GraphModule(module, LeafTracer(opaque).trace(module))
             signature = inspect.signature(module.forward)
-        except Exception:  # noqa: BLE001 - not traceable after all: hooks alone then
+        except (TypeError, ValueError):
             return
-        recorder = self
+        original, recorder, graphs = module.forward, self, {}
+
+        def graph_for(nones):
+            if nones not in graphs:
+                try:
+                    graphs[nones] = torch.fx.GraphModule(module, traced(module, opaque, nones))
+                except Exception:  # noqa: BLE001 - not traceable this way: hooks alone for these calls
+                    graphs[nones] = None
+            return graphs[nones]
 
         class Interpreter(torch.fx.Interpreter):
+            def __init__(self, gm, nones):
+                super().__init__(gm)
+                self.nones = nones
+
             def run_node(self, n):
                 if n.op not in ("call_function", "call_method") or not recorder.stack:
                     return super().run_node(n)
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
                 op = short_name(n.target) if n.op == "call_function" else f"Tensor.{n.target}"
                 kernel = short_name(n.target)
-                entry = {"via": n.op, "target": path, "fx": n.name, "op": op, "kernel": kernel}
+                entry = {"via": n.op, "target": path, "fx": n.name, "op": op, "kernel": kernel,
+                         "none_args": list(self.nones)}
                 if n.op == "call_method":
                     entry["method"] = n.target
                 cid = recorder.new_call(n.name, entry, (args, kwargs))
@@ -194,7 +208,11 @@ class Recorder:
         def forward(self, *args, **kwargs):
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            return Interpreter(gm).run(*bound.arguments.values())
+            nones = tuple(k for k, v in bound.arguments.items() if v is None)
+            gm = graph_for(nones)
+            if gm is None:
+                return original(*args, **kwargs)
+            return Interpreter(gm, nones).run(*bound.arguments.values())
 
         module.forward = types.MethodType(forward, module)
 
@@ -221,18 +239,23 @@ def plain(v):
     return v
 
 
-def fx_target(root, path, node_name, opaque, cache):
+def traced(module, opaque, nones=()):
+    """`module`'s FX graph with the arguments named in `nones` traced as the constant None."""
+    return LeafTracer(opaque).trace(module, concrete_args={k: None for k in nones} or None)
+
+
+def fx_target(root, path, node_name, opaque, cache, nones=()):
     """The function an FX node of the module at `path` calls, traced again as the recording run did."""
-    if path not in cache:
-        m = root.get_submodule(path)
-        cache[path] = {n.name: n.target for n in LeafTracer(opaque).trace(m).nodes}
-    return cache[path][node_name]
+    key = (path, tuple(nones))
+    if key not in cache:
+        cache[key] = {n.name: n.target for n in traced(root.get_submodule(path), opaque, nones).nodes}
+    return cache[key][node_name]
 
 
 def recorded_step(c, root, opaque, cache):
     via = c["via"]
     if via == "call_function":
-        target = fx_target(root, c["target"], c["fx"], opaque, cache)
+        target = fx_target(root, c["target"], c["fx"], opaque, cache, c.get("none_args", ()))
     elif via == "call_method":
         target = c["method"]
     else:
