@@ -165,8 +165,10 @@ class Recorder:
 
     def interpret(self, module, path, opaque):
         """Runs `module` through FX, op by op, with markers and recordings (it can be traced). FX
-        specialises a forward's `if x is None` on what it traced, so each call is run on the graph traced
-        with its own None arguments as constants; a call whose graph cannot be traced runs as it is."""
+        specialises a forward's `if x is None` on what it traced, so it is traced twice, before anything
+        is patched: with every argument given, and with the arguments that default to None as the
+        constant None (how callers such as transformers' models leave them). A call matching neither
+        runs as it is, under the hooks."""
         import types
 
         import torch.fx
@@ -174,15 +176,16 @@ class Recorder:
             signature = inspect.signature(module.forward)
         except (TypeError, ValueError):
             return
-        original, recorder, graphs = module.forward, self, {}
-
-        def graph_for(nones):
-            if nones not in graphs:
-                try:
-                    graphs[nones] = torch.fx.GraphModule(module, traced(module, opaque, nones))
-                except Exception:  # noqa: BLE001 - not traceable this way: hooks alone for these calls
-                    graphs[nones] = None
-            return graphs[nones]
+        optional = tuple(k for k, p in signature.parameters.items() if p.default is None)
+        graphs = {}
+        for nones in {(), optional}:
+            try:
+                graphs[nones] = torch.fx.GraphModule(module, traced(module, opaque, nones))
+            except Exception:  # noqa: BLE001 - not traceable this way: hooks alone for these calls
+                pass
+        if not graphs:
+            return
+        original, recorder = module.forward, self
 
         class Interpreter(torch.fx.Interpreter):
             def __init__(self, gm, nones):
@@ -209,7 +212,7 @@ class Recorder:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             nones = tuple(k for k, v in bound.arguments.items() if v is None)
-            gm = graph_for(nones)
+            gm = graphs.get(nones)
             if gm is None:
                 return original(*args, **kwargs)
             return Interpreter(gm, nones).run(*bound.arguments.values())
