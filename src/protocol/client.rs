@@ -97,9 +97,19 @@ pub trait HarnessClient: Sync {
     ) -> Result<bool, ProtocolError> {
         Ok(false)
     }
-    /// Whether `run` and `extract` take `--generate-over` (the shipped PyTorch harness does).
+    /// Whether `extract` takes `--generate-over` (the shipped PyTorch harness does).
     fn generates_values(&self) -> bool {
         false
+    }
+    /// Runs a written `repro.py` by itself, in a fresh process in its own directory, as a maintainer
+    /// would (with the project on `PYTHONPATH` only when the file says it needs it). `Ok(None)`: this
+    /// harness writes no such file.
+    fn run_alone(
+        &self,
+        _repro: &Path,
+        _cancel: &AtomicBool,
+    ) -> Result<Option<RunOutput>, ProtocolError> {
+        Ok(None)
     }
     /// The line a maintainer runs to reproduce the kept nodes.
     fn reproduce_line(
@@ -119,14 +129,15 @@ pub struct RunRequest<'a> {
     pub recording: Option<&'a Path>,
     /// Record every node's output here.
     pub record: Option<&'a Path>,
-    /// Generate the recorded values over this many bytes from their shape, dtype and range.
-    pub generate_over: Option<u64>,
 }
 
 /// A harness run as a child process, speaking the protocol on its command line.
 pub struct ProcessHarness {
     /// The shipped PyTorch harness (it generates values: `--generate-over`).
     torch: bool,
+    /// The Python of a shipped harness (its `repro.py` runs alone with it); `None` for a harness of the
+    /// user's own or the native one.
+    python: Option<String>,
     prefix: CommandLine,
     /// The native harness's backend, for the reproduce line.
     native: Option<BackendChoice>,
@@ -160,9 +171,11 @@ impl ProcessHarness {
     ) -> Result<Self, ProtocolError> {
         let mut shipped = false;
         if let Some(prefix) = jax_command(shrink, run_dir)? {
-            return Ok(Self::new(
+            let mut harness = Self::new(
                 config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
-            ));
+            );
+            harness.python = Some(shrink.python.clone());
+            return Ok(harness);
         }
         let torch_source = match (capture, &shrink.model, &shrink.inputs) {
             (Some(dir), _, _) => Some(vec!["--capture".into(), dir.display().to_string()]),
@@ -217,6 +230,7 @@ impl ProcessHarness {
         let mut harness = Self::new(
             config, shrink, cwd, commit, run_dir, fault_rank, prefix, native, shipped,
         );
+        harness.python = shipped.then(|| shrink.python.clone());
         // A server that does not start costs nothing but its log: every call then runs cold.
         harness.warm = match (&harness.prefix, shipped && shrink.warm_start) {
             (CommandLine::Argv(argv), true) => {
@@ -260,6 +274,7 @@ impl ProcessHarness {
         );
         Self {
             torch,
+            python: None,
             prefix,
             native,
             cwd: cwd.to_path_buf(),
@@ -390,7 +405,8 @@ fn last_line(text: &str) -> &str {
         .trim()
 }
 
-fn ended(run: &RunOutput) -> String {
+/// How a run ended, in words, with its last line of output.
+pub fn ended(run: &RunOutput) -> String {
     let how = match run.exit {
         Exit::Code(c) => format!("exited {c}"),
         Exit::Signal(s) => format!("killed by signal {s}"),
@@ -466,9 +482,6 @@ impl HarnessClient for ProcessHarness {
         if let Some(r) = request.record {
             args.extend(["--record".into(), r.display().to_string()]);
         }
-        if let Some(over) = request.generate_over {
-            args.extend(["--generate-over".into(), over.to_string()]);
-        }
         self.exec(&args, cancel)
     }
 
@@ -505,6 +518,40 @@ impl HarnessClient for ProcessHarness {
         cancel: &AtomicBool,
     ) -> Result<(), ProtocolError> {
         self.extract_with(keep, recording, out, &[], cancel)
+    }
+
+    fn run_alone(
+        &self,
+        repro: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<Option<RunOutput>, ProtocolError> {
+        let (Some(python), Some(dir)) = (&self.python, repro.parent()) else {
+            return Ok(None);
+        };
+        let mut env = self.env.clone();
+        if super::torch::needs_project(repro).is_some() {
+            let given = env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "PYTHONPATH")
+                .map(|(_, v)| v.clone())
+                .or_else(|| std::env::var("PYTHONPATH").ok());
+            let path = match given {
+                Some(p) if !p.is_empty() => format!("{}:{p}", self.cwd.display()),
+                _ => self.cwd.display().to_string(),
+            };
+            env.retain(|(k, _)| k != "PYTHONPATH");
+            env.push(("PYTHONPATH".into(), path));
+        }
+        let spec = process::CommandSpec {
+            command: CommandLine::Argv(vec![python.clone(), repro.display().to_string()]),
+            cwd: dir.to_path_buf(),
+            env,
+            timeout: self.timeout,
+            grace: self.grace,
+            stack_dump: None,
+        };
+        Ok(Some(self.executor.session().run(&spec, cancel)?))
     }
 
     fn reproduce_line(

@@ -5,6 +5,17 @@
 
 use std::path::{Path, PathBuf};
 
+/// The project modules a generated repro.py says it imports (its `# cudabisect-needs-project:` line),
+/// if any: it then runs only with the project on `PYTHONPATH`.
+pub fn needs_project(repro: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(repro).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("# cudabisect-needs-project:"))
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(String::from)
+}
+
 /// The folder the harness is installed as (`python <run dir>/torch_harness ...` runs its `__main__.py`).
 pub const TORCH_HARNESS_DIR: &str = "torch_harness";
 

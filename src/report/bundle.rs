@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::classify::Signature;
 use crate::config::{BuildSection, CommandLine, ReproSection};
 use crate::git::CommitInfo;
+use crate::protocol::torch::needs_project;
 use crate::protocol::types::GraphTensor;
 
 use super::environment::Environment;
@@ -189,15 +190,6 @@ exec "${{PYTHON:-python3}}" "$here/minimal/repro.py"
     ))
 }
 
-/// The project modules a repro.py says it imports (its `# cudabisect-needs-project:` line), if any.
-fn needs_project(repro: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(repro).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("# cudabisect-needs-project:"))
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-        .map(String::from)
-}
 
 /// Shell lines that clone the repository (the script's argument, else the one around the current
 /// directory) into a fresh directory `$work/src` and check out `commit` there, submodules included.
@@ -504,6 +496,13 @@ pub fn render(
                         .map_or(String::new(), |n| format!(" ({n})"))
                 };
                 let _ = writeln!(md, "\nThe minimal repro is {}{how}.", human_bytes(d.bytes));
+                if let Some(a) = &d.alone {
+                    let _ = if a.reproduced > 0 {
+                        writeln!(md, "\nRun by itself in a fresh process (`python minimal/repro.py`), it showed the fault in {} of {} run{}.", a.reproduced, a.runs, if a.runs == 1 { "" } else { "s" })
+                    } else {
+                        writeln!(md, "\n**Run by itself in a fresh process, `minimal/repro.py` did not show the fault** ({} run{}; the last ended: {}): use the harness's reproduce line instead.", a.runs, if a.runs == 1 { "" } else { "s" }, a.missed.as_deref().unwrap_or("no output"))
+                    };
+                }
             }
             if let Some(c) = &s.captured {
                 let _ = writeln!(

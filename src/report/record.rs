@@ -375,6 +375,28 @@ pub struct ReproData {
     /// Why they are not, when a reduction was tried and did not hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The written `repro.py` run by itself, in fresh processes, as a maintainer runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone: Option<AloneRuns>,
+}
+
+/// Fresh-process runs of the written `repro.py` on its own.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct AloneRuns {
+    /// How many ran.
+    pub runs: u32,
+    /// How many showed the target's fault.
+    pub reproduced: u32,
+    /// The last line of the last run that did not, when one did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed: Option<String>,
+}
+
+impl ReproData {
+    /// Whether the written repro.py was run alone and never showed the fault.
+    pub fn missed_alone(&self) -> bool {
+        self.alone.as_ref().is_some_and(|a| a.reproduced == 0)
+    }
 }
 
 /// Where a run of the user's own training script failed, as the capture saw it (`fault.json`).

@@ -10,11 +10,11 @@ use std::time::Instant;
 use crate::classify::{classify, FaultClass, MatchPolicy, Signature};
 use crate::exec::process::RunOutput;
 use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
-use crate::protocol::client::{HarnessClient, ProtocolError, RunRequest};
+use crate::protocol::client::{ended, HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{
-    Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
+    AloneRuns, Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
 };
 use crate::shrink::{Reducer, Reduction, Step};
 
@@ -71,7 +71,6 @@ impl Oracle<'_> {
                 keep: Some(keep),
                 recording: Some(recording),
                 record: None,
-                generate_over: None,
             };
             let run = self.harness.run(&request, cancel)?;
             if self.account(keep, &run) {
@@ -107,6 +106,56 @@ impl Oracle<'_> {
         false
     }
 
+    /// Runs the written `repro.py` alone up to `runs` times: until one shows the target's fault when
+    /// `until_shown`, else until one does not. `None`: the harness writes no repro.py to run.
+    fn alone(
+        &mut self,
+        repro: &Path,
+        runs: u32,
+        until_shown: bool,
+        cancel: &AtomicBool,
+    ) -> Option<AloneRuns> {
+        let mut done = AloneRuns {
+            runs: 0,
+            reproduced: 0,
+            missed: None,
+        };
+        for _ in 0..runs.max(1) {
+            if cancel.load(Ordering::SeqCst) {
+                break;
+            }
+            let shown = match self.harness.run_alone(repro, cancel) {
+                Ok(None) => return None,
+                Ok(Some(run)) => {
+                    self.runs += 1;
+                    let _ = std::fs::write(
+                        self.log_dir.join(format!("alone-{:04}.log", self.runs)),
+                        &run.output,
+                    );
+                    // The copied code launches from repro.py's own lines: the launch site is not the
+                    // harness's, so only the class and the kernel (when both name one) decide.
+                    let mut sig = judged(self.harness, &run);
+                    sig.launch = None;
+                    let shown = self.policy.matches(&self.target, &sig, &run.output);
+                    if !shown {
+                        done.missed = Some(ended(&run));
+                    }
+                    shown
+                }
+                Err(e) => {
+                    done.missed = Some(e.to_string());
+                    false
+                }
+            };
+            done.runs += 1;
+            done.reproduced += u32::from(shown);
+            if shown == until_shown {
+                break;
+            }
+        }
+        Some(done)
+    }
+
     /// The final check: `runs` single-attempt runs, up to `jobs` at once (they are independent). A run that
     /// did not reproduce beside others is run again alone, so sharing the GPU never changes the verdict.
     /// Returns how many showed the target's fault.
@@ -123,7 +172,6 @@ impl Oracle<'_> {
             keep: Some(keep),
             recording: Some(recording),
             record: None,
-            generate_over: None,
         };
         let mut reproduced = 0;
         let mut left = runs;
@@ -185,10 +233,13 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Shrinks what the minimal repro ships: when its recorded values are large and the fault still shows
-/// (every one of `runs` runs) with the large ones generated from their shape, dtype and range, the repro
-/// is written again to generate them. Otherwise it stays exact, and the report says why.
-fn reduce_data(
+/// Checks the written `repro.py` by itself, and shrinks what it ships. When its recorded values are large,
+/// a repro.py that generates them from their shape, dtype and range (one allocation each, in the recorded
+/// order) is written beside it and run alone in fresh processes; it replaces the exact one only when every
+/// one of `runs` runs shows the target's fault (a fault that reads far outside a buffer depends on what is
+/// mapped there, which only a fresh process shows as a maintainer will see it). Otherwise the exact repro
+/// is run alone until it shows the fault, up to `runs` times, and the report says how it went.
+fn check_alone_and_reduce(
     harness: &dyn HarnessClient,
     oracle: &mut Oracle,
     keep: &[String],
@@ -203,40 +254,46 @@ fn reduce_data(
         exact_bytes: exact,
         generated: false,
         note: None,
+        alone: None,
     };
-    if exact <= REDUCE_ABOVE || !harness.generates_values() {
-        return data;
-    }
-    let request = RunRequest {
-        keep: Some(keep),
-        recording: Some(record),
-        record: None,
-        generate_over: Some(GENERATE_OVER),
-    };
-    for _ in 0..runs.max(1) {
-        let shown = harness
-            .run(&request, cancel)
-            .is_ok_and(|run| oracle.account(keep, &run));
-        if !shown || cancel.load(Ordering::SeqCst) {
-            data.note = Some(
-                "the fault needs the recorded values: with generated ones of the same shapes, dtypes and ranges it did not show"
-                    .into(),
-            );
-            return data;
+    if exact > REDUCE_ABOVE && harness.generates_values() {
+        let generated = minimal.with_file_name("minimal-generated");
+        let _ = std::fs::remove_dir_all(&generated);
+        let written = harness
+            .extract_generated(keep, record, &generated, GENERATE_OVER, cancel)
+            .is_ok_and(|written| written);
+        let alone = written
+            .then(|| oracle.alone(&generated.join("repro.py"), runs, false, cancel))
+            .flatten();
+        match alone {
+            Some(a) if a.reproduced == runs.max(1) => {
+                if std::fs::remove_dir_all(minimal).is_ok()
+                    && std::fs::rename(&generated, minimal).is_ok()
+                {
+                    data.bytes = dir_bytes(minimal);
+                    data.generated = true;
+                    data.alone = Some(a);
+                    return data;
+                }
+                data.note = Some("the repro with generated values could not be put in place".into());
+            }
+            Some(a) => {
+                data.note = Some(format!(
+                    "the fault needs the recorded values: repro.py with generated ones of the same shapes, dtypes and ranges, each allocated in the recorded order, did not fault when run alone ({} of {} runs did{})",
+                    a.reproduced,
+                    a.runs,
+                    a.missed.as_deref().map_or(String::new(), |m| format!("; the last ended: {m}"))
+                ));
+            }
+            None if written => {
+                data.note = Some("the repro with generated values could not be run alone".into());
+            }
+            None => data.note = Some("the repro with generated values could not be written".into()),
         }
+        let _ = std::fs::remove_dir_all(&generated);
     }
-    let generated = minimal.with_file_name("minimal-generated");
-    let _ = std::fs::remove_dir_all(&generated);
-    let swapped = harness
-        .extract_generated(keep, record, &generated, GENERATE_OVER, cancel)
-        .is_ok_and(|written| written)
-        && std::fs::remove_dir_all(minimal).is_ok()
-        && std::fs::rename(&generated, minimal).is_ok();
-    if swapped {
-        data.bytes = dir_bytes(minimal);
-        data.generated = true;
-    } else {
-        data.note = Some("the repro with generated values could not be written".into());
+    if !cancel.load(Ordering::SeqCst) {
+        data.alone = oracle.alone(&minimal.join("repro.py"), runs, true, cancel);
     }
     data
 }
@@ -331,7 +388,6 @@ fn locate(
             keep: None,
             recording: None,
             record: Some(record),
-            generate_over: None,
         };
         let run = harness.run(&request, cancel)?;
         report.harness_runs += 1;
@@ -454,7 +510,6 @@ fn descend(
         keep: None,
         recording: Some(record),
         record: None,
-        generate_over: None,
     };
     let run = harness.run(&request, cancel)?;
     report.harness_runs += 1;
@@ -604,7 +659,7 @@ fn drive(
         Err(e) => report.extract_error = Some(e.to_string()),
     }
     if report.minimal_model.is_some() {
-        report.data = Some(reduce_data(
+        report.data = Some(check_alone_and_reduce(
             harness,
             &mut oracle,
             &keep,
@@ -650,7 +705,6 @@ pub fn check_parent(
         keep: Some(&keep),
         recording: Some(&record),
         record: None,
-        generate_over: None,
     };
     match harness.run(&request, cancel) {
         Err(e) => ParentCheck::NotRun(e.to_string()),

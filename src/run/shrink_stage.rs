@@ -178,7 +178,9 @@ pub struct Shrunk {
 
 /// Whether a shrink ended with a standalone minimal repro.
 fn gave_repro(report: &ShrinkReport) -> bool {
-    report.status == ShrinkStatus::Minimal && report.minimal_model.is_some()
+    report.status == ShrinkStatus::Minimal
+        && report.minimal_model.is_some()
+        && !report.data.as_ref().is_some_and(|d| d.missed_alone())
 }
 
 /// Runs the ways in order until one gives a minimal repro; each writes under its own directory.
@@ -261,10 +263,19 @@ fn rank(report: &ShrinkReport) -> u8 {
 }
 
 fn outcome_words(report: &ShrinkReport) -> String {
+    let missed = report
+        .data
+        .as_ref()
+        .and_then(|d| d.alone.as_ref())
+        .filter(|a| a.reproduced == 0);
     match (&report.status, &report.extract_error) {
         (ShrinkStatus::Minimal, Some(e)) => {
             format!("found the minimal subgraph, but wrote no standalone repro: {e}")
         }
+        (ShrinkStatus::Minimal, None) if missed.is_some() => format!(
+            "wrote repro.py, but run alone in a fresh process it did not fault ({})",
+            missed.and_then(|a| a.missed.as_deref()).unwrap_or("no output")
+        ),
         (ShrinkStatus::Interrupted, _) => "interrupted".into(),
         _ => report.summary.clone(),
     }

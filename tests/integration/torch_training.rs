@@ -200,8 +200,33 @@ fn large_recorded_values_are_generated_when_the_fault_still_shows_with_them() {
     assert_eq!(data["generated"], true, "{r}");
     assert!(data["exact_bytes"].as_u64().unwrap() > 8 << 20, "{data}");
     assert!(data["bytes"].as_u64().unwrap() < 1 << 20, "{data}");
+    // It was run alone in fresh processes before it replaced the exact one: every run showed the fault.
+    assert_eq!(data["alone"]["runs"], data["alone"]["reproduced"], "{data}");
+    assert!(data["alone"]["runs"].as_u64().unwrap() >= 1, "{data}");
     // The repro generates the indices (the one past row 2 in its place) and the gradient, and still faults.
     let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+}
+
+#[test]
+fn large_recorded_values_stay_exact_when_the_repro_generating_them_does_not_fault_alone() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{BASE}[shrink]\nmodel = \"toy.model:build_small\"\ninputs = \"toy.model:big_inputs\"\ntrain = true\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\nenv = {{ TOY_FAULT_NEEDS = \"exact\" }}\n"
+    ));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    let data = &r["data"];
+    // Generated indices reach past the table many times and fail another way: the exact repro stays,
+    // says why, and was itself run alone and faulted.
+    assert_eq!(data["generated"], false, "{data}");
+    assert!(data["bytes"].as_u64().unwrap() > 8 << 20, "{data}");
+    let note = data["note"].as_str().unwrap_or_default();
+    assert!(note.contains("did not fault when run alone (0 of 1 runs did"), "{data}");
+    assert_eq!(data["alone"]["reproduced"], 1, "{data}");
+    let (exit, text) = run_alone(&r, &[("TOY_FAULT_NEEDS", "exact")]);
     assert_eq!(exit, Some(1), "{text}");
     assert!(text.contains("an illegal memory access"), "{text}");
 }

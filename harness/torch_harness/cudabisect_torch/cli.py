@@ -12,7 +12,7 @@ from .protocol import load_attr, say, timing
 from .graph import Ref, build_graph, describe, whole_call_graph
 from .node import announce_triton_launches, harness_error, resolve_device, to_device
 from .run import run
-from .training import TRAINING_KINDS, Training, regenerate, step_source, training_steps, with_generated
+from .training import TRAINING_KINDS, Training, step_source, training_steps
 from .record import boundary_env, describe_graph, descended
 from .repro import ExtractError, extract
 from .warm import App, forward, serve, without_via
@@ -63,8 +63,6 @@ def parse_args(argv):
     r.add_argument("--keep")
     r.add_argument("--recording", help="the recording boundary inputs come from")
     r.add_argument("--record")
-    r.add_argument("--generate-over", type=int, help="recorded values over this many bytes are generated "
-                                                     "from their shape, dtype and range instead")
     x = sub.add_parser("extract")
     x.add_argument("--keep", required=True)
     x.add_argument("--recording")
@@ -244,8 +242,6 @@ def execute(a, w):
     with torch.no_grad():
         env = boundary_env(kept, w.placeholders, example, w.attrs, getattr(a, "recording", None), a.device)
         over = getattr(a, "generate_over", None)
-        if over is not None and a.verb == "run":
-            env = {k: regenerate(with_generated(v, over), a.device) for k, v in env.items()}
         timing("boundary values on the device")
         if a.verb == "extract":
             source = "a captured training step" if a.capture else a.model

@@ -253,13 +253,17 @@ def regenerate(v, device):
         dtype, shape = getattr(torch, v["dtype"]), v["shape"]
         gen = torch.Generator(device=device).manual_seed(0)
         lo, hi = v.get("min", 0), v.get("max", 0)
+        # One allocation of the recorded size, filled in place: no temporary of its size lands below or
+        # above it (a fault that reads far outside a buffer depends on what is mapped there).
+        t = torch.empty(shape, dtype=dtype, device=device)
         if dtype == torch.bool:
-            t = torch.randint(0, 2, shape, generator=gen, device=device).to(torch.bool)
+            t.random_(0, 2, generator=gen)
         elif dtype.is_floating_point:
-            t = torch.empty(shape, dtype=dtype, device=device).uniform_(lo, hi, generator=gen)
+            t.uniform_(lo, hi, generator=gen)
+        elif hi < torch.iinfo(dtype).max:
+            t.random_(lo, max(hi + 1, lo + 1), generator=gen)
         else:
-            top = hi + 1 if hi < torch.iinfo(dtype).max else hi
-            t = torch.randint(lo, max(top, lo + 1), shape, dtype=dtype, device=device, generator=gen)
+            t.random_(lo, None, generator=gen)
         if "argmin" in v:
             flat = t.view(-1)
             flat[v["argmin"]] = lo
