@@ -315,7 +315,8 @@ pub struct ShrinkReport {
     pub confirmation: Option<Confirmation>,
     /// The minimal subgraph at the first bad commit's parent.
     pub parent_check: Option<ParentCheck>,
-    /// Wall time.
+    /// Wall time: of the whole shrink stage (every way tried, the capture's runs included) when it ran
+    /// as a stage of `start`, `nightly` or `shrink`.
     pub duration_s: f64,
     /// Where the recording, the minimal model and the logs are.
     pub out_dir: String,

@@ -634,7 +634,7 @@ fn drive(
         runs: settings.confirm,
         reproduced,
     });
-    report.harness_runs += oracle.runs;
+    report.harness_runs += std::mem::take(&mut oracle.runs);
     report.rejected = std::mem::take(&mut oracle.rejected);
     report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
     report.removed = nodes

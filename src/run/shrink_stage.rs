@@ -202,6 +202,7 @@ pub fn run_shrink_stage(
             }
         }
     };
+    let started = std::time::Instant::now();
     let mut tried: Vec<ShrinkPathTried> = Vec::new();
     let mut best: Option<(ShrinkReport, ShrinkWay)> = None;
     for (i, way) in ways.into_iter().enumerate() {
@@ -246,6 +247,8 @@ pub fn run_shrink_stage(
     };
     report.path = Some(way.name().into());
     report.paths = tried;
+    // What the user waited: every way tried, the capture runs included.
+    report.duration_s = started.elapsed().as_secs_f64();
     Shrunk {
         report,
         way: Some(way),

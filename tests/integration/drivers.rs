@@ -628,6 +628,8 @@ struct FakeHarness {
     cancel_after: Option<(usize, &'static AtomicBool)>,
     /// Confirmation runs meet here: see [`Gate`].
     gate: Option<Gate>,
+    /// `extract` writes a repro.py, which run alone faults (from its own line) or runs clean.
+    alone: Option<bool>,
 }
 
 /// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
@@ -780,13 +782,30 @@ impl HarnessClient for FakeHarness {
         &self,
         _: &[String],
         _: &Path,
-        _: &Path,
+        out: &Path,
         _: &AtomicBool,
     ) -> Result<(), ProtocolError> {
         match &self.extract_fails {
             Some(why) => Err(ProtocolError::Extract(why.clone())),
-            None => Ok(()),
+            None => {
+                if self.alone.is_some() {
+                    std::fs::create_dir_all(out).unwrap();
+                    std::fs::write(out.join("repro.py"), "# fake\n").unwrap();
+                }
+                Ok(())
+            }
         }
+    }
+
+    fn run_alone(&self, _: &Path, _: &AtomicBool) -> Result<Option<RunOutput>, ProtocolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Ok(self.alone.map(|faults| match faults {
+            true => out(
+                1,
+                "  File \"/tmp/x/minimal/repro.py\", line 40, in backward\nRuntimeError: CUDA error: an illegal memory access was encountered\n".into(),
+            ),
+            false => out(0, "repro: ran clean\n".into()),
+        }))
     }
 
     fn reproduce_line(&self, _: Option<&Path>, keep: &[String], _: &Path) -> String {
@@ -807,6 +826,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         runs: AtomicUsize::new(0),
         cancel_after: None,
         gate: None,
+        alone: None,
     }
 }
 
@@ -894,6 +914,29 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
         .iter()
         .any(|x| x.class == FaultClass::OutOfMemory));
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
+}
+
+#[test]
+fn the_written_repro_is_run_alone_and_one_that_never_faults_alone_is_said_so() {
+    // Faulting from repro.py's own line (not the harness's launch site) is the same fault.
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    assert!(r.minimal_model.is_some(), "{}", r.summary);
+    let data = r.data.as_ref().unwrap();
+    let alone = data.alone.as_ref().unwrap();
+    assert_eq!((alone.runs, alone.reproduced), (1, 1), "it stops at the first run that shows it");
+    assert!(!data.missed_alone());
+    assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
+
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(false);
+    let (r, _) = run_shrink(&h, &AtomicBool::new(false));
+    let data = r.data.as_ref().unwrap();
+    let alone = data.alone.as_ref().unwrap();
+    assert_eq!((alone.runs, alone.reproduced), (3, 0), "{alone:?}");
+    assert!(alone.missed.as_deref().unwrap().contains("exited 0"), "{alone:?}");
+    assert!(data.missed_alone());
 }
 
 #[test]

@@ -1570,11 +1570,13 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
         let bundle = r["bundle"].as_str().map(PathBuf::from);
         let bytes = bundle.as_deref().map_or(0, dir_bytes);
         println!(
-            "{case}: culprit {} (want {}) | {} | path {} | captured step {} phase {} | kept {kept:?} | triage {} | bundle {} bytes | {:.1}s",
+            "{case}: culprit {} (want {}) | {} | path {} | alone {} | shrink stage {}s | captured step {} phase {} | kept {kept:?} | triage {} | bundle {} bytes | {:.1}s",
             r["first_bad"]["commit"],
             commits[2],
             s["summary"],
             s["path"],
+            s["data"]["alone"],
+            s["duration_s"],
             s["captured"]["step"],
             s["captured"]["phase"],
             r["triage"]["summary"],
@@ -1649,4 +1651,81 @@ fn dir_bytes(dir: &Path) -> u64 {
         };
     }
     total
+}
+
+/// The layout package at one commit: `wide` is the fix.
+fn layout_files(wide: bool, config: &str) -> Files {
+    let base = root().join("fixtures/torch/layout_gpu");
+    let mut f = Files::new();
+    for p in ["wrapq/__init__.py", "score.py"] {
+        put(
+            &mut f,
+            p,
+            std::fs::read_to_string(base.join(p)).unwrap(),
+            false,
+        );
+    }
+    let kernel = std::fs::read_to_string(base.join("wrapq/score.py")).unwrap();
+    let kernel = if wide {
+        kernel
+    } else {
+        kernel.replace("WIDE_OFFSETS = True", "WIDE_OFFSETS = False")
+    };
+    put(&mut f, "wrapq/score.py", kernel, false);
+    put(&mut f, "bisect.toml", config.to_string(), false);
+    f
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU with 16 GB free, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
+fn start_hands_over_an_attachable_repro_for_an_int32_wrap_that_depends_on_the_layout() {
+    // A Triton kernel's int32 row offset wraps on a 2.2 GB int8 matrix and reads 2 GB below it: the
+    // fault needs the shape and the place of the buffer, not its values.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[repro]\ncommand = [\"python3\", \"score.py\"]\ntimeout = \"5m\"\n";
+    let commits = linear_history(
+        &dir,
+        [true, true, false, false].map(|wide| layout_files(wide, config)),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (r, text) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0])],
+        &tmp.path().join("report.json"),
+    );
+    let s = &r["shrink"];
+    let bundle = r["bundle"].as_str().map(PathBuf::from);
+    let bytes = bundle.as_deref().map_or(0, dir_bytes);
+    println!(
+        "int32 wrap: culprit ok {} | {} | path {} | data {} | shrink stage {}s | triage {} | bundle {} bytes | {:.1}s",
+        r["first_bad"]["commit"] == commits[2].to_string(),
+        s["summary"],
+        s["path"],
+        s["data"],
+        s["duration_s"],
+        r["triage"]["summary"],
+        bytes,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    assert_eq!(s["status"], "minimal", "{s}\n{text}");
+    assert_eq!(s["data"]["generated"], true, "{s}");
+    assert_eq!(
+        s["data"]["alone"]["reproduced"], s["data"]["alone"]["runs"],
+        "{s}"
+    );
+    assert!(bytes < 25 << 20, "bundle of {bytes} bytes");
+    let bundle = bundle.unwrap();
+    let report = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
+    assert!(report.contains("generated from their shape"), "{report}");
+    let (code, sig, out) = reproduce_from_bundle(&bundle, &dir);
+    println!("int32 wrap: reproduce.sh: exit {code}, {}", sig.short());
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(
+        sig.class,
+        cudabisect::classify::FaultClass::IllegalAddress,
+        "{out}"
+    );
 }

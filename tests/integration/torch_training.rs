@@ -283,6 +283,24 @@ fn a_step_under_autocast_is_captured_and_replayed_under_the_same_autocast() {
 }
 
 #[test]
+fn a_forward_that_faults_only_under_autocast_faults_in_the_repro_alone() {
+    require_torch();
+    let (_tmp, dir) = repo(&format!(
+        "{}[shrink]\ndevice = \"cpu\"\nconfirm = 2\ntimeout = \"120s\"\n",
+        BASE.replace("train.py", "train_amp.py")
+    ));
+    let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "autocast")]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r["captured"]["phase"], "forward", "{r}");
+    assert_eq!(r["data"]["alone"]["reproduced"], 1, "{r}");
+    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    assert!(repro.contains("'dtype': 'bfloat16'"), "{repro}");
+    let (exit, text) = run_alone(&r, &[("TOY_FAULT", "autocast")]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
+}
+
+#[test]
 fn a_users_own_step_function_is_captured_like_a_script() {
     require_torch();
     let (_tmp, dir) = repo(&format!(

@@ -37,6 +37,7 @@ class Prepared:
     sources: dict = field(default_factory=dict)
     rng: object = None  # the random state at the start of a captured step
     device: Optional[str] = None  # the device a captured step ran on
+    autocast: object = None  # the autocast a captured step ran under: {"device_type", "dtype"}
 
 
 def parse_args(argv):
@@ -188,7 +189,8 @@ def prepare(a):
         traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
     sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
     return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
-                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device)
+                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device,
+                    meta.get("autocast"))
 
 
 def execute(a, w):
@@ -248,7 +250,7 @@ def execute(a, w):
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
             try:
                 written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
-                                  getattr(a, "recording", None), over)
+                                  getattr(a, "recording", None), over, w.autocast)
             except ExtractError as e:
                 print(f"error: extract: {e}", file=sys.stderr, flush=True)
                 return 2

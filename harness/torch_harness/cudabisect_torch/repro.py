@@ -85,6 +85,7 @@ class Needs:
     project: list = field(default_factory=list)      # the project's own modules the copied code imports
     generated: int = 0                               # recorded values repro.py generates instead of loading
     loss_ref: Optional[str] = None                   # how repro.py names the user's own loss, when captured
+    autocast: Optional[dict] = None                  # the autocast the captured step ran under
 
 
 def op_path(fn):
@@ -577,7 +578,8 @@ def training_call(s, needs):
         body = ""
         if needs.loss_ref:
             # The user's own loss, forward and backward, on the inputs it had in the captured step.
-            body = (f"    run_loss_call({needs.loss_ref}, data['loss_call']['args'], data['loss_call']['kwargs'], "
+            body = (f"    with autocast():\n"
+                    f"        run_loss_call({needs.loss_ref}, data['loss_call']['args'], data['loss_call']['kwargs'], "
                     "DEVICE)\n")
         body += ("    for name, g in data['output_grads'].items():\n"
                  "        give_grad(name, {i: x.to(DEVICE) for i, x in g.items()})\n")
@@ -599,7 +601,8 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
     """repro.py's text: markers and a synchronise around every node, like the harness, so the classifier
     reads it the same way. Raises ExtractError naming what it could not carry."""
     needs = needs or Needs()
-    needs.imports.update({"import os", "import sys", "import torch", "import torch.utils._pytree"})
+    needs.imports.update({"import contextlib", "import os", "import sys", "import torch",
+                          "import torch.utils._pytree"})
     lines = []
     differentiated = {s.target for s in kept if s.kind == "backward"}
     for s in kept:
@@ -637,7 +640,8 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
             done = f"    forward_done({s.name!r}, env[{s.name!r}], {module})\n"
         lines.append(f"    print({begin!r}, flush=True)\n"
                      f"{prelude}"
-                     f"    env[{s.name!r}] = {expr}\n"
+                     f"    with autocast():\n"
+                     f"        env[{s.name!r}] = {expr}\n"
                      f"{done}"
                      f"    sync()\n"
                      f"    print({end!r}, flush=True)")
@@ -711,6 +715,17 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         def sync():
             if DEVICE.startswith("cuda"):
                 torch.cuda.synchronize()
+
+
+        # The autocast the captured step ran its forward and loss under (None: none).
+        AUTOCAST = {needs.autocast!r}
+
+
+        def autocast():
+            if not AUTOCAST:
+                return contextlib.nullcontext()
+            kind = "cuda" if DEVICE.startswith("cuda") else "cpu"
+            return torch.autocast(device_type=kind, dtype=getattr(torch, AUTOCAST["dtype"]))
 
 
         def revive(cls, attrs, params, buffers, state, prefix="", children=None):
@@ -904,13 +919,13 @@ def training_data(kept, w, env, recording, needs):
     return data
 
 
-def extract(kept, root, env, out_dir, title, device, w=None, recording=None, generate_over=None):
+def extract(kept, root, env, out_dir, title, device, w=None, recording=None, generate_over=None, autocast=None):
     """Writes repro.py, repro_data.pt (safe to open) and, only for the model's own module classes,
     repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer. With `w` (a
     training graph) it also writes the backward and update nodes it keeps."""
     import torch
     specs, states, training, pickled = [], {}, {}, {}
-    needs = Needs()
+    needs = Needs(autocast=autocast)
     extra = {}
     if w is not None:
         kept = repro_steps(kept, w)

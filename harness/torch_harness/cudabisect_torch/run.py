@@ -4,7 +4,7 @@ nodes in their phases."""
 import os
 import sys
 from .protocol import say, timing
-from .training import TRAINING_KINDS, TrainRun
+from .training import TRAINING_KINDS, TrainRun, autocast
 from .record import Recorder
 from .node import MissingValue, call, markers, node_failed, to_device, write_shapes
 
@@ -24,7 +24,10 @@ def run(steps, root, env, device, record=None, prepared=None):
     current = [None]
 
     def plain(s):
-        env[s.name] = call(s, root, env)
+        # A forward-only step runs under the autocast its captured step had (a training step's TrainRun
+        # does the same for its forward and loss).
+        with autocast(prepared.autocast if prepared else None, device):
+            env[s.name] = call(s, root, env)
 
     def marked(s, fn):
         current[0] = s
