@@ -119,6 +119,36 @@ pub struct BuildSection {
     /// Remove untracked and ignored files before each build (cold but clean builds).
     #[serde(default)]
     pub clean: bool,
+    /// Build and run each worktree in a Python virtual environment of its own, layered over the user's
+    /// (`--system-site-packages`), so `pip install -e .` never writes into the user's environment.
+    /// Default: on when the build command installs a Python package into the running interpreter.
+    #[serde(default)]
+    pub venv: Option<bool>,
+}
+
+impl BuildSection {
+    /// Whether worktrees get a virtual environment of their own.
+    pub fn uses_venv(&self) -> bool {
+        self.venv
+            .unwrap_or_else(|| installs_into_python(&self.command))
+    }
+}
+
+/// Whether a build command installs a Python package into the interpreter it finds (`pip install`,
+/// `python -m pip install`, `uv pip install`, `setup.py develop|install`), not into a directory it names.
+pub fn installs_into_python(command: &CommandLine) -> bool {
+    static INSTALL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(^|[\s/;&|])(pip3?(\.\d+)?\s+install|-m\s+pip\s+install|uv\s+pip\s+install|setup\.py\s+(develop|install))\b")
+            .expect("pattern")
+    });
+    static ELSEWHERE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\s(--target|-t|--prefix|--root)(\s|=)").expect("pattern")
+    });
+    let text = match command {
+        CommandLine::Shell(s) => s.clone(),
+        CommandLine::Argv(v) => v.join(" "),
+    };
+    INSTALL.is_match(&text) && !ELSEWHERE.is_match(&text)
 }
 
 /// `[repro]`: how to run the GPU repro.
@@ -420,7 +450,9 @@ impl ShrinkSection {
 
     /// The PyTorch harness runs the whole training step.
     pub fn trains(&self) -> bool {
-        self.train == Some(true) || self.loss.is_some() || self.optimizer.is_some()
+        // An explicit `train = false` is never overridden (the config refuses it beside loss or optimizer).
+        self.train
+            .unwrap_or(self.loss.is_some() || self.optimizer.is_some())
     }
 
     /// Whether the training step may be chosen for the user (`train` left out, no loss or optimizer).
@@ -935,6 +967,12 @@ impl Config {
                     }
                 }
             }
+            if shrink.train == Some(false) && (shrink.loss.is_some() || shrink.optimizer.is_some())
+            {
+                return Err(err(
+                    "train = false shrinks the forward pass alone: loss and optimizer are for the training step (remove them, or set train = true)",
+                ));
+            }
             match (&shrink.harness, &shrink.model) {
                 (Some(_), Some(_)) => return Err(err("give either harness or model, not both")),
                 (Some(_), None) if shrink.capture || shrink.step.is_some() => {
@@ -1031,6 +1069,47 @@ mod tests {
     }
 
     #[test]
+    fn a_build_that_installs_into_the_running_python_gets_a_venv_by_default() {
+        let shell = |s: &str| CommandLine::Shell(s.into());
+        for yes in [
+            "pip install -e . --no-deps -q",
+            "python -m pip install .",
+            "cd sub && pip3 install -e .",
+            "uv pip install -e .",
+            "python setup.py develop",
+            "/opt/conda/bin/pip install .",
+        ] {
+            assert!(installs_into_python(&shell(yes)), "{yes}");
+        }
+        for no in [
+            "make -j8",
+            "pip install --target build/site .",
+            "pip install --prefix=/tmp/p .",
+            "python setup.py build_ext --inplace",
+            "echo pip installation notes",
+        ] {
+            assert!(!installs_into_python(&shell(no)), "{no}");
+        }
+        assert!(installs_into_python(&CommandLine::Argv(vec![
+            "pip".into(),
+            "install".into(),
+            "-e".into(),
+            ".".into()
+        ])));
+        let config = parse(
+            "[build]\ncommand = \"pip install -e .\"\nvenv = false\n[repro]\ncommand = \"x\"\n",
+        )
+        .unwrap();
+        assert!(
+            !config.build.unwrap().uses_venv(),
+            "an explicit venv = false stands"
+        );
+        let config =
+            parse("[build]\ncommand = \"make\"\nvenv = true\n[repro]\ncommand = \"x\"\n").unwrap();
+        assert!(config.build.unwrap().uses_venv());
+    }
+
+    #[test]
     fn the_jax_and_keras_frameworks_need_their_factories_and_take_no_pytorch_keys() {
         let base = "[repro]\ncommand = \"python3 train.py\"\n[shrink]\n";
         let ok = parse(&format!(
@@ -1064,6 +1143,15 @@ mod tests {
             (
                 "framework = \"keras\"\nmodel = \"m:b\"\ninputs = \"m:i\"\noptimizer = \"m:o\"\n",
                 "takes no optimizer",
+            ),
+            // An explicit train = false beside a loss is a contradiction, not a training step (SK04).
+            (
+                "framework = \"keras\"\nmodel = \"m:b\"\ninputs = \"m:i\"\ntrain = false\nloss = \"m:loss\"\n",
+                "train = false shrinks the forward pass alone",
+            ),
+            (
+                "model = \"m:b\"\ninputs = \"m:i\"\ntrain = false\noptimizer = \"m:o\"\n",
+                "train = false shrinks the forward pass alone",
             ),
             (
                 "framework = \"keras\"\nmodel = \"m:b\"\ninputs = \"m:i\"\ncapture = true\n",

@@ -216,6 +216,28 @@ impl Repo {
         Ok(self.repo.find_commit(oid)?.parent_ids().collect())
     }
 
+    /// A branch by name: a local branch (`main`, `refs/heads/main`) or a remote-tracking one
+    /// (`origin/main`, `refs/remotes/origin/main`), never a revision (`main~2`) or a tag. Returns its
+    /// short name (the state's key) and the commit it points at.
+    pub fn branch(&self, name: &str) -> Option<(String, Oid)> {
+        let short = name
+            .strip_prefix("refs/heads/")
+            .or_else(|| name.strip_prefix("refs/remotes/"))
+            .unwrap_or(name);
+        let full = if name.starts_with("refs/") {
+            vec![name.to_string()]
+        } else {
+            vec![format!("refs/heads/{name}"), format!("refs/remotes/{name}")]
+        };
+        full.iter()
+            .filter(|r| r.starts_with("refs/heads/") || r.starts_with("refs/remotes/"))
+            .find_map(|r| {
+                let reference = self.repo.find_reference(r).ok()?;
+                let oid = reference.peel_to_commit().ok()?.id();
+                Some((short.to_string(), oid))
+            })
+    }
+
     /// Resolves a revision to a commit.
     pub fn resolve(&self, rev: &str) -> Result<Oid, GitError> {
         self.repo

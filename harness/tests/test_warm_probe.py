@@ -75,6 +75,14 @@ CASES = {
     "environment": ("import os\nprint(os.environ.get('PROBE_X'), os.environ.get('CUDABISECT_COMMIT'))\n", ()),
     "stdin": ("import sys\nprint(sys.stdin.read().upper())\n", ()),
     "death by signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", ()),
+    # What the kernel's OOM killer, a cgroup limit or `timeout -s KILL` does: no handler can be set for it.
+    "death by SIGKILL": ("import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n", ()),
+    "SIGKILL from another process": (
+        "import os, subprocess, sys, time\n"
+        "subprocess.Popen(['sh', '-c', f'kill -9 {os.getpid()}'])\n"
+        "time.sleep(30)\nsys.exit(3)\n",
+        (),
+    ),
     "a child it spawns": (
         "import subprocess, sys\n"
         "r = subprocess.run([sys.executable, '-c', 'print(41+1)'], capture_output=True, text=True)\n"
@@ -129,6 +137,30 @@ def test_a_preloaded_module_that_changed_runs_cold_and_says_why(server):
     cold, warm, status = both(server, "import sharedlib\nprint(sharedlib.VALUE)\n")
     assert status.startswith("cold:") and "changed since it was preloaded" in status, status
     assert cold == warm
+
+
+def test_a_learned_module_a_run_rewrote_is_never_served_warm(server):
+    # The repro of the review: a run rewrites a module it imports, keeping its size, in the same second its
+    # bytecode records, so Python takes the old bytecode for current. The next run, taught to preload the
+    # module, must not be served from what the server imported then.
+    sock, site, work, env = server
+    src = site / "relmod.py"
+    src.write_text("COUNTER = 0\n")
+    second = (time.time_ns() // 10**9 - 10) * 10**9
+    os.utime(src, ns=(second, second))
+    writes = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run(["python3", "-c", "import relmod"], env=writes, cwd=work, check=True)
+    pyc = site / "__pycache__" / f"relmod.{sys.implementation.cache_tag}.pyc"
+    os.utime(pyc, ns=(second + 10**8, second + 10**8))
+    src.write_text("COUNTER = 1\n")
+    os.utime(src, ns=(second + 5 * 10**8, second + 5 * 10**8))
+    (work / "show.py").write_text("import relmod\nprint('COUNTER', relmod.COUNTER, flush=True)\n")
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "show.py"]
+    taught = dict(env, CUDABISECT_WARM_PRELOAD="relmod")
+    run = subprocess.run(client, cwd=work, env=taught, capture_output=True, timeout=60)
+    assert run.returncode == 0, run
+    assert status.read_text().startswith("cold:") and "relmod.py changed" in status.read_text(), status.read_text()
 
 
 def test_a_learned_preload_is_imported_into_the_running_server_not_handed_to_the_repro(server):

@@ -123,6 +123,16 @@ def module_files():
     return out
 
 
+def newer_than_bytecode(path):
+    """Whether `path`'s source was written after its cached bytecode (what an import may have run)."""
+    import importlib.util
+
+    try:
+        return os.stat(path).st_mtime_ns > os.stat(importlib.util.cache_from_source(path)).st_mtime_ns
+    except (OSError, ValueError, NotImplementedError):
+        return False
+
+
 def changed(files):
     for path, mtime in files.items():
         try:
@@ -200,15 +210,20 @@ def handle(conn, listener, files, preloaded):
             os.close(fd)
         return
     more = [n for n in req.get("preload", []) if n not in sys.modules]
-    tainted = None
+    tainted, rewritten = None, None
     if more:
         # What an earlier run taught: imported here once, instead of starting another server.
+        known = set(files)
         tainted = import_all(more)
         files.update(module_files())
         preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
+        # A source written after its bytecode (by a run: the one that taught it, say) may have been
+        # imported from that bytecode, which Python still takes for current when the size and the second
+        # match: such a module is never served, not even once.
+        rewritten = next((p for p in files if p not in known and newer_than_bytecode(p)), None)
     reason = (f"CUDA was initialised in the warm interpreter by preloading {tainted}" if tainted else
               cuda_initialised() or other_interpreter(req.get("interpreter", "")))
-    stale = None if reason else changed(files)
+    stale = None if reason else (rewritten or changed(files))
     if reason or stale or len(fds) != 3:
         why = reason or (f"{stale} changed since it was preloaded" if stale else "no streams")
         send_json(conn, {"cold": why})
@@ -548,8 +563,12 @@ def client(sock_path, status_path, argv):
         os._exit(1)
     status = done["status"]
     if os.WIFSIGNALED(status):
+        # End as the child did. SIGKILL and SIGSTOP take no handler (and need none): the kill alone does.
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)
     os._exit(os.waitstatus_to_exitcode(status))

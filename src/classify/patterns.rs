@@ -166,7 +166,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             OutOfMemory,
-            r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED|Resource exhausted: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|OutOfResources: out of resource",
+            r"(?i)CUDA out of memory|OutOfMemoryError|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bcudaErrorMemoryAllocation\b|RESOURCE_EXHAUSTED|Resource exhausted: Out of memory|OOM when allocating|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
         ),
         rule(
             DeviceMismatch,
@@ -186,6 +186,8 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 r"|NVRM: Xid|\bXid \(PCI:|\bXid[: ]+\d+,|Found no NVIDIA driver|NVIDIA driver on your system is too old",
                 r"|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found",
                 r"|NVRTC \(libnvrtc\.so\) could not be loaded|NVIDIA-SMI has failed because",
+                // Built for other GPUs than this one: the machine the run landed on, not the code.
+                r"|no kernel image is available for execution on the device|\bCUDA_ERROR_NO_BINARY_FOR_GPU\b|\bcudaErrorNoKernelImageForDevice\b",
                 r"|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b",
                 r"|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
                 // Slurm ending a job, not the job failing: its memory or time limit, node failure,
@@ -207,6 +209,9 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 // The kernel's OOM killer, as the shell reports it (`Killed`, or a job line
                 // `script: line 6:  3305 Killed   cmd`), and a DataLoader worker it took.
                 r"|^Killed\s*$|: line \d+:\s+\d+ Killed\s|is killed by signal: Killed",
+                // zsh's words for the same (`zsh: killed  cmd`, a job line `[1]  4242 killed  cmd`),
+                // and the kernel's own line when the log carries it.
+                r"|^zsh: killed\s|^\[\d+\]\s+[+-]?\s*\d+ killed\s|Out of memory: Killed process \d+",
             ),
         ),
         rule(
@@ -314,6 +319,15 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
             s
         }
         (None, Exit::Code(0)) => Signature::new(FaultClass::None, "exited 0"),
+        (None, Exit::Code(code @ (126 | 127))) if cannot_start(&lines).is_some() => {
+            // The shell could not start the program: the machine's failure (as a spawn that fails),
+            // never the commit's.
+            let line = cannot_start(&lines).unwrap_or_default();
+            Signature::new(
+                FaultClass::ExecFailure,
+                format!("the command could not start (exit {code}): {line}"),
+            )
+        }
         (None, Exit::Code(code)) => other(code, &context),
         (None, Exit::Unknown) => match &context.exception {
             Some(e) => Signature::new(FaultClass::Other, e.clone()),
@@ -324,6 +338,23 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
         context.fill(&mut signature, &lines);
     }
     signature
+}
+
+/// The shell's or `env`'s line saying a program could not be started (not found, not executable), among
+/// the last lines of a run that exited 126 or 127.
+fn cannot_start<'a>(lines: &[&'a str]) -> Option<&'a str> {
+    static CANNOT_START: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"(?:: (?:command )?not found|: No such file or directory|: Permission denied|: cannot execute(?: binary file)?(?::.*)?|: Exec format error|: bad interpreter: .*)\s*$",
+        )
+        .expect("built-in pattern compiles")
+    });
+    lines
+        .iter()
+        .rev()
+        .take(5)
+        .map(|l| l.trim())
+        .find(|l| CANNOT_START.is_match(l))
 }
 
 fn other(code: i32, context: &Context) -> Signature {
@@ -723,6 +754,42 @@ mod tests {
         let cancelled =
             "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 ***";
         assert_ne!(classify(Exit::Code(1), cancelled).class, FaultClass::Infra);
+    }
+
+    #[test]
+    fn a_program_the_shell_could_not_start_is_the_machines_failure() {
+        for (code, log) in [
+            (127, "sh: 1: python: not found"),
+            (127, "bash: line 1: python: command not found"),
+            (127, "./repro.sh: 3: exec: python-missing: not found"),
+            (127, "/usr/bin/env: 'python': No such file or directory"),
+            (126, "sh: 1: ./repro.sh: Permission denied"),
+            (
+                126,
+                "bash: ./tool: cannot execute binary file: Exec format error",
+            ),
+            (
+                126,
+                "sh: ./run.py: /opt/venv/bin/python: bad interpreter: No such file or directory",
+            ),
+        ] {
+            let sig = classify(Exit::Code(code), &format!("starting\n{log}\n"));
+            assert_eq!(sig.class, FaultClass::ExecFailure, "{log}");
+            assert!(sig.summary.contains("could not start"), "{}", sig.summary);
+        }
+        // The same exit status from the program itself, or a fault before it, is not the machine's.
+        assert_eq!(
+            classify(Exit::Code(127), "done, exiting 127").class,
+            FaultClass::Other
+        );
+        assert_eq!(
+            classify(Exit::Code(127), "sh: 1: python: not found\nRuntimeError: CUDA error: an illegal memory access was encountered").class,
+            FaultClass::IllegalAddress
+        );
+        assert_eq!(
+            classify(Exit::Code(1), "sh: 1: python: not found").class,
+            FaultClass::Other
+        );
     }
 
     #[test]

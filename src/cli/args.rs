@@ -123,7 +123,7 @@ pub enum Command {
         /// Check out and build this revision in the probe worktree first.
         #[arg(long)]
         at: Option<String>,
-        /// Output: human, or json (the result as one JSON object).
+        /// Output: human, or json (JSON Lines: progress events, then `triage_done` with the result).
         #[arg(long, value_enum, default_value = "human")]
         message_format: MessageFormat,
         /// The old spelling of `--message-format json`.
@@ -165,6 +165,9 @@ pub enum Command {
         /// Keep the sample repository here instead of a temporary directory.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
     },
     /// Print a finished run's probes: for people, as JSON, or as a log `git bisect replay` accepts.
     Log {
@@ -173,8 +176,8 @@ pub enum Command {
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,
-        /// human, json (the run's report.json), or git (for `git bisect replay`). `--format` is the old
-        /// spelling.
+        /// human, json (one JSON line: the run's `finished` event, its report), or git (for `git bisect
+        /// replay`). `--format` is the old spelling.
         #[arg(
             long = "message-format",
             alias = "format",
@@ -235,7 +238,7 @@ pub enum Command {
 pub enum LogFormat {
     /// One line per probe.
     Human,
-    /// The run's report.json.
+    /// One JSON line: the run's `finished` event (its report).
     Json,
     /// `git bisect start/good/bad/skip` lines for `git bisect replay`.
     Git,
@@ -254,6 +257,9 @@ pub enum BundleCommand {
         /// Also pack bin/ (the cudabisect binary a native-harness bundle may carry).
         #[arg(long)]
         include_binary: bool,
+        /// Output: human (one line), or json (a `bundle_packed` JSON line).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
     },
 }
 

@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
+use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::human::human_bytes;
+use cudabisect::report::json::JsonReporter;
 use cudabisect::report::pack::pack as pack_bundle;
 
 /// Above this an archive may not attach to an issue.
@@ -12,8 +14,13 @@ use super::common::print_stdout;
 use super::error::{CommandError, CommandResult, ErrorKind};
 use super::exit_codes;
 
-/// Packs `dir` and prints the archive's path and size.
-pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> CommandResult {
+/// Packs `dir` and prints the archive's path and size (with `json`, as a `bundle_packed` JSON line).
+pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool, json: bool) -> CommandResult {
+    if out == Some(Path::new("-")) {
+        return Err(CommandError::usage(
+            "-o -: the archive is written to a file, not to standard output; give a path",
+        ));
+    }
     let packed = pack_bundle(dir, out, include_binary).map_err(|e| {
         let kind = if e.is_usage() {
             ErrorKind::Usage
@@ -29,6 +36,15 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> CommandResu
             "warning: {} is {size}, over the 25 MB an issue attachment may be: share it another way, or look at what in it is large (minimal/repro_data.pt holds the recorded values)",
             packed.path.display()
         );
+    }
+    if json {
+        JsonReporter::new().event(&Event::BundlePacked {
+            path: packed.path.display().to_string(),
+            bytes: packed.bytes,
+            files: packed.files,
+            binary: packed.binary,
+        });
+        return Ok(exit_codes::OK);
     }
     print_stdout(&format!(
         "{} ({size}, {} files{})\n",

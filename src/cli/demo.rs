@@ -3,14 +3,18 @@
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use cudabisect::report::human::HumanReporter;
+use cudabisect::report::event::Reporter;
 use cudabisect::run::plan::StartOptions;
 use cudabisect::sample::demo::{build_sample, settings};
 
 use super::error::{CommandError, CommandResult, ErrorKind};
 
-/// Runs the demo; exits as `start` does.
-pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> CommandResult {
+/// Runs the demo; exits as `start` does, reporting through `reporter` (JSON Lines or human).
+pub fn run(
+    dir: Option<PathBuf>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> CommandResult {
     let path = dir.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id()))
     });
@@ -49,7 +53,7 @@ pub fn run(dir: Option<PathBuf>, cancel: &AtomicBool) -> CommandResult {
         range: "v1.0..main".into(),
         ..StartOptions::default()
     };
-    let code = super::start::run(&opts, &mut HumanReporter::new(), cancel);
+    let code = super::start::run(&opts, reporter, cancel);
     eprintln!(
         "demo: the planted culprit is {}; the sample repository stays at {}",
         &sample.culprit.to_string()[..12],

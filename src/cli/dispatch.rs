@@ -181,15 +181,24 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 } => super::harness::extract(pick(file), &keep, recording, &out),
             }
         }
-        Command::Demo { dir } => super::demo::run(dir, cancel),
+        Command::Demo {
+            dir,
+            message_format,
+        } => super::demo::run(dir, reporter(message_format).as_mut(), cancel),
         Command::Bundle {
             command:
                 BundleCommand::Pack {
                     dir,
                     out,
                     include_binary,
+                    message_format,
                 },
-        } => super::bundle::pack(&dir, out.as_deref(), include_binary),
+        } => super::bundle::pack(
+            &dir,
+            out.as_deref(),
+            include_binary,
+            message_format == MessageFormat::Json,
+        ),
         Command::Nightly {
             dir,
             config,

@@ -3,8 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use cudabisect::git::Repo;
+use cudabisect::report::event::Event;
+use cudabisect::report::json::Envelope;
 use cudabisect::report::log::{git_bisect_log, human_log};
-use cudabisect::report::record::Report;
+use cudabisect::report::record::{Report, FORMAT_VERSION};
 
 use super::args::LogFormat;
 use super::common::print_stdout;
@@ -48,7 +50,16 @@ pub fn run(dir: &Path, run: Option<&str>, format: LogFormat) -> CommandResult {
     })?;
     print_stdout(&match format {
         LogFormat::Human => human_log(&report),
-        LogFormat::Json => text,
+        // JSON Lines, as every command's `--message-format json`: the run's `finished` event.
+        LogFormat::Json => {
+            let envelope = Envelope {
+                format_version: FORMAT_VERSION,
+                event: Event::Finished {
+                    report: Box::new(report.clone()),
+                },
+            };
+            serde_json::to_string(&envelope).unwrap_or_default() + "\n"
+        }
         LogFormat::Git => git_bisect_log(&report),
     });
     Ok(exit_codes::OK)

@@ -4,7 +4,9 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use cudabisect::config::CommandLine;
+use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::human::HumanReporter;
+use cudabisect::report::json::JsonReporter;
 use cudabisect::report::record::TriageStatus;
 use cudabisect::run::triage_job::triage_job;
 
@@ -22,12 +24,19 @@ pub fn run(
     cancel: &AtomicBool,
 ) -> CommandResult {
     let command = (!command.is_empty()).then_some(CommandLine::Argv(command));
-    // Progress (bundle, warnings) on stderr; the result on stdout.
-    let mut progress = HumanReporter::new();
-    let result = triage_job(dir, config, at, command, &mut progress, cancel)?;
+    // Human: progress (bundle, warnings) on stderr, the result on stdout. JSON: JSON Lines on stdout, the
+    // progress events, then `triage_done` with the result.
+    let mut progress: Box<dyn Reporter> = if json {
+        Box::new(JsonReporter::new())
+    } else {
+        Box::new(HumanReporter::new())
+    };
+    let result = triage_job(dir, config, at, command, progress.as_mut(), cancel)?;
     let mut out = String::new();
     if json {
-        out = serde_json::to_string_pretty(&result).unwrap_or_default() + "\n";
+        progress.event(&Event::TriageDone {
+            result: Box::new(result.clone()),
+        });
     } else {
         out.push_str(&format!("{}\n", result.summary));
         for f in &result.findings {

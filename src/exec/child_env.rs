@@ -100,6 +100,15 @@ pub const WORKER_PRIVATE_DIRS: [(&str, &str); 8] = [
     ("TORCHINDUCTOR_CACHE_DIR", "cache/torchinductor"),
 ];
 
+/// The virtual environment of a probe worktree (`[build] venv`): beside it, named after it, so each
+/// worker's worktree has its own and the next run reuses it.
+pub fn venv_dir(worktree: &Path) -> std::path::PathBuf {
+    let name = worktree
+        .file_name()
+        .map_or_else(|| "worktree".into(), |n| n.to_string_lossy().into_owned());
+    worktree.with_file_name(format!("{name}.venv"))
+}
+
 /// The variables cudabisect sets, in the order it sets them (after the user's own, so they win).
 pub fn contract_vars(config: &Config, ctx: &ChildContext) -> Vec<(String, String)> {
     let mut vars = Vec::new();
@@ -164,6 +173,23 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
                 env.push((var.into(), scratch.join(sub).display().to_string()));
             }
         }
+    }
+    if config.build.as_ref().is_some_and(|b| b.uses_venv()) {
+        // The worktree's own virtual environment first on PATH, for every child of the probe: what the
+        // build installs goes there, and the repro's `python` is the one that sees it.
+        let venv = venv_dir(ctx.worktree);
+        let path = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var("PATH").ok())
+            .unwrap_or_default();
+        env.push((
+            "PATH".into(),
+            format!("{}:{path}", venv.join("bin").display()),
+        ));
+        env.push(("VIRTUAL_ENV".into(), venv.display().to_string()));
     }
     let stack_dump = (ctx.phase == ChildPhase::Repro && config.repro.stack_dump)
         .then(|| crate::exec::tools::find_program("py-spy", &[]))

@@ -190,7 +190,6 @@ exec "${{PYTHON:-python3}}" "$here/minimal/repro.py"
     ))
 }
 
-
 /// Shell lines that clone the repository (the script's argument, else the one around the current
 /// directory) into a fresh directory `$work/src` and check out `commit` there, submodules included.
 fn clone_at(commit: &str) -> String {

@@ -296,6 +296,22 @@ pub enum Event {
         /// Its report.
         report: Box<ShrinkReport>,
     },
+    /// `cudabisect triage` is over.
+    TriageDone {
+        /// Its result.
+        result: Box<super::record::TriageResult>,
+    },
+    /// `cudabisect bundle pack` wrote an archive.
+    BundlePacked {
+        /// The archive.
+        path: String,
+        /// Its size.
+        bytes: u64,
+        /// Files in it.
+        files: usize,
+        /// Whether bin/ (the cudabisect binary) went in.
+        binary: bool,
+    },
     /// A night of `nightly` is decided: its status (the exit code's meaning) and what it kept.
     Nightly {
         /// The night.

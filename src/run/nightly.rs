@@ -20,7 +20,7 @@ use super::ci::nightly_outputs;
 use super::job::start;
 use super::journal::{self, journal_path, Journal, JournaledProbe};
 use super::lock::lock_state_dir;
-use super::plan::{config_path, RunError, StartOptions};
+use super::plan::{RunError, StartOptions};
 use super::probe::{Probe, ProbeContext};
 use super::search::judge::is_host_problem;
 use super::workspace::{Opening, Workspace};
@@ -116,6 +116,19 @@ fn still_on_branch(repo: &Repo, commit: &str, head: Oid) -> Result<(), &'static 
     }
 }
 
+/// The merge bases of a state's last good commit that still exists but left the branch (a force-push
+/// without gc) with the head, when they are older than the head: the part of the history both share.
+/// `None` when the commit is on the branch, gone, or the head itself is behind it (a reset).
+fn rewritten_but_shared(repo: &Repo, commit: &str, head: Oid) -> Option<Vec<Oid>> {
+    let oid = Oid::from_str(commit).ok()?;
+    repo.resolve(&oid.to_string()).ok()?;
+    if repo.is_ancestor(oid, head).unwrap_or(true) {
+        return None;
+    }
+    let bases = repo.merge_bases(oid, head).ok()?;
+    (!bases.is_empty() && !bases.contains(&head)).then_some(bases)
+}
+
 /// Runs one night. `Err` only for bad input or a held lock; what the night found is in the record.
 pub fn nightly(
     opts: &NightlyOptions,
@@ -129,16 +142,14 @@ pub fn nightly(
             RunError::Usage("the checkout is not on a branch: pass --branch".into())
         })?,
     };
-    let head = repo.resolve(&branch)?;
-    if repo.resolve(&format!("refs/heads/{branch}")).is_err()
-        && repo.resolve(&format!("refs/remotes/{branch}")).is_err()
-    {
+    // A branch by its name (or full ref name), looked up as a reference: `main~2` or a tag is no branch.
+    let Some((branch, head)) = repo.branch(&branch) else {
         return Err(RunError::Usage(format!(
-            "--branch {branch} is not a branch (a local or remote-tracking branch name, such as main or origin/main)"
+            "--branch {branch} is not a branch (a local or remote-tracking branch name, such as main, origin/main or refs/heads/main)"
         )));
-    }
+    };
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
-    let config = Config::load(&config_path(&repo, opts.config.as_deref()))?;
+    let config = super::plan::load_config(&repo, opts.config.as_deref())?;
     // A notify hook that cannot run is found now, not after the night.
     if let Some(crate::config::CommandLine::Argv(argv)) = &config.nightly.notify {
         let program = &argv[0];
@@ -191,7 +202,24 @@ pub fn nightly(
         |reporter: &mut dyn Reporter, message: String| reporter.event(&Event::Warning { message });
     let mut lost_last_good = false;
     if let Some(lg) = state.last_good.clone() {
-        if let Err(why) = still_on_branch(&repo, &lg, head) {
+        if let Some(bases) = rewritten_but_shared(&repo, &lg, head) {
+            // A force-push without gc: the last good commit is off the branch, but the history before
+            // the rewrite is shared. A fault tonight is bisected from there: the search tests the merge
+            // base first, as any good commit on another line.
+            warn(
+                reporter,
+                format!(
+                    "the last good commit {} kept in {} is not an ancestor of the head (the branch was rewritten): a fault tonight is bisected from its merge base with the head ({})",
+                    short_sha(&lg),
+                    path.display(),
+                    bases
+                        .iter()
+                        .map(|b| short_sha(&b.to_string()).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        } else if let Err(why) = still_on_branch(&repo, &lg, head) {
             lost_last_good = true;
             warn(
                 reporter,

@@ -95,6 +95,73 @@ pub fn config_path(repo: &Repo, given: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| repo.workdir().join("bisect.toml"))
 }
 
+/// The config of a job on `repo`, read and resolved against it: `[executor] workdir` is made absolute
+/// once, here (`~` expanded, a relative path taken from the repository root, as every path in the
+/// config is), and refused when it cannot hold worktrees outside the user's working tree. Writes nothing.
+pub fn load_config(repo: &Repo, given: Option<&Path>) -> Result<Config, RunError> {
+    let mut config = Config::load(&config_path(repo, given))?;
+    if let Some(dir) = config.executor.workdir.take() {
+        config.executor.workdir = Some(resolve_workdir(&dir, &repo.workdir())?);
+    }
+    Ok(config)
+}
+
+fn resolve_workdir(dir: &Path, root: &Path) -> Result<PathBuf, RunError> {
+    let refuse =
+        |why: String| RunError::Usage(format!("[executor] workdir = \"{}\" {why}", dir.display()));
+    let home = || std::env::var_os("HOME").map(PathBuf::from);
+    let expanded = match dir.strip_prefix("~") {
+        Ok(rest) => home()
+            .ok_or_else(|| refuse("starts with ~, and HOME is not set".into()))?
+            .join(rest),
+        Err(_) => dir.to_path_buf(),
+    };
+    let absolute = if expanded.is_absolute() {
+        expanded
+    } else {
+        root.join(expanded)
+    };
+    // Compared through the nearest directory that exists, so a link or `..` cannot hide the checkout.
+    let mut existing = absolute.as_path();
+    while !existing.exists() {
+        existing = existing.parent().unwrap_or(Path::new("/"));
+    }
+    let real = existing
+        .canonicalize()
+        .map_err(|e| refuse(format!("cannot be read: {e}")))?;
+    let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let rest = absolute.strip_prefix(existing).unwrap_or(Path::new(""));
+    if real.join(rest).starts_with(&real_root) {
+        return Err(refuse(format!(
+            "is inside the repository's working tree ({}): probe worktrees there would show up in the checkout; give a directory outside it",
+            real_root.display()
+        )));
+    }
+    if !real.is_dir() {
+        return Err(refuse(format!(
+            "is not a directory ({} is a file)",
+            real.display()
+        )));
+    }
+    if !writable(&real) {
+        return Err(refuse(format!(
+            "cannot be written ({} is not writable)",
+            real.display()
+        )));
+    }
+    Ok(real.join(rest))
+}
+
+/// Whether this process may create entries in `dir`.
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call; access() only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
 /// Checks the input and builds the plan; writes nothing.
 pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
     let (good, bad) = split_range(&opts.range)?;
@@ -175,7 +242,7 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
         pathspec: opts.pathspec.clone(),
     };
     let range = repo.range(&all_goods, bad.1, &range_opts)?;
-    let config = Config::load(&config_path(&repo, opts.config.as_deref()))?;
+    let config = load_config(&repo, opts.config.as_deref())?;
     for command in config
         .build
         .iter()
@@ -197,6 +264,14 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
                 )));
             }
         }
+    }
+    // A flaky search for a fix would read every statement the other way round (a clean run is the
+    // fault's "not shown"), so it is refused before anything runs.
+    if opts.find_fix && (config.flaky.asked || config.flaky.endpoint_runs > 1) {
+        return Err(RunError::Usage(
+            "--find-fix needs a fault that shows on every run: [search] confidence and endpoint-runs (the flaky search) cannot be used with it; remove them for this run"
+                .into(),
+        ));
     }
     if let Some(report) = &opts.report {
         check_writable_file(report, "--report")?;

@@ -11,7 +11,7 @@ use std::time::Instant;
 use git2::Oid;
 
 use crate::classify::{Exit, FaultClass, Signature};
-use crate::config::Config;
+use crate::config::{CommandLine, Config};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
 use crate::exec::executor::Executor;
 use crate::exec::process::{self, RunOutput};
@@ -500,6 +500,40 @@ impl WorktreeProber<'_> {
         log_name: &str,
     ) -> Option<Result<(RunOutput, Option<String>), process::ProcessError>> {
         let build = self.config.build.as_ref()?;
+        if build.uses_venv() {
+            let venv = crate::exec::child_env::venv_dir(self.worktree.path());
+            if !venv.join("bin/python").exists() {
+                // Once per worktree: a virtual environment that sees the user's packages (torch, jax)
+                // and takes what the build installs, so the user's own environment never does.
+                let create = process::CommandSpec {
+                    command: CommandLine::Argv(vec![
+                        "python3".into(),
+                        "-m".into(),
+                        "venv".into(),
+                        "--system-site-packages".into(),
+                        venv.display().to_string(),
+                    ]),
+                    cwd: self.worktree.path().to_path_buf(),
+                    env: build
+                        .env
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                    timeout: build.timeout,
+                    grace: self.config.repro.grace_period,
+                    stack_dump: None,
+                };
+                match session.run(&create, self.cancel) {
+                    Ok(run) if run.exit == Exit::Code(0) => {}
+                    other => {
+                        return Some(other.map(|run| {
+                            let log = self.write_log(step_no, commit, log_name, &run);
+                            (run, log)
+                        }))
+                    }
+                }
+            }
+        }
         let spec = command_spec(
             self.config,
             ChildCommand {

@@ -275,7 +275,8 @@ fn check_alone_and_reduce(
                     data.alone = Some(a);
                     return data;
                 }
-                data.note = Some("the repro with generated values could not be put in place".into());
+                data.note =
+                    Some("the repro with generated values could not be put in place".into());
             }
             Some(a) => {
                 data.note = Some(format!(

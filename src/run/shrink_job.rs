@@ -12,7 +12,7 @@ use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
 
 use super::error::RunError;
 use super::job::{bundle_root, write_bundle_reporting};
-use super::plan::config_path;
+use super::plan::load_config;
 use super::workspace::{Opening, Workspace};
 
 use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
@@ -20,7 +20,7 @@ use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
 /// Opens the repository containing `dir` and its config.
 pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
     let repo = Repo::open(dir)?;
-    let config = Config::load(&config_path(&repo, config))?;
+    let config = load_config(&repo, config)?;
     Ok((repo, config))
 }
 

@@ -277,7 +277,9 @@ fn outcome_words(report: &ShrinkReport) -> String {
         }
         (ShrinkStatus::Minimal, None) if missed.is_some() => format!(
             "wrote repro.py, but run alone in a fresh process it did not fault ({})",
-            missed.and_then(|a| a.missed.as_deref()).unwrap_or("no output")
+            missed
+                .and_then(|a| a.missed.as_deref())
+                .unwrap_or("no output")
         ),
         (ShrinkStatus::Interrupted, _) => "interrupted".into(),
         _ => report.summary.clone(),

@@ -151,8 +151,18 @@ fn every_command_takes_message_format_and_the_old_spellings_still_work() {
         serde_json::from_str::<serde_json::Value>(human.trim()).is_err(),
         "{human}"
     );
-    for command in ["start", "shrink", "nightly", "classify", "triage", "log"] {
-        let (code, help, err) = run(&[command, "--help"]);
+    for command in [
+        "start",
+        "shrink",
+        "nightly",
+        "classify",
+        "triage",
+        "log",
+        "demo",
+        "bundle pack",
+    ] {
+        let words: Vec<&str> = command.split(' ').chain(["--help"]).collect();
+        let (code, help, err) = run(&words);
         assert_eq!(code, Some(0), "{err}");
         assert!(
             help.contains("--message-format"),
@@ -167,4 +177,13 @@ fn every_command_takes_message_format_and_the_old_spellings_still_work() {
     let (a, _, _) = run(&["log", "-C", "/nonexistent", "--format", "git"]);
     let (b, _, _) = run(&["log", "-C", "/nonexistent", "--message-format", "git"]);
     assert_eq!(a, b);
+    // `bundle pack -o -` is refused: the archive goes to a file, never to a file named `-`.
+    let tmp = tempfile::tempdir().unwrap();
+    let b = tmp.path().join("0a1b2c3");
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(b.join("REPORT.md"), "# First bad commit\n").unwrap();
+    let (code, out, err) = run(&["bundle", "pack", b.to_str().unwrap(), "-o", "-"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty() && err.contains("-o -"), "{err}");
+    assert!(!std::path::Path::new("-").exists());
 }

@@ -925,7 +925,11 @@ fn the_written_repro_is_run_alone_and_one_that_never_faults_alone_is_said_so() {
     assert!(r.minimal_model.is_some(), "{}", r.summary);
     let data = r.data.as_ref().unwrap();
     let alone = data.alone.as_ref().unwrap();
-    assert_eq!((alone.runs, alone.reproduced), (1, 1), "it stops at the first run that shows it");
+    assert_eq!(
+        (alone.runs, alone.reproduced),
+        (1, 1),
+        "it stops at the first run that shows it"
+    );
     assert!(!data.missed_alone());
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
 
@@ -935,7 +939,10 @@ fn the_written_repro_is_run_alone_and_one_that_never_faults_alone_is_said_so() {
     let data = r.data.as_ref().unwrap();
     let alone = data.alone.as_ref().unwrap();
     assert_eq!((alone.runs, alone.reproduced), (3, 0), "{alone:?}");
-    assert!(alone.missed.as_deref().unwrap().contains("exited 0"), "{alone:?}");
+    assert!(
+        alone.missed.as_deref().unwrap().contains("exited 0"),
+        "{alone:?}"
+    );
     assert!(data.missed_alone());
 }
 

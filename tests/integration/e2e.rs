@@ -706,6 +706,42 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
         calls.starts_with("memcheck ") && calls.contains("repro.sh"),
         "{calls}"
     );
+    // `--message-format json` is JSON Lines on triage, log and bundle pack as on start: every stdout line
+    // one envelope, the last carrying the result.
+    let json_lines = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .args(args)
+            .arg("--message-format")
+            .arg("json")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            !text.trim().is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {l}"))
+            })
+            .collect()
+    };
+    let repo_dir = repo.path.display().to_string();
+    let config = config_path.display().to_string();
+    let lines = json_lines(&["triage", "-C", &repo_dir, "--config", &config]);
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "triage_done", "{last}");
+    assert_eq!(last["data"]["result"]["status"], "found", "{last}");
+    let lines = json_lines(&["log", "-C", &repo_dir]);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["type"], "finished");
+    assert_eq!(lines[0]["data"]["report"]["first_bad"], report["first_bad"]);
+    let bundle = report["bundle"].as_str().unwrap().to_string();
+    let lines = json_lines(&["bundle", "pack", &bundle]);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["type"], "bundle_packed", "{}", lines[0]);
+    assert!(lines[0]["data"]["bytes"].as_u64().unwrap() > 0);
 }
 
 #[test]

@@ -95,8 +95,14 @@ fn planted_faults_are_triaged_with_class_kernel_and_access() {
             .arg(mode)
             .output()
             .unwrap();
-        let json: serde_json::Value = match serde_json::from_slice(&out.stdout) {
-            Ok(v) => v,
+        // JSON Lines: the last line is `triage_done`, its result.
+        let last = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string();
+        let json: serde_json::Value = match serde_json::from_str::<serde_json::Value>(&last) {
+            Ok(v) => v["data"]["result"].clone(),
             Err(e) => {
                 failures.push(format!(
                     "{mode}: no JSON ({e}): {}",

@@ -369,3 +369,27 @@ fn a_night_cut_short_resumes_in_a_fresh_clone_from_the_cached_state() {
         "the killed night's probes are reused in the fresh clone: {r:#}"
     );
 }
+
+#[test]
+fn a_force_push_without_gc_is_bisected_from_the_merge_base_and_branch_takes_only_branch_names() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean"]);
+    let (code, _, _, err) = g.night(&[]);
+    assert_eq!(code, 10, "{err}");
+    // Force-push: main now grows from commit 0; commit 1, the last good, still exists but left the branch.
+    g.commits.truncate(1);
+    g.grow(&["clean", "fault"]);
+    let (code, r, _, err) = g.night(&[]);
+    assert_eq!(code, 12, "{err}");
+    assert_eq!(r["nightly"]["first_bad"], g.sha(2).as_str(), "{err}");
+    assert!(err.contains("merge base"), "{err}");
+    // `--branch` is a branch name or a full ref name of one, never a revision or a tag.
+    for revision in ["main~1", "HEAD", &g.sha(1)] {
+        let (code, _, _, err) = g.night(&["--branch", revision]);
+        assert_eq!(code, 2, "{revision}: {err}");
+        assert!(err.contains("is not a branch"), "{err}");
+    }
+    let (code, r, _, err) = g.night(&["--branch", "refs/heads/main"]);
+    assert_eq!(code, 13, "the same state as `main`: {err}");
+    assert_eq!(r["nightly"]["branch"], "main", "{r}");
+}

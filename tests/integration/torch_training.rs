@@ -224,7 +224,10 @@ fn large_recorded_values_stay_exact_when_the_repro_generating_them_does_not_faul
     assert_eq!(data["generated"], false, "{data}");
     assert!(data["bytes"].as_u64().unwrap() > 8 << 20, "{data}");
     let note = data["note"].as_str().unwrap_or_default();
-    assert!(note.contains("did not fault when run alone (0 of 1 runs did"), "{data}");
+    assert!(
+        note.contains("did not fault when run alone (0 of 1 runs did"),
+        "{data}"
+    );
     assert_eq!(data["alone"]["reproduced"], 1, "{data}");
     let (exit, text) = run_alone(&r, &[("TOY_FAULT_NEEDS", "exact")]);
     assert_eq!(exit, Some(1), "{text}");

@@ -297,6 +297,24 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
     assert_eq!(code, 3, "{err}");
     let message = report["message"].as_str().unwrap();
     assert!(message.contains("not gone at new commit"), "{message}");
+    // A flaky search for a fix would read every run the other way round: refused before anything runs.
+    let runs = repo.path.join(".git/cudabisect/runs");
+    let before = std::fs::read_dir(&runs).map_or(0, |d| d.count());
+    for flaky in [
+        "[search]\nconfidence = 0.95\n",
+        "[search]\nendpoint-runs = 3\n",
+    ] {
+        std::fs::write(repo.scratch.join("bisect.toml"), format!("{CONFIG}{flaky}")).unwrap();
+        let (code, report, err) = start(&repo, &["--find-fix", &format!("{old}..main")]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("--find-fix needs a fault that shows on every run"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(report, Value::Null);
+    }
+    assert_eq!(std::fs::read_dir(&runs).map_or(0, |d| d.count()), before);
 }
 
 /// main: 1..=8, then side branches merged one by one; the fix lands on the side branch `fix`.
@@ -661,4 +679,169 @@ fn a_library_that_starts_cuda_at_import_is_left_out_of_the_preload_and_probes_st
         .collect();
     // Every probe ran warm: the server preloads torch, and each child imports devlib itself.
     assert!(runners.iter().all(|r| r == "warm"), "{runners:?}\n{err}");
+}
+
+#[test]
+fn executor_workdir_is_resolved_once_and_refused_when_it_cannot_keep_worktrees_out_of_the_checkout()
+{
+    let repo = linear(8, 5, &default_repro(), CONFIG);
+    let scratch = repo.scratch.clone();
+    std::fs::write(scratch.join("a-file"), "x").unwrap();
+    let status = || git(&repo.path, &["status", "--porcelain", "--ignored"]);
+    let worktrees = || git(&repo.path, &["worktree", "list", "--porcelain"]);
+    let (before, listed) = (status(), worktrees());
+    let file = scratch.join("a-file").display().to_string();
+    for (workdir, why) in [
+        ("relwd", "is inside the repository's working tree"),
+        (".", "is inside the repository's working tree"),
+        (".git", "is inside the repository's working tree"),
+        (file.as_str(), "is not a directory"),
+    ] {
+        std::fs::write(
+            scratch.join("bisect.toml"),
+            format!("{CONFIG}[executor]\nworkdir = \"{workdir}\"\n"),
+        )
+        .unwrap();
+        let (code, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
+        assert_eq!(code, 2, "{workdir}: {err}");
+        assert!(err.contains(why), "{workdir}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!repo.path.join("relwd").exists());
+        assert_eq!(status(), before, "{workdir}: the checkout changed");
+        assert_eq!(
+            worktrees(),
+            listed,
+            "{workdir}: a worktree was left registered"
+        );
+    }
+    // A relative path is taken from the repository root, `~` from HOME; both hold the worktrees.
+    let home = tempfile::tempdir().unwrap();
+    for (workdir, lands) in [
+        (
+            "../wd-rel".to_string(),
+            repo.path.parent().unwrap().join("wd-rel"),
+        ),
+        ("~/wd-home".to_string(), home.path().join("wd-home")),
+    ] {
+        std::fs::write(
+            scratch.join("bisect.toml"),
+            format!("{CONFIG}[executor]\nworkdir = \"{workdir}\"\n"),
+        )
+        .unwrap();
+        let config = scratch.join("bisect.toml");
+        let out = Command::new(crate::common::bin())
+            .args(["start", "v1..main", "--no-shrink", "--fresh", "--config"])
+            .arg(&config)
+            .arg("-C")
+            .arg(&repo.path)
+            .env("HOME", home.path())
+            .current_dir(&scratch)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{workdir}: {err}");
+        assert!(lands.is_dir(), "{workdir}: nothing at {}", lands.display());
+        assert!(!scratch.join("wd-rel").exists() && !scratch.join("~").exists());
+        assert_eq!(status(), before, "{workdir}: the checkout changed");
+        assert_eq!(
+            worktrees(),
+            listed,
+            "{workdir}: a worktree was left registered"
+        );
+    }
+}
+
+#[test]
+fn a_repro_whose_interpreter_is_missing_is_the_machines_failure_not_the_commits() {
+    // `python` missing from PATH: the shell exits 127. No commit is judged on it.
+    let repo = linear(
+        8,
+        5,
+        "#!/bin/sh\nexec python-missing-from-path train.py\n",
+        CONFIG,
+    );
+    let (code, report, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    assert_eq!(code, 8, "{err}");
+    let text = format!("{err}{report}");
+    assert!(text.contains("could not start"), "{text}");
+    assert!(!text.contains("does not pass"), "{text}");
+    assert!(report["first_bad"].is_null(), "{report}");
+}
+
+/// The user's Python environment as pip sees it, and whether `mylib` imports from it.
+fn python_env() -> (String, bool) {
+    let list = Command::new("python3")
+        .args(["-m", "pip", "list", "--format=freeze"])
+        .output()
+        .unwrap();
+    let imports = Command::new("python3")
+        .args(["-c", "import mylib"])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap()
+        .status
+        .success();
+    (String::from_utf8_lossy(&list.stdout).into_owned(), imports)
+}
+
+#[test]
+fn a_pip_install_build_goes_into_a_virtual_environment_per_worktree_not_the_users() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    std::fs::create_dir_all(path.join("mylib")).unwrap();
+    git(&path, &["init", "-q", "-b", "main", "."]);
+    std::fs::write(
+        path.join("pyproject.toml"),
+        "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"mylib-cudabisect-venv-test\"\nversion = \"0.1\"\n\n[tool.setuptools]\npackages = [\"mylib\"]\n",
+    )
+    .unwrap();
+    // The repro checks it runs its own worktree's package, as an import of the installed name.
+    std::fs::write(
+        path.join("repro.py"),
+        "import os, mylib\nhere = os.path.realpath(os.environ['CUDABISECT_WORKTREE'])\nassert os.path.realpath(mylib.__file__).startswith(here), (mylib.__file__, here)\nif mylib.VALUE >= 6:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
+    )
+    .unwrap();
+    for i in 1..=10 {
+        std::fs::write(path.join("mylib/__init__.py"), format!("VALUE = {i}\n")).unwrap();
+        git(&path, &["add", "-A"]);
+        git(&path, &["commit", "-q", "-m", &format!("commit {i}")]);
+        if i == 1 {
+            git(&path, &["tag", "v1"]);
+        }
+    }
+    let config = tmp.path().join("bisect.toml");
+    std::fs::write(
+        &config,
+        "[build]\ncommand = \"pip install -e . --no-deps --no-build-isolation -q\"\ntimeout = \"5m\"\n\n[repro]\ncommand = \"python3 repro.py\"\n\n[triage]\nenabled = false\n",
+    )
+    .unwrap();
+    let before = python_env();
+    assert!(!before.1, "mylib is importable before the run");
+    let out = Command::new(crate::common::bin())
+        .args([
+            "start",
+            "v1..main",
+            "--no-shrink",
+            "--jobs",
+            "2",
+            "--config",
+        ])
+        .arg(&config)
+        .arg("-C")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("commit 6"), "{stdout}");
+    assert!(
+        !stderr.contains("another bug") && !stderr.contains("disturbed each other"),
+        "{stderr}"
+    );
+    assert_eq!(
+        python_env(),
+        before,
+        "the user's Python environment changed"
+    );
 }
