@@ -74,13 +74,20 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         .map_err(|e| de::Error::custom(format!("invalid duration `{text}`: {e}")))
 }
 
-/// A time limit: a duration, and not zero (a zero limit would end every command at once, a typo).
+/// A time limit: a duration of at least a second (a zero or sub-second limit would end every command at
+/// once or before it started: a typo, as `1ns` for `1m`).
 fn timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let value = duration(d)?;
     if value.is_zero() {
         return Err(de::Error::custom(
             "a zero timeout would stop every command at once: give a positive duration such as \"10m\"",
         ));
+    }
+    if value < Duration::from_secs(1) {
+        return Err(de::Error::custom(format!(
+            "a timeout of {} would stop every command before it started: give at least a second, such as \"10m\"",
+            humantime::format_duration(value)
+        )));
     }
     Ok(value)
 }
@@ -685,6 +692,15 @@ pub struct Config {
     pub executor: ExecutorSection,
 }
 
+/// A `[search]` message, prefixed with its section unless it names one itself (`[repro] gpus …`).
+fn in_section(message: &str) -> String {
+    if message.starts_with('[') {
+        message.to_string()
+    } else {
+        format!("[search] {message}")
+    }
+}
+
 /// `[search]`'s flaky-fault settings, checked.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlakySettings {
@@ -755,8 +771,8 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
-    /// A parallel-probe setting is invalid.
-    #[error("{path}: [search] {message}")]
+    /// A search or repro setting is invalid (the message names its section when it is not `[search]`).
+    #[error("{path}: {}", in_section(message))]
     Search {
         /// The file.
         path: PathBuf,

@@ -18,6 +18,12 @@ pub fn run(
     let path = dir.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("cudabisect-demo-{}", std::process::id()))
     });
+    if path.exists() && !path.is_dir() {
+        return Err(CommandError::usage(format!(
+            "{} exists and is not a directory",
+            path.display()
+        )));
+    }
     if path.exists()
         && std::fs::read_dir(&path)
             .map(|mut d| d.next().is_some())

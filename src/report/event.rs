@@ -64,6 +64,14 @@ pub enum PlanNote {
         /// Workers used.
         used: usize,
     },
+    /// The command names a file of the user's checkout by its absolute path: every probe runs that copy,
+    /// not the commit's.
+    CheckoutCopy {
+        /// The path as given.
+        path: String,
+        /// The same file relative to the repository.
+        relative: String,
+    },
 }
 
 impl std::fmt::Display for PlanNote {
@@ -93,6 +101,10 @@ impl std::fmt::Display for PlanNote {
             } => write!(
                 f,
                 "{asked} probes at once asked for, {candidates} candidates: {used} workers are used"
+            ),
+            Self::CheckoutCopy { path, relative } => write!(
+                f,
+                "the command runs {path}, your checkout's own copy, at every commit (not each commit's {relative}): give it as ./{relative} to run each commit's"
             ),
         }
     }

@@ -34,7 +34,7 @@ pub enum RunError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     /// Ctrl-C or SIGTERM stopped it before it had anything to report.
-    #[error("interrupted")]
+    #[error("interrupted before anything was found")]
     Interrupted,
     /// Filesystem trouble in the state directory.
     #[error("{path}: {source}")]

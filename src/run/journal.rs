@@ -155,6 +155,8 @@ pub struct Journal {
     contradicted: std::collections::HashSet<(String, String)>,
     /// Entries of this fingerprint left to be run again: outcomes of the machine, not of the commit.
     not_facts: usize,
+    /// An append already failed and was reported: the run says it once, not once per probe.
+    write_failed: bool,
 }
 
 /// Whether a journaled outcome says something about the commit. The machine failing (no driver, a full
@@ -193,6 +195,7 @@ impl Journal {
             torn,
             contradicted: Default::default(),
             not_facts: 0,
+            write_failed: false,
         }
     }
 
@@ -209,12 +212,23 @@ impl Journal {
         Self::open_capped(path, fingerprint, MAX_LINES)
     }
 
+    /// The warning for a failed append, the first time only (a full disk fails every probe's).
+    fn append_failed(&mut self, e: &std::io::Error) -> Option<String> {
+        if std::mem::replace(&mut self.write_failed, true) {
+            return None;
+        }
+        Some(format!(
+            "{}: the probe journal could not be written ({e}): this run's results are not kept for a resume",
+            self.path.display()
+        ))
+    }
+
     /// Refuses a journal that is not a regular file (a FIFO would block, a device would be an endless
     /// line): reading or appending it is never attempted.
     pub fn check_regular(path: &Path) -> std::io::Result<()> {
         match std::fs::metadata(path) {
             Ok(m) if !m.is_file() => Err(std::io::Error::other(
-                "not a regular file (remove it, or pass --journal with another path)",
+                "not a regular file (remove it: cudabisect makes a new one)",
             )),
             _ => Ok(()),
         }
@@ -233,6 +247,7 @@ impl Journal {
             torn: false,
             contradicted: Default::default(),
             not_facts: 0,
+            write_failed: false,
         };
         let mut warnings = Vec::new();
         Self::check_regular(path)?;
@@ -464,8 +479,9 @@ impl Probe for JournaledProbe<'_> {
                 sanitized: None,
             };
             if let Err(e) = journal.append(&entry) {
+                let warning = journal.append_failed(&e);
                 drop(journal);
-                self.warnings.push(format!("the probe journal: {e}"));
+                self.warnings.extend(warning);
             }
         }
         out
@@ -504,10 +520,9 @@ impl Probe for JournaledProbe<'_> {
         };
         let written = journal.append(&entry);
         journal.sanitized.insert(oid.to_string(), kept);
+        let warning = written.err().and_then(|e| journal.append_failed(&e));
         drop(journal);
-        if let Err(e) = written {
-            self.warnings.push(format!("the probe journal: {e}"));
-        }
+        self.warnings.extend(warning);
         Some(s)
     }
 }

@@ -25,6 +25,12 @@ pub enum LockError {
         #[source]
         source: std::io::Error,
     },
+    /// Something that is not a directory sits where the state directory goes.
+    #[error("{path} is not a directory: cudabisect keeps its state there (move what is there away)")]
+    NotADirectory {
+        /// The state directory's path.
+        path: PathBuf,
+    },
 }
 
 /// The held lock; released when dropped (or when the process dies, however it dies).
@@ -99,6 +105,12 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
         path: path.clone(),
         source,
     };
+    if state_dir.exists() && !state_dir.is_dir() {
+        // The state directory itself is in the way, not the lock beside it: name it.
+        return Err(LockError::NotADirectory {
+            path: state_dir.to_path_buf(),
+        });
+    }
     std::fs::create_dir_all(state_dir).map_err(io)?;
     if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
         return Err(io(std::io::Error::other(

@@ -249,7 +249,7 @@ pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
         .map(|b| &b.command)
         .chain([&config.repro.command])
     {
-        check_command(&repo, bad.1, command)?;
+        check_command(&repo, bad.1, command, &mut notes)?;
     }
     // A native-harness model must be in the bad commit: found out now, not after a three-hour search.
     if let Some(shrink) = config
@@ -320,8 +320,90 @@ fn check_writable_file(path: &Path, what: &str) -> Result<(), RunError> {
 
 /// Refuses commands that cannot run: a missing program on PATH, or a relative path that the bad commit
 /// does not have as an executable file. Shell lines are left to the shell.
-fn check_command(repo: &Repo, bad: Oid, command: &CommandLine) -> Result<(), RunError> {
+/// The words of a command as far as a plain reading goes: an argv as given, a shell line split the way
+/// the shell would when it is one simple command (no operators, no expansions), its leading `VAR=value`
+/// assignments left out. `None` for a shell line that is more than that.
+fn simple_words(command: &CommandLine) -> Option<Vec<String>> {
+    match command {
+        CommandLine::Argv(argv) => Some(argv.clone()),
+        CommandLine::Shell(line) => {
+            if line.contains(['&', '|', ';', '$', '`', '(', ')', '<', '>', '\n', '*', '?']) {
+                return None;
+            }
+            let words = shlex::split(line)?;
+            let skip = words
+                .iter()
+                .take_while(|w| w.contains('=') && !w.starts_with('-') && !w.contains('/'))
+                .count();
+            Some(words[skip..].to_vec()).filter(|w| !w.is_empty())
+        }
+    }
+}
+
+/// Whether `program` is an interpreter whose first argument is the script it runs.
+fn is_interpreter(program: &str) -> bool {
+    let name = Path::new(program)
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let trimmed = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    matches!(trimmed, "python" | "bash" | "sh" | "zsh")
+}
+
+/// A relative file the command runs that the bad commit lacks: said now, with what is wrong (the file
+/// sitting untracked in the checkout is the usual cause).
+fn missing_at(repo: &Repo, bad: Oid, file: &str) -> Option<String> {
+    if repo.executable_at(bad, file).is_some() {
+        return None;
+    }
+    let hint = if repo.workdir().join(file).exists() {
+        " (it is in your checkout but not in the commit: commit it, or give its absolute path)"
+    } else {
+        ""
+    };
+    Some(format!("`{file}` does not exist at the bad commit{hint}"))
+}
+
+fn check_command(
+    repo: &Repo,
+    bad: Oid,
+    command: &CommandLine,
+    notes: &mut Vec<PlanNote>,
+) -> Result<(), RunError> {
+    let Some(words) = simple_words(command) else {
+        return Ok(());
+    };
+    // The checkout's own file by its absolute path runs the same copy at every commit.
+    let root = repo.workdir();
+    for word in words.iter().take(2) {
+        if let Ok(relative) = Path::new(word).strip_prefix(&root) {
+            if !relative.starts_with(".git") && Path::new(word).is_file() {
+                notes.push(PlanNote::CheckoutCopy {
+                    path: word.clone(),
+                    relative: relative.display().to_string(),
+                });
+            }
+        }
+    }
+    // An interpreter's script, relative to the worktree, must be in the commit.
+    if let (true, Some(script)) = (is_interpreter(&words[0]), words.get(1)) {
+        if !script.starts_with('-') && !script.starts_with('/') {
+            if let Some(problem) = missing_at(repo, bad, script) {
+                return Err(RunError::Usage(format!(
+                    "command `{}`: {problem}",
+                    words.join(" ")
+                )));
+            }
+        }
+    }
     let CommandLine::Argv(argv) = command else {
+        // A shell line's own program: a relative path must be in the commit; a name is looked up on the
+        // PATH the run gives it (a per-worktree environment may add one), so it is not judged here.
+        let program = &words[0];
+        if program.contains('/') && !program.starts_with('/') {
+            if let Some(problem) = missing_at(repo, bad, program) {
+                return Err(RunError::Usage(format!("command {problem}")));
+            }
+        }
         return Ok(());
     };
     let program = &argv[0];

@@ -1532,8 +1532,12 @@ fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
         .len();
     let human = log("human");
     assert_eq!(human.lines().count(), probes + 1, "{human}");
-    let json: Value = serde_json::from_str(&log("json")).unwrap();
-    assert_eq!(json["first_bad"]["commit"], expected.as_str());
+    // One JSON line: the run's `finished` event, as `start --message-format json` ends.
+    let json = log("json");
+    assert_eq!(json.lines().count(), 1, "{json}");
+    let json: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["type"], "finished");
+    assert_eq!(json["data"]["report"]["first_bad"]["commit"], expected.as_str());
     // The git form, replayed by git itself in the (test) repository.
     let file = repo.path.parent().unwrap().join("bisect.log");
     std::fs::write(&file, log("git")).unwrap();

@@ -845,3 +845,61 @@ fn a_pip_install_build_goes_into_a_virtual_environment_per_worktree_not_the_user
         "the user's Python environment changed"
     );
 }
+
+#[test]
+fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem() {
+    let repo = linear(8, 5, &default_repro(), CONFIG);
+    let config = repo.scratch.join("bisect.toml");
+    std::fs::write(repo.path.join("myrepro.sh"), "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(repo.path.join("train_step.py"), "print(1)\n").unwrap();
+    let refused = |text: &str, says: &str| {
+        std::fs::write(&config, text).unwrap();
+        let (code, report, err) = start(&repo, &["v1..main", "--no-shrink"]);
+        assert_eq!(code, 2, "{text}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{text}: {err}");
+        assert_eq!(report, Value::Null);
+    };
+    // Scripts left untracked in the checkout: the commits do not have them (C27, C28).
+    let untracked = "it is in your checkout but not in the commit";
+    refused("[repro]\ncommand = \"./myrepro.sh\"\n", untracked);
+    refused("[repro]\ncommand = \"python3 train_step.py --steps 2\"\n", untracked);
+    refused("[repro]\ncommand = [\"python3\", \"train_step.py\"]\n", untracked);
+    // A sub-second limit is a typo (C07); a repro key is named by its own section (CT04a).
+    refused(
+        "[build]\ncommand = \"true\"\ntimeout = \"1ns\"\n[repro]\ncommand = \"./repro.sh\"\n",
+        "would stop every command before it started",
+    );
+    std::fs::write(&config, "[repro]\ncommand = \"./repro.sh\"\ngpus = 0\n").unwrap();
+    let (_, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    assert!(err.contains(": [repro] gpus must be at least 1"), "{err}");
+    assert!(!err.contains("[search] [repro]"), "{err}");
+    // The state directory a file (L04): named as what it is, not as the lock.
+    std::fs::write(&config, CONFIG).unwrap();
+    let state = repo.path.join(".git/cudabisect");
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::write(&state, "x").unwrap();
+    let (code, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cudabisect is not a directory"), "{err}");
+    assert!(!err.contains("lock"), "{err}");
+    std::fs::remove_file(&state).unwrap();
+    // The checkout's own repro by its absolute path runs that copy at every commit (C26): said.
+    let own = repo.path.join("repro.sh");
+    std::fs::write(&config, format!("{CONFIG}").replace("./repro.sh", own.to_str().unwrap()))
+        .unwrap();
+    let (code, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("your checkout's own copy"), "{err}");
+    // `demo --dir` an empty file (M02).
+    let file = repo.scratch.join("empty");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(crate::common::bin())
+        .args(["demo", "--dir"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("exists and is not a directory"), "{err}");
+}
