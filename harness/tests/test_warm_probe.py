@@ -72,6 +72,7 @@ CASES = {
         "print(sys.argv, __name__, os.path.basename(os.getcwd()), sys.path[0].endswith('work'))\n",
         ("a", "--b", "c d"),
     ),
+    "the interpreter's own argv": ("import sys\nprint(sys.orig_argv)\n", ("x", "--y")),
     "environment": ("import os\nprint(os.environ.get('PROBE_X'), os.environ.get('CUDABISECT_COMMIT'))\n", ()),
     "stdin": ("import sys\nprint(sys.stdin.read().upper())\n", ()),
     "death by signal": ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", ()),
@@ -137,6 +138,19 @@ def test_a_preloaded_module_that_changed_runs_cold_and_says_why(server):
     cold, warm, status = both(server, "import sharedlib\nprint(sharedlib.VALUE)\n")
     assert status.startswith("cold:") and "changed since it was preloaded" in status, status
     assert cold == warm
+
+
+def test_the_learning_file_is_the_runners_not_a_variable_the_repro_sees(server):
+    sock, _, work, env = server
+    learn = work.parent / "learned.json"
+    (work / "env.py").write_text("import os\nprint(sorted(k for k in os.environ if 'WARM' in k))\n")
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "env.py"]
+    run = subprocess.run(client, cwd=work, env=dict(env, CUDABISECT_WARM_LEARN=str(learn)),
+                         capture_output=True, timeout=60)
+    assert status.read_text().strip() == "warm"
+    assert run.stdout == b"[]\n", run
+    assert learn.exists(), "the child still wrote what it imported"
 
 
 def test_a_learned_module_a_run_rewrote_is_never_served_warm(server):

@@ -304,7 +304,10 @@ def run_child(req, fds, preloaded):
         sys.path[0] = first
         forget_shadowed(preloaded, first)
         announce_triton_launches()
-        learn = os.environ.get("CUDABISECT_WARM_LEARN")
+        # The interpreter's own command line, as a fresh `python …` of this command has it (a repro
+        # that starts itself again from sys.orig_argv must not start the server).
+        sys.orig_argv = list(req.get("argv") or [req.get("interpreter") or sys.executable, target, *args])
+        learn = req.get("learn")
         if learn:
             import atexit
 
@@ -524,10 +527,14 @@ def client(sock_path, status_path, argv):
     env = dict(os.environ)
     # What the server should have imported, as cudabisect learned it: for the server, not the repro.
     preload = [n for n in env.pop("CUDABISECT_WARM_PRELOAD", "").split(",") if n]
+    # Where the child writes what it imported: the runner's business, not a variable the repro sees.
+    learn = env.pop("CUDABISECT_WARM_LEARN", None)
     req = {
         "mode": mode,
         "target": target,
         "args": args,
+        "argv": argv,
+        "learn": learn,
         "cwd": os.getcwd(),
         "env": env,
         "interpreter": interpreter,

@@ -299,7 +299,9 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
     let finding = first_text_finding(&lines)
         .filter(|f| !(f.class == FaultClass::Hang && exit == Exit::Timeout));
     let mut signature = match (finding, exit) {
-        (Some(f), Exit::Code(0)) if f.class != FaultClass::Infra => {
+        // At exit 0 an infrastructure line stands only when the host ended the job (a scheduler's line:
+        // the job's own status may read 0); a driver message the program survived is not a failure.
+        (Some(f), Exit::Code(0)) if f.class != FaultClass::Infra || !host_ended(&f.summary) => {
             // The program says it succeeded; what it printed was handled.
             Signature::new(
                 FaultClass::None,
@@ -338,6 +340,12 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
         context.fill(&mut signature, &lines);
     }
     signature
+}
+
+/// Whether an infrastructure line is the host ending the job (Slurm, or cudabisect's line for it).
+fn host_ended(line: &str) -> bool {
+    let line = line.trim_start();
+    line.starts_with("slurmstepd") || line.starts_with("srun: ") || line.starts_with("[cudabisect] slurm")
 }
 
 /// The shell's or `env`'s line saying a program could not be started (not found, not executable), among
@@ -825,6 +833,24 @@ mod tests {
                 "{line}"
             );
         }
+        // A driver message the program survived (exit 0) is not a failure (K09); the host ending the
+        // job is, whatever status the job's shell left.
+        assert_eq!(
+            classify(
+                Exit::Code(0),
+                "CUDA driver version is insufficient for feature X (optional), continuing"
+            )
+            .class,
+            FaultClass::None
+        );
+        assert_eq!(
+            classify(
+                Exit::Code(0),
+                "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 DUE TO TIME LIMIT ***"
+            )
+            .class,
+            FaultClass::Infra
+        );
         // A pre-flight line never hides the real fault that follows it.
         let log = "preflight: Xid events: 0\nRuntimeError: CUDA error: an illegal memory access was encountered\n";
         assert_eq!(

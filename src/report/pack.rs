@@ -65,13 +65,17 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
         return Err(PackError::NotABundle(dir.to_path_buf()));
     }
     let dir = dir.canonicalize().map_err(io(dir))?;
-    let name = dir
+    // The directory's own name, bytes and all (a name that is not UTF-8 stays as it is).
+    let name: std::ffi::OsString = dir
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "bundle".into());
+        .map_or_else(|| "bundle".into(), |n| n.to_os_string());
     let out = match out {
         Some(p) => p.to_path_buf(),
-        None => dir.with_file_name(format!("{name}.tar.gz")),
+        None => {
+            let mut file = name.clone();
+            file.push(".tar.gz");
+            dir.with_file_name(file)
+        }
     };
     let parent = out
         .parent()
@@ -104,15 +108,26 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
     walk(&dir, &dir, include_binary, &mut files)?;
     files.sort();
     // Written beside its destination and renamed into place: a killed pack leaves no torn archive.
-    let tmp = tempfile::NamedTempFile::new_in(parent).map_err(io(parent))?;
+    // A place that takes no file (/proc, a read-only mount) is the user's `-o` to fix: exit 2.
+    let tmp = tempfile::NamedTempFile::new_in(parent).map_err(|e| {
+        PackError::BadOutput(format!(
+            "{}: cannot write there ({e})",
+            out.display()
+        ))
+    })?;
     {
         let gz = GzEncoder::new(BufWriter::new(tmp.as_file()), Compression::default());
         let mut tar = tar::Builder::new(gz);
         tar.mode(tar::HeaderMode::Deterministic);
         for rel in &files {
             let path = dir.join(rel);
+            // A failure to write (a full disk) is the archive's, not the file being read: blamed on
+            // the file only when it cannot be read.
             tar.append_path_with_name(&path, Path::new(&name).join(rel))
-                .map_err(io(&path))?;
+                .map_err(|e| match File::open(&path) {
+                    Ok(_) => io(&out)(e),
+                    Err(_) => io(&path)(e),
+                })?;
         }
         let gz = tar.into_inner().map_err(io(&out))?;
         let mut w = gz.finish().map_err(io(&out))?;

@@ -153,7 +153,11 @@ pub fn run_tools(
         let _ = std::fs::write(&log, &run.output);
         result.files.push(log.display().to_string());
         result.tools_run.push(tool);
-        let xml_text = std::fs::read_to_string(&xml).ok();
+        // Bytes that are not text still go to the parser, which then says the report is unreadable
+        // (read as absent, they looked like a run that found nothing).
+        let xml_text = std::fs::read(&xml)
+            .ok()
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
         if xml_text.is_some() {
             result.files.push(xml.display().to_string());
         }

@@ -90,6 +90,27 @@ fn bundle_pack_writes_an_archive_beside_the_bundle_and_refuses_other_directories
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("not a cudabisect bundle"), "{err}");
     assert!(!tmp.path().join("not-a-bundle.tar.gz").exists());
+    // A place that takes no file is the user's `-o` to fix (exit 2), named as the archive's.
+    let (code, _, err) = run(&["bundle", "pack", b.to_str().unwrap(), "-o", "/proc/x.tgz"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/proc/x.tgz: cannot write there"), "{err}");
+    // A directory name that is not UTF-8 names its archive byte for byte.
+    use std::os::unix::ffi::OsStrExt;
+    let odd = tmp
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"bundle-\xff-odd"));
+    std::fs::create_dir_all(&odd).unwrap();
+    std::fs::write(odd.join("REPORT.md"), "# First bad commit\n").unwrap();
+    let out = std::process::Command::new(crate::common::bin())
+        .args(["bundle", "pack"])
+        .arg(&odd)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(tmp
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"bundle-\xff-odd.tar.gz"))
+        .is_file());
 }
 
 /// The examples' command lines use only options the CLI has (so a renamed flag breaks this test, not a

@@ -2123,3 +2123,34 @@ fn without_a_minimal_repro_the_bundle_reproduces_with_the_projects_own_repro_at_
     );
     assert_eq!(snapshot(&repo.path), before, "the user's checkout changed");
 }
+
+#[test]
+fn a_sanitizer_report_of_random_bytes_is_unreadable_not_a_clean_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    git2::Repository::init(tmp.path()).unwrap();
+    // A fake compute-sanitizer: writes 4 KB of random bytes where the XML goes, runs the program.
+    let fake = tmp.path().join("fake-cs");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nwhile [ \"$1\" != \"--save\" ]; do shift; done\nhead -c 4096 /dev/urandom > \"$2\"\nshift 2\nwhile [ \"${1#--}\" != \"$1\" ]; do shift 2; done\n\"$@\"\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        tmp.path().join("bisect.toml"),
+        format!(
+            "[repro]\ncommand = [\"true\"]\n[triage]\nsanitizer = \"{}\"\n",
+            fake.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["triage", "-C"])
+        .arg(tmp.path())
+        .args(["--", "sh", "-c", "echo 'RuntimeError: CUDA error: unspecified launch failure'; exit 1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("unreadable compute-sanitizer XML"), "{stdout}");
+}
