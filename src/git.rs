@@ -205,6 +205,45 @@ impl Repo {
         self.repo.commondir().join("cudabisect")
     }
 
+    /// What the user owns in this repository, to compare before and after a run: every ref (branches,
+    /// tags, remotes, the stash; refs are shared with the probe worktrees), `HEAD`, and the checkout's
+    /// changed and untracked files with their sizes and modification times. A repro that writes through
+    /// its worktree into the user's repository changes it.
+    pub fn user_state(&self, skip: &[PathBuf]) -> UserState {
+        let mut refs = std::collections::BTreeMap::new();
+        if let Ok(all) = self.repo.references() {
+            for r in all.flatten() {
+                if let (Ok(name), Some(oid)) = (r.name(), r.target()) {
+                    refs.insert(name.to_string(), oid);
+                }
+            }
+        }
+        let head = self
+            .repo
+            .head()
+            .ok()
+            .and_then(|h| h.name().ok().map(String::from));
+        let root = self.workdir();
+        let mut files = std::collections::BTreeMap::new();
+        let mut options = git2::StatusOptions::new();
+        options.include_untracked(true).recurse_untracked_dirs(true);
+        if let Ok(statuses) = self.repo.statuses(Some(&mut options)) {
+            for entry in statuses.iter() {
+                let Ok(path) = entry.path().map(|p| root.join(p)) else {
+                    continue;
+                };
+                if skip.iter().any(|s| path.starts_with(s)) {
+                    continue;
+                }
+                let stamp = std::fs::symlink_metadata(&path)
+                    .ok()
+                    .map(|m| (m.len(), m.modified().ok()));
+                files.insert(path, (entry.status().bits(), stamp));
+            }
+        }
+        UserState { refs, head, files }
+    }
+
     /// What `refs/stash` points at (`None` without a stash): refs are shared with the probe worktrees, so
     /// a repro's `git stash` there lands on the user's stash.
     pub fn stash_tip(&self) -> Option<Oid> {
@@ -553,5 +592,61 @@ impl ProbeWorktree {
             )?;
         }
         Ok(())
+    }
+}
+
+/// The user's refs, `HEAD` and changed files at one moment ([`Repo::user_state`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserState {
+    refs: std::collections::BTreeMap<String, Oid>,
+    head: Option<String>,
+    files: std::collections::BTreeMap<PathBuf, FileStamp>,
+}
+
+/// A changed or untracked file as the status saw it: its status bits, size and modification time.
+type FileStamp = (u32, Option<(u64, Option<std::time::SystemTime>)>);
+
+impl UserState {
+    /// What changed from `before` to `self`, in words: the refs, `HEAD`, the files (a few named).
+    pub fn changes_since(&self, before: &UserState) -> Vec<String> {
+        let mut out = Vec::new();
+        let refs: Vec<&str> = before
+            .refs
+            .keys()
+            .chain(self.refs.keys())
+            .filter(|k| before.refs.get(*k) != self.refs.get(*k))
+            .map(String::as_str)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !refs.is_empty() {
+            out.push(format!("refs {}", name_some(&refs)));
+        }
+        if before.head != self.head {
+            out.push("HEAD".to_string());
+        }
+        let files: Vec<String> = before
+            .files
+            .keys()
+            .chain(self.files.keys())
+            .filter(|k| before.files.get(*k) != self.files.get(*k))
+            .map(|p| p.display().to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !files.is_empty() {
+            let names: Vec<&str> = files.iter().map(String::as_str).collect();
+            out.push(format!("files {}", name_some(&names)));
+        }
+        out
+    }
+}
+
+/// Up to three names, then how many more.
+fn name_some(names: &[&str]) -> String {
+    let shown = names.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+    match names.len() {
+        n if n > 3 => format!("{shown} and {} more", n - 3),
+        _ => shown,
     }
 }

@@ -345,7 +345,9 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
 /// Whether an infrastructure line is the host ending the job (Slurm, or cudabisect's line for it).
 fn host_ended(line: &str) -> bool {
     let line = line.trim_start();
-    line.starts_with("slurmstepd") || line.starts_with("srun: ") || line.starts_with("[cudabisect] slurm")
+    line.starts_with("slurmstepd")
+        || line.starts_with("srun: ")
+        || line.starts_with("[cudabisect] slurm")
 }
 
 /// The shell's or `env`'s line saying a program could not be started (not found, not executable), among

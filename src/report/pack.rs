@@ -110,10 +110,7 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
     // Written beside its destination and renamed into place: a killed pack leaves no torn archive.
     // A place that takes no file (/proc, a read-only mount) is the user's `-o` to fix: exit 2.
     let tmp = tempfile::NamedTempFile::new_in(parent).map_err(|e| {
-        PackError::BadOutput(format!(
-            "{}: cannot write there ({e})",
-            out.display()
-        ))
+        PackError::BadOutput(format!("{}: cannot write there ({e})", out.display()))
     })?;
     {
         let gz = GzEncoder::new(BufWriter::new(tmp.as_file()), Compression::default());

@@ -103,6 +103,23 @@ pub fn start(
         }
     };
     let stash_before = plan.repo.stash_tip();
+    // What cudabisect itself writes into the checkout on request (a bundle or report placed there) is
+    // not the repro's doing.
+    let own_outputs: Vec<std::path::PathBuf> = [
+        opts.bundle_dir.clone(),
+        plan.config
+            .bundle
+            .dir
+            .as_ref()
+            .map(|d| plan.repo.workdir().join(d)),
+        opts.report.clone(),
+        opts.junit.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| std::path::absolute(&p).unwrap_or(p))
+    .collect();
+    let user_before = plan.repo.user_state(&own_outputs);
     let lock_name = format!("start {}", opts.range);
     let mut ws = Workspace::open(
         &plan.repo,
@@ -344,10 +361,30 @@ pub fn start(
         }
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
-    if plan.repo.stash_tip() != stash_before {
+    let stash_changed = plan.repo.stash_tip() != stash_before;
+    if stash_changed {
         // cudabisect never stashes; a repro that ran `git stash` in a probe worktree did, on the user's
         // stash (worktrees share refs). Nothing can undo it safely, so it is said.
         let message = "the repository's stash changed during this run: a repro ran `git stash` in a probe worktree, and worktrees share refs with your checkout. Check `git stash list` before your next `git stash pop`".to_string();
+        reporter.event(&Event::Warning {
+            message: message.clone(),
+        });
+        report.notes.push(message);
+    }
+    let changed: Vec<String> = plan
+        .repo
+        .user_state(&own_outputs)
+        .changes_since(&user_before)
+        .into_iter()
+        .filter(|c| !(stash_changed && c == "refs refs/stash"))
+        .collect();
+    if !changed.is_empty() {
+        // cudabisect touches neither; a build or repro that writes outside its worktree (`../..`, or git
+        // run on the shared refs) did. Said, not undone: the user decides.
+        let message = format!(
+            "your repository changed during this run (cudabisect changes neither your refs nor your checkout): {}. If you did not change them yourself, a build or repro wrote outside its probe worktree (a path like ../../.., or git commands on the refs the worktrees share)",
+            changed.join("; ")
+        );
         reporter.event(&Event::Warning {
             message: message.clone(),
         });

@@ -26,7 +26,9 @@ pub enum LockError {
         source: std::io::Error,
     },
     /// Something that is not a directory sits where the state directory goes.
-    #[error("{path} is not a directory: cudabisect keeps its state there (move what is there away)")]
+    #[error(
+        "{path} is not a directory: cudabisect keeps its state there (move what is there away)"
+    )]
     NotADirectory {
         /// The state directory's path.
         path: PathBuf,

@@ -1537,7 +1537,10 @@ fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
     assert_eq!(json.lines().count(), 1, "{json}");
     let json: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(json["type"], "finished");
-    assert_eq!(json["data"]["report"]["first_bad"]["commit"], expected.as_str());
+    assert_eq!(
+        json["data"]["report"]["first_bad"]["commit"],
+        expected.as_str()
+    );
     // The git form, replayed by git itself in the (test) repository.
     let file = repo.path.parent().unwrap().join("bisect.log");
     std::fs::write(&file, log("git")).unwrap();
@@ -2147,10 +2150,23 @@ fn a_sanitizer_report_of_random_bytes_is_unreadable_not_a_clean_run() {
     let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
         .args(["triage", "-C"])
         .arg(tmp.path())
-        .args(["--", "sh", "-c", "echo 'RuntimeError: CUDA error: unspecified launch failure'; exit 1"])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo 'RuntimeError: CUDA error: unspecified launch failure'; exit 1",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(4), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("unreadable compute-sanitizer XML"), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("unreadable compute-sanitizer XML"),
+        "{stdout}"
+    );
 }

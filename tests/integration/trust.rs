@@ -863,8 +863,14 @@ fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem(
     // Scripts left untracked in the checkout: the commits do not have them (C27, C28).
     let untracked = "it is in your checkout but not in the commit";
     refused("[repro]\ncommand = \"./myrepro.sh\"\n", untracked);
-    refused("[repro]\ncommand = \"python3 train_step.py --steps 2\"\n", untracked);
-    refused("[repro]\ncommand = [\"python3\", \"train_step.py\"]\n", untracked);
+    refused(
+        "[repro]\ncommand = \"python3 train_step.py --steps 2\"\n",
+        untracked,
+    );
+    refused(
+        "[repro]\ncommand = [\"python3\", \"train_step.py\"]\n",
+        untracked,
+    );
     // A sub-second limit is a typo (C07); a repro key is named by its own section (CT04a).
     refused(
         "[build]\ncommand = \"true\"\ntimeout = \"1ns\"\n[repro]\ncommand = \"./repro.sh\"\n",
@@ -886,8 +892,11 @@ fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem(
     std::fs::remove_file(&state).unwrap();
     // The checkout's own repro by its absolute path runs that copy at every commit (C26): said.
     let own = repo.path.join("repro.sh");
-    std::fs::write(&config, format!("{CONFIG}").replace("./repro.sh", own.to_str().unwrap()))
-        .unwrap();
+    std::fs::write(
+        &config,
+        format!("{CONFIG}").replace("./repro.sh", own.to_str().unwrap()),
+    )
+    .unwrap();
     let (code, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("your checkout's own copy"), "{err}");
@@ -902,4 +911,35 @@ fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem(
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("exists and is not a directory"), "{err}");
+}
+
+#[test]
+fn a_repro_that_writes_into_the_users_checkout_or_tags_is_noticed_and_said() {
+    // D06: the repro reaches the user's repository through `../..` and the shared refs.
+    let template = format!(
+        "#!/bin/sh\necho probe >> \"$CUDABISECT_WORKTREE/../../../notes.txt\"\ngit -C \"$CUDABISECT_WORKTREE/../../..\" tag -f \"probe-$(cat version.txt)\" >/dev/null 2>&1\nV=$(cat version.txt)\nif [ \"$V\" -ge @BAD@ ]; then {FAULT}; fi\nexit 0\n"
+    );
+    let repo = linear(8, 5, &template, CONFIG);
+    std::fs::write(repo.path.join("notes.txt"), "mine\n").unwrap();
+    let (code, report, err) = start(&repo, &["v1..main", "--no-shrink"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("your repository changed during this run"),
+        "{err}"
+    );
+    assert!(err.contains("refs/tags/probe-"), "{err}");
+    assert!(err.contains("notes.txt"), "{err}");
+    let notes = report["notes"].as_array().unwrap();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("refs/tags/probe-")),
+        "{report}"
+    );
+    // A run whose repro stays in its worktree says nothing of the kind.
+    let clean = linear(8, 5, &default_repro(), CONFIG);
+    std::fs::write(clean.path.join("untracked.txt"), "mine\n").unwrap();
+    let (code, _, err) = start(&clean, &["v1..main", "--no-shrink"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("your repository changed"), "{err}");
 }
