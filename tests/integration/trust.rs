@@ -892,11 +892,7 @@ fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem(
     std::fs::remove_file(&state).unwrap();
     // The checkout's own repro by its absolute path runs that copy at every commit (C26): said.
     let own = repo.path.join("repro.sh");
-    std::fs::write(
-        &config,
-        format!("{CONFIG}").replace("./repro.sh", own.to_str().unwrap()),
-    )
-    .unwrap();
+    std::fs::write(&config, CONFIG.replace("./repro.sh", own.to_str().unwrap())).unwrap();
     let (code, _, err) = start(&repo, &["v1..main", "--no-shrink"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("your checkout's own copy"), "{err}");
