@@ -4,6 +4,7 @@ use std::io::Read;
 
 use cudabisect::classify::trailer::{exit_from_code, split_exit_trailer};
 use cudabisect::classify::{classify, Exit, FaultClass};
+use cudabisect::exec::process::BoundedCapture;
 
 use super::common::print_stdout;
 use super::error::{CommandError, CommandResult};
@@ -21,14 +22,27 @@ pub struct GivenExit {
 
 /// Classifies the log: exit 0 when it shows no failure, 5 when it does.
 pub fn run(log: &str, given: GivenExit, json: bool) -> CommandResult {
-    let bytes = if log == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+    // Streamed in bounded memory, as a run's output is: the head, the tail and every fault line between
+    // (a gigabyte piped into `classify -` must not take gigabytes).
+    let mut reader: Box<dyn Read> = if log == "-" {
+        Box::new(std::io::stdin().lock())
     } else {
-        std::fs::read(log)
+        Box::new(
+            std::fs::File::open(log)
+                .map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?,
+        )
+    };
+    let mut capture = BoundedCapture::default();
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => capture.push(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CommandError::usage(format!("cannot read {log}: {e}"))),
+        }
     }
-    .map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?;
-    let text = String::from_utf8_lossy(&bytes);
+    let text = capture.render();
     let (exit, body) = match given {
         GivenExit {
             timed_out: true, ..

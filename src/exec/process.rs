@@ -349,8 +349,9 @@ const LONGEST_LINE: usize = 8 * 1024;
 
 /// Keeps the first and last bytes of a stream of any length in bounded memory, and the fault lines of
 /// the bytes in between: a fault printed after the first 256 KiB and before the last 1 MiB is not lost.
+/// A run's output is read this way, and so is a log `classify` reads.
 #[derive(Default)]
-struct BoundedCapture {
+pub struct BoundedCapture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
@@ -363,7 +364,8 @@ struct BoundedCapture {
 }
 
 impl BoundedCapture {
-    fn push(&mut self, mut bytes: &[u8]) {
+    /// Takes the next bytes of the stream.
+    pub fn push(&mut self, mut bytes: &[u8]) {
         self.total += bytes.len() as u64;
         if self.head.len() < HEAD_BYTES {
             let take = bytes.len().min(HEAD_BYTES - self.head.len());
@@ -406,7 +408,8 @@ impl BoundedCapture {
             .extend_from_slice(&rest[..rest.len().min(room)]);
     }
 
-    fn render(self) -> String {
+    /// The kept text: the head, a line for what was left out with the fault lines found there, the tail.
+    pub fn render(self) -> String {
         let dropped = self.total - self.head.len() as u64 - self.tail.len() as u64;
         let mut text = String::from_utf8_lossy(&self.head).into_owned();
         if dropped > 0 {

@@ -348,6 +348,7 @@ pub fn run(
     let started = Instant::now();
     let plan = plan(model, opts.keep.as_deref())?;
     // Everything that can be checked is checked before any node runs.
+    check_kernels(model, &plan)?;
     let boundary = load_boundary(model, &plan, opts.inputs.as_deref())?;
     if let Some(dir) = &opts.record {
         // A path the user gave that cannot be a directory is their input to fix, not a failure.
@@ -443,11 +444,9 @@ pub fn run(
     })
 }
 
-/// The build step for a model: checks it (including that every node's kernel has a source) and, on the
-/// CUDA backend, compiles the kernels it needs into the cache. Used as `[build] command`, a kernel that
-/// does not compile makes the commit a build failure, skipped as such, and repro runs start warm.
-pub fn build(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<(), HarnessError> {
-    let plan = plan(model, None)?;
+/// Every node's kernel has a source (the model's own, or the zoo): checked on every backend, so the CPU
+/// reference never runs a model the GPU could not build.
+fn check_kernels(model: &Model, plan: &Plan) -> Result<usize, HarnessError> {
     let user = kernels::read_sources(&model.kernels).map_err(HarnessError::Io)?;
     let zoo = kernels::zoo();
     let names: BTreeSet<&str> = plan
@@ -456,6 +455,15 @@ pub fn build(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<()
         .map(|&i| model.nodes[i].kernel.as_str())
         .collect();
     kernels::resolve(names.iter().copied(), &user, &zoo).map_err(HarnessError::Usage)?;
+    Ok(names.len())
+}
+
+/// The build step for a model: checks it (including that every node's kernel has a source) and, on the
+/// CUDA backend, compiles the kernels it needs into the cache. Used as `[build] command`, a kernel that
+/// does not compile makes the commit a build failure, skipped as such, and repro runs start warm.
+pub fn build(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<(), HarnessError> {
+    let plan = plan(model, None)?;
+    let kernels = check_kernels(model, &plan)?;
     let mut timings = Timings::default();
     let (_engine, backend) = start_engine(model, &plan, opts, out, &mut timings)?;
     line(
@@ -463,7 +471,7 @@ pub fn build(model: &Model, opts: &RunOptions, out: &mut dyn Write) -> Result<()
         &format!(
             "harness: build ok: {} nodes, {} kernels ready for {backend}",
             plan.nodes.len(),
-            names.len()
+            kernels
         ),
     );
     Ok(())

@@ -323,6 +323,12 @@ impl Model {
                     },
                 );
             }
+            if let Some(eps) = n.eps.filter(|e| !(e.is_finite() && *e > 0.0)) {
+                // A layernorm divides by sqrt(var + eps): zero or negative gives NaN, not a model.
+                return Err(err(format!(
+                    "{what}: eps: {eps} must be a positive number (such as 1e-5)"
+                )));
+            }
             nodes.push(Node {
                 id: n.id.clone(),
                 op,
@@ -348,6 +354,12 @@ impl Model {
                     )));
                 }
             }
+        }
+        if nodes.is_empty() {
+            return Err(err(
+                "the model has no [[node]]: there is nothing to run (a model file lists its nodes)"
+                    .into(),
+            ));
         }
         // Ordering reads an in-place node's first input, so that must exist before ordering.
         if let Some(n) = nodes.iter().find(|n| n.inplace && n.inputs.is_empty()) {

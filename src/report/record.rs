@@ -653,6 +653,18 @@ impl Default for Terms {
 }
 
 impl Terms {
+    /// `message` in these terms: "good commit"/"bad commit" become "<old> commit"/"<new> commit"
+    /// (`broken`/`fixed` with `--find-fix`), so a refusal speaks the run's own words.
+    pub fn speak(&self, message: &str) -> String {
+        if self.old == "good" && self.new == "bad" {
+            return message.to_string();
+        }
+        message
+            .replace("good commit", &format!("{} commit", self.old))
+            .replace("bad commit", &format!("{} commit", self.new))
+            .replace("good and bad", &format!("{} and {}", self.old, self.new))
+    }
+
     /// The terms `start` was given: git's rules for a term (one word, not a bisect subcommand, the two
     /// different) checked here.
     pub fn from_flags(

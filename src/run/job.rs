@@ -578,7 +578,7 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
         }
         SearchEnd::EndpointsInvalid(problem) => {
             report.result = RunResult::EndpointsInvalid;
-            report.message = problem.to_string();
+            report.message = report.terms.speak(&problem.to_string());
             None
         }
         SearchEnd::EndpointInfra(msg) => {

@@ -164,6 +164,17 @@ fn writable(dir: &Path) -> bool {
 
 /// Checks the input and builds the plan; writes nothing.
 pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
+    // A refusal speaks the run's own terms (`broken`/`fixed` with --find-fix, --term-old/--term-new).
+    plan_in_good_and_bad(opts).map_err(|e| match e {
+        RunError::Usage(m) => RunError::Usage(opts.terms.speak(&m)),
+        RunError::Git(g) if g.is_usage() && opts.terms != Default::default() => {
+            RunError::Usage(opts.terms.speak(&g.to_string()))
+        }
+        other => other,
+    })
+}
+
+fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
     let (good, bad) = split_range(&opts.range)?;
     let repo = Repo::open(&opts.dir)?;
     let bad = (bad.to_string(), repo.resolve(bad)?);

@@ -150,9 +150,9 @@ pub fn ways(section: &ShrinkSection, target: Option<&Signature>) -> Result<Vec<S
         && section.inputs.is_none()
         && section.model.is_some()
         && section.step.is_none();
-    // Asked for in bisect.toml, a capture is tried whatever the failure looked like; by default, only
-    // for a Python program.
-    let asked = section.captures() && !section.implicit;
+    // Asked for in bisect.toml (`capture = true`, or a `step`), a capture is tried whatever the failure
+    // looked like; otherwise (no section, or one that only tunes the shrink) only for a Python program.
+    let asked = (section.capture || section.step.is_some()) && !section.implicit;
     if torch_harness && !native_model && (asked || capture_refusal(target).is_none()) {
         let mut capture = section.clone();
         capture.model = None;

@@ -231,15 +231,23 @@ fn a_jax_training_script_without_factories_is_captured_and_shrunk() {
 
 #[test]
 fn a_repro_that_is_not_a_python_program_is_not_shrunk_and_the_report_says_why() {
+    // With no [shrink] section, and with one that only tunes the shrink (C20): neither asks for a
+    // capture of a shell script.
+    for extra in ["", "\n[shrink]\nconfirm = 2\n"] {
+        not_a_python_program(extra);
+    }
+}
+
+fn not_a_python_program(extra: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     let script = "#!/bin/sh\nif [ \"$(cat limit.txt)\" -lt 10 ]; then echo 'CUDA error: an illegal memory access was encountered (cudaErrorIllegalAddress)' >&2; exit 1; fi\n";
-    let config = "[repro]\ncommand = [\"sh\", \"run.sh\"]\ntimeout = \"60s\"\n";
+    let config = format!("[repro]\ncommand = [\"sh\", \"run.sh\"]\ntimeout = \"60s\"\n{extra}");
     let commits = history(
         &dir,
         &[("run.sh", script.to_string())],
         ("limit.txt", "99", "3"),
-        config,
+        &config,
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
     assert_eq!(code, 0, "{text}");

@@ -345,3 +345,35 @@ fn build_checks_the_model_and_its_kernels_before_any_run() {
         "{err}"
     );
 }
+
+#[test]
+fn a_model_that_cannot_run_anywhere_is_refused_on_the_cpu_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(model("mlp.toml")).unwrap();
+    // H07: a kernel no source defines; H14: a model with no nodes; H17: a negative layernorm eps.
+    let no_kernel = base.replacen(
+        "op = \"matmul\"",
+        "op = \"matmul\"\nkernel = \"not_there\"",
+        1,
+    );
+    assert_ne!(no_kernel, base, "the fixture has a matmul node");
+    let empty = "[model]\nname = \"empty\"\noutputs = []\n".to_string();
+    let cases = [
+        ("no_kernel.toml", no_kernel, "no kernel source defines"),
+        ("empty.toml", empty, "has no [[node]]"),
+        (
+            "eps.toml",
+            std::fs::read_to_string(model("transformer_block.toml"))
+                .unwrap()
+                .replacen("eps = 1e-05", "eps = -1.0", 1),
+            "eps: -1 must be a positive number",
+        ),
+    ];
+    for (name, text, says) in cases {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let (code, out, err) = harness(&["run", s(&path), "--backend", "cpu"]);
+        assert_eq!(code, 2, "{name}: {out}{err}");
+        assert!(err.contains(says), "{name}: {err}");
+    }
+}

@@ -297,6 +297,17 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
     assert_eq!(code, 3, "{err}");
     let message = report["message"].as_str().unwrap();
     assert!(message.contains("not gone at new commit"), "{message}");
+    // Refusals speak the run's terms (FF04): a reversed range of a fix search names broken and fixed.
+    let (code, _, err) = start(&repo, &["--find-fix", &format!("main..{old}")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("fixed commit") && err.contains("broken commit"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("bad commit") && !err.contains("good commit"),
+        "{err}"
+    );
     // A flaky search for a fix would read every run the other way round: refused before anything runs.
     let runs = repo.path.join(".git/cudabisect/runs");
     let before = std::fs::read_dir(&runs).map_or(0, |d| d.count());

@@ -17,7 +17,7 @@ def parse_args(argv):
     p.add_argument("--example-inputs", required=True)
     p.add_argument("--train", action="store_true")
     p.add_argument("--loss")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="auto", help="cuda, cpu, or auto (JAX's own choice: a GPU when usable)")
     sub = p.add_subparsers(dest="verb", required=True)
     d = sub.add_parser("describe")
     d.add_argument("--recording")
@@ -40,7 +40,8 @@ def parse_args(argv):
 
 
 def select_device(device):
-    """JAX's platform from the harness's device (cuda/gpu, or cpu), before jax is imported."""
+    """JAX's platform from the harness's device (cuda/gpu, or cpu; auto leaves JAX's own choice, a GPU
+    when one is usable), before jax is imported."""
     if device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
     elif device in ("cuda", "gpu") or device.startswith("cuda:"):
