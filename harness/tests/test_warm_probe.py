@@ -140,6 +140,25 @@ def test_a_preloaded_module_that_changed_runs_cold_and_says_why(server):
     assert cold == warm
 
 
+def test_a_preloaded_module_a_run_rewrote_is_not_served_after_the_server_learns_more(server):
+    # The review's WP13: the server preloaded `sharedlib`; the first run rewrites it and imports another
+    # module; the next run, taught to preload that one too, must not be served the old `sharedlib`.
+    sock, site, work, env = server
+    (site / "otherlib.py").write_text("VALUE = 'other'\n")
+    (work / "bump.py").write_text(
+        "import sharedlib, otherlib\nprint(sharedlib.VALUE, flush=True)\n"
+        "open(sharedlib.__file__, 'w').write('VALUE = %r\\n' % (sharedlib.VALUE + '+'))\n"
+    )
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "bump.py"]
+    first = subprocess.run(client, cwd=work, env=env, capture_output=True, timeout=60)
+    assert first.stdout == b"preloaded\n", first
+    taught = dict(env, CUDABISECT_WARM_PRELOAD="otherlib,sharedlib")
+    second = subprocess.run(client, cwd=work, env=taught, capture_output=True, timeout=60)
+    assert second.stdout == b"preloaded+\n", second
+    assert status.read_text().startswith("cold:") and "sharedlib.py changed" in status.read_text()
+
+
 def test_the_learning_file_is_the_runners_not_a_variable_the_repro_sees(server):
     sock, _, work, env = server
     learn = work.parent / "learned.json"

@@ -215,7 +215,10 @@ def handle(conn, listener, files, preloaded):
         # What an earlier run taught: imported here once, instead of starting another server.
         known = set(files)
         tainted = import_all(more)
-        files.update(module_files())
+        # Only the new modules' files are recorded now: a preloaded module's record stays what it was
+        # when it was imported, so a file rewritten since is still seen as changed.
+        for path, mtime in module_files().items():
+            files.setdefault(path, mtime)
         preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
         # A source written after its bytecode (by a run: the one that taught it, say) may have been
         # imported from that bytecode, which Python still takes for current when the size and the second

@@ -109,6 +109,11 @@ pub fn load_config(repo: &Repo, given: Option<&Path>) -> Result<Config, RunError
 fn resolve_workdir(dir: &Path, root: &Path) -> Result<PathBuf, RunError> {
     let refuse =
         |why: String| RunError::Usage(format!("[executor] workdir = \"{}\" {why}", dir.display()));
+    if dir.as_os_str().is_empty() {
+        return Err(refuse(
+            "is empty: name a directory outside the repository, or leave workdir out".into(),
+        ));
+    }
     let home = || std::env::var_os("HOME").map(PathBuf::from);
     let expanded = match dir.strip_prefix("~") {
         Ok(rest) => home()
@@ -143,23 +148,18 @@ fn resolve_workdir(dir: &Path, root: &Path) -> Result<PathBuf, RunError> {
             real.display()
         )));
     }
-    if !writable(&real) {
+    // Tried, not guessed from permission bits (root may "write" /proc, which takes no directory): a
+    // directory made and removed at once in the nearest one that exists.
+    if let Err(e) = tempfile::Builder::new()
+        .prefix(".cudabisect-check-")
+        .tempdir_in(&real)
+    {
         return Err(refuse(format!(
-            "cannot be written ({} is not writable)",
+            "cannot be written ({}: {e})",
             real.display()
         )));
     }
     Ok(real.join(rest))
-}
-
-/// Whether this process may create entries in `dir`.
-fn writable(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call; access() only reads it.
-    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
 /// Checks the input and builds the plan; writes nothing.
