@@ -63,13 +63,23 @@ def _seen(exc, module=None):
     _write_json("fault.json", _fault())
 
 
-def _main_module_source():
-    """The script's definitions without its statements: what unpickling the script's own classes needs."""
+def _main_script():
+    """The running script's path, when it is a file."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path or not os.path.exists(path):
+    return os.path.abspath(path) if path and os.path.exists(path) else None
+
+
+def _main_module_source():
+    """The script's definitions without its statements: what unpickling the script's own classes needs.
+    Every kept line stays on its own line number (the rest is blank), so the harness can compile it under
+    the script's own name: a fault in a class the script defines is then met at the script's own line,
+    as in the user's run."""
+    path = _main_script()
+    if path is None:
         return None
     with open(path) as f:
-        tree = ast.parse(f.read())
+        text = f.read()
+    tree = ast.parse(text)
     keep = []
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     for node in tree.body:
@@ -87,7 +97,18 @@ def _main_module_source():
                 keep.append(node)
             except ValueError:
                 pass
-    return ast.unparse(ast.Module(body=keep, type_ignores=[]))
+    lines = text.splitlines()
+    kept = [""] * len(lines)
+    for node in keep:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        for i in range(first - 1, node.end_lineno):
+            kept[i] = lines[i]
+    blanked = "\n".join(kept) + "\n"
+    try:
+        compile(blanked, path, "exec")
+        return blanked
+    except SyntaxError:  # a kept statement sharing a line with a dropped one: the definitions alone
+        return ast.unparse(ast.Module(body=keep, type_ignores=[]))
 
 
 def _save(torch, name, value):
@@ -327,7 +348,8 @@ def _save_step(torch, module, args, kwargs):
             break
     STATE["notes"] = notes
     _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}",
-                                     device=_device_of(torch, root, args, kwargs), autocast=autocast))
+                                     device=_device_of(torch, root, args, kwargs), autocast=autocast,
+                                     script=_main_script()))
 
 
 def _install_common():

@@ -292,3 +292,53 @@ fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_stand
     assert_eq!(exit, Some(1), "{out}\n{text}");
     assert!(out.contains("an illegal memory access"), "{out}");
 }
+
+/// The review's CP01 script: a Function the script itself defines faults in its backward at step 3,
+/// reading a module-level flag (and a class attribute) the script sets.
+const SCRIPT_FUNCTION: &str = r#"import torch, torch.nn as nn
+torch.manual_seed(0)
+BUG = open("bug.txt").read().strip() == "1"
+class Scale(torch.autograd.Function):
+    step = 0
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+    @staticmethod
+    def backward(ctx, g):
+        if BUG and Scale.step == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return g * 2
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__(); self.a = nn.Linear(8, 8); self.b = nn.Linear(8, 4)
+    def forward(self, x):
+        return self.b(Scale.apply(torch.relu(self.a(x))))
+model = Net(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 6):
+    Scale.step = step
+    x = torch.randn(16, 8); y = torch.randn(16, 4)
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print("step", step, float(loss), flush=True)
+"#;
+
+#[test]
+fn a_fault_in_a_class_the_script_defines_reproduces_in_the_replay_where_the_script_met_it() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[repro]\ncommand = \"python3 train.py\"\ntimeout = \"120s\"\n";
+    let commits = history(
+        &dir,
+        &[("train.py", SCRIPT_FUNCTION.to_string())],
+        ("bug.txt", "0", "1"),
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    let s = &r["shrink"];
+    // The replay meets the fault at train.py's own line, as the user's run did: the same fault, kept.
+    assert_eq!(s["status"], "minimal", "{s}\n{text}");
+    assert_eq!(s["captured"]["step"], 3, "{s}");
+    reproduces_alone(s, &dir, "model__backward");
+}

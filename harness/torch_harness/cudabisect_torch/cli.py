@@ -82,6 +82,27 @@ def prepare_key(a):
     return (a.model, a.example, a.capture, a.train, a.loss, a.optimizer)
 
 
+def load_script_definitions(d, script):
+    """The captured script's own definitions (cudabisect_main.py, their lines where the script has them)
+    as the module `cudabisect_main`, compiled under the script's own name: its classes' frames then read
+    as the script's, and the fault is met where the user's run met it."""
+    path = os.path.join(d, "cudabisect_main.py")
+    if "cudabisect_main" in sys.modules or not os.path.exists(path):
+        return
+    import types
+    with open(path) as f:
+        text = f.read()
+    name = script if script and os.path.exists(script) else path
+    module = types.ModuleType("cudabisect_main")
+    module.__file__ = name
+    sys.modules["cudabisect_main"] = module
+    try:
+        exec(compile(text, name, "exec"), module.__dict__)  # noqa: S102 - the capture's own file of the script's definitions
+    except BaseException:
+        del sys.modules["cudabisect_main"]
+        raise
+
+
 def load_capture(d):
     """The captured step: the model (unpickled on the CPU), its batch as positional inputs, and what the
     training graph needs (the output's gradient, the optimizer, the gradients it saw)."""
@@ -91,6 +112,7 @@ def load_capture(d):
             sys.path.insert(0, path)
     with open(os.path.join(d, "capture.json")) as f:
         meta = json.load(f)
+    load_script_definitions(d, meta.get("script"))
     fault = os.path.join(d, "fault.json")
     if os.path.exists(fault):
         with open(fault) as f:

@@ -239,6 +239,13 @@ def user_source(fns, missing=None, carried_ops=None):
         if alias and alias != getattr(target, "__name__", alias):
             # The caller names it differently (`kernel = triton.jit(store_kernel)`): keep that name too.
             code += f"\n\n{alias} = {target.__name__}\n"
+        if inspect.isclass(target):
+            # State the program kept on the class (a step counter, a flag) as it was in the captured step,
+            # not as the class body first set it.
+            state = [f"{target.__name__}.{k} = {v!r}" for k, v in vars(target).items()
+                     if not k.startswith("_") and plain_literal(v)]
+            if state:
+                code += "\n\n" + "\n".join(state) + "\n"
         out.append(code)
         imports.update(body_imports(code, getattr(target, "__module__", None)))
         queue.extend(globals_used(target, imports))
