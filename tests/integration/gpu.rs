@@ -1537,6 +1537,10 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
             "loss",
         ),
     ] {
+        // `CUDABISECT_GPU_CASE=<words>` runs only the cases whose name holds them (a short device run).
+        if std::env::var("CUDABISECT_GPU_CASE").is_ok_and(|c| !case.contains(c.as_str())) {
+            continue;
+        }
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("repo");
         let config = format!("[repro]\ncommand = [\"python3\", \"{script}\"]\ntimeout = \"5m\"\n");
@@ -1613,6 +1617,10 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
         }
     }
     // A JAX script with no factories: the jitted step is captured, its Pallas kernel kept.
+    if std::env::var("CUDABISECT_GPU_CASE").is_ok_and(|c| !"JAX script".contains(c.as_str())) {
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"300s\"\n";
