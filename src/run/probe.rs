@@ -505,13 +505,17 @@ impl WorktreeProber<'_> {
             if !venv.join("bin/python").exists() {
                 // Once per worktree: a virtual environment that sees the user's packages (torch, jax)
                 // and takes what the build installs, so the user's own environment never does.
+                // Without its own pip (ensurepip is often not installed, and takes seconds): `pip` in
+                // the environment is a shim for `python -m pip`, the user's pip installing here.
+                let shim = "#!/bin/sh\nexec \"$(dirname \"$0\")/python\" -m pip \"$@\"\n";
                 let create = process::CommandSpec {
                     command: CommandLine::Argv(vec![
-                        "python3".into(),
-                        "-m".into(),
+                        "sh".into(),
+                        "-c".into(),
+                        "python3 -m venv --system-site-packages --without-pip \"$1\" && for p in pip pip3; do printf '%s' \"$2\" > \"$1/bin/$p\" && chmod +x \"$1/bin/$p\"; done".into(),
                         "venv".into(),
-                        "--system-site-packages".into(),
                         venv.display().to_string(),
+                        shim.into(),
                     ]),
                     cwd: self.worktree.path().to_path_buf(),
                     env: build
