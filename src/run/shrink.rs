@@ -563,6 +563,9 @@ fn drive(
             harness, settings, &record, inner, &target, &log_dir, report, cancel,
         )? {
             nodes = finer;
+            // The reduction runs on the graph the descent found: "k of n" counts that graph, in the
+            // summary and in the report alike.
+            report.nodes_before = nodes.len();
             report.graph = graph;
             fault = Some(at);
         } else {
