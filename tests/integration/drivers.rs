@@ -1197,7 +1197,12 @@ fn a_fault_inside_a_module_kept_whole_is_pinned_to_the_call_it_died_in() {
         r.kept.len() + r.removed.len(),
         "the size of the graph the reduction ran on (the descended one), as the summary counts it"
     );
-    assert!(r.summary.starts_with(&format!("1 of {} nodes", r.nodes_before)), "{}", r.summary);
+    assert!(
+        r.summary
+            .starts_with(&format!("1 of {} nodes", r.nodes_before)),
+        "{}",
+        r.summary
+    );
     assert_eq!(r.removed, ["a", "blk__proj", "c"]);
     assert_eq!(
         r.graph.as_deref(),
