@@ -100,6 +100,16 @@ pub const WORKER_PRIVATE_DIRS: [(&str, &str); 8] = [
     ("TORCHINDUCTOR_CACHE_DIR", "cache/torchinductor"),
 ];
 
+/// What a child with these extra variables sees for `key`: the last value set there, else this
+/// process's own.
+pub fn seen_value(env: &[(String, String)], key: &str) -> Option<String> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var(key).ok())
+}
+
 /// The virtual environment of a probe worktree (`[build] venv`): beside it, named after it, so each
 /// worker's worktree has its own and the next run reuses it.
 pub fn venv_dir(worktree: &Path) -> std::path::PathBuf {
@@ -178,13 +188,7 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         // The worktree's own virtual environment first on PATH, for every child of the probe: what the
         // build installs goes there, and the repro's `python` is the one that sees it.
         let venv = venv_dir(ctx.worktree);
-        let path = env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var("PATH").ok())
-            .unwrap_or_default();
+        let path = seen_value(&env, "PATH").unwrap_or_default();
         env.push((
             "PATH".into(),
             format!("{}:{path}", venv.join("bin").display()),

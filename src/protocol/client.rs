@@ -530,13 +530,7 @@ impl HarnessClient for ProcessHarness {
         };
         let mut env = self.env.clone();
         if super::torch::needs_project(repro).is_some() {
-            let given = env
-                .iter()
-                .rev()
-                .find(|(k, _)| k == "PYTHONPATH")
-                .map(|(_, v)| v.clone())
-                .or_else(|| std::env::var("PYTHONPATH").ok());
-            let path = match given {
+            let path = match crate::exec::child_env::seen_value(&env, "PYTHONPATH") {
                 Some(p) if !p.is_empty() => format!("{}:{p}", self.cwd.display()),
                 _ => self.cwd.display().to_string(),
             };

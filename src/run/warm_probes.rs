@@ -181,14 +181,7 @@ impl WarmPool {
         } else {
             argv[0].clone()
         };
-        let path = spec
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var("PATH").ok())
-            .unwrap_or_default();
+        let path = crate::exec::child_env::seen_value(&spec.env, "PATH").unwrap_or_default();
         let resolved = which::which_in(&interpreter, Some(&path), &spec.cwd).ok()?;
         let mut env: Vec<(String, String)> = spec
             .env
