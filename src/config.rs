@@ -216,8 +216,9 @@ pub struct SearchSection {
     /// Same-bug policy: `class+kernel` (default), `class`, or `regex:<pattern>`.
     #[serde(rename = "match")]
     pub match_policy: Option<String>,
-    /// Probes at once: a number, or `"auto"` (one worker per visible GPU, or per `gpus-per-probe` of
-    /// them). Default 1.
+    /// Probes at once: a number (a cap), or `"auto"` (the default: workers on every visible GPU, or
+    /// group of `gpus-per-probe` of them, as many at once on each as its memory holds at the bad end's
+    /// peak; one where no GPU is visible).
     #[serde(default)]
     pub jobs: Jobs,
     /// The GPUs to use (`CUDA_VISIBLE_DEVICES` ids); default: those visible.
@@ -250,7 +251,7 @@ impl Default for SearchSection {
     fn default() -> Self {
         Self {
             match_policy: None,
-            jobs: Jobs::One,
+            jobs: Jobs::Auto,
             devices: None,
             gpus_per_probe: 1,
             endpoint_runs: None,
@@ -271,11 +272,12 @@ pub fn runs_for_confidence(confidence: f64) -> u32 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Jobs {
     /// One at a time.
-    #[default]
     One,
-    /// This many.
+    /// At most this many (fewer on a GPU whose memory holds fewer).
     Count(u32),
-    /// One worker per `gpus-per-probe` visible GPUs (one when none is visible).
+    /// Workers on every visible GPU (or group of `gpus-per-probe`), as many at once as memory and half
+    /// the cores allow; one when no GPU is visible.
+    #[default]
     Auto,
 }
 
@@ -920,18 +922,18 @@ impl Config {
             });
         }
         if let Some(devices) = &raw.search.devices {
-            let mut seen = std::collections::HashSet::new();
-            if let Some(twice) = devices
-                .iter()
-                .map(|d| d.0.clone())
-                .find(|d| !seen.insert(d.clone()))
-            {
-                return Err(ConfigError::Search {
-                    path: path.to_path_buf(),
-                    message: format!(
-                        "devices lists GPU {twice} twice: each worker needs GPUs of its own"
-                    ),
-                });
+            // A device may be listed twice (two workers share it), but never twice for one probe.
+            let per = raw.search.gpus_per_probe.max(1) as usize;
+            for group in devices.chunks(per) {
+                let mut seen = std::collections::HashSet::new();
+                if let Some(twice) = group.iter().map(|d| d.0.clone()).find(|d| !seen.insert(d.clone())) {
+                    return Err(ConfigError::Search {
+                        path: path.to_path_buf(),
+                        message: format!(
+                            "devices gives GPU {twice} twice to one probe: a probe of gpus-per-probe = {per} needs {per} different GPUs"
+                        ),
+                    });
+                }
             }
         }
         if raw.search.devices.as_ref().is_some_and(Vec::is_empty) {

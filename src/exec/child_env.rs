@@ -82,6 +82,8 @@ pub struct WorkerSlot {
     pub worker: usize,
     /// Device ids for `CUDA_VISIBLE_DEVICES` (comma-separated); `None` where no GPU is visible (no pinning).
     pub devices: Option<String>,
+    /// True when another worker is pinned to the same devices (several probes at once on one GPU).
+    pub shares_gpu: bool,
     /// The worker's own scratch directory: its temporary files and the JIT and kernel caches go there, so
     /// workers never read what another wrote (a shared extension build directory names wrong culprits).
     pub scratch: Option<std::path::PathBuf>,

@@ -196,6 +196,17 @@ pub enum Event {
         /// The other bug, short form.
         signature: String,
     },
+    /// Several workers share a GPU: how many of them probe at once from now on, and why.
+    ProbesAtOnce {
+        /// The GPU the workers share (`CUDA_VISIBLE_DEVICES` ids).
+        gpu: String,
+        /// Probes that may now run on it at once.
+        probes: usize,
+        /// Workers pinned to it.
+        workers: usize,
+        /// Why that many (the memory the measured probe used, or what made it fall back to one).
+        reason: String,
+    },
     /// The culprit's own sanitizer run names another kernel than the fault stack remembered from another
     /// commit: the same lines launch more than one kernel, and the search runs again with nothing
     /// remembered.

@@ -216,6 +216,14 @@ impl Reporter for HumanReporter {
             } => self.line(&format!(
                 "note: {what} shows another bug ({signature}), not this one: it counts as good for this search"
             )),
+            Event::ProbesAtOnce {
+                gpu,
+                probes,
+                workers,
+                reason,
+            } => self.line(&format!(
+                "note: {probes} of {workers} workers probe at once on GPU {gpu}: {reason}"
+            )),
             Event::RememberedStackMisled {
                 culprit,
                 named,

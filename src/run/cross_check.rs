@@ -59,6 +59,7 @@ pub fn cross_check(
             estimated_steps: 1,
             worker: None,
             repeat: None,
+            crowded: false,
         };
         let out = prober.probe(run.oid, &ctx, Some(target), reporter);
         if out.interrupted {

@@ -59,6 +59,10 @@ impl Probe for FixProbe<'_> {
     ) -> Option<Sanitized> {
         self.inner.sanitize(oid, ctx, reporter)
     }
+
+    fn shared_gpu(&self) -> Option<String> {
+        self.inner.shared_gpu()
+    }
 }
 
 /// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
@@ -140,6 +144,7 @@ pub fn search_for_fix(
             estimated_steps: 1,
             worker: None,
             repeat: None,
+            crowded: false,
         };
         let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
         if out.interrupted {
@@ -210,6 +215,7 @@ pub fn search_for_fix(
             estimated_steps: 1,
             worker: None,
             repeat: None,
+            crowded: false,
         };
         if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
             let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());

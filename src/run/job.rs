@@ -21,7 +21,7 @@ use super::ci::start_outputs;
 use super::journal::{self, Journal, JournaledProbe};
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::search::{search_with_workers, SearchEnd, SearchInput, Worker};
+use super::search::{search_with_workers, SearchEnd, SearchInput, Sharing, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
@@ -99,7 +99,8 @@ pub fn start(
             } else {
                 visible_devices(cancel)
             };
-            Some(plan_slots(&plan.config.workers, &visible).map_err(RunError::Usage)?)
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            Some(plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?)
         }
     };
     let stash_before = plan.repo.stash_tip();
@@ -211,6 +212,7 @@ pub fn start(
     for note in &plan.notes {
         reporter.event(&Event::Planned { note: note.clone() });
     }
+    let gauge = crate::host::gpu_memory::NvidiaSmiGauge::default();
     let input = SearchInput {
         range: &plan.range,
         bad: (&plan.bad.0, plan.bad.1),
@@ -220,6 +222,11 @@ pub fn start(
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
         fix_of: None,
+        sharing: Sharing {
+            gauge: &gauge,
+            asked: matches!(plan.config.workers.jobs, Jobs::Count(_))
+                || plan.config.workers.devices.is_some(),
+        },
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.
     let journal_path = opts

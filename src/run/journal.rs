@@ -468,7 +468,11 @@ impl Probe for JournaledProbe<'_> {
             };
         }
         let out = self.inner.probe(oid, ctx, target, reporter);
-        if !out.interrupted && !self.cancel.load(Ordering::SeqCst) {
+        // A run the crowd on its GPU may have spoiled is run again alone: never a fact to replay.
+        if !out.interrupted
+            && !self.cancel.load(Ordering::SeqCst)
+            && !ctx.crowded_out(out.record.signature.class)
+        {
             let mut journal = self.lock();
             let entry = Entry {
                 v: VERSION,
@@ -524,6 +528,10 @@ impl Probe for JournaledProbe<'_> {
         drop(journal);
         self.warnings.extend(warning);
         Some(s)
+    }
+
+    fn shared_gpu(&self) -> Option<String> {
+        self.inner.shared_gpu()
     }
 }
 
@@ -615,6 +623,7 @@ mod tests {
             estimated_steps: 2,
             worker: None,
             repeat: None,
+            crowded: false,
         }
     }
 

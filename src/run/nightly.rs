@@ -333,6 +333,7 @@ pub fn nightly(
             estimated_steps: 1,
             worker: None,
             repeat: None,
+            crowded: false,
         };
         // Through the journal: a night killed after this probe does not redo it, and the bisection that
         // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).

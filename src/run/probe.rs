@@ -38,6 +38,23 @@ pub struct ProbeContext {
     /// from 0. Such a probe is one run of the repro (`[repro] attempts` does not apply), and the journal
     /// keeps each run apart. `None`: an ordinary probe.
     pub repeat: Option<u32>,
+    /// Other probes may run on its GPU while it runs (several at once on one GPU). Such a probe that runs
+    /// out of memory, is killed or hangs says nothing of its commit: see [`ProbeContext::crowded_out`].
+    pub crowded: bool,
+}
+
+impl ProbeContext {
+    /// Whether `class`, in a probe of this context, may be the crowd's doing rather than the commit's: an
+    /// allocation failure, a kill (the OOM killer's) or a timeout while others shared the GPU. Such a run
+    /// is neither judged nor journaled; the commit runs again with the GPU to itself.
+    pub fn crowded_out(&self, class: crate::classify::FaultClass) -> bool {
+        use crate::classify::FaultClass;
+        self.crowded
+            && matches!(
+                class,
+                FaultClass::OutOfMemory | FaultClass::Signal | FaultClass::Hang
+            )
+    }
 }
 
 impl Sanitized {
@@ -114,6 +131,12 @@ pub trait Probe: Send {
         ctx: &ProbeContext,
         reporter: &mut dyn Reporter,
     ) -> Option<Sanitized>;
+
+    /// The GPU this prober shares with other workers (`CUDA_VISIBLE_DEVICES` ids); `None` when it has its
+    /// devices to itself or is not pinned.
+    fn shared_gpu(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why a commit could not be prepared for a stage after the search.
@@ -378,6 +401,13 @@ impl Probe for WorktreeProber<'_> {
             duration_s: started.elapsed().as_secs_f64(),
         })
     }
+
+    fn shared_gpu(&self) -> Option<String> {
+        self.slot
+            .as_ref()
+            .filter(|s| s.shares_gpu)
+            .and_then(|s| s.devices.clone())
+    }
 }
 
 /// Everything a record needs besides the run itself.
@@ -478,7 +508,11 @@ impl WorktreeProber<'_> {
     fn wait_for_free_gpus(&mut self) -> Result<(), crate::host::gpu_idle::StillBusy> {
         let devices = Devices {
             ids: self.slot.as_ref().and_then(|s| s.devices.as_deref()),
-            exclusive: self.slot.as_ref().is_none_or(|s| s.devices.is_some()),
+            // On a GPU shared with other workers, their live runs are not this prober's to wait for.
+            exclusive: self
+                .slot
+                .as_ref()
+                .is_none_or(|s| s.devices.is_some() && !s.shares_gpu),
         };
         let lingering = std::mem::take(&mut self.lingering);
         wait_idle(

@@ -1,22 +1,38 @@
 //! How many probes run at once and which GPUs each gets: `[search] jobs`, `devices` and `gpus-per-probe`
-//! (or `start --jobs`) turned into worker slots. The planning is pure; finding the visible GPUs
-//! (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi`) sits at the edge.
+//! (or `start --jobs`) turned into worker slots. Several workers may share one GPU: how many of them run
+//! at once is decided later, from the device memory the bad end's probe used ([`probes_at_once`]). The
+//! planning is pure; finding the visible GPUs (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi`) and reading
+//! their memory sit at the edge.
 
 use crate::config::{Jobs, WorkerSettings};
 use crate::exec::child_env::WorkerSlot;
+use crate::host::gpu_memory::MemoryReading;
+
+/// Probes at once on one GPU that `auto` allows at most: past 8, a round answers little more (log2(k+1)
+/// bits) while every probe slows the others.
+pub const MOST_PER_GPU: usize = 8;
 
 /// The worker slots: one per probe at once, each with its own devices when GPUs are known. `visible` is
-/// what this machine shows when the config names no devices.
+/// what this machine shows when the config names no devices; `cores` the host's. `auto` gives each GPU
+/// (or group of `gpus-per-probe`) up to [`MOST_PER_GPU`] workers and at most half the cores in all; a
+/// number of workers larger than the GPU groups shares them round robin. Devices a config lists twice are
+/// shared the same way (`devices = [0, 0]`: two workers on GPU 0).
 pub fn plan_slots(
     settings: &WorkerSettings,
     visible: &[String],
+    cores: usize,
 ) -> Result<Vec<WorkerSlot>, String> {
     let devices: &[String] = settings.devices.as_deref().unwrap_or(visible);
     let per = settings.gpus_per_probe.max(1) as usize;
+    let groups: Vec<String> = devices.chunks_exact(per).map(|g| g.join(",")).collect();
     let jobs = match settings.jobs {
         Jobs::One => 1,
         Jobs::Count(n) => n as usize,
-        Jobs::Auto => (devices.len() / per).max(1),
+        Jobs::Auto if groups.is_empty() => 1,
+        Jobs::Auto => {
+            let by_cores = (cores / 2).max(1);
+            (groups.len() * MOST_PER_GPU).min(by_cores).max(groups.len())
+        }
     };
     if devices.is_empty() {
         // No GPU to pin (a CPU-only machine, or a repro that finds its own): workers share what there is.
@@ -24,27 +40,78 @@ pub fn plan_slots(
             .map(|worker| WorkerSlot {
                 worker,
                 devices: None,
+                shares_gpu: false,
                 scratch: None,
             })
             .collect());
     }
-    if jobs * per > devices.len() {
+    if groups.is_empty() {
         return Err(format!(
-            "{jobs} probes at once with {per} GPU{} each need {} GPUs, and {} {} available ({})",
-            if per == 1 { "" } else { "s" },
-            jobs * per,
+            "one probe needs {per} GPUs, and {} {} available ({})",
             devices.len(),
             if devices.len() == 1 { "is" } else { "are" },
             devices.join(",")
         ));
     }
-    Ok((0..jobs)
+    let mut slots: Vec<WorkerSlot> = (0..jobs)
         .map(|i| WorkerSlot {
             worker: i + 1,
-            devices: Some(devices[i * per..(i + 1) * per].join(",")),
+            devices: Some(groups[i % groups.len()].clone()),
+            shares_gpu: false,
             scratch: None,
         })
-        .collect())
+        .collect();
+    let pinned: Vec<Option<String>> = slots.iter().map(|s| s.devices.clone()).collect();
+    for slot in &mut slots {
+        slot.shares_gpu = pinned.iter().filter(|d| **d == slot.devices).count() > 1;
+    }
+    Ok(slots)
+}
+
+/// Memory taken by another process before the run that says the GPU is not ours alone, MiB.
+pub const SHARED_MIB: u64 = 2048;
+/// Kept free on a GPU whatever the probes need, MiB.
+const HEADROOM_MIB: u64 = 4096;
+/// What a probe needs beyond the peak seen (sampling misses short peaks; a CUDA context), MiB.
+const PER_PROBE_MARGIN_MIB: u64 = 1024;
+
+/// How many probes run at once on one GPU, and why: as many as its free memory holds at the peak of the
+/// probe measured alone (with a margin), at most `workers` (what the plan gave the GPU, capped by
+/// `--jobs`). One when the GPU was in use by others before the run. When nothing could be read, the
+/// workers `asked` for (a number, devices listed) all run; those `auto` chose do not.
+pub fn probes_at_once(
+    reading: Option<MemoryReading>,
+    workers: usize,
+    asked: bool,
+) -> (usize, String) {
+    let Some(r) = reading else {
+        return if asked {
+            (workers.max(1), "as asked; the GPU's memory could not be read".into())
+        } else {
+            (1, "the GPU's memory could not be read".into())
+        };
+    };
+    let gib = |mib: u64| format!("{:.1} GiB", mib as f64 / 1024.0);
+    if r.before_mib > SHARED_MIB {
+        return (
+            1,
+            format!(
+                "the GPU had {} in use by other processes before the run",
+                gib(r.before_mib)
+            ),
+        );
+    }
+    let used = r.peak_mib.saturating_sub(r.before_mib);
+    let need = used + used / 4 + PER_PROBE_MARGIN_MIB;
+    let free = r.total_mib.saturating_sub(r.before_mib + HEADROOM_MIB);
+    let fit = (free / need.max(1)) as usize;
+    let k = fit.clamp(1, workers.max(1));
+    let why = format!(
+        "a probe run alone peaked at {} of the GPU's {}",
+        gib(used),
+        gib(r.total_mib)
+    );
+    (k, why)
 }
 
 #[cfg(test)]
@@ -64,36 +131,83 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_one_worker_per_visible_gpu_or_group_of_them() {
+    fn auto_shares_each_gpu_or_group_of_them_within_half_the_cores() {
         let visible: Vec<String> = ["0", "1", "2", "3"].map(String::from).to_vec();
-        let s = plan_slots(&settings(Jobs::Auto, None, 1), &visible).unwrap();
+        // Two cores: one worker per GPU all the same.
+        let s = plan_slots(&settings(Jobs::Auto, None, 1), &visible, 2).unwrap();
         assert_eq!(devices_of(&s), [Some("0"), Some("1"), Some("2"), Some("3")]);
         assert_eq!(s.iter().map(|s| s.worker).collect::<Vec<_>>(), [1, 2, 3, 4]);
-        let s = plan_slots(&settings(Jobs::Auto, None, 2), &visible).unwrap();
+        // Sixteen cores: eight workers, two on each GPU, round robin.
+        let s = plan_slots(&settings(Jobs::Auto, None, 1), &visible, 16).unwrap();
+        assert_eq!(
+            devices_of(&s),
+            [Some("0"), Some("1"), Some("2"), Some("3"), Some("0"), Some("1"), Some("2"), Some("3")]
+        );
+        let s = plan_slots(&settings(Jobs::Auto, None, 2), &visible, 4).unwrap();
         assert_eq!(devices_of(&s), [Some("0,1"), Some("2,3")]);
-        // Three GPUs, two per probe: one worker, the third GPU idle.
-        let s = plan_slots(&settings(Jobs::Auto, None, 2), &visible[..3]).unwrap();
+        // Three GPUs, two per probe: the third GPU idle.
+        let s = plan_slots(&settings(Jobs::Auto, None, 2), &visible[..3], 2).unwrap();
         assert_eq!(devices_of(&s), [Some("0,1")]);
+        // One GPU and many cores: at most eight on it.
+        let s = plan_slots(&settings(Jobs::Auto, None, 1), &visible[..1], 64).unwrap();
+        assert_eq!(s.len(), MOST_PER_GPU);
+        assert!(s.iter().all(|s| s.devices.as_deref() == Some("0")));
+    }
+
+    #[test]
+    fn more_workers_than_gpus_share_them_and_listed_twice_is_shared() {
+        let s = plan_slots(&settings(Jobs::Count(3), None, 1), &["0".into()], 2).unwrap();
+        assert_eq!(devices_of(&s), [Some("0"), Some("0"), Some("0")]);
+        let s = plan_slots(&settings(Jobs::Count(2), Some(&["0", "0"]), 1), &[], 2).unwrap();
+        assert_eq!(devices_of(&s), [Some("0"), Some("0")]);
+    }
+
+    #[test]
+    fn probes_at_once_follow_free_memory_and_the_peak() {
+        let r = |before, peak, total| {
+            Some(MemoryReading {
+                before_mib: before,
+                peak_mib: peak,
+                total_mib: total,
+            })
+        };
+        // 3 GiB peak on a 140 GiB GPU: as many as the plan gave.
+        assert_eq!(probes_at_once(r(500, 3572, 143_771), 8, false).0, 8);
+        // 40 GiB peak: (140 - 4.5) / (40 * 1.25 + 1) = 2.
+        assert_eq!(probes_at_once(r(500, 41_460, 143_771), 8, true).0, 2);
+        // A repro that takes most of the GPU: one.
+        let (k, why) = probes_at_once(r(0, 120_000, 143_771), 8, true);
+        assert_eq!(k, 1);
+        assert!(why.contains("peaked at 117.2 GiB"), "{why}");
+        // Someone else is on the GPU: one, and said.
+        let (k, why) = probes_at_once(r(30_000, 33_000, 143_771), 8, true);
+        assert_eq!(k, 1);
+        assert!(why.contains("29.3 GiB in use by other processes"), "{why}");
+        // Unreadable: one, unless the workers were asked for.
+        assert_eq!(probes_at_once(None, 8, false).0, 1);
+        assert_eq!(probes_at_once(None, 3, true).0, 3);
+        // Never more than the workers.
+        assert_eq!(probes_at_once(r(0, 100, 143_771), 3, false).0, 3);
     }
 
     #[test]
     fn configured_devices_win_over_the_visible_ones() {
-        let s = plan_slots(&settings(Jobs::Count(2), Some(&["GPU-a", "GPU-b"]), 1), &[]).unwrap();
+        let s = plan_slots(&settings(Jobs::Count(2), Some(&["GPU-a", "GPU-b"]), 1), &[], 2).unwrap();
         assert_eq!(devices_of(&s), [Some("GPU-a"), Some("GPU-b")]);
     }
 
     #[test]
     fn without_gpus_workers_are_not_pinned() {
-        let s = plan_slots(&settings(Jobs::Count(3), None, 1), &[]).unwrap();
+        let s = plan_slots(&settings(Jobs::Count(3), None, 1), &[], 2).unwrap();
         assert_eq!(devices_of(&s), [None, None, None]);
         assert_eq!(
-            plan_slots(&settings(Jobs::Auto, None, 1), &[])
+            plan_slots(&settings(Jobs::Auto, None, 1), &[], 2)
                 .unwrap()
                 .len(),
             1
         );
         assert_eq!(
-            plan_slots(&settings(Jobs::One, None, 1), &[])
+            plan_slots(&settings(Jobs::One, None, 1), &[], 2)
                 .unwrap()
                 .len(),
             1
@@ -101,12 +215,9 @@ mod tests {
     }
 
     #[test]
-    fn more_probes_than_gpus_is_refused_naming_the_numbers() {
+    fn a_probe_needing_more_gpus_than_there_are_is_refused_naming_the_numbers() {
         let visible: Vec<String> = ["0", "1"].map(String::from).to_vec();
-        let e = plan_slots(&settings(Jobs::Count(2), None, 2), &visible).unwrap_err();
-        assert_eq!(
-            e,
-            "2 probes at once with 2 GPUs each need 4 GPUs, and 2 are available (0,1)"
-        );
+        let e = plan_slots(&settings(Jobs::Count(2), None, 4), &visible, 2).unwrap_err();
+        assert_eq!(e, "one probe needs 4 GPUs, and 2 are available (0,1)");
     }
 }

@@ -14,8 +14,11 @@ use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
+use cudabisect::host::gpu_memory::{MemoryGauge, MemoryReading};
 use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
-use cudabisect::run::search::{search, search_with_workers, SearchEnd, SearchInput, Worker};
+use cudabisect::run::search::{
+    search, search_with_workers, SearchEnd, SearchInput, Sharing, Worker,
+};
 use cudabisect::run::shrink::{shrink, ShrinkSettings};
 use git2::Oid;
 
@@ -208,6 +211,7 @@ fn run_search_with(
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: None,
+        sharing: Sharing::NONE,
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
@@ -1259,6 +1263,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: None,
+        sharing: Sharing::NONE,
     };
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.
@@ -1358,6 +1363,7 @@ fn fix_input<'a>(
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: Some(fault),
+        sharing: Sharing::NONE,
     }
 }
 
@@ -1430,4 +1436,209 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
             }
         }
     }
+}
+
+/// A worker on a GPU shared with the others: it counts the probes running at once, notes whether each was
+/// crowded, and can run out of memory at one commit whenever others share the GPU.
+struct OnSharedGpu {
+    inner: Scripted,
+    /// Every worker's probes, in the order they started: (commit, crowded).
+    crowded: &'static Mutex<Vec<(usize, bool)>>,
+    oom_when_crowded: Option<usize>,
+    running: &'static AtomicUsize,
+    most: &'static AtomicUsize,
+}
+
+impl Probe for OnSharedGpu {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        self.crowded
+            .lock()
+            .unwrap()
+            .push((index(commit), ctx.crowded));
+        let mut out = self.inner.probe(commit, ctx, target, reporter);
+        if ctx.crowded && self.oom_when_crowded == Some(index(commit)) {
+            out.record.signature =
+                Signature::new(FaultClass::OutOfMemory, "torch.OutOfMemoryError: CUDA out of memory");
+        }
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+
+    fn shared_gpu(&self) -> Option<String> {
+        Some("0".into())
+    }
+}
+
+/// A stand-in for the driver's memory readings: one fixed reading, counting how often it was asked.
+#[derive(Debug)]
+struct FixedGauge {
+    reading: Option<MemoryReading>,
+    started: AtomicUsize,
+}
+
+impl MemoryGauge for FixedGauge {
+    fn start(&self, devices: &str) {
+        assert_eq!(devices, "0");
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+    fn stop(&self) -> Option<MemoryReading> {
+        self.reading
+    }
+}
+
+struct SharedRun {
+    end: SearchEnd,
+    events: Vec<Event>,
+    crowded: Vec<(usize, bool)>,
+    most: usize,
+    gauge_started: usize,
+    probes: Vec<ProbeRecord>,
+}
+
+/// Three workers on GPU 0; the fault shows from commit 11 of 16; `peak_mib` is what the measured probe
+/// used of a 140 GiB GPU.
+fn on_one_gpu(peak_mib: u64, oom_when_crowded: Option<usize>) -> SharedRun {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let running: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+    let most: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+    let log: &'static Mutex<Vec<(usize, bool)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let stops: Vec<&'static AtomicBool> = (0..3)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect();
+    let range = linear(16);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let gauge = FixedGauge {
+        reading: Some(MemoryReading {
+            before_mib: 400,
+            peak_mib,
+            total_mib: 143_771,
+        }),
+        started: AtomicUsize::new(0),
+    };
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        fix_of: None,
+        sharing: Sharing {
+            gauge: &gauge,
+            asked: false,
+        },
+    };
+    let mut probers: Vec<OnSharedGpu> = (0..3)
+        .map(|_| OnSharedGpu {
+            inner: scripted(cancel, None),
+            crowded: log,
+            oom_when_crowded,
+            running,
+            most,
+        })
+        .collect();
+    let mut events = Events::default();
+    let outcome = {
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        search_with_workers(&input, &mut workers, &mut events, cancel)
+    };
+    SharedRun {
+        end: outcome.end,
+        events: events.0,
+        crowded: log.lock().unwrap().clone(),
+        most: most.load(Ordering::SeqCst),
+        gauge_started: gauge.started.load(Ordering::SeqCst),
+        probes: outcome.probes,
+    }
+}
+
+fn probes_at_once(events: &[Event]) -> Vec<(usize, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ProbesAtOnce { probes, reason, .. } => Some((*probes, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
+    // A 2 GiB probe on a 140 GiB GPU: all three at once after the bad end, measured once.
+    let run = on_one_gpu(2_448, None);
+    assert_eq!(run.end, SearchEnd::Found(oid(11)));
+    assert_eq!(run.gauge_started, 1);
+    let at_once = probes_at_once(&run.events);
+    assert_eq!(at_once.len(), 1, "{at_once:?}");
+    assert_eq!(at_once[0].0, 3);
+    assert!(at_once[0].1.contains("peaked at 2.0 GiB"), "{}", at_once[0].1);
+    // The endpoints ran alone; the search's probes were crowded, and the first round cut the range in
+    // four (a probe below the midpoint, which plain bisection towards commit 11 never runs).
+    let all = &run.crowded;
+    assert!(all.iter().any(|&(_, c)| c), "{all:?}");
+    assert_eq!(all[..2], [(16, false), (0, false)], "{all:?}");
+    assert!(all.iter().any(|&(i, _)| (1..8).contains(&i)), "{all:?}");
+}
+
+#[test]
+fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
+    // A 120 GiB probe: one at a time, said, and never two at once.
+    let run = on_one_gpu(120_000, None);
+    assert_eq!(run.end, SearchEnd::Found(oid(11)));
+    let at_once = probes_at_once(&run.events);
+    assert_eq!(at_once.len(), 1, "{at_once:?}");
+    assert_eq!(at_once[0].0, 1);
+    assert_eq!(run.most, 1);
+    assert!(run.crowded.iter().all(|&(_, c)| !c));
+    // Plain bisection: every search probe at or above the midpoint.
+    assert!(run.crowded.iter().all(|&(i, _)| i == 0 || i >= 8));
+}
+
+#[test]
+fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again_alone() {
+    // Commit 12 runs out of memory whenever others share the GPU; alone it faults as its neighbours do.
+    let run = on_one_gpu(2_448, Some(12));
+    assert_eq!(run.end, SearchEnd::Found(oid(11)));
+    // 12 ran crowded (rounds of three); once the fallback came, no probe was crowded again, and 12, when
+    // it still mattered, ran again alone.
+    let all = &run.crowded;
+    assert_eq!(all[..2], [(16, false), (0, false)], "{all:?}");
+    assert!(all.contains(&(12, true)), "{all:?}");
+    if let Some(alone) = all[2..].iter().position(|&(_, c)| !c) {
+        assert!(all[2 + alone..].iter().all(|&(_, c)| !c), "{all:?}");
+    }
+    let at_once = probes_at_once(&run.events);
+    assert_eq!(at_once.last().unwrap().0, 1, "{at_once:?}");
+    assert!(
+        at_once.last().unwrap().1.contains("ran out of memory"),
+        "{at_once:?}"
+    );
+    // The crowded run of 12 is no fact: not recorded; 12 is not judged out of memory.
+    assert!(run
+        .probes
+        .iter()
+        .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }

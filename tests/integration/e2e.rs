@@ -1849,20 +1849,20 @@ fn parallel_probes_run_in_worktrees_of_their_own_pinned_to_their_devices() {
 }
 
 #[test]
-fn more_probes_than_devices_is_bad_input_that_writes_nothing() {
+fn a_probe_needing_more_gpus_than_listed_is_bad_input_that_writes_nothing() {
     let repo = faulting_from(6, 3);
     let before = snapshot(&repo.path);
     let config_path = config_file(
         &repo,
         "two.toml",
         &[],
-        "\n[search]\ndevices = [0, 1]\ngpus-per-probe = 2\n",
+        "\n[search]\ndevices = [0, 1]\ngpus-per-probe = 3\n",
     );
     let run = start_with_config(&repo, &config_path, &["--jobs", "2"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert_eq!(
         run.stderr.trim(),
-        "error: 2 probes at once with 2 GPUs each need 4 GPUs, and 2 are available (0,1)"
+        "error: one probe needs 3 GPUs, and 2 are available (0,1)"
     );
     assert_eq!(before, snapshot(&repo.path));
     assert!(!repo.path.join(".git/cudabisect").exists());
@@ -2169,4 +2169,76 @@ fn a_sanitizer_report_of_random_bytes_is_unreadable_not_a_clean_run() {
         stdout.contains("unreadable compute-sanitizer XML"),
         "{stdout}"
     );
+}
+
+/// `start --jobs 3` on a machine whose one GPU a stand-in `nvidia-smi` describes, its probes using
+/// `peak_mib` of it: the run's human output and the probe log.
+fn three_workers_on_one_gpu(peak_mib: u32) -> (Run, String) {
+    let repo = faulting_from(24, 15);
+    let dir = repo.path.parent().unwrap().to_path_buf();
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/integration/fakes/nvidia_smi_one_gpu.sh"),
+        bin_dir.join("nvidia-smi"),
+    )
+    .unwrap();
+    let log = dir.join("probes.log");
+    let config_path = config_file(&repo, "shared.toml", &[("PROBE_LOG", &log)], "");
+    let range = format!("{}..main", repo.commits[0]);
+    let report = dir.join("report.json");
+    let out = Command::new(crate::common::bin())
+        .args(["start", &range, "--jobs", "3", "--config"])
+        .arg(&config_path)
+        .arg("-C")
+        .arg(&repo.path)
+        .arg("--report")
+        .arg(&report)
+        .env(
+            "PATH",
+            format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap()),
+        )
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env("FAKE_PEAK_MIB", peak_mib.to_string())
+        .output()
+        .unwrap();
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report: std::fs::read_to_string(&report)
+            .ok()
+            .map(|t| serde_json::from_str(&t).unwrap()),
+    };
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[15].to_string());
+    (run, std::fs::read_to_string(&log).unwrap())
+}
+
+#[test]
+fn workers_share_one_gpu_as_far_as_the_memory_a_probe_used_allows() {
+    // 2 GiB of 140: all three at once, every worker on GPU 0 in a worktree of its own.
+    let (run, log) = three_workers_on_one_gpu(2448);
+    assert!(
+        run.stderr
+            .contains("note: 3 of 3 workers probe at once on GPU 0: a probe run alone peaked at 2.0 GiB of the GPU's 140.4 GiB"),
+        "{}",
+        run.stderr
+    );
+    let mut worktrees = std::collections::BTreeSet::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[2], "0", "{line}");
+        worktrees.insert(f[3].to_string());
+    }
+    assert_eq!(worktrees.len(), 3, "{log}");
+    // 120 GiB of 140: one at a time, and said.
+    let (run, log) = three_workers_on_one_gpu(120_400);
+    assert!(
+        run.stderr
+            .contains("note: 1 of 3 workers probe at once on GPU 0: a probe run alone peaked at 117.2 GiB"),
+        "{}",
+        run.stderr
+    );
+    assert!(log.lines().all(|l| l.split_whitespace().nth(2) == Some("0")));
 }

@@ -13,6 +13,7 @@ use crate::classify::{FaultClass, Signature};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{short_sha, FlakyAnswer, OtherBug, ProbeRecord, ProbeRole};
 use crate::run::probe::{ProbeContext, ProbeOutcome, Sanitized};
+use crate::run::workers::probes_at_once;
 
 use super::judge::{judge, Judgement, Kernel, Terms};
 use super::pool::{Done, Landed, Pool, Task};
@@ -61,6 +62,8 @@ pub(super) struct Driver<'a, 'r> {
     pending: HashMap<usize, Pending>,
     /// Candidates left and probes left, as the running strategy says.
     pub(super) progress: (usize, usize),
+    /// The worker whose probe the gauge watches (alone on the first shared GPU).
+    watching: Option<usize>,
 }
 
 impl<'a, 'r> Driver<'a, 'r> {
@@ -86,6 +89,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             workers,
             pending: HashMap::new(),
             progress: (input.range.len(), 0),
+            watching: None,
         }
     }
 
@@ -130,6 +134,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             estimated_steps: self.progress.1,
             worker: (self.workers > 1).then_some(worker + 1),
             repeat: None,
+            crowded: false,
         }
     }
 
@@ -152,8 +157,79 @@ impl<'a, 'r> Driver<'a, 'r> {
         role: ProbeRole,
         repeated: bool,
     ) -> bool {
-        let (ctx, task) = self.probe_job(index, role, w, repeated);
+        let (mut ctx, task) = self.probe_job(index, role, w, repeated);
+        ctx.crowded = pool.crowded(w);
+        self.watch(pool, w);
         pool.send(w, index, self.commits[index], ctx, task)
+    }
+
+    /// Starts the gauge on worker `w`'s probe when it is the one to measure: the first probe alone on the
+    /// first shared GPU, before the number of probes at once there is known.
+    fn watch(&mut self, pool: &Pool, w: usize) {
+        let Some((gpu, _)) = pool.first_shared().filter(|_| !pool.measured()) else {
+            return;
+        };
+        if self.watching.is_none()
+            && pool.shared_gpu(w) == Some(gpu.as_str())
+            && !pool.busy_on_gpu(&gpu)
+        {
+            self.input.sharing.gauge.start(&gpu);
+            self.watching = Some(w);
+        }
+    }
+
+    /// What a probe that landed tells of its GPU. The watched probe's memory sets how many probes run at
+    /// once on a shared GPU (a probe that never reached its repro measures nothing: the next one is
+    /// watched). A crowded probe that ran out of memory, was killed or timed out says nothing of its
+    /// commit: one probe at a time from now on, and this one is run again (true).
+    fn crowd_check(&mut self, pool: &mut Pool, worker: usize, ctx: &ProbeContext, outcome: &ProbeOutcome) -> bool {
+        let class = outcome.record.signature.class;
+        if self.watching == Some(worker) {
+            self.watching = None;
+            let reading = self.input.sharing.gauge.stop();
+            let measured = !outcome.interrupted
+                && !outcome.record.reused
+                && !matches!(
+                    class,
+                    FaultClass::BuildFailure
+                        | FaultClass::ExecFailure
+                        | FaultClass::MissingObject
+                        | FaultClass::Infra
+                );
+            if let (true, Some((gpu, workers))) = (measured, pool.first_shared()) {
+                let (k, reason) = probes_at_once(reading, workers, self.input.sharing.asked);
+                pool.set_limit(k);
+                pool.set_measured();
+                self.reporter.event(&Event::ProbesAtOnce {
+                    gpu,
+                    probes: k,
+                    workers,
+                    reason,
+                });
+            }
+        }
+        if outcome.record.reused || !ctx.crowded_out(class) || pool.limit() == 1 {
+            return false;
+        }
+        pool.set_limit(1);
+        pool.set_measured();
+        if let Some((gpu, workers)) = pool.first_shared() {
+            self.reporter.event(&Event::ProbesAtOnce {
+                gpu,
+                probes: 1,
+                workers,
+                reason: format!(
+                    "the probe of {} {} while others ran on its GPU; it runs again alone",
+                    short_sha(&outcome.record.commit),
+                    match class {
+                        FaultClass::OutOfMemory => "ran out of memory",
+                        FaultClass::Hang => "ran past its timeout",
+                        _ => "was killed",
+                    }
+                ),
+            });
+        }
+        true
     }
 
     /// The context and task of a probe of commit `index` on worker `w`.
@@ -192,7 +268,8 @@ impl<'a, 'r> Driver<'a, 'r> {
         } = landed;
         match done {
             Done::Probed(outcome) => {
-                if outcome.interrupted {
+                let crowded_out = self.crowd_check(pool, worker, &ctx, &outcome);
+                if outcome.interrupted || crowded_out {
                     return Landing::Stopped(index);
                 }
                 let target = self.target.clone();
@@ -367,6 +444,9 @@ impl<'a, 'r> Driver<'a, 'r> {
         task: Task,
     ) -> Result<Landing, SearchEnd> {
         let oid = self.commits[index];
+        if matches!(task, Task::Probe(_)) {
+            self.watch(pool, 0);
+        }
         if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
         }

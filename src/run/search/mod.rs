@@ -47,6 +47,29 @@ pub struct SearchInput<'a> {
     /// Finding a fix: the fault at the older end, which every probe is measured by (showing it is the
     /// older state, a clean run the newer). The bad end's probe is then the fault being gone.
     pub fix_of: Option<Signature>,
+    /// Several workers on one GPU: how the search learns how many run at once.
+    pub sharing: Sharing<'a>,
+}
+
+/// How the search learns how many probes one GPU holds at once, when several workers share it: the first
+/// fresh probe that runs alone on the first shared GPU is watched by `gauge`, and
+/// [`crate::run::workers::probes_at_once`] turns what it used into the number. Until then, one probe per
+/// shared GPU runs at a time.
+#[derive(Clone, Copy, Debug)]
+pub struct Sharing<'a> {
+    /// Reads a probe's device memory while it runs.
+    pub gauge: &'a dyn crate::host::gpu_memory::MemoryGauge,
+    /// The workers were asked for (a number, devices listed), not chosen by `auto`: when nothing can be
+    /// read, they all run.
+    pub asked: bool,
+}
+
+impl Sharing<'static> {
+    /// Nothing measured (workers that share no GPU need nothing).
+    pub const NONE: Sharing<'static> = Sharing {
+        gauge: &crate::host::gpu_memory::NoGauge,
+        asked: false,
+    };
 }
 
 /// How the search ended.

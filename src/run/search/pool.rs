@@ -87,6 +87,12 @@ pub(super) struct Pool<'s> {
     idle: Vec<usize>,
     /// Which commit each busy worker is at.
     busy: HashMap<usize, usize>,
+    /// The GPU each worker shares with others, if it does.
+    shared: Vec<Option<String>>,
+    /// Probes at once on a shared GPU: one until the search has measured what a probe uses.
+    limit: usize,
+    /// Whether the limit was set from a measurement (or fell back to one for good).
+    measured: bool,
 }
 
 /// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
@@ -96,6 +102,7 @@ pub(super) fn with_pool<R>(
     f: impl FnOnce(&mut Pool) -> R,
 ) -> R {
     let stops: Vec<&AtomicBool> = workers.iter().map(|w| w.stop).collect();
+    let shared: Vec<Option<String>> = workers.iter().map(|w| w.probe.shared_gpu()).collect();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Message>();
         let mut jobs: Vec<mpsc::Sender<Job>> = Vec::new();
@@ -143,6 +150,9 @@ pub(super) fn with_pool<R>(
             threads,
             cancel,
             busy: HashMap::new(),
+            shared,
+            limit: 1,
+            measured: false,
         };
         let out = f(&mut pool);
         // Closing the job channels ends the threads; the scope waits for them.
@@ -157,9 +167,83 @@ impl Pool<'_> {
         self.jobs.len()
     }
 
-    /// Idle workers.
+    /// Idle workers that may start a probe now: on a shared GPU, only while fewer than the limit run
+    /// there.
     pub(super) fn idle(&self) -> usize {
-        self.idle.len()
+        let mut room: HashMap<&str, usize> = HashMap::new();
+        let mut n = 0;
+        for &w in &self.idle {
+            match self.shared[w].as_deref() {
+                None => n += 1,
+                Some(gpu) => {
+                    let left = room
+                        .entry(gpu)
+                        .or_insert_with(|| self.limit.saturating_sub(self.busy_on(gpu)));
+                    if *left > 0 {
+                        *left -= 1;
+                        n += 1;
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Probes running on `gpu` (workers sharing it).
+    fn busy_on(&self, gpu: &str) -> usize {
+        self.busy
+            .keys()
+            .filter(|&&w| self.shared[w].as_deref() == Some(gpu))
+            .count()
+    }
+
+    /// Whether worker `w` may start a probe now.
+    fn has_room(&self, w: usize) -> bool {
+        self.shared[w]
+            .as_deref()
+            .is_none_or(|gpu| self.busy_on(gpu) < self.limit)
+    }
+
+    /// The first GPU that workers share, and how many share it.
+    pub(super) fn first_shared(&self) -> Option<(String, usize)> {
+        let gpu = self.shared.iter().flatten().next()?;
+        let n = self.shared.iter().filter(|s| s.as_ref() == Some(gpu)).count();
+        Some((gpu.clone(), n))
+    }
+
+    /// The GPU worker `w` shares, if it does.
+    pub(super) fn shared_gpu(&self, w: usize) -> Option<&str> {
+        self.shared[w].as_deref()
+    }
+
+    /// Probes at once on each shared GPU from now on.
+    pub(super) fn set_limit(&mut self, k: usize) {
+        self.limit = k.max(1);
+    }
+
+    /// Whether the limit is settled.
+    pub(super) fn measured(&self) -> bool {
+        self.measured
+    }
+
+    /// Settles the limit: nothing measures it again.
+    pub(super) fn set_measured(&mut self) {
+        self.measured = true;
+    }
+
+    /// Whether a probe runs on `gpu`.
+    pub(super) fn busy_on_gpu(&self, gpu: &str) -> bool {
+        self.busy_on(gpu) > 0
+    }
+
+    /// Probes at once on each shared GPU.
+    pub(super) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether a probe on worker `w` may have others beside it on its GPU.
+    pub(super) fn crowded(&self, w: usize) -> bool {
+        self.shared[w].is_some() && self.limit > 1
     }
 
     /// Whether no job is out.
@@ -172,9 +256,10 @@ impl Pool<'_> {
         self.busy.iter().map(|(&w, &i)| (w, i)).collect()
     }
 
-    /// The next idle worker, the first first; taken off the idle list.
+    /// The next idle worker that may start a probe now, the first first; taken off the idle list.
     pub(super) fn take_idle(&mut self) -> Option<usize> {
-        self.idle.pop()
+        let at = self.idle.iter().rposition(|&w| self.has_room(w))?;
+        Some(self.idle.remove(at))
     }
 
     /// Takes worker `w` off the idle list, if it is there.
