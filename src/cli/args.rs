@@ -75,8 +75,9 @@ pub enum Command {
         /// changing something the config does not name: a driver, a library, the machine's setup).
         #[arg(long)]
         fresh: bool,
-        /// Probes at once: a number, or `auto` for one per visible GPU (overrides `[search] jobs`). Each
-        /// worker has its own worktree and its own GPUs (`CUDA_VISIBLE_DEVICES`).
+        /// Probes at once: at most N, or `auto` (the default: as many on each visible GPU as its memory
+        /// holds, measured on a probe run alone). Overrides `[search] jobs`. Each worker has its own
+        /// worktree; workers share a GPU when there are more of them than GPUs.
         #[arg(long, short = 'j', value_parser = parse_jobs, value_name = "N|auto")]
         jobs: Option<cudabisect::config::Jobs>,
         /// Write the result as JUnit XML here (a first bad commit is a failed test case whose body is

@@ -89,15 +89,16 @@ pub struct WorkerSlot {
     pub scratch: Option<std::path::PathBuf>,
 }
 
-/// The variables that point temporary files and the usual JIT and kernel caches into a worker's scratch
-/// directory: (variable, subdirectory).
-pub const WORKER_PRIVATE_DIRS: [(&str, &str); 8] = [
+/// The variables that point temporary files and the JIT and kernel caches that are not content-addressed
+/// into a worker's scratch directory: (variable, subdirectory). A cache keyed by a name or a path (an
+/// extension build directory, Inductor's graph and autotuning caches, Numba's index) could hand one
+/// worker's build of another commit to the next. Triton's cache (`TRITON_CACHE_DIR`), the driver's PTX cache
+/// (`CUDA_CACHE_PATH`) and CuPy's (`CUPY_CACHE_DIR`) are keyed by a hash of the kernel's source and options,
+/// so they are left shared: a kernel no commit changed is compiled once, for every worker.
+pub const WORKER_PRIVATE_DIRS: [(&str, &str); 5] = [
     ("TMPDIR", "tmp"),
     ("XDG_CACHE_HOME", "cache"),
     ("TORCH_EXTENSIONS_DIR", "cache/torch_extensions"),
-    ("TRITON_CACHE_DIR", "cache/triton"),
-    ("CUDA_CACHE_PATH", "cache/nv"),
-    ("CUPY_CACHE_DIR", "cache/cupy"),
     ("NUMBA_CACHE_DIR", "cache/numba"),
     ("TORCHINDUCTOR_CACHE_DIR", "cache/torchinductor"),
 ];

@@ -1,5 +1,5 @@
 //! Asks the host for the environment a maintainer wants to see (GPU, driver and CUDA versions,
-//! compute-sanitizer, the OS, PyTorch's own `collect_env` report when torch imports), running the tools
+//! compute-sanitizer, the OS, PyTorch's own `collect_env` report when the run used torch), running the tools
 //! that know.
 
 use std::sync::atomic::AtomicBool;
@@ -45,9 +45,10 @@ pub fn fingerprint(cancel: &AtomicBool) -> String {
     format!("{gpus} | visible: {visible}")
 }
 
-/// Collects the environment. Each probe is bounded in time and announced through `progress` (some take
-/// a minute); what is missing is left out, and once `cancel` is set the rest is skipped.
-pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environment {
+/// Collects the environment; PyTorch's `collect_env` only when the run used `torch`. Each probe is bounded
+/// in time and announced through `progress` (some take a minute); what is missing is left out, and once
+/// `cancel` is set the rest is skipped.
+pub fn collect(cancel: &AtomicBool, torch: bool, progress: &mut dyn FnMut(&str)) -> Environment {
     let short = Duration::from_secs(20);
     let capture = |argv: &[&str], timeout| capture(argv, timeout, cancel);
     let mut env = Environment {
@@ -94,12 +95,14 @@ pub fn collect(cancel: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Environme
     if cancelled() {
         return env;
     }
-    progress("python and torch.utils.collect_env");
-    if let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) {
-        let py = py.display().to_string();
-        env.python = capture(&[&py, "--version"], short);
-        // Without torch this exits at once with an error, and is left out: no separate check (an
-        // `import torch` of its own cost several seconds).
+    let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) else {
+        return env;
+    };
+    let py = py.display().to_string();
+    progress("python");
+    env.python = capture(&[&py, "--version"], short);
+    if torch && !cancelled() {
+        progress("torch.utils.collect_env");
         env.torch_collect_env = capture(
             &[&py, "-m", "torch.utils.collect_env"],
             Duration::from_secs(120),

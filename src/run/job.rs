@@ -100,7 +100,9 @@ pub fn start(
                 visible_devices(cancel)
             };
             let cores = std::thread::available_parallelism().map_or(1, usize::from);
-            Some(plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?)
+            let slots = plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?;
+            // One worker is probes one at a time, as with `jobs = 1`: the repro sees every GPU.
+            (slots.len() > 1).then_some(slots)
         }
     };
     let stash_before = plan.repo.stash_tip();
@@ -503,12 +505,21 @@ pub fn write_bundle_with_env(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
-    let env = environment::collect(cancel, &mut |what| {
+    let torch = used_torch(input);
+    let env = environment::collect(cancel, torch, &mut |what| {
         reporter.event(&Event::EnvironmentProbe {
             tool: what.to_string(),
         })
     });
     bundle::write(input, &env)
+}
+
+/// Whether the run used PyTorch: the fault (its message, frames or launch site) or the shrink speaks of
+/// it. Only then is `torch.utils.collect_env` asked (it imports torch: seconds, and hundreds of MiB).
+fn used_torch(input: &BundleInput) -> bool {
+    let speaks = |v: Option<String>| v.is_some_and(|t| t.contains("torch"));
+    speaks(input.target.as_ref().and_then(|t| serde_json::to_string(t).ok()))
+        || speaks(input.shrink.and_then(|s| serde_json::to_string(s).ok()))
 }
 
 fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {

@@ -2242,3 +2242,31 @@ fn workers_share_one_gpu_as_far_as_the_memory_a_probe_used_allows() {
     );
     assert!(log.lines().all(|l| l.split_whitespace().nth(2) == Some("0")));
 }
+
+#[test]
+fn the_bundle_asks_pytorch_for_its_environment_only_when_the_run_used_pytorch() {
+    crate::common::require_python("import torch", "torch");
+    let env_of = |mode: &'static str| {
+        let repo = linear(&modes(6, |i| if i >= 3 { (mode, true) } else { ("clean", true) }));
+        let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
+        let env: Value =
+            serde_json::from_str(&std::fs::read_to_string(bundle.join("environment.json")).unwrap())
+                .unwrap();
+        (env, run.stderr)
+    };
+    // A native fault: no torch in the run, no `collect_env` (seconds and hundreds of MiB).
+    let (env, human) = env_of("fault");
+    assert!(env.get("torch_collect_env").is_none_or(Value::is_null), "{env:#}");
+    assert!(!human.contains("collect_env"), "{human}");
+    assert!(env["python"].as_str().is_some_and(|p| p.starts_with("Python 3")), "{env:#}");
+    // A PyTorch fault: its report is there.
+    let (env, _) = env_of("torchfault");
+    assert!(
+        env["torch_collect_env"]
+            .as_str()
+            .is_some_and(|t| t.contains("PyTorch version")),
+        "{env:#}"
+    );
+}
