@@ -1284,9 +1284,12 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
     // The endpoints on the first worker, the search spread over all three, each probe naming its worker.
     assert_eq!(probers[0].asked[0], (16, ProbeRole::BadEndpoint));
     for (w, p) in probers.iter().enumerate() {
+        // The good end runs in the first round beside the search's first probes, on a worker of its own.
         assert!(
-            p.asked.iter().any(|(_, r)| *r == ProbeRole::Search),
-            "worker {} got no search probe: {:?}",
+            p.asked
+                .iter()
+                .any(|(_, r)| matches!(r, ProbeRole::Search | ProbeRole::GoodEndpoint)),
+            "worker {} got no probe in the first round: {:?}",
             w + 1,
             p.asked
         );
@@ -1296,7 +1299,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
             p.workers
         );
     }
-    // The first round splits the 15 candidates into four: three distinct commits at once.
+    // The first round's probes are distinct commits.
     let first_round: Vec<usize> = probers
         .iter()
         .filter_map(|p| {
@@ -1309,7 +1312,8 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
     let mut distinct = first_round.clone();
     distinct.sort_unstable();
     distinct.dedup();
-    assert_eq!(distinct.len(), 3, "{first_round:?}");
+    assert_eq!(distinct.len(), first_round.len(), "{first_round:?}");
+    assert!(first_round.len() >= 2, "{first_round:?}");
     // A stopped probe is neither recorded nor learned from, and the run says so.
     let stopped: Vec<&String> = events
         .0
@@ -1595,11 +1599,11 @@ fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
     assert_eq!(at_once.len(), 1, "{at_once:?}");
     assert_eq!(at_once[0].0, 3);
     assert!(at_once[0].1.contains("peaked at 2.0 GiB"), "{}", at_once[0].1);
-    // The endpoints ran alone; the search's probes were crowded, and the first round cut the range in
-    // four (a probe below the midpoint, which plain bisection towards commit 11 never runs).
+    // The bad end ran alone; the good end and the search's probes crowded, and the first round cut the
+    // range in three (a probe below the midpoint, which plain bisection towards commit 11 never runs).
     let all = &run.crowded;
-    assert!(all.iter().any(|&(_, c)| c), "{all:?}");
-    assert_eq!(all[..2], [(16, false), (0, false)], "{all:?}");
+    assert_eq!(all[0], (16, false), "{all:?}");
+    assert!(all.contains(&(0, true)), "{all:?}");
     assert!(all.iter().any(|&(i, _)| (1..8).contains(&i)), "{all:?}");
 }
 
@@ -1619,16 +1623,16 @@ fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
 
 #[test]
 fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again_alone() {
-    // Commit 12 runs out of memory whenever others share the GPU; alone it faults as its neighbours do.
-    let run = on_one_gpu(2_448, Some(12));
+    // Commit 5 runs out of memory whenever others share the GPU; alone it runs clean as its neighbours do.
+    let run = on_one_gpu(2_448, Some(5));
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
-    // 12 ran crowded (rounds of three); once the fallback came, no probe was crowded again, and 12, when
-    // it still mattered, ran again alone.
+    // 5 ran crowded (the first round: the good end and two probes); once the fallback came, no probe was
+    // crowded again, and 5, when it still mattered, ran again alone.
     let all = &run.crowded;
-    assert_eq!(all[..2], [(16, false), (0, false)], "{all:?}");
-    assert!(all.contains(&(12, true)), "{all:?}");
-    if let Some(alone) = all[2..].iter().position(|&(_, c)| !c) {
-        assert!(all[2 + alone..].iter().all(|&(_, c)| !c), "{all:?}");
+    assert_eq!(all[0], (16, false), "{all:?}");
+    assert!(all.contains(&(5, true)), "{all:?}");
+    if let Some(alone) = all[1..].iter().position(|&(_, c)| !c) {
+        assert!(all[1 + alone..].iter().all(|&(_, c)| !c), "{all:?}");
     }
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.last().unwrap().0, 1, "{at_once:?}");
@@ -1641,4 +1645,114 @@ fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again
         .probes
         .iter()
         .all(|r| r.signature.class != FaultClass::OutOfMemory));
+}
+
+/// A worker whose probe of the good end (commit 0) waits until some worker has started a search probe:
+/// a driver that ran the good end before the search's first round would never let it end (the wait is
+/// bounded, and fails the test).
+struct GoodEndWaits {
+    inner: Scripted,
+    gate: &'static (Mutex<bool>, Condvar),
+}
+
+impl Probe for GoodEndWaits {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let (lock, cv) = self.gate;
+        if ctx.role == ProbeRole::Search {
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        if ctx.role == ProbeRole::GoodEndpoint {
+            let started = lock.lock().unwrap();
+            let (started, waited) = cv
+                .wait_timeout_while(started, Duration::from_secs(20), |s| !*s)
+                .unwrap();
+            assert!(
+                *started && !waited.timed_out(),
+                "the good end ran before any search probe started"
+            );
+        }
+        self.inner.probe(commit, ctx, target, reporter)
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+}
+
+fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeRecord>) {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let gate: &'static (Mutex<bool>, Condvar) = Box::leak(Box::new((Mutex::new(false), Condvar::new())));
+    let stops: Vec<&'static AtomicBool> = (0..3)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect();
+    let range = linear(16);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        fix_of: None,
+        sharing: Sharing::NONE,
+    };
+    let mut probers: Vec<GoodEndWaits> = (0..3)
+        .map(|_| {
+            let mut inner = scripted(cancel, None);
+            if good_faults {
+                inner.shows = Box::new(|i| if i >= 11 || i == 0 { fault("gather") } else { clean() });
+            }
+            GoodEndWaits { inner, gate }
+        })
+        .collect();
+    let mut events = Events::default();
+    let outcome = {
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        search_with_workers(&input, &mut workers, &mut events, cancel)
+    };
+    (outcome.end, outcome.probes)
+}
+
+#[test]
+fn the_good_end_runs_in_the_first_round_beside_the_search() {
+    let (end, probes) = first_round_with_the_good_end(false);
+    assert_eq!(end, SearchEnd::Found(oid(11)));
+    assert_eq!(probes[0].role, ProbeRole::BadEndpoint, "the bad end runs first, alone");
+    assert!(probes
+        .iter()
+        .any(|p| p.role == ProbeRole::GoodEndpoint && p.verdict == Verdict::Good));
+}
+
+#[test]
+fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commit() {
+    let (end, probes) = first_round_with_the_good_end(true);
+    assert!(
+        matches!(
+            &end,
+            SearchEnd::EndpointsInvalid(cudabisect::run::search::EndpointProblem::GoodDoesNotPass { what, .. })
+                if what == "good commit v1"
+        ),
+        "{end:?}"
+    );
+    // The search's first probes ran beside it, and no answer came of them.
+    assert!(probes.iter().any(|p| p.role == ProbeRole::Search), "{probes:?}");
 }

@@ -15,6 +15,7 @@ use crate::report::record::{short_sha, FlakyAnswer, OtherBug, ProbeRecord, Probe
 use crate::run::probe::{ProbeContext, ProbeOutcome, Sanitized};
 use crate::run::workers::probes_at_once;
 
+use super::endpoints::{settle_check, EndCheck};
 use super::judge::{judge, Judgement, Kernel, Terms};
 use super::pool::{Done, Landed, Pool, Task};
 use super::settled::{SettledStacks, REMEMBERED};
@@ -464,23 +465,38 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
     }
 
-    /// The one loop. Idle workers get what the strategy proposes; each answer is judged and marked the
-    /// moment it lands, and a probe in flight that no longer carries news is stopped. When a strategy ends,
-    /// every probe still in flight is stopped and waited for, and the next strategy (if any) takes over.
+    /// The one loop. Idle workers get the endpoint checks first, then what the strategy proposes; each
+    /// answer is judged and marked the moment it lands, and a probe in flight that no longer carries news
+    /// is stopped. A check that fails ends the search (every probe stopped); an answer waits until every
+    /// check has passed. When a strategy ends, every probe still in flight is stopped and waited for, and
+    /// the next strategy (if any) takes over.
     pub(super) fn drive(
         &mut self,
         pool: &mut Pool,
         mut strategy: Box<dyn Strategy>,
+        checks: Vec<EndCheck>,
     ) -> Result<Answer, SearchEnd> {
+        let mut unsent: std::collections::VecDeque<EndCheck> = checks.into();
+        let mut checking: HashMap<usize, EndCheck> = HashMap::new();
         let mut ending: Option<Result<Answer, SearchEnd>> = None;
         loop {
             if ending.is_none() && self.cancelled() {
                 ending = Some(Err(SearchEnd::Interrupted));
             }
+            let checked = unsent.is_empty() && checking.is_empty();
             if let Some(end) = ending.take() {
-                if !pool.all_idle() {
+                if end.is_ok() && !checked {
+                    // The answer waits for the checks; the strategy's probes still out are moot.
+                    for (w, _) in pool.busy() {
+                        if !checking.contains_key(&w) && !self.pending.contains_key(&w) {
+                            pool.stop(w);
+                        }
+                    }
+                    ending = Some(end);
+                } else if !pool.all_idle() {
                     pool.stop_all();
                     ending = Some(end);
+                    unsent.clear();
                 } else {
                     match end {
                         Err(e) => return Err(e),
@@ -493,7 +509,19 @@ impl<'a, 'r> Driver<'a, 'r> {
                         },
                     }
                 }
-            } else if pool.idle() > 0 {
+            }
+            let waiting = ending.is_some();
+            while pool.idle() > 0 && !unsent.is_empty() {
+                let Some(w) = pool.take_idle() else { break };
+                let Some(check) = unsent.pop_front() else { break };
+                let index = self.index_of(check.oid);
+                if self.send(pool, w, index, check.role, false) {
+                    checking.insert(w, check);
+                } else {
+                    unsent.push_front(check);
+                }
+            }
+            if !waiting && pool.idle() > 0 {
                 self.progress = strategy.progress();
                 match strategy.propose(pool.idle()) {
                     Proposal::Run(picks) => {
@@ -522,7 +550,22 @@ impl<'a, 'r> Driver<'a, 'r> {
             let worker = landed.worker;
             let step = landed.ctx.step;
             let commit = self.commits[landed.index].to_string();
-            match self.land(pool, landed) {
+            let landing = self.land(pool, landed);
+            if !matches!(landing, Landing::Pending) {
+                if let Some(check) = checking.remove(&worker) {
+                    match landing {
+                        Landing::Judged(_, record) => {
+                            if let Err(e) = settle_check(self, &check, &record) {
+                                ending = Some(Err(e));
+                            }
+                        }
+                        // Stopped (a crowded run, or Ctrl-C): it runs again unless the search ends.
+                        _ => unsent.push_front(check),
+                    }
+                    continue;
+                }
+            }
+            match landing {
                 Landing::Pending | Landing::Sanitized(_) => {}
                 Landing::Stopped(i) => {
                     strategy.abandon(i);
@@ -545,7 +588,10 @@ impl<'a, 'r> Driver<'a, 'r> {
                     }
                     strategy.mark(i, record.verdict);
                     for (w, i) in pool.busy() {
-                        if !strategy.wants(i) && !self.pending.contains_key(&w) {
+                        if !strategy.wants(i)
+                            && !self.pending.contains_key(&w)
+                            && !checking.contains_key(&w)
+                        {
                             pool.stop(w);
                         }
                     }

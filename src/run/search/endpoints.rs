@@ -1,21 +1,39 @@
-//! The endpoints, before any commit of the range is searched: the bad end (its fault is the target, run
-//! again under `endpoint-runs` to tell a flaky fault), the target's kernel learned under the sanitizer,
-//! then the good ends and the merge bases. Each way the range can be wrong ends the search through `?`.
+//! The endpoints: the bad end first, alone (its fault is the target, run again under `endpoint-runs` to
+//! tell a flaky fault; the target's kernel learned under the sanitizer; on a shared GPU, the probe whose
+//! memory is measured), then the good ends and the merge bases, which run in the search's first round
+//! beside its first probes ([`EndCheck`]: the loop settles them before it gives any answer). Each way the
+//! range can be wrong ends the search through `?`.
+
+use git2::Oid;
 
 use crate::bisect::Verdict;
 use crate::classify::{FaultClass, Sameness};
 use crate::report::event::Event;
-use crate::report::record::{short_sha, ProbeRole};
+use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
 
 use super::driver::{host_failure, Driver};
 use super::judge::{is_host_problem, reproduces};
 use super::pool::Pool;
 use super::{EndpointProblem, SearchEnd};
 
-/// What the endpoints settled: the target (kept by the driver) and the bad end's runs.
+/// What the bad end settled: the target (kept by the driver) and the bad end's runs; and the checks of
+/// the other ends, still to run.
 pub(super) struct Endpoints {
     /// Whether each run of the bad end showed the target, in order.
     pub(super) bad_runs: Vec<bool>,
+    /// The good ends and merge bases, each to run once and pass.
+    pub(super) checks: Vec<EndCheck>,
+}
+
+/// A good end or merge base the search's first round runs: it must not show the target.
+#[derive(Clone, Debug)]
+pub(super) struct EndCheck {
+    /// What it is, for messages (`good commit v1`, `merge base 1a2b3c4d5e6f`).
+    pub(super) what: String,
+    /// The commit.
+    pub(super) oid: Oid,
+    /// `GoodEndpoint` or `MergeBase`.
+    pub(super) role: ProbeRole,
 }
 
 impl Endpoints {
@@ -25,7 +43,8 @@ impl Endpoints {
     }
 }
 
-/// Probes the endpoints on the first worker.
+/// Probes the bad end on the first worker, alone; the checks of the other ends are returned to run in the
+/// first round.
 pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoints, SearchEnd> {
     let input = d.input;
     let (bad_name, bad_oid) = input.bad;
@@ -73,8 +92,10 @@ pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoin
         }
         bad_runs.push(rec.verdict == Verdict::Bad);
     }
-    check_good_ends(d, pool)?;
-    Ok(Endpoints { bad_runs })
+    Ok(Endpoints {
+        bad_runs,
+        checks: end_checks(d),
+    })
 }
 
 /// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does
@@ -101,58 +122,63 @@ fn learn_kernel(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
     Ok(())
 }
 
-/// The good ends and merge bases must not show the target.
-fn check_good_ends(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
+/// The good ends and merge bases to check.
+fn end_checks(d: &Driver) -> Vec<EndCheck> {
     let input = d.input;
-    let checks = input
+    input
         .goods
         .iter()
-        .map(|(name, oid)| (format!("good commit {name}"), *oid, ProbeRole::GoodEndpoint))
-        .chain(input.merge_bases.iter().map(|oid| {
-            let sha = oid.to_string();
-            (
-                format!("merge base {}", short_sha(&sha)),
-                *oid,
-                ProbeRole::MergeBase,
-            )
-        }));
-    for (what, oid, role) in checks.collect::<Vec<_>>() {
-        let rec = d.probe_alone(pool, oid, role, false)?;
-        if is_host_problem(rec.signature.class) {
-            let msg = format!("{what} could not be judged: {}", rec.signature.summary);
-            return Err(SearchEnd::EndpointInfra(msg));
-        }
-        let other_bug = input.goods_may_show_other_bugs
-            && role == ProbeRole::GoodEndpoint
-            && reproduces(&rec.signature)
-            && d.target.as_ref().is_some_and(|t| {
-                input.policy.compare(t, &rec.signature, "") == Sameness::Different
-            });
-        if other_bug {
-            d.reporter.event(&Event::GoodShowsOtherBug {
-                what,
-                commit: rec.commit.clone(),
-                signature: rec.signature.short(),
-            });
-            continue;
-        }
-        match (rec.verdict, role) {
-            (Verdict::Good, _) => {}
-            // git's wording: the good commit is on another line of history where the bug was fixed.
-            (Verdict::Bad, ProbeRole::MergeBase) => {
-                return Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
-                    what,
-                }));
-            }
-            _ => {
-                return Err(SearchEnd::EndpointsInvalid(
-                    EndpointProblem::GoodDoesNotPass {
-                        what,
-                        seen: rec.signature.short(),
-                    },
-                ));
-            }
-        }
+        .map(|(name, oid)| EndCheck {
+            what: format!("good commit {name}"),
+            oid: *oid,
+            role: ProbeRole::GoodEndpoint,
+        })
+        .chain(input.merge_bases.iter().map(|oid| EndCheck {
+            what: format!("merge base {}", short_sha(&oid.to_string())),
+            oid: *oid,
+            role: ProbeRole::MergeBase,
+        }))
+        .collect()
+}
+
+/// Settles one check by its judged record: the good ends and merge bases must not show the target.
+pub(super) fn settle_check(
+    d: &mut Driver,
+    check: &EndCheck,
+    rec: &ProbeRecord,
+) -> Result<(), SearchEnd> {
+    let input = d.input;
+    let what = check.what.clone();
+    let role = check.role;
+    if is_host_problem(rec.signature.class) {
+        let msg = format!("{what} could not be judged: {}", rec.signature.summary);
+        return Err(SearchEnd::EndpointInfra(msg));
     }
-    Ok(())
+    let other_bug = input.goods_may_show_other_bugs
+        && role == ProbeRole::GoodEndpoint
+        && reproduces(&rec.signature)
+        && d.target.as_ref().is_some_and(|t| {
+            input.policy.compare(t, &rec.signature, "") == Sameness::Different
+        });
+    if other_bug {
+        d.reporter.event(&Event::GoodShowsOtherBug {
+            what,
+            commit: rec.commit.clone(),
+            signature: rec.signature.short(),
+        });
+        return Ok(());
+    }
+    match (rec.verdict, role) {
+        (Verdict::Good, _) => Ok(()),
+        // git's wording: the good commit is on another line of history where the bug was fixed.
+        (Verdict::Bad, ProbeRole::MergeBase) => Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::MergeBaseBad { what },
+        )),
+        _ => Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::GoodDoesNotPass {
+                what,
+                seen: rec.signature.short(),
+            },
+        )),
+    }
 }

@@ -250,7 +250,7 @@ fn run(d: &mut Driver, pool: &mut pool::Pool) -> Result<SearchEnd, SearchEnd> {
     } else {
         Box::new(bisector)
     };
-    let answer = d.drive(pool, strategy)?;
+    let answer = d.drive(pool, strategy, ends.checks)?;
     Ok(d.end_of(answer))
 }
 
