@@ -3,6 +3,7 @@
 generated PyTorch + Triton training package and the same repro.
 
     python3 benches/one_gpu_rounds.py CUDABISECT [COMMITS] [OUT_DIR]
+    (ONE_GPU_BENCH_RUNS=git,auto leaves out the serial run; git bisect run always runs.)
 
 The package is `warm_probes.py`'s (a target planted at COMMITS*3/4 in `hash_embed`, another bug of its
 class in `bias_gelu` in the middle), its `train.py` a short training loop whose step calls the Triton ops.
@@ -94,6 +95,7 @@ def main():
     config.write_text('[repro]\ncommand = "python3 train.py"\ntimeout = "300s"\n')
     want = f"commit {bad}"
     raw = {}
+    runs = os.environ.get("ONE_GPU_BENCH_RUNS", "git,serial,auto").split(",")
     # git bisect run first: it warms the machine's Triton cache for everyone alike.
     t = time.time()
     warm_probes.git(repo, "bisect", "start", "main", root)
@@ -106,7 +108,8 @@ def main():
     raw["git bisect run"] = {"wall": gwall, "search": gwall, "probes": proc.stdout.count("running"),
                              "first_bad": named}
     for name, extra in (("serial", ["--jobs", "1"]), ("auto", [])):
-        raw[f"cudabisect {name}"] = run_start(bin_, repo, root, config, out, name, extra)
+        if name in runs:
+            raw[f"cudabisect {name}"] = run_start(bin_, repo, root, config, out, name, extra)
     (out / "raw.json").write_text(json.dumps(raw, indent=1))
     g = raw["git bisect run"]["wall"]
     print(f"{commits} commits, target at commit {bad}")

@@ -204,14 +204,41 @@ impl WarmPool {
             .take(8)
             .map(|b| format!("{b:02x}"))
             .collect();
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = slots.entry(worker).or_insert_with(|| Slot {
+        // The worker's slot is taken out while its server starts (seconds of imports), so the other
+        // workers' servers start at the same time instead of one after another; only this worker's
+        // thread ever touches it.
+        let taken = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&worker);
+        let mut slot = taken.unwrap_or_else(|| Slot {
             server: None,
             key: key.clone(),
             preload: self.configured.clone(),
             off: None,
             never: Vec::new(),
         });
+        let out = self.prepare_slot(&mut slot, worker, key, argv, resolved, env, spec);
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(worker, slot);
+        out
+    }
+
+    /// [`WarmPool::prepare`] on the worker's own slot.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one request, split only to drop the lock")]
+    fn prepare_slot(
+        &self,
+        slot: &mut Slot,
+        worker: usize,
+        key: String,
+        argv: Vec<String>,
+        resolved: PathBuf,
+        env: Vec<(String, String)>,
+        spec: &mut CommandSpec,
+    ) -> Option<WarmRun> {
         if slot.off.is_some() {
             return None;
         }
@@ -257,7 +284,6 @@ impl WarmPool {
                 .filter(|m| !slot.never.contains(m))
                 .collect::<Vec<_>>()
         });
-        drop(slots);
         let status = self.dir.join(format!("status-{worker}"));
         let _ = std::fs::remove_file(&status);
         let learn = learning.then(|| self.dir.join(format!("learned-{worker}.json")));
