@@ -926,7 +926,11 @@ impl Config {
             let per = raw.search.gpus_per_probe.max(1) as usize;
             for group in devices.chunks(per) {
                 let mut seen = std::collections::HashSet::new();
-                if let Some(twice) = group.iter().map(|d| d.0.clone()).find(|d| !seen.insert(d.clone())) {
+                if let Some(twice) = group
+                    .iter()
+                    .map(|d| d.0.clone())
+                    .find(|d| !seen.insert(d.clone()))
+                {
                     return Err(ConfigError::Search {
                         path: path.to_path_buf(),
                         message: format!(

@@ -75,7 +75,9 @@ fn take(samples: &mut Samples, line: &str) {
     let (Ok(used), Ok(total)) = (used.parse::<u64>(), total.parse::<u64>()) else {
         return;
     };
-    let e = samples.entry(index.to_string()).or_insert((used, used, total));
+    let e = samples
+        .entry(index.to_string())
+        .or_insert((used, used, total));
     e.1 = e.1.max(used);
 }
 

@@ -125,6 +125,7 @@ pub fn search_for_fix(
             probes,
             other_bugs: Vec::new(),
             flaky: None,
+            at_once: 1,
         };
     let Some(first) = journaled.first_mut() else {
         return ended(

@@ -100,7 +100,8 @@ pub fn start(
                 visible_devices(cancel)
             };
             let cores = std::thread::available_parallelism().map_or(1, usize::from);
-            let slots = plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?;
+            let slots =
+                plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?;
             // One worker is probes one at a time, as with `jobs = 1`: the repro sees every GPU.
             (slots.len() > 1).then_some(slots)
         }
@@ -316,6 +317,7 @@ pub fn start(
             )
         });
     }
+    let at_once = outcome.at_once;
     let mut report = empty_report(&plan, opts, &run_dir);
     report.target = outcome.target;
     report.probes = outcome.probes;
@@ -343,9 +345,13 @@ pub fn start(
             triage: !opts.no_triage,
             shrink: !opts.no_shrink,
         };
+        // Triage and the shrink side by side, each in a worktree of its own, when the search had a
+        // second worker and the GPU held two probes at once.
+        let beside = others.first().filter(|_| at_once >= 2);
         let ctx = StageContext {
             config: &plan.config,
             prober: &prober,
+            beside,
             run_dir: &run_dir,
             cancel,
         };
@@ -518,8 +524,12 @@ pub fn write_bundle_with_env(
 /// it. Only then is `torch.utils.collect_env` asked (it imports torch: seconds, and hundreds of MiB).
 fn used_torch(input: &BundleInput) -> bool {
     let speaks = |v: Option<String>| v.is_some_and(|t| t.contains("torch"));
-    speaks(input.target.as_ref().and_then(|t| serde_json::to_string(t).ok()))
-        || speaks(input.shrink.and_then(|s| serde_json::to_string(s).ok()))
+    speaks(
+        input
+            .target
+            .as_ref()
+            .and_then(|t| serde_json::to_string(t).ok()),
+    ) || speaks(input.shrink.and_then(|s| serde_json::to_string(s).ok()))
 }
 
 fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {

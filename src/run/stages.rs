@@ -1,5 +1,8 @@
 //! The stages at the first bad commit, after the search: build it, triage under compute-sanitizer, shrink
 //! the model, and run the minimal subgraph at the parent. Each stage's failure is recorded, never fatal.
+//! With a second worker at hand (its own worktree, and room on the GPU), triage and the shrink run at
+//! the same time, each in its own worktree; neither reads the other's result, so the report is the same
+//! either way.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,9 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use git2::Oid;
 
 use crate::classify::FaultClass;
+use crate::classify::Signature;
 use crate::config::Config;
+use crate::config::ShrinkSection;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{ParentCheck, Report, ShrinkStatus, TriageStatus};
+use crate::report::record::{
+    ParentCheck, Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus,
+};
 
 use super::probe::WorktreeProber;
 use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
@@ -29,6 +36,9 @@ pub struct StageContext<'a> {
     pub config: &'a Config,
     /// Builds commits in the probe worktree.
     pub prober: &'a WorktreeProber<'a>,
+    /// A second worker, in its own worktree, where the shrink runs while triage runs in the first; `None`:
+    /// one stage after the other.
+    pub beside: Option<&'a WorktreeProber<'a>>,
     /// The run's directory (logs, recordings, the harness).
     pub run_dir: &'a Path,
     /// Set on Ctrl-C.
@@ -46,8 +56,9 @@ pub fn run_stages(
     let StageContext {
         config,
         prober,
-        run_dir,
+        beside,
         cancel,
+        ..
     } = *ctx;
     let triage = config.triage.enabled && choice.triage;
     let section = config.shrink_section().filter(|_| choice.shrink);
@@ -60,47 +71,134 @@ pub fn run_stages(
         });
         return cancel.load(Ordering::SeqCst);
     }
-    if triage && !cancel.load(Ordering::SeqCst) {
-        reporter.event(&Event::StageBegan {
-            stage: crate::report::event::Stage::Triage,
-        });
-        let result = super::triage::at_commit(
-            prober.executor.session().as_mut(),
-            config,
-            prober.worktree,
-            oid,
-            run_dir,
-            cancel,
-            reporter,
-        );
-        let stopped = result.status == TriageStatus::Interrupted;
-        report.triage = Some(result);
-        if stopped {
-            return true;
+    let beside = beside
+        .filter(|_| triage && section.is_some())
+        .filter(|b| b.prepare(oid, "first-bad").is_ok());
+    let stopped = match (section, beside) {
+        (Some(section), Some(beside)) => {
+            let (triaged, shrunk) = std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::channel::<Event>();
+                let to_triage = tx.clone();
+                let triaged = s
+                    .spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
+                let target = report.target.clone();
+                let parent = first_parent(report);
+                let shrunk = s.spawn(move || {
+                    shrink_stage(
+                        ctx,
+                        beside,
+                        &section,
+                        oid,
+                        target,
+                        parent,
+                        &mut SendingReporter(tx),
+                    )
+                });
+                for event in rx {
+                    reporter.event(&event);
+                }
+                (triaged.join(), shrunk.join())
+            });
+            let mut stopped = false;
+            if let Ok(t) = triaged {
+                stopped |= t.status == TriageStatus::Interrupted;
+                report.triage = Some(t);
+            }
+            if let Ok(r) = shrunk {
+                stopped |= r.status == ShrinkStatus::Interrupted;
+                report.shrink = Some(r);
+            }
+            stopped
         }
-    }
-    let Some(section) = section else {
-        return cancel.load(Ordering::SeqCst);
+        (section, _) => {
+            if triage && !cancel.load(Ordering::SeqCst) {
+                let result = triage_stage(ctx, prober, oid, reporter);
+                let stopped = result.status == TriageStatus::Interrupted;
+                report.triage = Some(result);
+                if stopped {
+                    return true;
+                }
+            }
+            let Some(section) = section else {
+                return cancel.load(Ordering::SeqCst);
+            };
+            if cancel.load(Ordering::SeqCst) {
+                return true;
+            }
+            let (target, parent) = (report.target.clone(), first_parent(report));
+            let result = shrink_stage(ctx, prober, &section, oid, target, parent, reporter);
+            let stopped = result.status == ShrinkStatus::Interrupted;
+            report.shrink = Some(result);
+            stopped
+        }
     };
-    if cancel.load(Ordering::SeqCst) {
-        return true;
+    stopped || cancel.load(Ordering::SeqCst)
+}
+
+/// Passes events on to the thread that renders them.
+struct SendingReporter(std::sync::mpsc::Sender<Event>);
+
+impl Reporter for SendingReporter {
+    fn event(&mut self, event: &Event) {
+        let _ = self.0.send(event.clone());
     }
+}
+
+/// The first bad commit's first parent, when the report names one.
+fn first_parent(report: &Report) -> Option<Oid> {
+    report
+        .good_parents
+        .first()
+        .and_then(|p| Oid::from_str(&p.commit).ok())
+}
+
+/// compute-sanitizer at `oid`, built in `prober`'s worktree.
+fn triage_stage(
+    ctx: &StageContext,
+    prober: &WorktreeProber,
+    oid: Oid,
+    reporter: &mut dyn Reporter,
+) -> TriageResult {
+    reporter.event(&Event::StageBegan {
+        stage: crate::report::event::Stage::Triage,
+    });
+    super::triage::at_commit(
+        prober.executor.session().as_mut(),
+        ctx.config,
+        prober.worktree,
+        oid,
+        ctx.run_dir,
+        ctx.cancel,
+        reporter,
+    )
+}
+
+/// The shrink at `oid`, built in `prober`'s worktree, and its minimal subgraph run at `parent`.
+fn shrink_stage(
+    ctx: &StageContext,
+    prober: &WorktreeProber,
+    section: &ShrinkSection,
+    oid: Oid,
+    target: Option<Signature>,
+    parent: Option<Oid>,
+    reporter: &mut dyn Reporter,
+) -> ShrinkReport {
+    let (config, run_dir, cancel) = (ctx.config, ctx.run_dir, ctx.cancel);
     let commit = oid.to_string();
     // A fault one rank met on its own (not a collective's) shrinks on that rank's work alone.
-    let fault_rank = report
-        .target
+    let fault_rank = target
         .as_ref()
         .filter(|t| !matches!(t.class, FaultClass::Nccl | FaultClass::Hang))
         .and_then(|t| t.rank);
     let stage = ShrinkStage {
         config,
-        section: &section,
+        section,
         executor: prober.executor.clone(),
         cwd: prober.worktree.path(),
         commit: &commit,
         run_dir,
         fault_rank,
-        target: report.target.clone(),
+        target,
     };
     let Shrunk {
         report: mut result,
@@ -112,10 +210,6 @@ pub fn run_stages(
         cancel.load(Ordering::SeqCst),
         &way,
     ) {
-        let parent = report
-            .good_parents
-            .first()
-            .and_then(|p| Oid::from_str(&p.commit).ok());
         result.parent_check = Some(match parent {
             None => ParentCheck::NotRun("the first bad commit has no parent in the range".into()),
             Some(p) => match prober.prepare(p, "parent") {
@@ -131,7 +225,5 @@ pub fn run_stages(
             },
         });
     }
-    let stopped = result.status == ShrinkStatus::Interrupted;
-    report.shrink = Some(result);
-    stopped || cancel.load(Ordering::SeqCst)
+    result
 }

@@ -228,7 +228,10 @@ impl WarmPool {
     }
 
     /// [`WarmPool::prepare`] on the worker's own slot.
-    #[expect(clippy::too_many_arguments, reason = "the parts of one request, split only to drop the lock")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the parts of one request, split only to drop the lock"
+    )]
     fn prepare_slot(
         &self,
         slot: &mut Slot,

@@ -31,7 +31,9 @@ pub fn plan_slots(
         Jobs::Auto if groups.is_empty() => 1,
         Jobs::Auto => {
             let by_cores = (cores / 2).max(1);
-            (groups.len() * MOST_PER_GPU).min(by_cores).max(groups.len())
+            (groups.len() * MOST_PER_GPU)
+                .min(by_cores)
+                .max(groups.len())
         }
     };
     if devices.is_empty() {
@@ -86,7 +88,10 @@ pub fn probes_at_once(
 ) -> (usize, String) {
     let Some(r) = reading else {
         return if asked {
-            (workers.max(1), "as asked; the GPU's memory could not be read".into())
+            (
+                workers.max(1),
+                "as asked; the GPU's memory could not be read".into(),
+            )
         } else {
             (1, "the GPU's memory could not be read".into())
         };
@@ -141,7 +146,16 @@ mod tests {
         let s = plan_slots(&settings(Jobs::Auto, None, 1), &visible, 16).unwrap();
         assert_eq!(
             devices_of(&s),
-            [Some("0"), Some("1"), Some("2"), Some("3"), Some("0"), Some("1"), Some("2"), Some("3")]
+            [
+                Some("0"),
+                Some("1"),
+                Some("2"),
+                Some("3"),
+                Some("0"),
+                Some("1"),
+                Some("2"),
+                Some("3")
+            ]
         );
         let s = plan_slots(&settings(Jobs::Auto, None, 2), &visible, 4).unwrap();
         assert_eq!(devices_of(&s), [Some("0,1"), Some("2,3")]);
@@ -192,7 +206,12 @@ mod tests {
 
     #[test]
     fn configured_devices_win_over_the_visible_ones() {
-        let s = plan_slots(&settings(Jobs::Count(2), Some(&["GPU-a", "GPU-b"]), 1), &[], 2).unwrap();
+        let s = plan_slots(
+            &settings(Jobs::Count(2), Some(&["GPU-a", "GPU-b"]), 1),
+            &[],
+            2,
+        )
+        .unwrap();
         assert_eq!(devices_of(&s), [Some("GPU-a"), Some("GPU-b")]);
     }
 

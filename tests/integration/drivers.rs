@@ -10,11 +10,11 @@ use cudabisect::bisect::Verdict;
 use cudabisect::classify::{Exit, FaultClass, MatchPolicy, Signature};
 use cudabisect::exec::process::RunOutput;
 use cudabisect::git::RangeCommit;
+use cudabisect::host::gpu_memory::{MemoryGauge, MemoryReading};
 use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
-use cudabisect::host::gpu_memory::{MemoryGauge, MemoryReading};
 use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{
     search, search_with_workers, SearchEnd, SearchInput, Sharing, Worker,
@@ -1469,8 +1469,10 @@ impl Probe for OnSharedGpu {
             .push((index(commit), ctx.crowded));
         let mut out = self.inner.probe(commit, ctx, target, reporter);
         if ctx.crowded && self.oom_when_crowded == Some(index(commit)) {
-            out.record.signature =
-                Signature::new(FaultClass::OutOfMemory, "torch.OutOfMemoryError: CUDA out of memory");
+            out.record.signature = Signature::new(
+                FaultClass::OutOfMemory,
+                "torch.OutOfMemoryError: CUDA out of memory",
+            );
         }
         self.running.fetch_sub(1, Ordering::SeqCst);
         out
@@ -1598,7 +1600,11 @@ fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
     assert_eq!(at_once[0].0, 3);
-    assert!(at_once[0].1.contains("peaked at 2.0 GiB"), "{}", at_once[0].1);
+    assert!(
+        at_once[0].1.contains("peaked at 2.0 GiB"),
+        "{}",
+        at_once[0].1
+    );
     // The bad end ran alone; the good end and the search's probes crowded, and the first round cut the
     // range in three (a probe below the midpoint, which plain bisection towards commit 11 never runs).
     let all = &run.crowded;
@@ -1693,7 +1699,8 @@ impl Probe for GoodEndWaits {
 
 fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeRecord>) {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let gate: &'static (Mutex<bool>, Condvar) = Box::leak(Box::new((Mutex::new(false), Condvar::new())));
+    let gate: &'static (Mutex<bool>, Condvar) =
+        Box::leak(Box::new((Mutex::new(false), Condvar::new())));
     let stops: Vec<&'static AtomicBool> = (0..3)
         .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
         .collect();
@@ -1715,7 +1722,13 @@ fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeReco
         .map(|_| {
             let mut inner = scripted(cancel, None);
             if good_faults {
-                inner.shows = Box::new(|i| if i >= 11 || i == 0 { fault("gather") } else { clean() });
+                inner.shows = Box::new(|i| {
+                    if i >= 11 || i == 0 {
+                        fault("gather")
+                    } else {
+                        clean()
+                    }
+                });
             }
             GoodEndWaits { inner, gate }
         })
@@ -1736,7 +1749,11 @@ fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeReco
 fn the_good_end_runs_in_the_first_round_beside_the_search() {
     let (end, probes) = first_round_with_the_good_end(false);
     assert_eq!(end, SearchEnd::Found(oid(11)));
-    assert_eq!(probes[0].role, ProbeRole::BadEndpoint, "the bad end runs first, alone");
+    assert_eq!(
+        probes[0].role,
+        ProbeRole::BadEndpoint,
+        "the bad end runs first, alone"
+    );
     assert!(probes
         .iter()
         .any(|p| p.role == ProbeRole::GoodEndpoint && p.verdict == Verdict::Good));
@@ -1754,5 +1771,8 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
         "{end:?}"
     );
     // The search's first probes ran beside it, and no answer came of them.
-    assert!(probes.iter().any(|p| p.role == ProbeRole::Search), "{probes:?}");
+    assert!(
+        probes.iter().any(|p| p.role == ProbeRole::Search),
+        "{probes:?}"
+    );
 }

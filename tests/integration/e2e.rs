@@ -2235,32 +2235,50 @@ fn workers_share_one_gpu_as_far_as_the_memory_a_probe_used_allows() {
     // 120 GiB of 140: one at a time, and said.
     let (run, log) = three_workers_on_one_gpu(120_400);
     assert!(
-        run.stderr
-            .contains("note: 1 of 3 workers probe at once on GPU 0: a probe run alone peaked at 117.2 GiB"),
+        run.stderr.contains(
+            "note: 1 of 3 workers probe at once on GPU 0: a probe run alone peaked at 117.2 GiB"
+        ),
         "{}",
         run.stderr
     );
-    assert!(log.lines().all(|l| l.split_whitespace().nth(2) == Some("0")));
+    assert!(log
+        .lines()
+        .all(|l| l.split_whitespace().nth(2) == Some("0")));
 }
 
 #[test]
 fn the_bundle_asks_pytorch_for_its_environment_only_when_the_run_used_pytorch() {
     crate::common::require_python("import torch", "torch");
     let env_of = |mode: &'static str| {
-        let repo = linear(&modes(6, |i| if i >= 3 { (mode, true) } else { ("clean", true) }));
+        let repo = linear(&modes(6, |i| {
+            if i >= 3 {
+                (mode, true)
+            } else {
+                ("clean", true)
+            }
+        }));
         let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
         assert_eq!(run.code, 0, "{}", run.stderr);
         let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
-        let env: Value =
-            serde_json::from_str(&std::fs::read_to_string(bundle.join("environment.json")).unwrap())
-                .unwrap();
+        let env: Value = serde_json::from_str(
+            &std::fs::read_to_string(bundle.join("environment.json")).unwrap(),
+        )
+        .unwrap();
         (env, run.stderr)
     };
     // A native fault: no torch in the run, no `collect_env` (seconds and hundreds of MiB).
     let (env, human) = env_of("fault");
-    assert!(env.get("torch_collect_env").is_none_or(Value::is_null), "{env:#}");
+    assert!(
+        env.get("torch_collect_env").is_none_or(Value::is_null),
+        "{env:#}"
+    );
     assert!(!human.contains("collect_env"), "{human}");
-    assert!(env["python"].as_str().is_some_and(|p| p.starts_with("Python 3")), "{env:#}");
+    assert!(
+        env["python"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("Python 3")),
+        "{env:#}"
+    );
     // A PyTorch fault: its report is there.
     let (env, _) = env_of("torchfault");
     assert!(

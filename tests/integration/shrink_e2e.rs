@@ -403,3 +403,113 @@ fn a_run_killed_during_the_shrink_resumes_with_the_search_reused_and_the_same_an
         );
     }
 }
+
+/// The files of a bundle, by path inside it, leaving out the probe logs (how many probes ran, and on which
+/// worker, differs with the number of workers) and what records times.
+fn bundle_files(bundle: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if rel == "logs/probes" {
+                continue;
+            }
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(bundle, bundle, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn triage_and_the_shrink_side_by_side_give_the_same_report_and_bundle_as_one_after_the_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    // A sanitizer that, when asked to, waits until the shrink has begun (its directory under the run's):
+    // it ends only if the two stages run at the same time. It says whether it saw the shrink.
+    let wait_flag = tmp.path().join("wait-for-shrink");
+    let saw = tmp.path().join("saw");
+    let sanitizer = tmp.path().join("sanitizer.sh");
+    std::fs::write(
+        &sanitizer,
+        format!(
+            "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --tool|--save|--print-limit|--error-exitcode) shift 2 ;; --xml) shift ;; *) break ;; esac; done\n\
+             if [ -e {flag} ]; then i=0; while [ $i -lt 400 ]; do ls -d ../runs/*/shrink/* >/dev/null 2>&1 && {{ echo yes > {saw}; break; }}; i=$((i+1)); sleep 0.05; done; fi\n\
+             exec \"$@\"\n",
+            flag = wait_flag.display(),
+            saw = saw.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &sanitizer,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut b = RepoBuilder::init(&dir).unwrap();
+    let bad_model = fixture("shrink_one_node.toml");
+    let good_model = bad_model.replace("268435456]", "15]");
+    let cfg = config("model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2").replace(
+        "[triage]\nenabled = false\n",
+        &format!(
+            "[triage]\nenabled = true\nsanitizer = \"{}\"\n",
+            sanitizer.display()
+        ),
+    );
+    let mut parent = None;
+    for i in 0..12 {
+        let mut f = Files::new();
+        put(
+            &mut f,
+            "model.toml",
+            if i < 7 { &good_model } else { &bad_model },
+            false,
+        );
+        put(&mut f, "bisect.toml", &cfg, false);
+        put(&mut f, "notes.txt", format!("change {i}\n"), false);
+        let c = b
+            .commit(parent.as_slice(), &f, &format!("change {i}"))
+            .unwrap();
+        if i == 0 {
+            b.tag("good", c).unwrap();
+        }
+        parent = Some(c);
+    }
+    b.set_branch("main", parent.unwrap()).unwrap();
+    b.checkout_main().unwrap();
+
+    std::fs::write(&wait_flag, "").unwrap();
+    let (code, side, text) = start_report(&dir, &["good..main", "--jobs", "3"], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert!(saw.exists(), "triage did not run beside the shrink: {text}");
+    std::fs::remove_file(&wait_flag).unwrap();
+    let (code, serial, text) = start_report(&dir, &["good..main", "--jobs", "1"], tmp.path());
+    assert_eq!(code, 0, "{text}");
+
+    for r in [&side, &serial] {
+        assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
+        assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
+    }
+    assert_eq!(side["first_bad"], serial["first_bad"]);
+    for key in ["status", "summary", "signature"] {
+        assert_eq!(side["triage"][key], serial["triage"][key], "triage {key}");
+    }
+    for key in [
+        "status",
+        "summary",
+        "kept",
+        "removed",
+        "nodes_before",
+        "nodes_after",
+    ] {
+        assert_eq!(side["shrink"][key], serial["shrink"][key], "shrink {key}");
+    }
+    let files = |r: &Value| bundle_files(Path::new(r["bundle"].as_str().unwrap()));
+    assert_eq!(files(&side), files(&serial));
+}

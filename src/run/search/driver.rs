@@ -102,6 +102,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             probes: self.probes,
             other_bugs: self.other_bugs,
             flaky: self.flaky,
+            at_once: 1,
         }
     }
 
@@ -183,7 +184,13 @@ impl<'a, 'r> Driver<'a, 'r> {
     /// once on a shared GPU (a probe that never reached its repro measures nothing: the next one is
     /// watched). A crowded probe that ran out of memory, was killed or timed out says nothing of its
     /// commit: one probe at a time from now on, and this one is run again (true).
-    fn crowd_check(&mut self, pool: &mut Pool, worker: usize, ctx: &ProbeContext, outcome: &ProbeOutcome) -> bool {
+    fn crowd_check(
+        &mut self,
+        pool: &mut Pool,
+        worker: usize,
+        ctx: &ProbeContext,
+        outcome: &ProbeOutcome,
+    ) -> bool {
         let class = outcome.record.signature.class;
         if self.watching == Some(worker) {
             self.watching = None;
@@ -513,7 +520,9 @@ impl<'a, 'r> Driver<'a, 'r> {
             let waiting = ending.is_some();
             while pool.idle() > 0 && !unsent.is_empty() {
                 let Some(w) = pool.take_idle() else { break };
-                let Some(check) = unsent.pop_front() else { break };
+                let Some(check) = unsent.pop_front() else {
+                    break;
+                };
                 let index = self.index_of(check.oid);
                 if self.send(pool, w, index, check.role, false) {
                     checking.insert(w, check);

@@ -157,9 +157,9 @@ pub(super) fn settle_check(
     let other_bug = input.goods_may_show_other_bugs
         && role == ProbeRole::GoodEndpoint
         && reproduces(&rec.signature)
-        && d.target.as_ref().is_some_and(|t| {
-            input.policy.compare(t, &rec.signature, "") == Sameness::Different
-        });
+        && d.target
+            .as_ref()
+            .is_some_and(|t| input.policy.compare(t, &rec.signature, "") == Sameness::Different);
     if other_bug {
         d.reporter.event(&Event::GoodShowsOtherBug {
             what,
@@ -171,9 +171,11 @@ pub(super) fn settle_check(
     match (rec.verdict, role) {
         (Verdict::Good, _) => Ok(()),
         // git's wording: the good commit is on another line of history where the bug was fixed.
-        (Verdict::Bad, ProbeRole::MergeBase) => Err(SearchEnd::EndpointsInvalid(
-            EndpointProblem::MergeBaseBad { what },
-        )),
+        (Verdict::Bad, ProbeRole::MergeBase) => {
+            Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
+                what,
+            }))
+        }
         _ => Err(SearchEnd::EndpointsInvalid(
             EndpointProblem::GoodDoesNotPass {
                 what,

@@ -176,6 +176,9 @@ pub struct SearchOutcome {
     pub other_bugs: Vec<OtherBug>,
     /// When the fault showed on only some runs of the bad end: the flaky search's answer.
     pub flaky: Option<FlakyAnswer>,
+    /// Probes that may run at once at the search's end: the workers, or fewer on a GPU they share (what
+    /// its memory holds). The stages after the search overlap only where two fit.
+    pub at_once: usize,
 }
 
 /// Runs the whole search with one prober, one probe at a time.
@@ -208,10 +211,15 @@ pub fn search_with_workers(
     pool::with_pool(workers, cancel, |pool| {
         let settled = SettledStacks::default();
         let outcome = search_once(input, pool, reporter, cancel, &settled);
-        let Some(culprit) = judged_from_memory(&outcome) else {
-            return outcome;
+        let mut outcome = match judged_from_memory(&outcome) {
+            Some(culprit) => recheck_culprit(input, pool, reporter, cancel, outcome, culprit),
+            None => outcome,
         };
-        recheck_culprit(input, pool, reporter, cancel, outcome, culprit)
+        outcome.at_once = match pool.first_shared() {
+            Some(_) => pool.limit().min(pool.size()),
+            None => pool.size(),
+        };
+        outcome
     })
 }
 

@@ -207,7 +207,11 @@ impl Pool<'_> {
     /// The first GPU that workers share, and how many share it.
     pub(super) fn first_shared(&self) -> Option<(String, usize)> {
         let gpu = self.shared.iter().flatten().next()?;
-        let n = self.shared.iter().filter(|s| s.as_ref() == Some(gpu)).count();
+        let n = self
+            .shared
+            .iter()
+            .filter(|s| s.as_ref() == Some(gpu))
+            .count();
         Some((gpu.clone(), n))
     }
 
