@@ -346,3 +346,24 @@ def test_two_messages_in_one_read_are_both_read():
         assert m.next() is None
     finally:
         b.close()
+
+
+def test_a_client_gone_before_its_child_is_announced_leaves_the_server_serving(server):
+    """A probe the search stops while its child is being forked (its answer no longer mattered) closes
+    the connection before the server says the child's pid: the server kills that child and serves on."""
+    import json
+    import socket
+
+    sock, _, work, env = server
+    (work / "slow.py").write_text("import time\ntime.sleep(30)\n")
+    for _ in range(3):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(sock))
+        req = {"mode": "script", "target": "slow.py", "args": [], "argv": ["python3", "slow.py"], "learn": None,
+               "cwd": str(work), "env": env, "interpreter": "python3", "preload": []}
+        with open(os.devnull, "rb") as i, open(os.devnull, "wb") as o:
+            socket.send_fds(conn, [json.dumps(req).encode() + b"\n"], [i.fileno(), o.fileno(), o.fileno()])
+        conn.close()
+    cold, warm, status = both(server, "print('still serving')\n")
+    assert warm == cold
+    assert status == "warm"

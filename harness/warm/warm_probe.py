@@ -198,7 +198,11 @@ def serve(sock_path, preload):
                 continue
             conn, _ = listener.accept()
             with conn:
-                handle(conn, listener, files, preloaded)
+                try:
+                    handle(conn, listener, files, preloaded)
+                except OSError as e:
+                    # A client gone mid-request never takes the server down with it.
+                    print(f"warm: a request ended early: {e}", file=sys.stderr, flush=True)
 
 
 def handle(conn, listener, files, preloaded):
@@ -244,7 +248,14 @@ def handle(conn, listener, files, preloaded):
         run_child(req, fds, preloaded)  # never returns
     for fd in fds:
         os.close(fd)
-    send_json(conn, {"pid": pid})
+    try:
+        send_json(conn, {"pid": pid})
+    except OSError:
+        # The client was stopped while the child was forked (its answer no longer mattered): the child
+        # goes with it, and the server serves the next one.
+        kill_group(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return
     supervise(conn, pid)
 
 
@@ -281,7 +292,12 @@ def kill_group(pid, sig):
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
-        pass
+        # A child just forked may not lead its own group yet (its setsid comes first thing): the child
+        # itself then.
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 # ------------------------------------------------------------------------------------------------ child

@@ -1521,6 +1521,15 @@ struct SharedRun {
 /// Three workers on GPU 0; the fault shows from commit 11 of 16; `peak_mib` is what the measured probe
 /// used of a 140 GiB GPU.
 fn on_one_gpu(peak_mib: u64, oom_when_crowded: Option<usize>) -> SharedRun {
+    on_one_gpu_with(peak_mib, oom_when_crowded, false)
+}
+
+/// [`on_one_gpu`]; with `hang_below_8`, a probe of a commit below 8 runs until the driver stops it.
+fn on_one_gpu_with(
+    peak_mib: u64,
+    oom_when_crowded: Option<usize>,
+    hang_below_8: bool,
+) -> SharedRun {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let running: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
     let most: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
@@ -1553,9 +1562,10 @@ fn on_one_gpu(peak_mib: u64, oom_when_crowded: Option<usize>) -> SharedRun {
             asked: false,
         },
     };
-    let mut probers: Vec<OnSharedGpu> = (0..3)
-        .map(|_| OnSharedGpu {
-            inner: scripted(cancel, None),
+    let mut probers: Vec<OnSharedGpu> = stops
+        .iter()
+        .map(|&stop| OnSharedGpu {
+            inner: scripted(cancel, hang_below_8.then_some((8, stop))),
             crowded: log,
             oom_when_crowded,
             running,
@@ -1775,4 +1785,19 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
         probes.iter().any(|p| p.role == ProbeRole::Search),
         "{probes:?}"
     );
+}
+
+#[test]
+fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
+    // The first round's probe below the midpoint runs until the answers above it make it moot; the
+    // driver stops it, and that kill is not the crowd's doing.
+    let run = on_one_gpu_with(2_448, None, true);
+    assert_eq!(run.end, SearchEnd::Found(oid(11)));
+    let at_once = probes_at_once(&run.events);
+    assert_eq!(at_once.len(), 1, "{at_once:?}");
+    assert_eq!(at_once[0].0, 3);
+    assert!(run
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::ProbeAbandoned { .. })));
 }

@@ -216,7 +216,13 @@ impl<'a, 'r> Driver<'a, 'r> {
                 });
             }
         }
-        if outcome.record.reused || !ctx.crowded_out(class) || pool.limit() == 1 {
+        // A probe the search stopped itself (its answer no longer mattered) was killed by it, not by
+        // the crowd.
+        if outcome.interrupted
+            || outcome.record.reused
+            || !ctx.crowded_out(class)
+            || pool.limit() == 1
+        {
             return false;
         }
         pool.set_limit(1);
