@@ -1801,3 +1801,48 @@ fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
         .iter()
         .any(|e| matches!(e, Event::ProbeAbandoned { .. })));
 }
+
+#[test]
+fn ctrl_c_during_the_good_end_in_the_first_round_ends_the_search_interrupted() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let stops: Vec<&'static AtomicBool> = (0..3)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect();
+    let range = linear(16);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        fix_of: None,
+        sharing: Sharing::NONE,
+    };
+    // Ctrl-C comes while the good end runs: it is stopped, never run again, and no answer is given.
+    let mut probers: Vec<Scripted> = (0..3)
+        .map(|_| {
+            let mut p = scripted(cancel, None);
+            p.interrupt_at = Some(0);
+            p
+        })
+        .collect();
+    let mut events = Events::default();
+    let outcome = {
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        search_with_workers(&input, &mut workers, &mut events, cancel)
+    };
+    assert_eq!(outcome.end, SearchEnd::Interrupted);
+    let good_runs: usize = probers
+        .iter()
+        .map(|p| p.asked.iter().filter(|(i, _)| *i == 0).count())
+        .sum();
+    assert_eq!(good_runs, 1);
+}

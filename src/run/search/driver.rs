@@ -493,10 +493,13 @@ impl<'a, 'r> Driver<'a, 'r> {
         let mut checking: HashMap<usize, EndCheck> = HashMap::new();
         let mut ending: Option<Result<Answer, SearchEnd>> = None;
         loop {
-            if ending.is_none() && self.cancelled() {
+            let checked = unsent.is_empty() && checking.is_empty();
+            // Ctrl-C ends the search, also while an answer waits for the endpoint checks (it is no answer
+            // until they pass); an answer that needs nothing more is kept.
+            let unsettled = !checked && matches!(ending, Some(Ok(_)));
+            if (ending.is_none() || unsettled) && self.cancelled() {
                 ending = Some(Err(SearchEnd::Interrupted));
             }
-            let checked = unsent.is_empty() && checking.is_empty();
             if let Some(end) = ending.take() {
                 if end.is_ok() && !checked {
                     // The answer waits for the checks; the strategy's probes still out are moot.
@@ -574,7 +577,8 @@ impl<'a, 'r> Driver<'a, 'r> {
                                 ending = Some(Err(e));
                             }
                         }
-                        // Stopped (a crowded run, or Ctrl-C): it runs again unless the search ends.
+                        // Stopped by a crowd on its GPU: it runs again. By Ctrl-C: the search ends.
+                        _ if self.cancelled() => ending = Some(Err(SearchEnd::Interrupted)),
                         _ => unsent.push_front(check),
                     }
                     continue;
