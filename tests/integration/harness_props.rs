@@ -67,8 +67,11 @@ proptest! {
         let ones = Tensor::f32(vec![n], vec![1.0; n]);
         let zeros = Tensor::f32(vec![n], vec![0.0; n]);
         let y = f32s(&run(Op::LayerNorm, &[&x, &ones, &zeros]).unwrap());
-        for row in y.chunks(n) {
-            prop_assert!((row.iter().sum::<f32>() / n as f32).abs() < 1e-4);
+        for (row, input) in y.chunks(n).zip(f32s(&x).chunks(n)) {
+            // Rounding in the row's own mean is divided by its (small) spread: the tolerance grows with
+            // the inputs' size (a row [8.2698, 8.2739] is off by about 1.3e-4).
+            let scale = input.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            prop_assert!((row.iter().sum::<f32>() / n as f32).abs() < 1e-4 * scale);
         }
     }
 

@@ -492,8 +492,12 @@ impl<'a, 'r> Driver<'a, 'r> {
         let mut unsent: std::collections::VecDeque<EndCheck> = checks.into();
         let mut checking: HashMap<usize, EndCheck> = HashMap::new();
         let mut ending: Option<Result<Answer, SearchEnd>> = None;
+        // A check that failed beside other probes, to run again alone before the range is refused: a
+        // repro that writes what every worker shares can fail because of the others.
+        let mut recheck: Option<EndCheck> = None;
+        let mut rechecked = false;
         loop {
-            let checked = unsent.is_empty() && checking.is_empty();
+            let checked = unsent.is_empty() && checking.is_empty() && recheck.is_none();
             // Ctrl-C ends the search, also while an answer waits for the endpoint checks (it is no answer
             // until they pass); an answer that needs nothing more is kept.
             let unsettled = !checked && matches!(ending, Some(Ok(_)));
@@ -526,8 +530,22 @@ impl<'a, 'r> Driver<'a, 'r> {
                     }
                 }
             }
-            let waiting = ending.is_some();
-            while pool.idle() > 0 && !unsent.is_empty() {
+            if let Some(check) = recheck.take() {
+                if pool.all_idle() {
+                    match self.probe_alone(pool, check.oid, check.role, true) {
+                        Ok(rec) => {
+                            if let Err(e) = settle_check(self, &check, &rec) {
+                                ending = Some(Err(e));
+                            }
+                        }
+                        Err(e) => ending = Some(Err(e)),
+                    }
+                    continue;
+                }
+                recheck = Some(check);
+            }
+            let waiting = ending.is_some() || recheck.is_some();
+            while recheck.is_none() && pool.idle() > 0 && !unsent.is_empty() {
                 let Some(w) = pool.take_idle() else { break };
                 let Some(check) = unsent.pop_front() else {
                     break;
@@ -574,7 +592,19 @@ impl<'a, 'r> Driver<'a, 'r> {
                     match landing {
                         Landing::Judged(_, record) => {
                             if let Err(e) = settle_check(self, &check, &record) {
-                                ending = Some(Err(e));
+                                if pool.size() > 1 && !rechecked {
+                                    rechecked = true;
+                                    recheck = Some(check);
+                                    for (w, _) in pool.busy() {
+                                        if !checking.contains_key(&w)
+                                            && !self.pending.contains_key(&w)
+                                        {
+                                            pool.stop(w);
+                                        }
+                                    }
+                                } else {
+                                    ending = Some(Err(e));
+                                }
                             }
                         }
                         // Stopped by a crowd on its GPU: it runs again. By Ctrl-C: the search ends.
