@@ -1442,6 +1442,45 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
     }
 }
 
+/// `n` stop flags that live as long as the test.
+fn stop_flags(n: usize) -> Vec<&'static AtomicBool> {
+    (0..n)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect()
+}
+
+/// The search over commits 1..=16 (good end 0, bad end 16, `class+kernel`), one worker per prober, each
+/// with its stop flag; the outcome and the events.
+fn search_16<P: Probe>(
+    probers: &mut [P],
+    stops: &[&'static AtomicBool],
+    cancel: &'static AtomicBool,
+    sharing: Sharing,
+) -> (cudabisect::run::search::SearchOutcome, Vec<Event>) {
+    let range = linear(16);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(16)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        fix_of: None,
+        sharing,
+    };
+    let mut events = Events::default();
+    let mut workers: Vec<Worker> = probers
+        .iter_mut()
+        .zip(stops)
+        .map(|(p, &stop)| Worker { probe: p, stop })
+        .collect();
+    let outcome = search_with_workers(&input, &mut workers, &mut events, cancel);
+    (outcome, events.0)
+}
+
 /// A worker on a GPU shared with the others: it counts the probes running at once, notes whether each was
 /// crowded, and can run out of memory at one commit whenever others share the GPU.
 struct OnSharedGpu {
@@ -1534,34 +1573,15 @@ fn on_one_gpu_with(
     let running: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
     let most: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
     let log: &'static Mutex<Vec<(usize, bool)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
-    let stops: Vec<&'static AtomicBool> = (0..3)
-        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
-        .collect();
-    let range = linear(16);
-    let goods = vec![("v1".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let gauge = FixedGauge {
+    let stops = stop_flags(3);
+    let gauge: &'static FixedGauge = Box::leak(Box::new(FixedGauge {
         reading: Some(MemoryReading {
             before_mib: 400,
             peak_mib,
             total_mib: 143_771,
         }),
         started: AtomicUsize::new(0),
-    };
-    let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        fix_of: None,
-        sharing: Sharing {
-            gauge: &gauge,
-            asked: false,
-        },
-    };
+    }));
     let mut probers: Vec<OnSharedGpu> = stops
         .iter()
         .map(|&stop| OnSharedGpu {
@@ -1572,18 +1592,14 @@ fn on_one_gpu_with(
             most,
         })
         .collect();
-    let mut events = Events::default();
-    let outcome = {
-        let mut workers: Vec<Worker> = probers
-            .iter_mut()
-            .zip(&stops)
-            .map(|(p, &stop)| Worker { probe: p, stop })
-            .collect();
-        search_with_workers(&input, &mut workers, &mut events, cancel)
+    let sharing = Sharing {
+        gauge,
+        asked: false,
     };
+    let (outcome, events) = search_16(&mut probers, &stops, cancel, sharing);
     SharedRun {
         end: outcome.end,
-        events: events.0,
+        events,
         crowded: log.lock().unwrap().clone(),
         most: most.load(Ordering::SeqCst),
         gauge_started: gauge.started.load(Ordering::SeqCst),
@@ -1711,23 +1727,7 @@ fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeReco
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let gate: &'static (Mutex<bool>, Condvar) =
         Box::leak(Box::new((Mutex::new(false), Condvar::new())));
-    let stops: Vec<&'static AtomicBool> = (0..3)
-        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
-        .collect();
-    let range = linear(16);
-    let goods = vec![("v1".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        fix_of: None,
-        sharing: Sharing::NONE,
-    };
+    let stops = stop_flags(3);
     let mut probers: Vec<GoodEndWaits> = (0..3)
         .map(|_| {
             let mut inner = scripted(cancel, None);
@@ -1743,15 +1743,7 @@ fn first_round_with_the_good_end(good_faults: bool) -> (SearchEnd, Vec<ProbeReco
             GoodEndWaits { inner, gate }
         })
         .collect();
-    let mut events = Events::default();
-    let outcome = {
-        let mut workers: Vec<Worker> = probers
-            .iter_mut()
-            .zip(&stops)
-            .map(|(p, &stop)| Worker { probe: p, stop })
-            .collect();
-        search_with_workers(&input, &mut workers, &mut events, cancel)
-    };
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
     (outcome.end, outcome.probes)
 }
 
@@ -1805,23 +1797,7 @@ fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
 #[test]
 fn ctrl_c_during_the_good_end_in_the_first_round_ends_the_search_interrupted() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let stops: Vec<&'static AtomicBool> = (0..3)
-        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
-        .collect();
-    let range = linear(16);
-    let goods = vec![("v1".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        fix_of: None,
-        sharing: Sharing::NONE,
-    };
+    let stops = stop_flags(3);
     // Ctrl-C comes while the good end runs: it is stopped, never run again, and no answer is given.
     let mut probers: Vec<Scripted> = (0..3)
         .map(|_| {
@@ -1830,15 +1806,7 @@ fn ctrl_c_during_the_good_end_in_the_first_round_ends_the_search_interrupted() {
             p
         })
         .collect();
-    let mut events = Events::default();
-    let outcome = {
-        let mut workers: Vec<Worker> = probers
-            .iter_mut()
-            .zip(&stops)
-            .map(|(p, &stop)| Worker { probe: p, stop })
-            .collect();
-        search_with_workers(&input, &mut workers, &mut events, cancel)
-    };
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
     assert_eq!(outcome.end, SearchEnd::Interrupted);
     let good_runs: usize = probers
         .iter()
