@@ -164,16 +164,14 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
     );
 }
 
-#[test]
-fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    let mut b = RepoBuilder::init(&dir).unwrap();
+/// Twelve commits of `shrink_one_node.toml` with `config` as bisect.toml, tagged `good` at the first:
+/// from the eighth on (the culprit, returned) a lookup leaves its table.
+fn one_node_regression(dir: &Path, config: &str) -> git2::Oid {
+    let mut b = RepoBuilder::init(dir).unwrap();
     let bad_model = fixture("shrink_one_node.toml");
     // Before the regression the lookup ids stay inside the table.
     let good_model = bad_model.replace("268435456]", "15]");
     assert_ne!(good_model, bad_model);
-    let shrink_cfg = "model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2";
     let mut parent = None;
     let mut culprit = None;
     for i in 0..12 {
@@ -184,7 +182,7 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
             if i < 7 { &good_model } else { &bad_model },
             false,
         );
-        put(&mut f, "bisect.toml", config(shrink_cfg), false);
+        put(&mut f, "bisect.toml", config, false);
         put(&mut f, "notes.txt", format!("change {i}\n"), false);
         let c = b
             .commit(parent.as_slice(), &f, &format!("change {i}"))
@@ -199,9 +197,20 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     }
     b.set_branch("main", parent.unwrap()).unwrap();
     b.checkout_main().unwrap();
+    culprit.unwrap()
+}
+
+#[test]
+fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let culprit = one_node_regression(
+        &dir,
+        &config("model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2"),
+    );
     let (code, r, text) = start_report(&dir, &["good..main"], tmp.path());
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], culprit.unwrap().to_string());
+    assert_eq!(r["first_bad"]["commit"], culprit.to_string());
     assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
     assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
     assert!(text.contains("Shrink: 1 of 24 nodes (b2_lookup)"), "{text}");
@@ -452,9 +461,6 @@ fn triage_and_the_shrink_side_by_side_give_the_same_report_and_bundle_as_one_aft
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let mut b = RepoBuilder::init(&dir).unwrap();
-    let bad_model = fixture("shrink_one_node.toml");
-    let good_model = bad_model.replace("268435456]", "15]");
     let cfg = config("model = \"model.toml\"\nbackend = \"cpu\"\nconfirm = 2").replace(
         "[triage]\nenabled = false\n",
         &format!(
@@ -462,27 +468,7 @@ fn triage_and_the_shrink_side_by_side_give_the_same_report_and_bundle_as_one_aft
             sanitizer.display()
         ),
     );
-    let mut parent = None;
-    for i in 0..12 {
-        let mut f = Files::new();
-        put(
-            &mut f,
-            "model.toml",
-            if i < 7 { &good_model } else { &bad_model },
-            false,
-        );
-        put(&mut f, "bisect.toml", &cfg, false);
-        put(&mut f, "notes.txt", format!("change {i}\n"), false);
-        let c = b
-            .commit(parent.as_slice(), &f, &format!("change {i}"))
-            .unwrap();
-        if i == 0 {
-            b.tag("good", c).unwrap();
-        }
-        parent = Some(c);
-    }
-    b.set_branch("main", parent.unwrap()).unwrap();
-    b.checkout_main().unwrap();
+    one_node_regression(&dir, &cfg);
 
     std::fs::write(&wait_flag, "").unwrap();
     let (code, side, text) = start_report(&dir, &["good..main", "--jobs", "3"], tmp.path());
