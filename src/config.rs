@@ -744,6 +744,18 @@ pub struct WorkerSettings {
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// No config was found where one is looked for.
+    #[error("no config: {} has no bisect.toml and its pyproject.toml no [tool.cudabisect] section; `cudabisect init -- <repro command>` writes one", root.display())]
+    Missing {
+        /// The repository root.
+        root: PathBuf,
+    },
+    /// A `pyproject.toml` given as the config has no `[tool.cudabisect]` table.
+    #[error("{path} has no [tool.cudabisect] section: add one (the keys of bisect.toml, under [tool.cudabisect], [tool.cudabisect.repro], …) or give a bisect.toml")]
+    NoToolSection {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file is missing or unreadable.
     #[error("cannot read config {path}: {source}")]
     Read {
@@ -802,6 +814,29 @@ impl Config {
         }
     }
 
+    /// Where a job's config is: an explicit path as given (relative to the current directory, as every
+    /// other path on the command line); else `bisect.toml` at the repository root; else the root's
+    /// `pyproject.toml` when it has a `[tool.cudabisect]` table. bisect.toml wins when both exist.
+    pub fn find(root: &Path, given: Option<&Path>) -> Result<PathBuf, ConfigError> {
+        if let Some(path) = given {
+            return Ok(path.to_path_buf());
+        }
+        let own = root.join("bisect.toml");
+        if own.exists() {
+            return Ok(own);
+        }
+        let pyproject = root.join("pyproject.toml");
+        // A malformed table still counts as found, so its parse error is what the user sees.
+        let has_section = std::fs::read_to_string(&pyproject)
+            .is_ok_and(|t| t.contains("tool.cudabisect") || t.contains("[tool]"));
+        if has_section && has_tool_table(&pyproject) {
+            return Ok(pyproject);
+        }
+        Err(ConfigError::Missing {
+            root: root.to_path_buf(),
+        })
+    }
+
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -811,9 +846,11 @@ impl Config {
         Self::parse(path, &text)
     }
 
-    /// Checks config text; `path` names it in errors.
+    /// Checks config text; `path` names it in errors. A file named `pyproject.toml` is read for its
+    /// `[tool.cudabisect]` table, with the same keys, checks and errors (lines and columns of the whole
+    /// file); its records then hold that table alone, written as a bisect.toml.
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let mut raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let parse_error = |e: toml::de::Error| {
             let (line, column) = e
                 .span()
                 .map(|s| line_column(text, s.start))
@@ -824,7 +861,40 @@ impl Config {
                 column,
                 message: e.message().trim().to_string(),
             }
-        })?;
+        };
+        if is_pyproject(path) {
+            let doc: Pyproject = toml::from_str(text).map_err(parse_error)?;
+            let no_section = || ConfigError::NoToolSection {
+                path: path.to_path_buf(),
+            };
+            let raw = doc.tool.and_then(|t| t.cudabisect).ok_or_else(no_section)?;
+            // The table alone, as the bisect.toml it stands for: what the records, the bundle and the
+            // journal's fingerprint see, so editing the rest of pyproject.toml changes none of them.
+            let table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+            let own = table
+                .get("tool")
+                .and_then(|t| t.get("cudabisect"))
+                .and_then(toml::Value::as_table)
+                .ok_or_else(no_section)?;
+            let standalone = toml::to_string(own).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                line: 1,
+                column: 1,
+                message: format!("[tool.cudabisect] cannot be written as bisect.toml: {e}"),
+            })?;
+            return Self::checked(path, raw, text, standalone);
+        }
+        let raw: RawConfig = toml::from_str(text).map_err(parse_error)?;
+        Self::checked(path, raw, text, text.to_string())
+    }
+
+    /// Checks what was read; `text` is the file (for positions), `record` what the run keeps of it.
+    fn checked(
+        path: &Path,
+        mut raw: RawConfig,
+        text: &str,
+        record: String,
+    ) -> Result<Self, ConfigError> {
         let match_policy =
             MatchPolicy::parse(raw.search.match_policy.as_deref().unwrap_or("class+kernel"))
                 .map_err(|source| ConfigError::Match {
@@ -838,7 +908,7 @@ impl Config {
                 .map(|(i, _)| i)
                 .find(|&i| {
                     text[..i]
-                        .rfind("[repro]")
+                        .rfind("repro]")
                         .is_some_and(|r| !text[r..i].contains("\n["))
                 })
                 .unwrap_or(0);
@@ -1026,7 +1096,7 @@ impl Config {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            text: text.to_string(),
+            text: record,
             build: raw.build,
             repro: raw.repro,
             match_policy,
@@ -1051,6 +1121,37 @@ impl Config {
             executor: raw.executor,
         })
     }
+}
+
+/// Whether a config path is a Python project's `pyproject.toml` (read for `[tool.cudabisect]`).
+pub fn is_pyproject(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "pyproject.toml")
+}
+
+/// Whether a `pyproject.toml` names `[tool.cudabisect]` (true when it does not parse but mentions it).
+fn has_tool_table(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    match text.parse::<toml::Table>() {
+        Ok(table) => table
+            .get("tool")
+            .and_then(|t| t.get("cudabisect"))
+            .is_some(),
+        Err(_) => text.contains("tool.cudabisect"),
+    }
+}
+
+/// A `pyproject.toml`: only `[tool.cudabisect]` is read; every other table belongs to other tools.
+#[derive(Deserialize)]
+struct Pyproject {
+    tool: Option<PyprojectTools>,
+}
+
+/// `[tool]` of a `pyproject.toml`.
+#[derive(Deserialize)]
+struct PyprojectTools {
+    cudabisect: Option<RawConfig>,
 }
 
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
@@ -1241,5 +1342,53 @@ mod tests {
     fn the_example_config_parses() {
         let text = include_str!("../bisect.toml.example");
         parse(text).expect("bisect.toml.example is valid");
+    }
+
+    fn pyproject(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("proj/pyproject.toml"), text)
+    }
+
+    const PYPROJECT: &str = "[project]\nname = \"mylib\"\nversion = \"0.1\"\n\n[tool.ruff]\nline-length = 100\n\n[tool.cudabisect.repro]\ncommand = \"python3 train.py\"\ntimeout = \"5m\"\n\n[tool.cudabisect.search]\nmatch = \"class\"\n";
+
+    #[test]
+    fn pyproject_tool_table_reads_like_bisect_toml() {
+        let from_py = pyproject(PYPROJECT).unwrap();
+        let own = parse("[repro]\ncommand = \"python3 train.py\"\ntimeout = \"5m\"\n[search]\nmatch = \"class\"\n").unwrap();
+        assert_eq!(format!("{:?}", from_py.repro), format!("{:?}", own.repro));
+        assert_eq!(format!("{:?}", from_py.match_policy), format!("{:?}", own.match_policy));
+        // What the run keeps is the table alone, as a bisect.toml that parses to the same config.
+        assert!(!from_py.text.contains("ruff") && !from_py.text.contains("[project]"), "{}", from_py.text);
+        let again = parse(&from_py.text).unwrap();
+        assert_eq!(format!("{:?}", again.repro), format!("{:?}", own.repro));
+    }
+
+    #[test]
+    fn pyproject_errors_point_into_the_whole_file() {
+        let typo = PYPROJECT.replace("timeout = \"5m\"", "comand = \"x\"");
+        let e = pyproject(&typo).unwrap_err().to_string();
+        assert!(e.starts_with("proj/pyproject.toml:10:1: unknown field `comand`"), "{e}");
+        let none = pyproject("[project]\nname = \"x\"\n[tool.ruff]\nx = 1\n").unwrap_err();
+        assert!(matches!(none, ConfigError::NoToolSection { .. }), "{none}");
+        let zero = format!("{PYPROJECT}\n[tool.cudabisect.repro.x]\n");
+        assert!(pyproject(&zero).is_err());
+        let attempts = PYPROJECT.replace("timeout = \"5m\"", "attempts = 0");
+        let e = pyproject(&attempts).unwrap_err().to_string();
+        assert!(e.starts_with("proj/pyproject.toml:10:1: [repro] attempts"), "{e}");
+    }
+
+    #[test]
+    fn config_is_found_in_bisect_toml_then_pyproject() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(matches!(Config::find(root, None), Err(ConfigError::Missing { .. })));
+        std::fs::write(root.join("pyproject.toml"), "[project]\nname = \"x\"\n").unwrap();
+        let e = Config::find(root, None).unwrap_err().to_string();
+        assert!(e.contains("cudabisect init"), "{e}");
+        std::fs::write(root.join("pyproject.toml"), PYPROJECT).unwrap();
+        assert_eq!(Config::find(root, None).unwrap(), root.join("pyproject.toml"));
+        std::fs::write(root.join("bisect.toml"), "[repro]\ncommand = \"x\"\n").unwrap();
+        assert_eq!(Config::find(root, None).unwrap(), root.join("bisect.toml"));
+        let given = Path::new("elsewhere.toml");
+        assert_eq!(Config::find(root, Some(given)).unwrap(), given);
     }
 }

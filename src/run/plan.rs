@@ -87,19 +87,12 @@ pub fn split_range(range: &str) -> Result<(&str, &str), RunError> {
         .ok_or_else(|| RunError::Usage(format!("expected GOOD..BAD, got `{range}`")))
 }
 
-/// Resolves a config path: explicit paths are taken as given (relative to the current directory, as
-/// every other path on the command line), the default is `bisect.toml` at the repository root.
-pub fn config_path(repo: &Repo, given: Option<&Path>) -> PathBuf {
-    given
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| repo.workdir().join("bisect.toml"))
-}
 
 /// The config of a job on `repo`, read and resolved against it: `[executor] workdir` is made absolute
 /// once, here (`~` expanded, a relative path taken from the repository root, as every path in the
 /// config is), and refused when it cannot hold worktrees outside the user's working tree. Writes nothing.
 pub fn load_config(repo: &Repo, given: Option<&Path>) -> Result<Config, RunError> {
-    let mut config = Config::load(&config_path(repo, given))?;
+    let mut config = Config::load(&Config::find(&repo.workdir(), given)?)?;
     if let Some(dir) = config.executor.workdir.take() {
         config.executor.workdir = Some(resolve_workdir(&dir, &repo.workdir())?);
     }
