@@ -1355,9 +1355,16 @@ mod tests {
         let from_py = pyproject(PYPROJECT).unwrap();
         let own = parse("[repro]\ncommand = \"python3 train.py\"\ntimeout = \"5m\"\n[search]\nmatch = \"class\"\n").unwrap();
         assert_eq!(format!("{:?}", from_py.repro), format!("{:?}", own.repro));
-        assert_eq!(format!("{:?}", from_py.match_policy), format!("{:?}", own.match_policy));
+        assert_eq!(
+            format!("{:?}", from_py.match_policy),
+            format!("{:?}", own.match_policy)
+        );
         // What the run keeps is the table alone, as a bisect.toml that parses to the same config.
-        assert!(!from_py.text.contains("ruff") && !from_py.text.contains("[project]"), "{}", from_py.text);
+        assert!(
+            !from_py.text.contains("ruff") && !from_py.text.contains("[project]"),
+            "{}",
+            from_py.text
+        );
         let again = parse(&from_py.text).unwrap();
         assert_eq!(format!("{:?}", again.repro), format!("{:?}", own.repro));
     }
@@ -1366,26 +1373,38 @@ mod tests {
     fn pyproject_errors_point_into_the_whole_file() {
         let typo = PYPROJECT.replace("timeout = \"5m\"", "comand = \"x\"");
         let e = pyproject(&typo).unwrap_err().to_string();
-        assert!(e.starts_with("proj/pyproject.toml:10:1: unknown field `comand`"), "{e}");
+        assert!(
+            e.starts_with("proj/pyproject.toml:10:1: unknown field `comand`"),
+            "{e}"
+        );
         let none = pyproject("[project]\nname = \"x\"\n[tool.ruff]\nx = 1\n").unwrap_err();
         assert!(matches!(none, ConfigError::NoToolSection { .. }), "{none}");
         let zero = format!("{PYPROJECT}\n[tool.cudabisect.repro.x]\n");
         assert!(pyproject(&zero).is_err());
         let attempts = PYPROJECT.replace("timeout = \"5m\"", "attempts = 0");
         let e = pyproject(&attempts).unwrap_err().to_string();
-        assert!(e.starts_with("proj/pyproject.toml:10:1: [repro] attempts"), "{e}");
+        assert!(
+            e.starts_with("proj/pyproject.toml:10:1: [repro] attempts"),
+            "{e}"
+        );
     }
 
     #[test]
     fn config_is_found_in_bisect_toml_then_pyproject() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        assert!(matches!(Config::find(root, None), Err(ConfigError::Missing { .. })));
+        assert!(matches!(
+            Config::find(root, None),
+            Err(ConfigError::Missing { .. })
+        ));
         std::fs::write(root.join("pyproject.toml"), "[project]\nname = \"x\"\n").unwrap();
         let e = Config::find(root, None).unwrap_err().to_string();
         assert!(e.contains("cudabisect init"), "{e}");
         std::fs::write(root.join("pyproject.toml"), PYPROJECT).unwrap();
-        assert_eq!(Config::find(root, None).unwrap(), root.join("pyproject.toml"));
+        assert_eq!(
+            Config::find(root, None).unwrap(),
+            root.join("pyproject.toml")
+        );
         std::fs::write(root.join("bisect.toml"), "[repro]\ncommand = \"x\"\n").unwrap();
         assert_eq!(Config::find(root, None).unwrap(), root.join("bisect.toml"));
         let given = Path::new("elsewhere.toml");

@@ -161,6 +161,27 @@ pub enum Command {
         #[command(subcommand)]
         command: HarnessCommand,
     },
+    /// Write a commented bisect.toml (or `[tool.cudabisect]` in pyproject.toml) from a repro command:
+    /// detects a Python package, the framework and the GPUs; never overwrites a config.
+    #[command(after_help = super::exit_codes::HELP)]
+    Init {
+        /// The repro command, after `--` (one shell string, or its words): `-- python3 train.py --steps 20`.
+        #[arg(last = true, required = true)]
+        repro: Vec<String>,
+        /// The build command (default: none for a pure-Python package importable from its root, else an
+        /// install into the per-worktree virtual environment).
+        #[arg(long, value_name = "COMMAND")]
+        build: Option<String>,
+        /// Add `[tool.cudabisect]` to the repository's pyproject.toml instead of writing bisect.toml.
+        #[arg(long)]
+        pyproject: bool,
+        /// The repository (default: the current directory).
+        #[arg(short = 'C', default_value = ".")]
+        dir: PathBuf,
+        /// Output: human (what was written), or json (a `config_written` JSON line).
+        #[arg(long, value_enum, default_value = "human")]
+        message_format: MessageFormat,
+    },
     /// Show the whole pipeline on a generated sample repository.
     Demo {
         /// Keep the sample repository here instead of a temporary directory.

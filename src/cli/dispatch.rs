@@ -181,6 +181,20 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 } => super::harness::extract(pick(file), &keep, recording, &out),
             }
         }
+        Command::Init {
+            repro,
+            build,
+            pyproject,
+            dir,
+            message_format,
+        } => super::init::run(
+            dir,
+            repro,
+            build,
+            pyproject,
+            message_format == MessageFormat::Json,
+            cancel,
+        ),
         Command::Demo {
             dir,
             message_format,

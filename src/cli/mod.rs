@@ -10,6 +10,7 @@ mod dispatch;
 mod error;
 mod exit_codes;
 mod harness;
+mod init;
 mod log;
 mod nightly;
 mod shell;

@@ -335,6 +335,21 @@ pub enum Event {
         /// Whether bin/ (the cudabisect binary) went in.
         binary: bool,
     },
+    /// `cudabisect init` wrote a config.
+    ConfigWritten {
+        /// The file written (a new bisect.toml, or the pyproject.toml it added `[tool.cudabisect]` to).
+        path: String,
+        /// The repro command written.
+        repro: String,
+        /// The build command written, if any.
+        build: Option<String>,
+        /// Frameworks the repro's code imports.
+        frameworks: Vec<String>,
+        /// GPUs this machine shows.
+        gpus: usize,
+        /// What the user should know.
+        notes: Vec<String>,
+    },
     /// A night of `nightly` is decided: its status (the exit code's meaning) and what it kept.
     Nightly {
         /// The night.

@@ -304,7 +304,7 @@ impl Reporter for HumanReporter {
             Event::ShrinkFinished { summary, .. } => self.line(&format!("shrink: {summary}")),
             Event::ShrinkDone { report } => self.print(&shrink_summary(report)),
             // `triage` and `bundle pack` print their own human result; these events are their JSON form.
-            Event::TriageDone { .. } | Event::BundlePacked { .. } => {}
+            Event::TriageDone { .. } | Event::BundlePacked { .. } | Event::ConfigWritten { .. } => {}
             Event::Finished { report } => self.print(&summary(report)),
             Event::Nightly { record } => self.print(&format!(
                 "Nightly: {}: {}\n",

@@ -6,6 +6,7 @@ pub mod ci;
 pub mod cross_check;
 pub mod error;
 pub mod find_fix;
+pub mod init;
 pub mod job;
 pub mod journal;
 pub mod lock;

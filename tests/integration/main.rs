@@ -14,6 +14,7 @@ mod e2e;
 mod gpu;
 mod harness;
 mod harness_props;
+mod init_config;
 mod jax_harness;
 mod nightly;
 mod real_logs;
