@@ -237,6 +237,12 @@ pub enum Command {
         /// Bisect only: no triage or shrinking at the first bad commit.
         #[arg(long)]
         no_stages: bool,
+        /// Exit codes: `detailed` (10 baseline, 11 fixed, 12 regression, 13 still failing) or `ci` (a good
+        /// night, clean, baseline or fixed, exits 0; a regression 12, still failing 13). Default: `ci` when
+        /// the environment says CI (`CI=true`, as GitHub Actions, GitLab CI and most others set it), else
+        /// `detailed`.
+        #[arg(long, value_enum, value_name = "STYLE")]
+        exit_codes: Option<NightlyExitCodes>,
         /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
         #[arg(long, value_enum, default_value = "human")]
         message_format: MessageFormat,
@@ -253,6 +259,27 @@ pub enum Command {
     },
     /// Print the man page (roff) generated from this CLI.
     Man,
+}
+
+/// How `nightly` maps its night to an exit code.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum NightlyExitCodes {
+    /// A code per status: 0 clean, 10 baseline, 11 fixed, 12 regression, 13 still failing.
+    Detailed,
+    /// Every good night exits 0, so a CI step passes; a regression 12, still failing 13.
+    Ci,
+}
+
+impl NightlyExitCodes {
+    /// `ci` when the environment says CI (`CI` set to anything but `false`/`0`/empty), else `detailed`.
+    pub fn from_env() -> Self {
+        match std::env::var("CI") {
+            Ok(v) if !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false") => {
+                Self::Ci
+            }
+            _ => Self::Detailed,
+        }
+    }
 }
 
 /// `log --format` values.

@@ -222,6 +222,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             junit,
             since,
             no_stages,
+            exit_codes,
             message_format,
         } => {
             let opts = cudabisect::run::nightly::NightlyOptions {
@@ -234,7 +235,8 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
                 report,
                 junit,
             };
-            super::nightly::run(&opts, reporter(message_format).as_mut(), cancel)
+            let style = exit_codes.unwrap_or_else(super::args::NightlyExitCodes::from_env);
+            super::nightly::run(&opts, style, reporter(message_format).as_mut(), cancel)
         }
         Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),

@@ -96,6 +96,7 @@ fn role_name(role: ProbeRole) -> &'static str {
         ProbeRole::EndpointSanitizer => "bad endpoint under compute-sanitizer",
         ProbeRole::Search => "probe",
         ProbeRole::Verify => "verify",
+        ProbeRole::Head => "head",
     }
 }
 
@@ -128,10 +129,18 @@ impl Reporter for HumanReporter {
                     Phase::Build => "build",
                     Phase::Repro => "repro",
                 };
+                let left = match (role, remaining) {
+                    // The nightly head is not a search: nothing is left of a range yet.
+                    (ProbeRole::Head, _) => String::new(),
+                    (_, 1) => "1 candidate left (~1 step) · ".to_string(),
+                    _ => format!(
+                        "{remaining} candidates left (~{estimated_steps} {}) · ",
+                        if *estimated_steps == 1 { "step" } else { "steps" }
+                    ),
+                };
                 let msg = format!(
-                    "step {step} ({}) · {remaining} candidates left (~{estimated_steps} {}) · {} · {phase}",
+                    "step {step} ({}) · {left}{} · {phase}",
                     role_name(*role),
-                    if *estimated_steps == 1 { "step" } else { "steps" },
                     short_sha(commit)
                 );
                 // With parallel workers every worker's commit and phase stay on the progress line.

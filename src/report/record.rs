@@ -27,6 +27,8 @@ pub enum ProbeRole {
     Search,
     /// A flaky fault's culprit or its parent, rerun until their reproduction rates separate.
     Verify,
+    /// `nightly`: the branch head, judged on its own before anything is known of it.
+    Head,
 }
 
 pub use crate::bisect::Verdict;

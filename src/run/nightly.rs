@@ -328,7 +328,7 @@ pub fn nightly(
         let mut prober = ws.prober(&worktree, &config, cancel);
         let ctx = ProbeContext {
             step: 1,
-            role: ProbeRole::BadEndpoint,
+            role: ProbeRole::Head,
             remaining: 1,
             estimated_steps: 1,
             worker: None,

@@ -180,6 +180,7 @@ fn every_command_takes_message_format_and_the_old_spellings_still_work() {
         "triage",
         "log",
         "demo",
+        "init",
         "bundle pack",
     ] {
         let words: Vec<&str> = command.split(' ').chain(["--help"]).collect();

@@ -60,6 +60,11 @@ impl Grower {
 
     /// One night: (exit code, report, JUnit (failures, errors), stderr).
     fn night(&self, extra: &[&str]) -> (i32, Value, (String, String), String) {
+        self.night_in(extra, None)
+    }
+
+    /// A night with `CI` set to `ci` (unset when `None`).
+    fn night_in(&self, extra: &[&str], ci: Option<&str>) -> (i32, Value, (String, String), String) {
         let dir = self.path.parent().unwrap();
         let report = dir.join("night.json");
         let junit = dir.join("night.xml");
@@ -78,6 +83,8 @@ impl Grower {
             .arg("--no-stages")
             .args(extra)
             .env_remove("GITHUB_STEP_SUMMARY")
+            .env_remove("CI")
+            .envs(ci.map(|v| ("CI", v)))
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -106,6 +113,40 @@ impl Grower {
 
 fn zero() -> (String, String) {
     ("0".into(), "0".into())
+}
+
+#[test]
+fn under_ci_a_good_night_exits_zero_and_a_regression_fails_the_step() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean"]);
+    let (code, r, _, err) = g.night_in(&[], Some("true"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["nightly"]["status"], "baseline");
+    // The head is named as what it is, not as an endpoint of a range.
+    assert!(err.contains("step 1 (head) · "), "{err}");
+    assert!(!err.contains("candidates left"), "{err}");
+    g.grow(&["fault"]);
+    let (code, r, _, err) = g.night_in(&[], Some("true"));
+    assert_eq!(code, 12, "{err}");
+    assert_eq!(r["nightly"]["status"], "regression");
+    g.grow(&["clean"]);
+    // The style asked for wins over the environment's, both ways.
+    let (code, r, _, err) = g.night_in(&["--exit-codes", "detailed"], Some("true"));
+    assert_eq!(
+        (code, r["nightly"]["status"].as_str()),
+        (11, Some("fixed")),
+        "{err}"
+    );
+    g.grow(&["fault"]);
+    let (code, _, _, err) = g.night_in(&["--exit-codes", "ci"], Some("false"));
+    assert_eq!(code, 12, "{err}");
+    g.grow(&["clean"]);
+    let (code, r, _, err) = g.night_in(&["--exit-codes", "ci"], None);
+    assert_eq!(
+        (code, r["nightly"]["status"].as_str()),
+        (0, Some("fixed")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -392,4 +433,123 @@ fn a_force_push_without_gc_is_bisected_from_the_merge_base_and_branch_takes_only
     let (code, r, _, err) = g.night(&["--branch", "refs/heads/main"]);
     assert_eq!(code, 13, "the same state as `main`: {err}");
     assert_eq!(r["nightly"]["branch"], "main", "{r}");
+}
+
+/// Runs the GitHub Action's script (action/run.sh) as the action runs it: inputs as `INPUT_*`, the real
+/// binary on `PATH`, GitHub's output and summary files. Returns (exit code, outputs, summary, stderr).
+fn action(g: &Grower, inputs: &[(&str, &str)]) -> (i32, String, String, String) {
+    let dir = g.path.parent().unwrap();
+    let outputs = dir.join("github_output");
+    let summary = dir.join("step_summary");
+    let _ = std::fs::remove_file(&outputs);
+    let _ = std::fs::remove_file(&summary);
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .parent()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("action/run.sh");
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .current_dir(&g.path)
+        .env("PATH", path)
+        .env("GITHUB_OUTPUT", &outputs)
+        .env("GITHUB_STEP_SUMMARY", &summary)
+        .env("INPUT_STATE", &g.state)
+        .env("INPUT_OUTPUT_DIR", dir.join("out"))
+        .env("CI", "true");
+    for (k, v) in inputs {
+        cmd.env(format!("INPUT_{k}"), v);
+    }
+    let out = cmd.output().unwrap();
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    (
+        out.status.code().unwrap_or(-1),
+        read(&outputs),
+        read(&summary),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_github_actions_script_runs_nights_and_a_pull_requests_bisection() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean"]);
+    let (code, outputs, summary, err) = action(&g, &[("COMMAND", "nightly")]);
+    assert_eq!(code, 0, "a good first night passes the step: {err}");
+    assert!(outputs.contains("exit-code=0\n"), "{outputs}");
+    assert!(
+        summary.contains("## cudabisect nightly: baseline"),
+        "{summary}"
+    );
+    let out = g.path.parent().unwrap().join("out");
+    assert!(out.join("junit.xml").is_file() && out.join("report.json").is_file());
+
+    g.grow(&["clean", "fault", "fault"]);
+    let (code, outputs, summary, err) = action(&g, &[("COMMAND", "nightly")]);
+    assert_eq!(code, 12, "a regression fails the step: {err}");
+    assert!(
+        outputs.contains(&format!("first-bad={}\n", g.sha(3))),
+        "{outputs}"
+    );
+    assert!(summary.contains("regression"), "{summary}");
+
+    // A pull request's bisection, from its base; extra options pass through as written.
+    let range = format!("{}..{}", g.sha(2), g.sha(4));
+    let (code, outputs, summary, err) = action(
+        &g,
+        &[
+            ("COMMAND", "start"),
+            ("RANGE", &range),
+            ("ARGS", "--no-triage --jobs 1"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("--no-triage --jobs 1"), "{err}");
+    assert!(
+        outputs.contains(&format!("first-bad={}\n", g.sha(3))),
+        "{outputs}"
+    );
+    assert!(summary.contains(&g.sha(3)[..12]), "{summary}");
+    let bundle = outputs
+        .lines()
+        .find_map(|l| l.strip_prefix("bundle="))
+        .unwrap();
+    assert!(
+        bundle.ends_with("cudabisect-bundle.tar.gz") && std::path::Path::new(bundle).is_file(),
+        "{outputs}"
+    );
+
+    // A bad input: exit 2, one line, nothing run.
+    let (code, _, _, err) = action(&g, &[("COMMAND", "start")]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// action.yml hands the script every input it reads, and declares every input it hands on.
+#[test]
+fn the_action_declares_every_input_its_script_reads() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let action = std::fs::read_to_string(root.join("action.yml")).unwrap();
+    let script = std::fs::read_to_string(root.join("action/run.sh")).unwrap();
+    let read: std::collections::BTreeSet<String> = regex::Regex::new(r"INPUT_([A-Z_]+)")
+        .unwrap()
+        .captures_iter(&script)
+        .map(|c| c[1].to_string())
+        .collect();
+    assert!(read.len() >= 8, "{read:?}");
+    for name in read {
+        let input = name.to_lowercase().replace('_', "-");
+        assert!(
+            action.contains(&format!("INPUT_{name}: ${{{{ inputs.{input} }}}}")),
+            "action.yml does not pass INPUT_{name}"
+        );
+        assert!(
+            action.contains(&format!("\n  {input}:\n")),
+            "action.yml does not declare {input}"
+        );
+    }
 }

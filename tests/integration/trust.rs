@@ -451,6 +451,9 @@ fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Value>, Stri
         state.to_str().unwrap(),
         "--message-format",
         "json",
+        // The codes this test reads, whatever CI the suite runs under.
+        "--exit-codes",
+        "detailed",
     ];
     args.extend_from_slice(extra);
     let (code, out, err) = run(repo, &args);
