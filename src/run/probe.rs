@@ -533,6 +533,10 @@ impl WorktreeProber<'_> {
         step_no: usize,
         log_name: &str,
     ) -> Option<Result<(RunOutput, Option<String>), process::ProcessError>> {
+        // `$1` the environment, `$2` the pip shim. When the user's `python3` is itself a virtual
+        // environment's (a venv, `uv venv`), `--system-site-packages` would layer over the base interpreter
+        // and hide the user's packages: a `.pth` adds the user's environment after the worktree's own.
+        const VENV_SCRIPT: &str = r#"python3 -m venv --system-site-packages --without-pip "$1" && for p in pip pip3; do printf '%s' "$2" > "$1/bin/$p" && chmod +x "$1/bin/$p"; done && outer=$(python3 -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")') && if [ -n "$outer" ]; then own=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && printf '%s\n' "$outer" > "$own/_cudabisect_outer_environment.pth"; fi"#;
         let build = self.config.build.as_ref()?;
         if build.uses_venv() {
             let venv = crate::exec::child_env::venv_dir(self.worktree.path());
@@ -546,7 +550,7 @@ impl WorktreeProber<'_> {
                     command: CommandLine::Argv(vec![
                         "sh".into(),
                         "-c".into(),
-                        "python3 -m venv --system-site-packages --without-pip \"$1\" && for p in pip pip3; do printf '%s' \"$2\" > \"$1/bin/$p\" && chmod +x \"$1/bin/$p\"; done".into(),
+                        VENV_SCRIPT.into(),
                         "venv".into(),
                         venv.display().to_string(),
                         shim.into(),

@@ -860,6 +860,77 @@ fn a_pip_install_build_goes_into_a_virtual_environment_per_worktree_not_the_user
     );
 }
 
+/// A user who runs cudabisect from their own virtual environment: the worktree's environment is layered
+/// over theirs (what only their environment has stays importable), not over the base interpreter's.
+#[test]
+fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let user_env = tmp.path().join("user-env");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--system-site-packages", "--without-pip"])
+        .arg(&user_env)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let purelib = Command::new(user_env.join("bin/python3"))
+        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .output()
+        .unwrap();
+    let purelib = std::path::PathBuf::from(String::from_utf8_lossy(&purelib.stdout).trim());
+    std::fs::write(purelib.join("only_in_the_users_env.py"), "LIMIT = 6\n").unwrap();
+    let path = tmp.path().join("repo");
+    std::fs::create_dir_all(path.join("mylib")).unwrap();
+    git(&path, &["init", "-q", "-b", "main", "."]);
+    std::fs::write(
+        path.join("pyproject.toml"),
+        "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"mylib-cudabisect-outer-env-test\"\nversion = \"0.1\"\n\n[tool.setuptools]\npackages = [\"mylib\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        path.join("repro.py"),
+        "import mylib, only_in_the_users_env\nif mylib.VALUE >= only_in_the_users_env.LIMIT:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
+    )
+    .unwrap();
+    for i in 1..=8 {
+        std::fs::write(path.join("mylib/__init__.py"), format!("VALUE = {i}\n")).unwrap();
+        git(&path, &["add", "-A"]);
+        git(&path, &["commit", "-q", "-m", &format!("commit {i}")]);
+        if i == 1 {
+            git(&path, &["tag", "v1"]);
+        }
+    }
+    let config = tmp.path().join("bisect.toml");
+    std::fs::write(
+        &config,
+        "[build]\ncommand = \"python3 -m pip install -e . --no-deps --no-build-isolation -q\"\n\n[repro]\ncommand = \"python3 repro.py\"\n\n[triage]\nenabled = false\n",
+    )
+    .unwrap();
+    let path_var = format!(
+        "{}:{}",
+        user_env.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(crate::common::bin())
+        .args(["start", "v1..main", "--no-shrink", "--jobs", "1", "--config"])
+        .arg(&config)
+        .arg("-C")
+        .arg(&path)
+        .env("PATH", path_var)
+        .env("VIRTUAL_ENV", &user_env)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("commit 6"), "{stdout}");
+    // Nothing was installed into the user's environment.
+    let installed = std::fs::read_dir(&purelib)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("outer_env_test"));
+    assert!(!installed, "installed into the user's environment");
+}
+
 #[test]
 fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem() {
     let repo = linear(8, 5, &default_repro(), CONFIG);
