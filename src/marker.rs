@@ -77,6 +77,25 @@ pub fn jit_only_dump(output: &str) -> Option<&str> {
         .filter(|d| !d.is_empty())
 }
 
+/// Whether a node's `kernel` names a GPU kernel rather than labelling its op. The native harness names
+/// the kernel a node launches (`op=embedding kernel=engine_gather`, `op=matmul kernel=matmul`); the
+/// PyTorch, JAX and Keras harnesses label a node by its module or layer class or its op overload
+/// (`op=Linear kernel=Linear`, `op=backward_of_Mixer kernel=Mixer`, `op=hash_embed
+/// kernel=hash_embed.default`), and a kernel is only known there from a launch line. Class names start
+/// upper-case; kernels (CUDA, Triton, the native ones) do not by convention.
+pub fn names_a_kernel(op: &str, kernel: &str) -> bool {
+    let kernel = kernel.trim();
+    let op = op.trim();
+    !(kernel.is_empty()
+        || kernel == "-"
+        || (kernel == op && kernel.starts_with(|c: char| c.is_ascii_uppercase()))
+        || op.ends_with(&format!(" of {kernel}"))
+        || op.ends_with(&format!("_of_{kernel}"))
+        || kernel
+            .strip_prefix(op)
+            .is_some_and(|rest| rest.starts_with('.')))
+}
+
 /// The kernel named by a launch line, if `line` is one.
 pub fn parse_launch(line: &str) -> Option<&str> {
     let name = line.trim_end().strip_prefix(LAUNCH_PREFIX)?.trim();

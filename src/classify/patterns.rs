@@ -447,9 +447,15 @@ impl Context {
                 // Markers nest when a harness descends into a module: an end closes its own node and
                 // whatever opened inside it, so the innermost open node is the one that died.
                 match m.phase {
-                    MarkerPhase::Begin => ctx
-                        .open_nodes
-                        .push((m.node.to_string(), m.kernel.to_string())),
+                    // A label of the node's module or op is not a kernel: only a launch line names one.
+                    MarkerPhase::Begin => ctx.open_nodes.push((
+                        m.node.to_string(),
+                        if crate::marker::names_a_kernel(m.op, m.kernel) {
+                            m.kernel.to_string()
+                        } else {
+                            String::new()
+                        },
+                    )),
                     MarkerPhase::End => {
                         if let Some(i) = ctx.open_nodes.iter().rposition(|(n, _)| n == m.node) {
                             ctx.open_nodes.truncate(i);
@@ -469,7 +475,9 @@ impl Context {
 
     fn fill(&self, s: &mut Signature, lines: &[&str]) {
         if let Some((node, kernel)) = self.open_nodes.last() {
-            s.kernel.get_or_insert_with(|| kernel.clone());
+            if !kernel.is_empty() {
+                s.kernel.get_or_insert_with(|| kernel.clone());
+            }
             s.site.get_or_insert_with(|| format!("node {node}"));
         }
         if s.kernel.is_none() && s.class.is_device_fault() {
@@ -987,6 +995,18 @@ mod tests {
         let s = classify(Exit::Code(1), nested);
         assert_eq!(s.kernel.as_deref(), Some("embedding"));
         assert_eq!(s.site.as_deref(), Some("node blk__emb"));
+        // A module's class or a backward's label is not a kernel: the node names the fault alone.
+        for label in [
+            "op=Mixer kernel=Mixer",
+            "op=backward_of_Mixer kernel=Mixer",
+            "op=hash_embed kernel=hash_embed.default",
+        ] {
+            let log = format!("@@cudabisect node=m {label} begin\nRuntimeError: CUDA error: an illegal memory access was encountered\n");
+            let s = classify(Exit::Code(1), &log);
+            assert_eq!(s.kernel, None, "{label}");
+            assert_eq!(s.site.as_deref(), Some("node m"), "{label}");
+            assert_eq!(s.short(), "illegal_address (700) at node m");
+        }
         // The kernel the open node launched last names the fault, not the node's label; a launch in a
         // node that ended does not.
         let launched = "@@cudabisect node=a op=x kernel=x begin\n@@cudabisect launch kernel=early\n@@cudabisect node=a op=x kernel=x end\n@@cudabisect node=hash_embed_default op=hash_embed kernel=hash_embed.default begin\n@@cudabisect launch kernel=_hash_embed_kernel\nRuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n";

@@ -50,7 +50,7 @@ pub enum Command {
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,
-        /// Config file (default: bisect.toml at the repository root).
+        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Write the JSON report here.
@@ -115,7 +115,7 @@ pub enum Command {
     },
     /// Rerun the repro under compute-sanitizer and say which kernel did what to which allocation.
     Triage {
-        /// Config file (default: bisect.toml at the repository root).
+        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
         #[arg(long)]
         config: Option<PathBuf>,
         /// The repository (default: the current directory).
@@ -143,7 +143,7 @@ pub enum Command {
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,
-        /// Config file (default: bisect.toml at the repository root).
+        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
         #[arg(long)]
         config: Option<PathBuf>,
         /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
@@ -215,7 +215,7 @@ pub enum Command {
         /// The repository (default: the current directory).
         #[arg(short = 'C', default_value = ".")]
         dir: PathBuf,
-        /// Config file (default: bisect.toml at the repository root).
+        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
         #[arg(long)]
         config: Option<PathBuf>,
         /// The branch to test (default: the checkout's current branch).
@@ -257,8 +257,12 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) generated from this CLI.
-    Man,
+    /// Print the man page (roff) generated from this CLI, or with --markdown the command reference.
+    Man {
+        /// The command reference as Markdown (docs/reference/commands.md) instead of roff.
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 /// How `nightly` maps its night to an exit code.

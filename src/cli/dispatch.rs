@@ -240,6 +240,10 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
         }
         Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),
-        Command::Man => super::shell::man(),
+        Command::Man { markdown: true } => {
+            super::common::print_stdout(&super::reference::markdown());
+            Ok(super::exit_codes::OK)
+        }
+        Command::Man { markdown: false } => super::shell::man(),
     }
 }

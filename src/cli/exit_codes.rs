@@ -46,8 +46,8 @@ pub const HELP: &str = "Exit codes:
   6    no CUDA backend (harness, shrink) or no compute-sanitizer (triage)
   7    another cudabisect run holds this repository's state directory (and only that)
   8    start: an endpoint could not be judged, or the host broke mid-search
-  10   nightly: baseline (first clean head recorded)
-  11   nightly: fixed (the open regression's bug is gone)
+  10   nightly: baseline (first clean head recorded; 0 with --exit-codes ci, the default under CI)
+  11   nightly: fixed (the open regression's bug is gone; 0 with --exit-codes ci)
   12   nightly: regression (a new bug, bisected)
   13   nightly: still failing (the open regression's bug, not bisected again)
   70   cudabisect itself failed (a bug, or the disk or git failed under it)

@@ -13,6 +13,7 @@ mod harness;
 mod init;
 mod log;
 mod nightly;
+mod reference;
 mod shell;
 mod shrink;
 mod start;

@@ -104,7 +104,14 @@ pub fn collect(cancel: &AtomicBool, torch: bool, progress: &mut dyn FnMut(&str))
     if torch && !cancelled() {
         progress("torch.utils.collect_env");
         env.torch_collect_env = capture(
-            &[&py, "-m", "torch.utils.collect_env"],
+            // runpy warns that torch.utils imported collect_env already: noise at the top of the report.
+            &[
+                &py,
+                "-W",
+                "ignore::RuntimeWarning",
+                "-m",
+                "torch.utils.collect_env",
+            ],
             Duration::from_secs(120),
         );
     }

@@ -148,9 +148,32 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         write_script(&dir, &full_repro_script(&c.commit, f))?;
         full = Some(c.commit.clone());
     }
-    let md = render(input, env, reproduce.as_deref(), full.as_deref());
+    let mut md = render(input, env, reproduce.as_deref(), full.as_deref());
+    // Its size, REPORT.md's own included, where an issue tracker's attachment limit is what matters.
+    let others = dir_bytes(&dir);
+    let size = |md: &str| {
+        format!(
+            "\nThe bundle is {} in all; `cudabisect bundle pack <this directory> -o issue.tar.gz` makes the one file to attach.\n",
+            super::human::human_bytes(others + md.len() as u64 + 96)
+        )
+    };
+    md.push_str(&size(&md));
     std::fs::write(dir.join("REPORT.md"), md).map_err(io(&dir))?;
     Ok(dir)
+}
+
+/// The bytes of the files under `dir`, recursively (what cannot be read counts nothing).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`. When the repro's copied code imports
@@ -455,7 +478,10 @@ pub fn render(
                     "| `{}` | {} | {} | {} | {} |",
                     n.id,
                     n.op,
-                    n.kernel.as_deref().unwrap_or(""),
+                    n.kernel
+                        .as_deref()
+                        .filter(|k| crate::marker::names_a_kernel(&n.op, k))
+                        .unwrap_or("—"),
                     tensors(&n.inputs),
                     tensors(&n.outputs)
                 );
@@ -480,7 +506,7 @@ pub fn render(
                 }
             );
             if let Some(g) = &s.graph {
-                let _ = writeln!(md, "\nGraph: {g}.");
+                let _ = writeln!(md, "\nHow the model was split into nodes: {g}.");
             }
             if let Some(d) = &s.data {
                 use super::human::human_bytes;
@@ -649,6 +675,15 @@ pub fn render(
         let _ = writeln!(
             md,
             "No minimal repro: {why}.\n\n`reproduce.sh` runs the project's own repro at the first bad commit instead: it clones the repository (its argument, default the one around the current directory) into a fresh directory, checks out `{commit}`, builds it as the bisection did and runs the repro command of `bisect.toml` with the same environment (`CUDA_LAUNCH_BLOCKING=1`):\n\n```\n./reproduce.sh /path/to/the/project\n```\n"
+        );
+    }
+    if let (Some(c), Some(parent)) = (&input.commit, input.good_parents.first()) {
+        // The conclusion checked in two probes, with the config of this run.
+        let _ = writeln!(
+            md,
+            "To check the first bad commit from a clone of the project, with this bundle's `bisect.toml`:\n\n```\ncudabisect start {}..{} --config <this directory>/bisect.toml\n```\n",
+            short_sha(&parent.commit),
+            short_sha(&c.commit)
         );
     }
     let _ = writeln!(md, "## Environment\n\n{}", env.markdown());

@@ -171,7 +171,12 @@ impl Reporter for HumanReporter {
                     role_name(record.role),
                     short_sha(&record.commit),
                     self.terms.word(record.verdict),
-                    record.signature.short().to_lowercase(),
+                    // A run that showed no failure is clean, in words; `none` is the class's name.
+                    if record.signature.class == crate::classify::FaultClass::None {
+                        "clean".to_string()
+                    } else {
+                        record.signature.short().to_lowercase()
+                    },
                     record.duration_s
                 );
                 if let Some(reason) = &record.reason {
@@ -516,7 +521,7 @@ pub fn shrink_summary(r: &ShrinkReport) -> String {
     out.push_str(&path_lines(r));
     out.push_str(&subgraph_lines(r));
     if let Some(g) = &r.graph {
-        out.push_str(&format!("Graph: {g}\n"));
+        out.push_str(&format!("How the model was split into nodes: {g}\n"));
     }
     if let Some(c) = &r.confirmation {
         out.push_str(&format!("Reproduced: {}/{} runs\n", c.reproduced, c.runs));

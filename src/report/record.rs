@@ -437,6 +437,21 @@ pub struct CapturedFault {
 }
 
 impl CapturedFault {
+    /// Makes the paths the capture recorded relative to `root` (the probe worktree): a maintainer reads
+    /// `mylib/model.py:17`, not a path into cudabisect's worktree.
+    pub fn relativize(&mut self, root: &std::path::Path) {
+        let root = format!("{}/", root.display().to_string().trim_end_matches('/'));
+        for text in [&mut self.forward_trace, &mut self.exception]
+            .into_iter()
+            .flatten()
+        {
+            *text = text.replace(&root, "");
+        }
+        for note in &mut self.notes {
+            *note = note.replace(&root, "");
+        }
+    }
+
     /// The last line of the user's code in the forward traceback: where the failing backward node was made.
     pub fn forward_line(&self) -> Option<String> {
         let trace = self.forward_trace.as_deref()?;

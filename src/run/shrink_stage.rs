@@ -309,7 +309,8 @@ fn run_way(
         stage.fault_rank,
         cancel,
     ) {
-        Ok((dir, fault)) => {
+        Ok((dir, mut fault)) => {
+            fault.relativize(stage.cwd);
             // A jitted JAX call runs through the JAX harness on the module the capture wrote.
             let way = if fault.framework.as_deref() == Some("jax") {
                 ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)

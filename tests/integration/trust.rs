@@ -873,7 +873,10 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
         .unwrap();
     assert!(made.success());
     let purelib = Command::new(user_env.join("bin/python3"))
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
         .output()
         .unwrap();
     let purelib = std::path::PathBuf::from(String::from_utf8_lossy(&purelib.stdout).trim());
@@ -911,7 +914,14 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
         std::env::var("PATH").unwrap_or_default()
     );
     let out = Command::new(crate::common::bin())
-        .args(["start", "v1..main", "--no-shrink", "--jobs", "1", "--config"])
+        .args([
+            "start",
+            "v1..main",
+            "--no-shrink",
+            "--jobs",
+            "1",
+            "--config",
+        ])
         .arg(&config)
         .arg("-C")
         .arg(&path)
