@@ -78,17 +78,17 @@ pub fn jit_only_dump(output: &str) -> Option<&str> {
 }
 
 /// Whether a node's `kernel` names a GPU kernel rather than labelling its op. The native harness names
-/// the kernel a node launches (`op=embedding kernel=engine_gather`, `op=matmul kernel=matmul`); the
-/// PyTorch, JAX and Keras harnesses label a node by its module or layer class or its op overload
-/// (`op=Linear kernel=Linear`, `op=backward_of_Mixer kernel=Mixer`, `op=hash_embed
-/// kernel=hash_embed.default`), and a kernel is only known there from a launch line. Class names start
-/// upper-case; kernels (CUDA, Triton, the native ones) do not by convention.
+/// the kernel a node launches (`op=embedding kernel=engine_gather`, `op=matmul kernel=matmul_f32`); the
+/// PyTorch, JAX and Keras harnesses label a node by its module or layer class, its primitive or its op
+/// overload (`op=Linear kernel=Linear`, `op=pure_callback kernel=pure_callback`, `op=backward_of_Mixer
+/// kernel=Mixer`, `op=hash_embed kernel=hash_embed.default`), and a kernel is only known there from a
+/// launch line (a Triton launch, a Pallas call's kernel).
 pub fn names_a_kernel(op: &str, kernel: &str) -> bool {
     let kernel = kernel.trim();
     let op = op.trim();
     !(kernel.is_empty()
         || kernel == "-"
-        || (kernel == op && kernel.starts_with(|c: char| c.is_ascii_uppercase()))
+        || kernel == op
         || op.ends_with(&format!(" of {kernel}"))
         || op.ends_with(&format!("_of_{kernel}"))
         || kernel

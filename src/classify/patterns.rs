@@ -986,18 +986,19 @@ mod tests {
 
     #[test]
     fn harness_markers_name_the_open_node() {
-        let log = "@@cudabisect node=emb op=gather kernel=gather_rows begin\n@@cudabisect node=emb op=gather kernel=gather_rows end\n@@cudabisect node=mm op=matmul kernel=matmul begin\nDriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")\n";
+        let log = "@@cudabisect node=emb op=gather kernel=gather_rows begin\n@@cudabisect node=emb op=gather kernel=gather_rows end\n@@cudabisect node=mm op=matmul kernel=matmul_f32 begin\nDriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")\n";
         let s = classify(Exit::Code(1), log);
-        assert_eq!(s.kernel.as_deref(), Some("matmul"));
+        assert_eq!(s.kernel.as_deref(), Some("matmul_f32"));
         assert_eq!(s.site.as_deref(), Some("node mm"));
         // Nested markers (a harness descending into a module): the innermost open call is named.
         let nested = "@@cudabisect node=blk op=Block kernel=Block begin\n@@cudabisect node=blk__proj op=Linear kernel=Linear begin\n@@cudabisect node=blk__proj op=Linear kernel=Linear end\n@@cudabisect node=blk__emb op=embedding kernel=embedding begin\nDriverError(CUDA_ERROR_ILLEGAL_ADDRESS, \"an illegal memory access was encountered\")\n";
         let s = classify(Exit::Code(1), nested);
-        assert_eq!(s.kernel.as_deref(), Some("embedding"));
+        assert_eq!(s.kernel, None);
         assert_eq!(s.site.as_deref(), Some("node blk__emb"));
         // A module's class or a backward's label is not a kernel: the node names the fault alone.
         for label in [
             "op=Mixer kernel=Mixer",
+            "op=pure_callback kernel=pure_callback",
             "op=backward_of_Mixer kernel=Mixer",
             "op=hash_embed kernel=hash_embed.default",
         ] {

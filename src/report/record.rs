@@ -348,6 +348,22 @@ pub struct ShrinkReport {
 }
 
 impl ShrinkReport {
+    /// Makes the project paths it quotes (a kept node's source line, the capture's traceback) relative to
+    /// `root`, the checkout the shrink ran in: a maintainer reads `toy/ops.py:47`, not a worktree's path.
+    pub fn relativize(&mut self, root: &std::path::Path) {
+        let prefix = format!("{}/", root.display().to_string().trim_end_matches('/'));
+        for node in &mut self.kept {
+            if let Some(source) = &mut node.source {
+                *source = source.replace(&prefix, "");
+            }
+        }
+        if let Some(captured) = &mut self.captured {
+            captured.relativize(root);
+        }
+    }
+}
+
+impl ShrinkReport {
     /// The way that gave this result and how each way before it ended, one line each (`Made from: the
     /// capture of the repro command`, `Tried first: the factories: …`); none when no way was named.
     pub fn way_lines(&self) -> Vec<String> {

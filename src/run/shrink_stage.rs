@@ -247,6 +247,7 @@ pub fn run_shrink_stage(
     };
     report.path = Some(way.name().into());
     report.paths = tried;
+    report.relativize(stage.cwd);
     // What the user waited: every way tried, the capture runs included.
     report.duration_s = started.elapsed().as_secs_f64();
     Shrunk {
@@ -309,8 +310,7 @@ fn run_way(
         stage.fault_rank,
         cancel,
     ) {
-        Ok((dir, mut fault)) => {
-            fault.relativize(stage.cwd);
+        Ok((dir, fault)) => {
             // A jitted JAX call runs through the JAX harness on the module the capture wrote.
             let way = if fault.framework.as_deref() == Some("jax") {
                 ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)

@@ -18,6 +18,7 @@ mod init_config;
 mod jax_harness;
 mod nightly;
 mod real_logs;
+mod report_snapshots;
 mod shrink_e2e;
 mod shrink_props;
 mod slurm;
