@@ -611,8 +611,11 @@ pub fn render(
         }
         let _ = writeln!(
             md,
-            "- shrinking took {} harness runs to the minimal subgraph ({} in all), {:.1} s",
-            s.runs_to_minimal, s.harness_runs, s.duration_s
+            "- shrinking took {} harness run{} to the minimal subgraph ({} in all), {:.1} s",
+            s.runs_to_minimal,
+            if s.runs_to_minimal == 1 { "" } else { "s" },
+            s.harness_runs,
+            s.duration_s
         );
         if !s.rejected.is_empty() {
             let _ = writeln!(

@@ -309,7 +309,10 @@ impl Reporter for HumanReporter {
                 } else {
                     "does not"
                 };
-                let msg = format!("shrink: candidate {run} ({stage}): {nodes} nodes → {verdict}");
+                let msg = format!(
+                    "shrink: candidate {run} ({stage}): {nodes} node{} → {verdict}",
+                    if *nodes == 1 { "" } else { "s" }
+                );
                 match &self.bar {
                     Some(bar) => bar.set_message(msg),
                     None => self.line(&msg),
@@ -510,7 +513,11 @@ fn subgraph_lines(r: &ShrinkReport) -> String {
                 outs.join(", ")
             ));
         }
-        out.push_str(&format!("Cut: {} nodes\n", r.removed.len()));
+        out.push_str(&format!(
+            "Cut: {} node{}\n",
+            r.removed.len(),
+            if r.removed.len() == 1 { "" } else { "s" }
+        ));
     }
     out
 }
@@ -554,12 +561,12 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// A tensor as the minimal subgraph names it: `x0[64, 128]`, or `x0[?]` when its shape was never
-/// recorded (the node that makes it is the one that failed).
+/// A tensor as the minimal subgraph names it: `x0[64, 128]`, or `x0 (shape unknown)` when its shape was
+/// never recorded (the node that makes it is the one that failed).
 fn tensor_text(t: &crate::protocol::types::GraphTensor) -> String {
     match &t.shape {
         Some(dims) => format!("{}{dims:?}", t.name),
-        None => format!("{}[?]", t.name),
+        None => format!("{} (shape unknown)", t.name),
     }
 }
 
@@ -584,7 +591,7 @@ mod tests {
             dtype: None,
             producer: None,
         };
-        assert_eq!(super::tensor_text(&t), "table[?]");
+        assert_eq!(super::tensor_text(&t), "table (shape unknown)");
         t.shape = Some(vec![2, 4]);
         assert_eq!(super::tensor_text(&t), "table[2, 4]");
     }
