@@ -157,6 +157,15 @@ fn detect(
                 "the repro command cannot start: `{program}` is not on PATH"
             )));
         }
+    } else if program == "pytest" && on_path("python3") {
+        // `pytest` puts the test file's directory first on sys.path, not the repository root: an import
+        // of the project would find an installed copy (yours, editable, pointing at your checkout)
+        // before the worktree's. `python3 -m pytest` puts the worktree's root first.
+        words.splice(0..1, ["python3".to_string(), "-m".into(), "pytest".into()]);
+        notes.push(
+            "`pytest` runs as `python3 -m pytest`, so the worktree's own code is imported first"
+                .to_string(),
+        );
     } else if program.contains('/')
         && !root.join(&program).exists()
         && !Path::new(&program).is_absolute()
@@ -195,13 +204,26 @@ fn detect(
             Some(pip_build(p)),
             "the package sits under src/: it is installed at every probe commit so the repro imports that commit's code".to_string(),
         ),
+        // A script outside the root has its own directory first on sys.path: the project would be
+        // imported from wherever it is installed, not from the worktree.
+        (None, Some(p)) if entry.as_deref().is_some_and(|e| !runs_from_root(&words, e, root)) => (
+            Some(pip_build(p)),
+            "the repro's script is not at the repository root: the package is installed at every probe commit so it imports that commit's code".to_string(),
+        ),
         _ => (None, String::new()),
     };
     let gpus = crate::host::devices::visible_devices(cancel);
     let repro = match opts.repro.as_slice() {
         // A shell line is kept as written (pipes, `&&`), with only a swapped interpreter changed.
         [one] => match one.trim_start().strip_prefix(program.as_str()) {
-            Some(rest) if words[0] != program => format!("{}{rest}", words[0]),
+            Some(rest) if words[0] != program => {
+                let runs = if program == "pytest" {
+                    "python3 -m pytest"
+                } else {
+                    words[0].as_str()
+                };
+                format!("{runs}{rest}")
+            }
             _ => one.clone(),
         },
         _ => shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" ")),
@@ -226,6 +248,12 @@ pub fn pip_build(project: &PythonProject) -> String {
         ""
     };
     format!("python3 -m pip install -e . --no-deps{isolation} -q")
+}
+
+/// Whether the repro imports from the repository root first: `python -m …` (the current directory, the
+/// root, goes first on sys.path) or a script that sits at the root (its own directory goes first).
+fn runs_from_root(words: &[String], entry: &Path, root: &Path) -> bool {
+    words.iter().any(|w| w == "-m") || entry.parent() == Some(root)
 }
 
 /// The Python file the repro runs: `python script.py`, `python -m pkg.mod`, `pytest path::test`.

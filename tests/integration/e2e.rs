@@ -672,7 +672,11 @@ fn json_lines_stream_has_versioned_events() {
     assert_eq!(written.len(), 1, "one bundle_written event");
     assert_eq!(Some(written[0].0), report.bundle.as_ref());
     let on_disk = cudabisect::report::bundle::dir_bytes(std::path::Path::new(written[0].0));
-    assert!(written[0].1 > 0 && written[0].1 <= on_disk, "{} of {on_disk}", written[0].1);
+    assert!(
+        written[0].1 > 0 && written[0].1 <= on_disk,
+        "{} of {on_disk}",
+        written[0].1
+    );
 }
 
 /// A stand-in for compute-sanitizer that replays a recorded H200 report for the tool it is asked for:

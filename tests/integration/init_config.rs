@@ -188,6 +188,36 @@ fn init_reads_scripts_modules_and_test_ids_and_never_overwrites() {
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(!dir.join("bisect.toml").exists() && !dir.join("pyproject.toml").exists());
     }
+    // `pytest` runs as `python3 -m pytest`: the worktree's root, not the test's directory, first on sys.path.
+    let (code, text) = init(&dir, &["--", "pytest -x tests/test_step.py::test_step"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        read(&dir).contains("command = \"python3 -m pytest -x tests/test_step.py::test_step\""),
+        "{}",
+        read(&dir)
+    );
+    std::fs::remove_file(dir.join("bisect.toml")).unwrap();
+    // In a Python project, a script outside the root imports the project from wherever it is installed:
+    // the project is installed per worktree. At the root it is not.
+    std::fs::write(
+        dir.join("pyproject.toml"),
+        "[project]\nname = \"pkg\"\nversion = \"0\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("examples")).unwrap();
+    std::fs::write(dir.join("examples/run.py"), "import pkg\n").unwrap();
+    for (script, build) in [("examples/run.py", true), ("train.py", false)] {
+        let (code, text) = init(&dir, &["--", &format!("python3 {script}")]);
+        assert_eq!(code, 0, "{text}");
+        assert_eq!(
+            read(&dir).contains("\n[build]\n"),
+            build,
+            "{script}: {}",
+            read(&dir)
+        );
+        std::fs::remove_file(dir.join("bisect.toml")).unwrap();
+    }
+    std::fs::remove_file(dir.join("pyproject.toml")).unwrap();
     // A script that is not committed is written, with a note: probes would not find it.
     std::fs::write(dir.join("local.py"), "import torch\n").unwrap();
     let (code, text) = init(&dir, &["--", "python3 local.py"]);
