@@ -380,6 +380,11 @@ pub fn nightly(
         let mut record = out.record;
         record.verdict = j.verdict;
         record.reason = j.reason;
+        // The head's probe ends like any other: JSON consumers see its record, people its line.
+        reporter.event(&Event::ProbeFinished {
+            step: 1,
+            record: Box::new(record.clone()),
+        });
         record
     };
     let sig = record.signature.clone();

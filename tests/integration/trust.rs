@@ -482,6 +482,14 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         (10, "baseline"),
         "{err}"
     );
+    // The head's probe is finished like any probe, as what it is: the head.
+    let head: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "probe_finished")
+        .collect();
+    assert_eq!(head.len(), 1, "{events:?}");
+    assert_eq!(head[0]["data"]["record"]["role"], "head");
+    assert_eq!(head[0]["data"]["record"]["verdict"], "good");
     // A comment in the config judges nothing: the same state, a clean night.
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("# tuned for the new runner\n{text}")).unwrap();
