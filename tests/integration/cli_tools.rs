@@ -209,3 +209,37 @@ fn every_command_takes_message_format_and_the_old_spellings_still_work() {
     assert!(out.is_empty() && err.contains("-o -"), "{err}");
     assert!(!std::path::Path::new("-").exists());
 }
+
+/// README's two commands for a fresh machine are what CI runs, and its config examples load.
+#[test]
+fn the_readme_commands_are_what_ci_runs_and_its_configs_load() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    let section = readme
+        .split("## Two commands for a fresh machine")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the two commands");
+    let commands: Vec<&str> = section
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(commands, ["cargo run --release -- demo", "ci/test"]);
+    assert!(
+        ci.lines().any(|l| l.trim() == "ci/test"),
+        "CI does not run README's test command"
+    );
+    assert!(root.join("ci/test").is_file());
+    // Every TOML block of the README is a config that loads.
+    let mut checked = 0;
+    for block in readme.split("```toml\n").skip(1) {
+        let text = block.split("```").next().unwrap();
+        cudabisect::config::Config::parse(std::path::Path::new("bisect.toml"), text)
+            .unwrap_or_else(|e| panic!("README's config does not load: {e}\n{text}"));
+        checked += 1;
+    }
+    assert!(checked >= 1);
+}

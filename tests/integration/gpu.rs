@@ -1501,6 +1501,51 @@ fn default_shrink_files(
     f
 }
 
+/// `init` then `start` on a GPU training package (a custom op's Triton backward three modules deep) with no
+/// config written by hand: the right culprit and a minimal repro of the faulting backward.
+#[test]
+#[ignore = "needs an NVIDIA GPU, torch and triton: run with --include-ignored on the GPU machine"]
+fn init_then_start_on_a_gpu_training_package_names_the_culprit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let files = |edit: (&str, &str)| {
+        let mut f = default_shrink_files(&[edit], &[], "");
+        f.remove("bisect.toml");
+        f
+    };
+    let good = ("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1\n");
+    let bad = (
+        "BUG_OP_BWD_STRIDE = 1 << 22\n",
+        "BUG_OP_BWD_STRIDE = 1 << 22\n",
+    );
+    let commits = linear_history(&dir, [files(good), files(good), files(bad), files(bad)]).unwrap();
+    let init = Command::new(bin())
+        .args(["init", "-C"])
+        .arg(&dir)
+        .args(["--", "python3", "train_deep.py"])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&init.stdout).into_owned() + &String::from_utf8_lossy(&init.stderr);
+    println!("init: {said}");
+    assert!(init.status.success(), "{said}");
+    let started = std::time::Instant::now();
+    let (r, text) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0]), "--no-triage"],
+        &tmp.path().join("report.json"),
+    );
+    println!(
+        "init + start: culprit {} (want {}) | {} | {:.1}s",
+        r["first_bad"]["commit"],
+        commits[2],
+        r["shrink"]["summary"],
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch, triton, transformers and jax with CUDA: run with --include-ignored on the GPU machine"]
 fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_package() {
@@ -1654,18 +1699,7 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let meta = entry.metadata().unwrap();
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())
-        } else {
-            meta.len()
-        };
-    }
-    total
-}
+use cudabisect::report::bundle::dir_bytes;
 
 /// The layout package at one commit: `wide` is the fix.
 fn layout_files(wide: bool, config: &str) -> Files {
