@@ -368,8 +368,24 @@ impl Journal {
         target: Option<&Signature>,
         repeat: Option<u32>,
     ) -> Option<ProbeRecord> {
+        let commit = oid.to_string();
+        if let Some(record) = self
+            .probes
+            .get(&(commit.clone(), target_key(target, repeat)))
+        {
+            return Some(record.clone());
+        }
+        if repeat.is_some_and(|n| n > 0) {
+            return None;
+        }
+        // A run that showed no failure at all is clean whatever fault is the target: the nightly head's
+        // record (judged against none) is the next night's good end, a probe judged against an older
+        // target serves a search for a newer one. A failure is judged against its own target only.
         self.probes
-            .get(&(oid.to_string(), target_key(target, repeat)))
+            .iter()
+            .filter(|((c, key), _)| *c == commit && !key.contains("#run"))
+            .map(|(_, record)| record)
+            .find(|r| r.signature.class == crate::classify::FaultClass::None)
             .cloned()
     }
 

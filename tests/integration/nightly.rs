@@ -177,6 +177,16 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     // The night's own probe of the head is the bisection's bad endpoint, taken from the journal.
     assert_eq!(r["bisect"]["probes"][0]["role"], "bad_endpoint");
     assert_eq!(r["bisect"]["probes"][0]["reused"], true, "{r:#}");
+    // And the last night's clean head is its good end, from the journal too: a clean run is clean
+    // whatever the target.
+    let good_end = r["bisect"]["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["role"] == "good_endpoint")
+        .unwrap();
+    assert_eq!(good_end["commit"], g.sha(4).as_str());
+    assert_eq!(good_end["reused"], true, "{r:#}");
     assert_eq!(junit, ("1".into(), "0".into()));
     let notes = g.path.parent().unwrap().join("notified.txt");
     let notified = || std::fs::read_to_string(&notes).unwrap_or_default();
