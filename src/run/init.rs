@@ -130,7 +130,56 @@ fn detect(
     opts: &InitOptions,
     cancel: &AtomicBool,
 ) -> Result<InitFacts, RunError> {
-    let mut words = match opts.repro.as_slice() {
+    let mut notes = Vec::new();
+    let (words, program) = command_words(&opts.repro, root, &mut notes)?;
+    let entry = entry_file(&words, root);
+    if let Some(file) = &entry {
+        check_entry(repo, root, file, &mut notes)?;
+    }
+    let project = python_project(root);
+    let frameworks = frameworks(root, entry.as_deref());
+    let (build, build_why) = choose_build(
+        opts.build.as_deref(),
+        project.as_ref(),
+        &words,
+        entry.as_deref(),
+        root,
+    );
+    let gpus = crate::host::devices::visible_devices(cancel);
+    let repro = match opts.repro.as_slice() {
+        // A shell line is kept as written (pipes, `&&`), with only a swapped interpreter changed.
+        [one] => match one.trim_start().strip_prefix(program.as_str()) {
+            Some(rest) if words[0] != program => {
+                let runs = if program == "pytest" {
+                    "python3 -m pytest"
+                } else {
+                    words[0].as_str()
+                };
+                format!("{runs}{rest}")
+            }
+            _ => one.clone(),
+        },
+        _ => shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" ")),
+    };
+    Ok(InitFacts {
+        repro,
+        build,
+        build_why,
+        project,
+        frameworks,
+        gpus,
+        notes,
+    })
+}
+
+/// The repro's words as they will run, and the program as given: refused when it cannot start;
+/// `python` becomes `python3` where only that exists, `pytest` becomes `python3 -m pytest`.
+fn command_words(
+    repro: &[String],
+    root: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<String>, String), RunError> {
+    let mut words = match repro {
         [] => {
             return Err(RunError::Usage(
                 "init needs the repro command: cudabisect init -- python3 train.py --steps 20"
@@ -142,7 +191,6 @@ fn detect(
             .ok_or_else(|| RunError::Usage(format!("cannot read the repro command `{one}`")))?,
         many => many.to_vec(),
     };
-    let mut notes = Vec::new();
     let on_path = |program: &str| which::which(program).is_ok();
     let program = words[0].clone();
     if !program.contains('/') && !on_path(&program) {
@@ -175,27 +223,47 @@ fn detect(
             root.display()
         )));
     }
-    let entry = entry_file(&words, root);
-    let head = repo.resolve("HEAD").ok();
-    if let Some(file) = &entry {
-        let rel = file.strip_prefix(root).unwrap_or(file);
-        let shown = rel.display().to_string();
-        if !file.exists() {
-            return Err(RunError::Usage(format!(
-                "the repro command runs {shown}, which does not exist in {} (commands run from the repository root)",
-                root.display()
-            )));
-        }
-        if file.starts_with(root) && head.is_some_and(|h| repo.executable_at(h, &shown).is_none()) {
-            notes.push(format!(
-                "{shown} is not committed: every probe checks a commit out, where it is missing. Commit it, or keep it outside the repository and give its absolute path"
-            ));
-        }
+    Ok((words, program))
+}
+
+/// The file the repro runs must exist; one that is not committed gets a note (probes check commits out).
+fn check_entry(
+    repo: &Repo,
+    root: &Path,
+    file: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(), RunError> {
+    let shown = file
+        .strip_prefix(root)
+        .unwrap_or(file)
+        .display()
+        .to_string();
+    if !file.exists() {
+        return Err(RunError::Usage(format!(
+            "the repro command runs {shown}, which does not exist in {} (commands run from the repository root)",
+            root.display()
+        )));
     }
-    let project = python_project(root);
-    let frameworks = frameworks(root, entry.as_deref());
-    let (build, build_why) = match (&opts.build, &project) {
-        (Some(given), _) => (Some(given.clone()), "the build command you gave".to_string()),
+    let head = repo.resolve("HEAD").ok();
+    if file.starts_with(root) && head.is_some_and(|h| repo.executable_at(h, &shown).is_none()) {
+        notes.push(format!(
+            "{shown} is not committed: every probe checks a commit out, where it is missing. Commit it, or keep it outside the repository and give its absolute path"
+        ));
+    }
+    Ok(())
+}
+
+/// The build to write, and why: the one given, else a per-worktree install when the repro would not
+/// import the commit's own code from the worktree's root.
+fn choose_build(
+    given: Option<&str>,
+    project: Option<&PythonProject>,
+    words: &[String],
+    entry: Option<&Path>,
+    root: &Path,
+) -> (Option<String>, String) {
+    match (given, project) {
+        (Some(given), _) => (Some(given.to_string()), "the build command you gave".to_string()),
         (None, Some(p)) if p.compiled => (
             Some(pip_build(p)),
             "the package compiles an extension: it is built at every probe commit".to_string(),
@@ -206,37 +274,12 @@ fn detect(
         ),
         // A script outside the root has its own directory first on sys.path: the project would be
         // imported from wherever it is installed, not from the worktree.
-        (None, Some(p)) if entry.as_deref().is_some_and(|e| !runs_from_root(&words, e, root)) => (
+        (None, Some(p)) if entry.is_some_and(|e| !runs_from_root(words, e, root)) => (
             Some(pip_build(p)),
             "the repro's script is not at the repository root: the package is installed at every probe commit so it imports that commit's code".to_string(),
         ),
         _ => (None, String::new()),
-    };
-    let gpus = crate::host::devices::visible_devices(cancel);
-    let repro = match opts.repro.as_slice() {
-        // A shell line is kept as written (pipes, `&&`), with only a swapped interpreter changed.
-        [one] => match one.trim_start().strip_prefix(program.as_str()) {
-            Some(rest) if words[0] != program => {
-                let runs = if program == "pytest" {
-                    "python3 -m pytest"
-                } else {
-                    words[0].as_str()
-                };
-                format!("{runs}{rest}")
-            }
-            _ => one.clone(),
-        },
-        _ => shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" ")),
-    };
-    Ok(InitFacts {
-        repro,
-        build,
-        build_why,
-        project,
-        frameworks,
-        gpus,
-        notes,
-    })
+    }
 }
 
 /// The build `init` writes for a Python package: into the virtual environment cudabisect gives each probe
