@@ -506,7 +506,11 @@ pub fn render(
                 }
             );
             if let Some(g) = &s.graph {
-                let _ = writeln!(md, "\nHow the model was split into nodes: {g}.");
+                let _ = writeln!(
+                    md,
+                    "\nHow the model was split into nodes: {}.",
+                    super::human::graph_words(g)
+                );
             }
             if let Some(d) = &s.data {
                 use super::human::human_bytes;

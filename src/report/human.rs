@@ -528,7 +528,10 @@ pub fn shrink_summary(r: &ShrinkReport) -> String {
     out.push_str(&path_lines(r));
     out.push_str(&subgraph_lines(r));
     if let Some(g) = &r.graph {
-        out.push_str(&format!("How the model was split into nodes: {g}\n"));
+        out.push_str(&format!(
+            "How the model was split into nodes: {}\n",
+            graph_words(g)
+        ));
     }
     if let Some(c) = &r.confirmation {
         out.push_str(&format!("Reproduced: {}/{} runs\n", c.reproduced, c.runs));
@@ -561,6 +564,24 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// A harness's account of how it split the model, in a PyTorch engineer's words: `fx` is torch.fx's
+/// trace, `hooks` a recorded run through module hooks (the harness's own words stay in the JSON).
+pub fn graph_words(graph: &str) -> String {
+    graph
+        .split("; ")
+        .map(|part| {
+            let part = part
+                .replace(": hooks", " (a recorded run through module hooks)")
+                .replace(": fx", " (torch.fx)");
+            match part.strip_prefix("fx") {
+                Some(rest) if rest.is_empty() => "traced with torch.fx".to_string(),
+                _ => part,
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// A tensor as the minimal subgraph names it: `x0[64, 128]`, or `x0 (shape unknown)` when its shape was
 /// never recorded (the node that makes it is the one that failed).
 fn tensor_text(t: &crate::protocol::types::GraphTensor) -> String {
@@ -581,6 +602,15 @@ mod tests {
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
         assert!(shown.starts_with("fix\\u{1b}]0;owned"), "{shown}");
         assert_eq!(printable(&"x".repeat(10_000)).chars().count(), 501);
+    }
+
+    #[test]
+    fn the_split_reads_in_pytorch_words() {
+        assert_eq!(
+            graph_words("fx; kept whole, their forward cannot be traced: body; the training step: forward, loss, backward; descended along the fault: body: hooks -> body__encoder: fx"),
+            "traced with torch.fx; kept whole, their forward cannot be traced: body; the training step: forward, loss, backward; descended along the fault: body (a recorded run through module hooks) -> body__encoder (torch.fx)"
+        );
+        assert_eq!(graph_words("jaxpr"), "jaxpr");
     }
 
     #[test]
