@@ -573,9 +573,10 @@ pub fn graph_words(graph: &str) -> String {
             let part = part
                 .replace(": hooks", " (a recorded run through module hooks)")
                 .replace(": fx", " (torch.fx)");
-            match part.strip_prefix("fx") {
-                Some(rest) if rest.is_empty() => "traced with torch.fx".to_string(),
-                _ => part,
+            if part == "fx" {
+                "traced with torch.fx".to_string()
+            } else {
+                part
             }
         })
         .collect::<Vec<_>>()
