@@ -330,6 +330,15 @@ pub fn classify_stream(exit: Exit, output: &str) -> Signature {
                 format!("the command could not start (exit {code}): {line}"),
             )
         }
+        (None, Exit::Code(code @ (4 | 5))) if pytest_ran_nothing(&lines).is_some() => {
+            // pytest selected no test (a test id this commit does not have, a usage error): the
+            // commit was never tried, so it says nothing about the fault.
+            let line = pytest_ran_nothing(&lines).unwrap_or_default();
+            Signature::new(
+                FaultClass::ExecFailure,
+                format!("the repro ran no test (pytest exit {code}): {line}"),
+            )
+        }
         (None, Exit::Code(code)) => other(code, &context),
         (None, Exit::Unknown) => match &context.exception {
             Some(e) => Signature::new(FaultClass::Other, e.clone()),
@@ -365,6 +374,23 @@ fn cannot_start<'a>(lines: &[&'a str]) -> Option<&'a str> {
         .take(5)
         .map(|l| l.trim())
         .find(|l| CANNOT_START.is_match(l))
+}
+
+/// pytest's line saying it ran no test: nothing collected (exit 5), a test id or file it could not
+/// find, or a usage error (exit 4).
+fn pytest_ran_nothing<'a>(lines: &[&'a str]) -> Option<&'a str> {
+    static NOTHING: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r"^(?:=+ no tests ran(?: in [\d.]+m?s)? =+|ERROR: (?:file or directory )?not found: .+|ERROR: usage: .+|pytest: error: .+)$",
+        )
+        .expect("built-in pattern compiles")
+    });
+    lines
+        .iter()
+        .rev()
+        .take(20)
+        .map(|l| l.trim())
+        .find(|l| NOTHING.is_match(l))
 }
 
 fn other(code: i32, context: &Context) -> Signature {
@@ -772,6 +798,30 @@ mod tests {
         let cancelled =
             "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 ***";
         assert_ne!(classify(Exit::Code(1), cancelled).class, FaultClass::Infra);
+    }
+
+    #[test]
+    fn a_pytest_run_that_selected_no_test_says_nothing_about_the_commit() {
+        for (code, log) in [
+            (5, "============================ no tests ran in 0.01s ============================="),
+            (4, "ERROR: not found: /w/tests/test_step.py::test_new\n(no match in any of [<Module test_step.py>])"),
+            (4, "ERROR: file or directory not found: tests/test_new.py"),
+        ] {
+            let sig = classify(Exit::Code(code), &format!("collecting ...\n{log}\n"));
+            assert_eq!(sig.class, FaultClass::ExecFailure, "{log}");
+            assert!(sig.summary.contains("ran no test"), "{}", sig.summary);
+        }
+        // A test that ran and failed is the program's outcome, whatever the code.
+        let failed =
+            "FAILED tests/test_step.py::test_step - RuntimeError: boom\n=== 1 failed in 0.10s ===";
+        assert_ne!(
+            classify(Exit::Code(1), failed).class,
+            FaultClass::ExecFailure
+        );
+        assert_ne!(
+            classify(Exit::Code(5), "exited with 5 by itself").class,
+            FaultClass::ExecFailure
+        );
     }
 
     #[test]

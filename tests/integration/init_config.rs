@@ -224,3 +224,36 @@ fn init_reads_scripts_modules_and_test_ids_and_never_overwrites() {
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("local.py is not committed"), "{text}");
 }
+
+/// A pytest repro whose test the good end does not have yet (a regression test added with the bug): the
+/// good end ran no test, which says nothing about it; the run says so (exit 8), never "does not pass".
+#[test]
+fn a_pytest_repro_whose_test_a_commit_lacks_is_not_judged_at_that_commit() {
+    crate::common::require_python("import pytest", "pytest");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let test = "def test_step():\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n";
+    let commits = [None, Some(test), Some(test)].map(|t| {
+        let mut f = Files::new();
+        put(&mut f, "README.md", "x\n".to_string(), false);
+        if let Some(t) = t {
+            put(&mut f, "tests/test_step.py", t.to_string(), false);
+        }
+        f
+    });
+    let commits = linear_history(&dir, commits).unwrap();
+    let (code, text) = init(&dir, &["--", "pytest -x -q tests/test_step.py::test_step"]);
+    assert_eq!(code, 0, "{text}");
+    let (code, _, text) = start_report(
+        &dir,
+        &[
+            &format!("{}..main", commits[0]),
+            "--no-triage",
+            "--no-shrink",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(code, 8, "{text}");
+    assert!(text.contains("ran no test"), "{text}");
+    assert!(!text.contains("does not pass"), "{text}");
+}
