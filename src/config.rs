@@ -826,10 +826,7 @@ impl Config {
             return Ok(own);
         }
         let pyproject = root.join("pyproject.toml");
-        // A malformed table still counts as found, so its parse error is what the user sees.
-        let has_section = std::fs::read_to_string(&pyproject)
-            .is_ok_and(|t| t.contains("tool.cudabisect") || t.contains("[tool]"));
-        if has_section && has_tool_table(&pyproject) {
+        if std::fs::read_to_string(&pyproject).is_ok_and(|t| has_tool_section(&t)) {
             return Ok(pyproject);
         }
         Err(ConfigError::Missing {
@@ -1128,11 +1125,9 @@ pub fn is_pyproject(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n == "pyproject.toml")
 }
 
-/// Whether a `pyproject.toml` names `[tool.cudabisect]` (true when it does not parse but mentions it).
-fn has_tool_table(path: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return false;
-    };
+/// Whether a `pyproject.toml`'s text has a `[tool.cudabisect]` table (true when it does not parse but
+/// mentions one, so its parse error is what the user sees).
+pub fn has_tool_section(text: &str) -> bool {
     match text.parse::<toml::Table>() {
         Ok(table) => table
             .get("tool")

@@ -149,15 +149,17 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         full = Some(c.commit.clone());
     }
     let mut md = render(input, env, reproduce.as_deref(), full.as_deref());
-    // Its size, REPORT.md's own included, where an issue tracker's attachment limit is what matters.
-    let others = dir_bytes(&dir);
-    let size = |md: &str| {
+    // Its size, REPORT.md's own included (this line too), where an issue tracker's attachment limit is
+    // what matters.
+    let size_line = |bytes: u64| {
         format!(
             "\nThe bundle is {} in all; `cudabisect bundle pack <this directory> -o issue.tar.gz` makes the one file to attach.\n",
-            super::human::human_bytes(others + md.len() as u64 + 96)
+            super::human::human_bytes(bytes)
         )
     };
-    md.push_str(&size(&md));
+    let without = dir_bytes(&dir) + md.len() as u64;
+    let total = without + size_line(without).len() as u64;
+    md.push_str(&size_line(total));
     std::fs::write(dir.join("REPORT.md"), md).map_err(io(&dir))?;
     Ok(dir)
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::config::{is_pyproject, Config};
+use crate::config::{has_tool_section, Config};
 use crate::git::Repo;
 
 use super::error::RunError;
@@ -110,17 +110,9 @@ pub fn init(opts: &InitOptions, cancel: &AtomicBool) -> Result<InitResult, RunEr
     // The same parser `start` uses: what init writes is a config that loads.
     Config::parse(&path, &text)
         .map_err(|e| RunError::Usage(format!("init: the written config does not load: {e}")))?;
-    debug_assert!(is_pyproject(&path) == opts.pyproject);
     crate::atomic_file::write_atomic(&path, text.as_bytes())
         .map_err(|e| RunError::Usage(format!("cannot write {}: {e}", path.display())))?;
     Ok(InitResult { path, facts })
-}
-
-fn has_tool_section(text: &str) -> bool {
-    match text.parse::<toml::Table>() {
-        Ok(t) => t.get("tool").and_then(|t| t.get("cudabisect")).is_some(),
-        Err(_) => text.contains("[tool.cudabisect"),
-    }
 }
 
 /// Looks at the repro command, the repository and the machine.

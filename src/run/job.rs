@@ -364,7 +364,7 @@ pub fn start(
                 Ok(dir) => {
                     // What a maintainer is handed, and its size (attachable or not).
                     reporter.event(&Event::BundleWritten {
-                        bytes: super::shrink::dir_bytes(&dir),
+                        bytes: crate::report::bundle::dir_bytes(&dir),
                         path: dir.display().to_string(),
                     });
                     report.bundle = Some(dir.display().to_string());
@@ -496,7 +496,7 @@ pub fn write_bundle_reporting(
 ) {
     match write_bundle_with_env(input, reporter, cancel) {
         Ok(dir) => reporter.event(&Event::BundleWritten {
-            bytes: super::shrink::dir_bytes(&dir),
+            bytes: crate::report::bundle::dir_bytes(&dir),
             path: dir.display().to_string(),
         }),
         Err(e) => reporter.event(&Event::Warning {

@@ -12,6 +12,7 @@ use crate::exec::process::RunOutput;
 use crate::marker::{harness_error, jit_only_dump, launched_in_open_node, open_markers};
 use crate::protocol::client::{ended, HarnessClient, ProtocolError, RunRequest};
 use crate::protocol::types::{with_recorded_shapes, GraphNode};
+use crate::report::bundle::dir_bytes;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{
     AloneRuns, Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
@@ -217,21 +218,6 @@ fn judged(harness: &dyn HarnessClient, run: &RunOutput) -> Signature {
 const GENERATE_OVER: u64 = 1 << 20;
 /// The data of a minimal repro is reduced only above this size: below it, exact values cost little.
 const REDUCE_ABOVE: u64 = 8 << 20;
-
-/// The size of a directory's files, in bytes.
-pub fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
-}
 
 /// Checks the written `repro.py` by itself, and shrinks what it ships. When its recorded values are large,
 /// a repro.py that generates them from their shape, dtype and range (one allocation each, in the recorded

@@ -49,6 +49,21 @@ fn deep_history(dir: &Path, prefix: &str, extra: &[(&str, &str)]) -> Vec<git2::O
     linear_history(dir, commits).unwrap()
 }
 
+/// `start` over the deep history with only the config init wrote names its third commit (the limit's drop).
+fn names_the_third_commit(dir: &Path, commits: &[git2::Oid], scratch: &Path) {
+    let (code, r, text) = start_report(
+        dir,
+        &[
+            &format!("{}..main", commits[0]),
+            "--no-triage",
+            "--no-shrink",
+        ],
+        scratch,
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+}
+
 #[test]
 fn init_then_start_names_the_culprit_of_a_torch_package_with_no_config_written_by_hand() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
@@ -66,17 +81,7 @@ fn init_then_start_names_the_culprit_of_a_torch_package_with_no_config_written_b
         "{written}"
     );
     assert!(!written.contains("\n[build]"), "{written}");
-    let (code, r, text) = start_report(
-        &dir,
-        &[
-            &format!("{}..main", commits[0]),
-            "--no-triage",
-            "--no-shrink",
-        ],
-        tmp.path(),
-    );
-    assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    names_the_third_commit(&dir, &commits, tmp.path());
 }
 
 #[test]
@@ -99,17 +104,7 @@ fn a_src_layout_package_is_installed_per_worktree_never_into_the_users_python() 
         "{written}"
     );
     assert!(!dir.join("bisect.toml").exists());
-    let (code, r, text) = start_report(
-        &dir,
-        &[
-            &format!("{}..main", commits[0]),
-            "--no-triage",
-            "--no-shrink",
-        ],
-        tmp.path(),
-    );
-    assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    names_the_third_commit(&dir, &commits, tmp.path());
     // The package went into the worktrees' environments only.
     let user = Command::new("python3")
         .args(["-m", "pip", "show", "deep-initcheck"])

@@ -806,31 +806,43 @@ fn python_env() -> (String, bool) {
     (String::from_utf8_lossy(&list.stdout).into_owned(), imports)
 }
 
+/// A Python project's history at `path`: `files`, and `mylib/__init__.py` saying `VALUE = i` at commit i
+/// (1..=`commits`, "commit i"); the first is tagged v1.
+fn mylib_history(path: &Path, commits: u32, files: &[(&str, &str)]) {
+    std::fs::create_dir_all(path.join("mylib")).unwrap();
+    git(path, &["init", "-q", "-b", "main", "."]);
+    for (name, text) in files {
+        std::fs::write(path.join(name), text).unwrap();
+    }
+    for i in 1..=commits {
+        std::fs::write(path.join("mylib/__init__.py"), format!("VALUE = {i}\n")).unwrap();
+        git(path, &["add", "-A"]);
+        git(path, &["commit", "-q", "-m", &format!("commit {i}")]);
+        if i == 1 {
+            git(path, &["tag", "v1"]);
+        }
+    }
+}
+
 #[test]
 fn a_pip_install_build_goes_into_a_virtual_environment_per_worktree_not_the_users() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("repo");
-    std::fs::create_dir_all(path.join("mylib")).unwrap();
-    git(&path, &["init", "-q", "-b", "main", "."]);
-    std::fs::write(
-        path.join("pyproject.toml"),
-        "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"mylib-cudabisect-venv-test\"\nversion = \"0.1\"\n\n[tool.setuptools]\npackages = [\"mylib\"]\n",
-    )
-    .unwrap();
-    // The repro checks it runs its own worktree's package, as an import of the installed name.
-    std::fs::write(
-        path.join("repro.py"),
-        "import os, mylib\nhere = os.path.realpath(os.environ['CUDABISECT_WORKTREE'])\nassert os.path.realpath(mylib.__file__).startswith(here), (mylib.__file__, here)\nif mylib.VALUE >= 6:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
-    )
-    .unwrap();
-    for i in 1..=10 {
-        std::fs::write(path.join("mylib/__init__.py"), format!("VALUE = {i}\n")).unwrap();
-        git(&path, &["add", "-A"]);
-        git(&path, &["commit", "-q", "-m", &format!("commit {i}")]);
-        if i == 1 {
-            git(&path, &["tag", "v1"]);
-        }
-    }
+    mylib_history(
+        &path,
+        10,
+        &[
+            (
+                "pyproject.toml",
+                "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"mylib-cudabisect-venv-test\"\nversion = \"0.1\"\n\n[tool.setuptools]\npackages = [\"mylib\"]\n",
+            ),
+            // The repro checks it runs its own worktree's package, as an import of the installed name.
+            (
+                "repro.py",
+                "import os, mylib\nhere = os.path.realpath(os.environ['CUDABISECT_WORKTREE'])\nassert os.path.realpath(mylib.__file__).startswith(here), (mylib.__file__, here)\nif mylib.VALUE >= 6:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
+            ),
+        ],
+    );
     let config = tmp.path().join("bisect.toml");
     std::fs::write(
         &config,
@@ -890,21 +902,14 @@ fn a_worktree_environment_sees_the_packages_of_the_users_own_virtual_environment
     let purelib = std::path::PathBuf::from(String::from_utf8_lossy(&purelib.stdout).trim());
     std::fs::write(purelib.join("only_in_the_users_env.py"), "LIMIT = 6\n").unwrap();
     let path = tmp.path().join("repo");
-    std::fs::create_dir_all(path.join("mylib")).unwrap();
-    git(&path, &["init", "-q", "-b", "main", "."]);
-    std::fs::write(
-        path.join("repro.py"),
-        "import mylib, only_in_the_users_env\nif mylib.VALUE >= only_in_the_users_env.LIMIT:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
-    )
-    .unwrap();
-    for i in 1..=8 {
-        std::fs::write(path.join("mylib/__init__.py"), format!("VALUE = {i}\n")).unwrap();
-        git(&path, &["add", "-A"]);
-        git(&path, &["commit", "-q", "-m", &format!("commit {i}")]);
-        if i == 1 {
-            git(&path, &["tag", "v1"]);
-        }
-    }
+    mylib_history(
+        &path,
+        8,
+        &[(
+            "repro.py",
+            "import mylib, only_in_the_users_env\nif mylib.VALUE >= only_in_the_users_env.LIMIT:\n    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n",
+        )],
+    );
     let config = tmp.path().join("bisect.toml");
     std::fs::write(
         &config,
