@@ -151,7 +151,7 @@ fn detect(
             }
             _ => one.clone(),
         },
-        _ => shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" ")),
+        _ => shell_line(&words),
     };
     Ok(InitFacts {
         repro,
@@ -162,6 +162,26 @@ fn detect(
         gpus,
         notes,
     })
+}
+
+/// Words as one shell line, quoted only where the shell needs it (`--max_iters=5` stays as written).
+fn shell_line(words: &[String]) -> String {
+    let plain = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    };
+    words
+        .iter()
+        .map(|w| {
+            if plain(w) {
+                w.clone()
+            } else {
+                shlex::try_quote(w).map_or_else(|_| w.clone(), |q| q.into_owned())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The repro's words as they will run, and the program as given: refused when it cannot start;
@@ -622,5 +642,15 @@ mod tests {
         );
         assert_eq!(entry_file(&w("python3 -c 'import x'"), root), None);
         assert_eq!(entry_file(&w("./run.sh 3"), root), None);
+    }
+
+    #[test]
+    fn words_are_quoted_only_where_the_shell_needs_it() {
+        let words: Vec<String> = ["python3", "train.py", "--max_iters=5", "a b", "it's", ""]
+            .map(String::from)
+            .to_vec();
+        let line = shell_line(&words);
+        assert_eq!(line, "python3 train.py --max_iters=5 'a b' \"it's\" ''");
+        assert_eq!(shlex::split(&line).unwrap(), words);
     }
 }
