@@ -417,11 +417,12 @@ pub struct ShrinkSection {
     /// Runs of the minimal subgraph in the final check.
     #[serde(default = "default_confirm")]
     pub confirm: u32,
-    /// Confirmation runs at once (they are independent). A run that does not reproduce while others share
-    /// the GPU (an out-of-memory, a fault disturbed by another's) is run again alone, so running them
-    /// together never changes the verdict.
-    #[serde(default = "one")]
-    pub confirm_jobs: u32,
+    /// Confirmation runs at once (they are independent). Left out: as many as the search ran at once on
+    /// the GPU (one for a `shrink` on its own, or where probes ran one at a time). A run that does not
+    /// reproduce while others share the GPU (an out-of-memory, a fault disturbed by another's) is run again
+    /// alone, so running them together never changes the verdict.
+    #[serde(default)]
+    pub confirm_jobs: Option<u32>,
     /// Also run the minimal subgraph at the first bad commit's parent, where it should pass.
     #[serde(default = "yes")]
     pub check_parent: bool,
@@ -502,7 +503,7 @@ impl ShrinkSection {
             timeout: default_shrink_timeout(),
             attempts: one(),
             confirm: default_confirm(),
-            confirm_jobs: one(),
+            confirm_jobs: None,
             check_parent: yes(),
             env: BTreeMap::new(),
             implicit: true,
@@ -1087,7 +1088,7 @@ impl Config {
             {
                 return Err(err("model: with inputs (the PyTorch harness), model is a factory, `package.module:build`"));
             }
-            if shrink.attempts == 0 || shrink.confirm == 0 || shrink.confirm_jobs == 0 {
+            if shrink.attempts == 0 || shrink.confirm == 0 || shrink.confirm_jobs == Some(0) {
                 return Err(err("attempts, confirm and confirm-jobs must be at least 1"));
             }
         }

@@ -49,7 +49,7 @@ pub fn main() -> ExitCode {
     match result {
         // Whatever a stopped command returns, it was stopped: 130, as documented.
         Err(e) if cancel.load(Ordering::SeqCst) => {
-            eprintln!("error: interrupted: {e}");
+            eprintln!("{}", interrupted_line(&e));
             ExitCode::from(super::exit_codes::INTERRUPTED)
         }
         Ok(code) => ExitCode::from(code),
@@ -57,6 +57,16 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// The one line a stopped command's error prints: said once, whether or not the error already says it
+/// was interrupted.
+fn interrupted_line(e: &super::error::CommandError) -> String {
+    if e.kind == super::error::ErrorKind::Interrupted {
+        format!("error: {e}")
+    } else {
+        format!("error: interrupted: {e}")
     }
 }
 

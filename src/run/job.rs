@@ -36,39 +36,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     }
 }
 
-/// Run directories kept under `runs/`: the oldest beyond these go when a run starts (a resumed run copies
-/// the logs it reuses, so nothing it reports lives only in an old directory).
-const KEEP_RUNS: usize = 50;
-
-/// Removes all but the newest `keep` run directories (by name: time, then pid); failures are ignored.
-fn prune_runs(runs: &Path, keep: usize) {
-    let Ok(entries) = std::fs::read_dir(runs) else {
-        return;
-    };
-    let mut dirs: Vec<(u64, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .filter_map(|p| {
-            let name = p.file_name()?.to_string_lossy().into_owned();
-            let secs = name
-                .trim_start_matches("nightly-")
-                .split('-')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((secs, p))
-        })
-        .collect();
-    if dirs.len() <= keep {
-        return;
-    }
-    dirs.sort();
-    for (_, old) in &dirs[..dirs.len() - keep] {
-        let _ = std::fs::remove_dir_all(old);
-    }
-}
-
 /// Runs a whole bisection. `Err` only for problems found before anything ran (bad input, a held lock);
 /// once the search starts, every outcome is in the report.
 pub fn start(
@@ -134,7 +101,7 @@ pub fn start(
         },
     )?;
     let state_dir = ws.state_dir.clone();
-    prune_runs(&state_dir.join("runs"), KEEP_RUNS);
+    ws.prune_runs();
     let run_dir = ws.run_dir.clone();
     let log_dir = ws.log_dir.clone();
     let worktree = ws.worktree("worktree")?;
@@ -354,6 +321,7 @@ pub fn start(
             beside,
             run_dir: &run_dir,
             cancel,
+            at_once: u32::try_from(at_once).unwrap_or(1),
         };
         if run_stages(&ctx, choice, oid, &mut report, reporter) {
             report.interrupted = true;
@@ -726,25 +694,4 @@ fn write_bundle(
         full_repro: Some(crate::report::bundle::FullRepro { build: plan.config.build.as_ref(), repro: &plan.config.repro }),
     };
     write_bundle_with_env(&input, reporter, cancel)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_newest_run_directories_are_kept() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        for (secs, pid) in [(5, 1), (1, 9), (3, 2), (4, 4), (2, 7)] {
-            std::fs::create_dir_all(dir.path().join(format!("{secs}-{pid}"))).expect("mkdir");
-        }
-        std::fs::create_dir_all(dir.path().join("nightly-6-3")).expect("mkdir");
-        prune_runs(dir.path(), 3);
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("read")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["4-4", "5-1", "nightly-6-3"]);
-    }
 }

@@ -85,7 +85,7 @@ fn host() -> String {
 }
 
 /// Whether `pid` on this host is a live cudabisect process (not a recycled pid).
-fn alive_cudabisect(pid: u32) -> bool {
+pub(super) fn alive_cudabisect(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .is_ok_and(|c| String::from_utf8_lossy(&c).contains("cudabisect"))
 }

@@ -324,6 +324,7 @@ pub fn nightly(
                 log_dir: None,
             },
         )?;
+        ws.prune_runs();
         let worktree = ws.worktree("worktree")?;
         let mut prober = ws.prober(&worktree, &config, cancel);
         let ctx = ProbeContext {

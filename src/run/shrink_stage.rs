@@ -34,6 +34,9 @@ pub struct ShrinkStage<'a> {
     pub fault_rank: Option<u32>,
     /// The fault to keep (the bisection's), when known.
     pub target: Option<Signature>,
+    /// Harness runs the GPU holds at once beside whatever else the stage shares it with (the search's
+    /// measured probes at once, less one while triage runs beside); 1 when unknown.
+    pub at_once: u32,
 }
 
 /// One way to the model the shrink runs on.
@@ -357,9 +360,18 @@ fn shrink_with(
         target: stage.target.clone(),
         attempts: section.attempts,
         confirm: section.confirm,
-        confirm_jobs: section.confirm_jobs,
+        confirm_jobs: confirm_at_once(section, stage.at_once),
     };
     (shrink(&harness, &settings, reporter, cancel), way)
+}
+
+/// The final check's runs at once: as written, else as many as the GPU held during the search; never
+/// more than the runs, never none.
+fn confirm_at_once(section: &ShrinkSection, at_once: u32) -> u32 {
+    section
+        .confirm_jobs
+        .unwrap_or(at_once)
+        .clamp(1, section.confirm.max(1))
 }
 
 /// The harness of `way` on the commit built in `cwd`, run through the stage's executor.
@@ -413,6 +425,17 @@ mod tests {
         s.framework = Some("pytorch".into());
         s.stack = stack.iter().map(|f| f.to_string()).collect();
         s
+    }
+
+    #[test]
+    fn the_final_check_runs_as_many_at_once_as_the_search_did_unless_written() {
+        let mut section = ShrinkSection::implicit();
+        section.confirm = 5;
+        assert_eq!(confirm_at_once(&section, 8), 5, "never more than the runs");
+        assert_eq!(confirm_at_once(&section, 3), 3);
+        assert_eq!(confirm_at_once(&section, 0), 1, "never none");
+        section.confirm_jobs = Some(1);
+        assert_eq!(confirm_at_once(&section, 8), 1, "as written");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct StageContext<'a> {
     pub run_dir: &'a Path,
     /// Set on Ctrl-C.
     pub cancel: &'a AtomicBool,
+    /// Probes the search ran at once on one GPU (measured; 1 when they ran one at a time).
+    pub at_once: u32,
 }
 
 /// Runs the chosen stages at `oid`, filling `report`. Returns true when Ctrl-C stopped one of them.
@@ -83,9 +85,14 @@ pub fn run_stages(
                     .spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
                 let target = report.target.clone();
                 let parent = first_parent(report);
+                // Triage's sanitizer run holds one of the GPU's places.
+                let shrink_ctx = StageContext {
+                    at_once: ctx.at_once.saturating_sub(1).max(1),
+                    ..*ctx
+                };
                 let shrunk = s.spawn(move || {
                     shrink_stage(
-                        ctx,
+                        &shrink_ctx,
                         beside,
                         &section,
                         oid,
@@ -199,6 +206,7 @@ fn shrink_stage(
         run_dir,
         fault_rank,
         target,
+        at_once: ctx.at_once,
     };
     let Shrunk {
         report: mut result,

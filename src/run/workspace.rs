@@ -15,7 +15,7 @@ use crate::git::{ProbeWorktree, Repo};
 use crate::report::event::{Event, Reporter};
 
 use super::error::RunError;
-use super::lock::{lock_state_dir, StateLock};
+use super::lock::{alive_cudabisect, lock_state_dir, StateLock};
 use super::probe::WorktreeProber;
 
 /// The configured executor. `spool` is where a scheduler's job files go when `[executor] workdir` is not
@@ -126,6 +126,27 @@ impl<'r> Workspace<'r> {
         }
     }
 
+    /// Tidies `runs/` when a job that holds the state lock starts (no other job writes there then): see
+    /// `prune_runs`. What the journal or a night's state still names is kept, as the results it is.
+    pub fn prune_runs(&self) {
+        let mut named = String::new();
+        let nightly = self.state_dir.join("nightly");
+        let states = std::fs::read_dir(&nightly)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path());
+        for file in std::iter::once(super::journal::journal_path(&self.state_dir)).chain(states) {
+            named.push_str(&std::fs::read_to_string(file).unwrap_or_default());
+        }
+        prune_runs(
+            &self.state_dir.join("runs"),
+            KEEP_RUNS,
+            &self.run_dir,
+            &named,
+        );
+    }
+
     /// Leaves the worktrees registered after the job (`--keep-worktree`): the next run reuses them.
     pub fn keep_worktrees(&mut self) {
         self.keep = true;
@@ -162,6 +183,51 @@ impl Drop for Workspace<'_> {
     }
 }
 
+/// Run directories kept under `runs/`: the oldest beyond these go when a run starts (a resumed run copies
+/// the logs it reuses, so nothing it reports lives only in an old directory).
+const KEEP_RUNS: usize = 50;
+
+/// Tidies the run directories of `start` and `nightly` (`<secs>-<pid>`, `nightly-<secs>-<pid>`; a
+/// `shrink` of the checkout takes no lock, so its own are never touched): a killed run's directory (no
+/// `report.json`, its process gone) goes unless `named` (the journal's and the nights' text) mentions it, then all but
+/// the newest `keep`. `current` is never removed; failures are ignored.
+fn prune_runs(runs: &Path, keep: usize, current: &Path, named: &str) {
+    let Ok(entries) = std::fs::read_dir(runs) else {
+        return;
+    };
+    let mut dirs: Vec<(u64, PathBuf)> = Vec::new();
+    for path in entries.filter_map(Result::ok).map(|e| e.path()) {
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        let Some(secs) = name
+            .trim_start_matches("nightly-")
+            .split('-')
+            .next()
+            .and_then(|s| s.parse().ok())
+        else {
+            continue;
+        };
+        let pid: Option<u32> = name.rsplit('-').next().and_then(|p| p.parse().ok());
+        // This process's own (a night's head probe before its bisection) or a live cudabisect's.
+        let live = pid.is_some_and(|p| p == std::process::id() || alive_cudabisect(p));
+        if !path.is_dir() || path == current || live {
+            continue;
+        }
+        let killed = !path.join("report.json").exists();
+        if killed && !named.contains(&path.display().to_string()) {
+            let _ = std::fs::remove_dir_all(&path);
+        } else {
+            dirs.push((secs, path));
+        }
+    }
+    dirs.sort();
+    let surplus = (dirs.len() + 1).saturating_sub(keep);
+    for (_, old) in dirs.iter().take(surplus) {
+        let _ = std::fs::remove_dir_all(old);
+    }
+}
+
 /// The worktree base: the state directory, or, with a scheduler whose nodes do not see this repository,
 /// a directory of this repository's own under the shared workdir (named after the repository and a hash
 /// of its state directory, so two clones never share one).
@@ -181,5 +247,60 @@ fn worktree_base(repo: &Repo, state_dir: &Path, shared: Option<&Path>) -> PathBu
             shared.join(format!("{name}-{:08x}", digest as u32))
         }
         None => state_dir.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut left: Vec<String> = std::fs::read_dir(dir)
+            .expect("read")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        left
+    }
+
+    fn finished(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir.join(name)).expect("mkdir");
+        std::fs::write(dir.join(name).join("report.json"), "{}").expect("write");
+    }
+
+    #[test]
+    fn only_the_newest_run_directories_are_kept_with_the_current_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (secs, pid) in [(5, 1), (1, 9), (3, 2), (4, 4), (2, 7)] {
+            finished(dir.path(), &format!("{secs}-{pid}"));
+        }
+        finished(dir.path(), "nightly-6-3");
+        let current = dir.path().join("7-1");
+        std::fs::create_dir_all(&current).expect("mkdir");
+        prune_runs(dir.path(), 3, &current, "");
+        assert_eq!(names(dir.path()), ["5-1", "7-1", "nightly-6-3"]);
+    }
+
+    #[test]
+    fn a_killed_runs_directory_goes_unless_the_journal_names_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let own = format!("nightly-8-{}", std::process::id());
+        for name in ["1-5", "2-5", "3-5", "shrink-4-5", own.as_str()] {
+            std::fs::create_dir_all(dir.path().join(name).join("logs")).expect("mkdir");
+        }
+        finished(dir.path(), "0-5");
+        let journal = format!(
+            r#"{{"record":{{"log":"{}"}}}}"#,
+            dir.path().join("2-5/logs/001-abc-repro.log").display()
+        );
+        let current = dir.path().join("3-5");
+        prune_runs(dir.path(), 50, &current, &journal);
+        // 1-5 was killed before it found anything; 2-5's probe is in the journal; 3-5 is this run; a
+        // shrink of the checkout holds no lock and may be running; the night's head probe is this
+        // process's own.
+        assert_eq!(
+            names(dir.path()),
+            ["0-5", "2-5", "3-5", own.as_str(), "shrink-4-5"]
+        );
     }
 }

@@ -92,8 +92,13 @@ fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_sec
     assert_eq!(s["path"], "capture of the repro command", "{s}");
     assert_eq!(s["captured"]["step"], 4, "{s}");
     assert_eq!(s["captured"]["phase"], "backward", "{s}");
-    // Down to the faulting Function's module, in the second block: not the model's backward.
-    assert_eq!(kept(s), ["body__encoder__mixer_1__backward"], "{text}");
+    // Down to the faulting Function inside the second block's mixer: not the model's backward, nor
+    // the mixer's.
+    assert_eq!(
+        kept(s),
+        ["body__encoder__mixer_1__RowGather__backward"],
+        "{text}"
+    );
     assert!(
         s["graph"]
             .as_str()
@@ -104,7 +109,7 @@ fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_sec
     // At the parent (the limit back at 99) the same subgraph runs clean: the script's state is
     // replayed, the project's constants are the commit's own.
     assert_eq!(s["parent_check"]["status"], "passed", "{s}");
-    reproduces_alone(s, &dir, "body__encoder__mixer_1__backward");
+    reproduces_alone(s, &dir, "body__encoder__mixer_1__RowGather__backward");
 }
 
 #[test]
@@ -172,8 +177,8 @@ fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
     let s = &r["shrink"];
     assert_eq!(s["status"], "minimal", "{text}");
     assert_eq!(s["path"], "factories (the training step)", "{s}");
-    assert_eq!(kept(s), ["emb__backward"], "{text}");
-    reproduces_alone(s, &dir, "emb__backward");
+    assert_eq!(kept(s), ["emb__Gather__backward"], "{text}");
+    reproduces_alone(s, &dir, "emb__Gather__backward");
 
     // `shrink` has no bisection to tell the phase: the factories' forward shows nothing, and the capture
     // of the repro command gives the repro; the report says both.
@@ -185,7 +190,7 @@ fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
         r["paths"][0]["outcome"].as_str().unwrap().contains("none"),
         "{r}"
     );
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
 }
 
 #[test]
@@ -340,5 +345,6 @@ fn a_fault_in_a_class_the_script_defines_reproduces_in_the_replay_where_the_scri
     // The replay meets the fault at train.py's own line, as the user's run did: the same fault, kept.
     assert_eq!(s["status"], "minimal", "{s}\n{text}");
     assert_eq!(s["captured"]["step"], 3, "{s}");
-    reproduces_alone(s, &dir, "model__backward");
+    // Down to the Function the forward applies itself, not the whole model's backward.
+    reproduces_alone(s, &dir, "model__Scale__backward");
 }

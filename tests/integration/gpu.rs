@@ -1192,7 +1192,7 @@ fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_o
             "autograd.Function",
             "--emb fn",
             vec![],
-            "emb__backward",
+            "emb__GatherFn__backward",
             "backward",
             3,
         ),

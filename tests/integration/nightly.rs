@@ -563,3 +563,78 @@ fn the_action_declares_every_input_its_script_reads() {
         );
     }
 }
+
+/// Every directory under the state's `runs/`, by name.
+fn run_dirs(state: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(state.join("runs"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn ctrl_c_during_the_heads_probe_says_interrupted_once_and_the_next_night_leaves_no_debris() {
+    let mut g = Grower::new();
+    g.grow(&["clean", "clean"]);
+    let state = g.path.join(".git").join("cudabisect");
+    // The repro announces itself in `started/` and waits: the night is stopped while its head runs.
+    let dir = g.path.parent().unwrap().join("slow");
+    let started = dir.join("started");
+    std::fs::create_dir_all(&started).unwrap();
+    let cfg = dir.join("slow.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[repro]\ncommand = 'if [ -e {stop} ]; then touch {started}/$$; sleep 60; fi; echo ok'\ntimeout = \"90s\"\n\n[triage]\nenabled = false\n",
+            stop = dir.join("slow.flag").display(),
+            started = started.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("slow.flag"), "").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["nightly", "--no-stages", "--config"])
+        .arg(&cfg)
+        .arg("-C")
+        .arg(&g.path)
+        .arg("--state")
+        .arg(&g.state)
+        .env_remove("CI")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::common::wait_for_files(
+        &started,
+        std::time::Duration::from_secs(60),
+        "the head's repro never started",
+        || std::fs::read_dir(&started).is_ok_and(|mut d| d.next().is_some()),
+    );
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stderr.trim().lines().last(),
+        Some("error: interrupted before anything was found"),
+        "{stderr}"
+    );
+    let stopped = run_dirs(&state);
+    assert_eq!(stopped.len(), 1, "the stopped night's directory");
+
+    // The next night runs whole: the stopped one's directory, which holds nothing anyone refers to,
+    // is gone; this night's stays.
+    std::fs::remove_file(dir.join("slow.flag")).unwrap();
+    let (code, r, _, stderr) = g.night(&["--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 10, "{stderr}");
+    assert_eq!(r["nightly"]["status"], "baseline", "{stderr}");
+    let left = run_dirs(&state);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_ne!(left, stopped, "the stopped night's directory is gone");
+}

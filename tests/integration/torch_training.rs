@@ -66,11 +66,11 @@ fn a_training_script_without_factories_is_shrunk_by_capturing_its_faulting_step(
             .is_some_and(|t| t.contains("toy/model.py")),
         "{r}"
     );
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     let (exit, text) = run_alone(&r, &[]);
     assert_eq!(exit, Some(1), "{text}");
     assert!(text.contains("an illegal memory access"), "{text}");
-    assert!(text.contains("node=emb__backward"), "{text}");
+    assert!(text.contains("node=emb__Gather__backward"), "{text}");
 }
 
 #[test]
@@ -83,7 +83,7 @@ fn a_model_from_factories_shrinks_through_its_training_step_to_the_faulting_back
     // The example batch reaches row 7: the embedding's backward faults.
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     assert!(
         r["graph"]
             .as_str()
@@ -154,7 +154,7 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
     assert_eq!(code, 0, "{text}");
     assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
     assert_eq!(r["shrink"]["status"], "minimal", "{text}");
-    assert_eq!(kept(&r["shrink"]), ["emb__backward"], "{text}");
+    assert_eq!(kept(&r["shrink"]), ["emb__Gather__backward"], "{text}");
     assert_eq!(r["shrink"]["captured"]["phase"], "backward");
     // The copied backward imports the project: repro.py says so, and reproduce.sh checks the culprit
     // out and puts it on PYTHONPATH; run from elsewhere, it reproduces.
@@ -184,7 +184,7 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
         String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{out}");
     assert!(out.contains("an illegal memory access"), "{out}");
-    assert!(out.contains("node=emb__backward"), "{out}");
+    assert!(out.contains("node=emb__Gather__backward"), "{out}");
 }
 
 #[test]
@@ -195,7 +195,7 @@ fn large_recorded_values_are_generated_when_the_fault_still_shows_with_them() {
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     let data = &r["data"];
     assert_eq!(data["generated"], true, "{r}");
     assert!(data["exact_bytes"].as_u64().unwrap() > 8 << 20, "{data}");
@@ -217,7 +217,7 @@ fn large_recorded_values_stay_exact_when_the_repro_generating_them_does_not_faul
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     let data = &r["data"];
     // Generated indices reach past the table many times and fail another way: the exact repro stays,
     // says why, and was itself run alone and faulted.
@@ -268,7 +268,7 @@ fn a_step_under_autocast_is_captured_and_replayed_under_the_same_autocast() {
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     // The capture noted the step's autocast, which the harness runs it under: no note of a difference.
     let capture = PathBuf::from(r["out_dir"].as_str().unwrap())
         .parent()
@@ -312,5 +312,5 @@ fn a_users_own_step_function_is_captured_like_a_script() {
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(r["captured"]["step"], 3, "{r}");
-    assert_eq!(kept(&r), ["emb__backward"], "{out}");
+    assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
 }

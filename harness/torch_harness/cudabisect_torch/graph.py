@@ -159,7 +159,7 @@ def guarded_autograd_functions():
         def apply(cls, *args, **kwargs):
             if any(isinstance(x, torch.fx.Proxy) for x in tree_leaves((args, kwargs))):
                 raise AutogradFunctionCall(f"{cls.__name__} is a torch.autograd.Function")
-            return original.__func__(cls, *args, **kwargs)
+            return original.__get__(None, cls)(*args, **kwargs)
 
         torch.autograd.Function.apply = classmethod(apply)
         try:

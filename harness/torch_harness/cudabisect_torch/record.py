@@ -47,6 +47,7 @@ class Recorder:
                     if not is_torch_module(sub) and id(sub) not in opaque:
                         self.interpret(sub, path, opaque)
         self.whole = whole
+        self.unpatch = self.watch_functions() if whole else None
 
     def enter(self, name):
         self.stack = [name]
@@ -163,6 +164,34 @@ class Recorder:
         self.handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         self.handles.append(module.register_forward_hook(post, with_kwargs=True))
 
+    def watch_functions(self):
+        """Makes every `torch.autograd.Function` of the user's that a call kept whole applies a call of its
+        own, like a submodule's: FX cannot trace through one (it would lose its backward), so without
+        this a Function applied in a forward FX cannot trace was charged to the module around it. Only a
+        class repro.py can name again (`module:qualname`, not a local one) is recorded. Returns the undo."""
+        import torch
+        original = torch.autograd.Function.__dict__["apply"]
+        recorder = self
+
+        def apply(cls, *args, **kwargs):
+            name = function_name(cls)
+            compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)()
+            if not recorder.stack or name is None or compiling:
+                return original.__get__(None, cls)(*args, **kwargs)
+            op = cls.__name__
+            cid = recorder.new_call(op, {"via": "call_function", "function": name, "target": "", "op": op,
+                                         "kernel": op}, (args, kwargs))
+            recorder.begin(cid, op, op)
+            out = original.__get__(None, cls)(*args, **kwargs)
+            recorder.end(cid, op, op, out)
+            return out
+
+        torch.autograd.Function.apply = classmethod(apply)
+
+        def undo():
+            torch.autograd.Function.apply = original
+        return undo
+
     def interpret(self, module, path, opaque):
         """Runs `module` through FX, op by op, with markers and recordings (it can be traced). FX
         specialises a forward's `if x is None` on what it traced, so it is traced twice, before anything
@@ -223,11 +252,32 @@ class Recorder:
         import torch
         for h in self.handles:
             h.remove()
+        if self.unpatch:
+            self.unpatch()
+            self.unpatch = None
         for cid, grads in self.grads.items():
             torch.save(grads, os.path.join(self.record, f"{grad_name(cid)}.pt"))
         self.watched.clear()
         with open(os.path.join(self.record, HOOKS_FILE), "w") as f:
             json.dump({"whole": sorted(self.whole), "calls": self.calls}, f)
+
+
+def function_name(cls):
+    """`module:qualname` of a user's `torch.autograd.Function` class that can be found again by that name,
+    else None (torch's own Functions, compiled graphs' generated ones, classes local to a function)."""
+    mod, qual = getattr(cls, "__module__", "") or "", getattr(cls, "__qualname__", "")
+    if mod.split(".")[0] == "torch" or "<" in qual or find_function(f"{mod}:{qual}") is not cls:
+        return None
+    return f"{mod}:{qual}"
+
+
+def find_function(name):
+    """The class a `module:qualname` names, among the modules loaded, or None."""
+    mod, _, qual = name.partition(":")
+    obj = sys.modules.get(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def plain(v):
@@ -257,7 +307,12 @@ def fx_target(root, path, node_name, opaque, cache, nones=()):
 
 def recorded_step(c, root, opaque, cache):
     via = c["via"]
-    if via == "call_function":
+    if via == "call_function" and "function" in c:
+        cls = find_function(c["function"])
+        if cls is None:
+            raise SystemExit(f"error: the torch.autograd.Function {c['function']} the recording applied is not loaded")
+        target = cls.apply
+    elif via == "call_function":
         target = fx_target(root, c["target"], c["fx"], opaque, cache, c.get("none_args", ()))
     elif via == "call_method":
         target = c["method"]
@@ -329,7 +384,7 @@ def expand(steps, root, recording, opaque=frozenset()):
 
     def level(parent, depth):
         kids = children[parent]
-        how = "fx" if any(k["via"] != "call_module" for k in kids) else "hooks"
+        how = "fx" if any("fx" in k for k in kids) else "hooks"
         chained = how == "hooks" and chain_links(kids, recording)
         levels.append(f"{parent}: {'chain of children (checked on the recorded run)' if chained else how}")
         out = []
@@ -340,7 +395,7 @@ def expand(steps, root, recording, opaque=frozenset()):
             st = recorded_step(c, root, opaque, cache)
             if chained and i > 0:
                 prev = kids[i - 1]["id"]
-                st = Step(st.name, st.op, st.kernel, (Ref(prev, prev),), {}, st.target, "call_module")
+                st = Step(st.name, st.op, st.kernel, (Ref(prev, prev),), {}, st.target, st.via)
             out.append(st)
         return out
 

@@ -156,6 +156,11 @@ def function_ref(fn, needs):
                     needs.missing.append(f"custom op {qual}: neither a torch.library.custom_op defined in "
                                          "Python nor a loaded compiled extension that defines it")
         return f"torch.ops.{ns}.{op}" + (f".{overload}" if overload else "")
+    owner = getattr(fn, "__self__", None)
+    if inspect.isclass(owner) and getattr(fn, "__name__", "") == "apply" and owner.__module__.split(".")[0] != "torch":
+        # A user's torch.autograd.Function, applied: its class is carried, as a function's source is.
+        needs.user_fns.append(owner)
+        return f"{owner.__name__}.apply"
     mod = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if fn in vars(builtins).values():
