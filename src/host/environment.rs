@@ -103,17 +103,30 @@ pub fn collect(cancel: &AtomicBool, torch: bool, progress: &mut dyn FnMut(&str))
     env.python = capture(&[&py, "--version"], short);
     if torch && !cancelled() {
         progress("torch.utils.collect_env");
-        env.torch_collect_env = capture(
-            // runpy warns that torch.utils imported collect_env already: noise at the top of the report.
-            &[
-                &py,
-                "-W",
-                "ignore::RuntimeWarning",
-                "-m",
-                "torch.utils.collect_env",
-            ],
-            Duration::from_secs(120),
-        );
+        env.torch_collect_env = torch_report(&py, cancel);
     }
     env
+}
+
+/// `python -m torch.utils.collect_env`, when torch imports (seconds: it imports torch).
+pub fn torch_report(py: &str, cancel: &AtomicBool) -> Option<String> {
+    capture(
+        // runpy warns that torch.utils imported collect_env already: noise at the top of the report.
+        &[
+            py,
+            "-W",
+            "ignore::RuntimeWarning",
+            "-m",
+            "torch.utils.collect_env",
+        ],
+        Duration::from_secs(120),
+        cancel,
+    )
+}
+
+/// PyTorch's report for an environment collected without it, when the run turned out to use torch.
+pub fn add_torch_report(env: &mut Environment, cancel: &AtomicBool) {
+    if let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) {
+        env.torch_collect_env = torch_report(&py.display().to_string(), cancel);
+    }
 }

@@ -10,6 +10,7 @@ use git2::Oid;
 
 use crate::host::environment;
 use crate::report::bundle::{self, BundleInput};
+use crate::report::environment::Environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, ProbeRole, Report, RunResult, FORMAT_VERSION};
@@ -323,25 +324,39 @@ pub fn start(
             cancel,
             at_once: u32::try_from(at_once).unwrap_or(1),
         };
-        if run_stages(&ctx, choice, oid, &mut report, reporter) {
-            report.interrupted = true;
-        }
-        if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
-            let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
-            match write_bundle(&plan, &report, &run_dir, root, reporter, cancel) {
-                Ok(dir) => {
-                    // What a maintainer is handed, and its size (attachable or not).
-                    reporter.event(&Event::BundleWritten {
-                        bytes: crate::report::bundle::dir_bytes(&dir),
-                        path: dir.display().to_string(),
-                    });
-                    report.bundle = Some(dir.display().to_string());
-                }
-                Err(e) => reporter.event(&Event::Warning {
-                    message: e.to_string(),
-                }),
+        std::thread::scope(|s| {
+            // The environment does not depend on the stages: it is asked beside them (PyTorch's report
+            // too when the fault already speaks of torch), so the bundle does not wait for it after.
+            let asked = plan.config.bundle.enabled.then(|| {
+                let torch = speaks_torch(report.target.as_ref());
+                s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
+            });
+            if asked.is_some() {
+                reporter.event(&Event::EnvironmentProbe {
+                    tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+                });
             }
-        }
+            if run_stages(&ctx, choice, oid, &mut report, reporter) {
+                report.interrupted = true;
+            }
+            if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
+                let asked = asked.and_then(|h| h.join().ok());
+                let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
+                match write_bundle(&plan, &report, (&run_dir, root), asked, reporter, cancel) {
+                    Ok(dir) => {
+                        // What a maintainer is handed, and its size (attachable or not).
+                        reporter.event(&Event::BundleWritten {
+                            bytes: crate::report::bundle::dir_bytes(&dir),
+                            path: dir.display().to_string(),
+                        });
+                        report.bundle = Some(dir.display().to_string());
+                    }
+                    Err(e) => reporter.event(&Event::Warning {
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        });
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
     let stash_changed = plan.repo.stash_tip() != stash_before;
@@ -479,25 +494,50 @@ pub fn write_bundle_with_env(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
+    write_bundle_asked(input, None, reporter, cancel)
+}
+
+/// The environment, asked while the stages ran (it does not depend on them), and whether PyTorch's
+/// report was asked with it.
+type Asked = (Environment, bool);
+
+/// Writes the bundle with the environment `asked` beside the stages (PyTorch's report added now if the
+/// run turned out to use torch), or asked now.
+fn write_bundle_asked(
+    input: &BundleInput,
+    asked: Option<Asked>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<PathBuf, bundle::BundleError> {
     let torch = used_torch(input);
-    let env = environment::collect(cancel, torch, &mut |what| {
-        reporter.event(&Event::EnvironmentProbe {
-            tool: what.to_string(),
-        })
-    });
+    let env = match asked {
+        Some((mut env, with_torch)) => {
+            if torch && !with_torch && !cancel.load(Ordering::SeqCst) {
+                reporter.event(&Event::EnvironmentProbe {
+                    tool: "torch.utils.collect_env".into(),
+                });
+                environment::add_torch_report(&mut env, cancel);
+            }
+            env
+        }
+        None => environment::collect(cancel, torch, &mut |what| {
+            reporter.event(&Event::EnvironmentProbe {
+                tool: what.to_string(),
+            })
+        }),
+    };
     bundle::write(input, &env)
 }
 
 /// Whether the run used PyTorch: the fault (its message, frames or launch site) or the shrink speaks of
 /// it. Only then is `torch.utils.collect_env` asked (it imports torch: seconds, and hundreds of MiB).
 fn used_torch(input: &BundleInput) -> bool {
-    let speaks = |v: Option<String>| v.is_some_and(|t| t.contains("torch"));
-    speaks(
-        input
-            .target
-            .as_ref()
-            .and_then(|t| serde_json::to_string(t).ok()),
-    ) || speaks(input.shrink.and_then(|s| serde_json::to_string(s).ok()))
+    speaks_torch(input.target.as_ref()) || speaks_torch(input.shrink)
+}
+
+fn speaks_torch(v: Option<&impl serde::Serialize>) -> bool {
+    v.and_then(|v| serde_json::to_string(v).ok())
+        .is_some_and(|t| t.contains("torch"))
 }
 
 fn commit_ref(plan: &Plan, oid: Oid) -> CommitRef {
@@ -642,8 +682,8 @@ fn empty_report(plan: &Plan, opts: &StartOptions, run_dir: &Path) -> Report {
 fn write_bundle(
     plan: &Plan,
     report: &Report,
-    run_dir: &Path,
-    root: PathBuf,
+    (run_dir, root): (&Path, PathBuf),
+    asked: Option<Asked>,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
@@ -693,5 +733,5 @@ fn write_bundle(
         include_binary: plan.config.bundle.include_binary,
         full_repro: Some(crate::report::bundle::FullRepro { build: plan.config.build.as_ref(), repro: &plan.config.repro }),
     };
-    write_bundle_with_env(&input, reporter, cancel)
+    write_bundle_asked(&input, asked, reporter, cancel)
 }

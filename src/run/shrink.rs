@@ -108,12 +108,15 @@ impl Oracle<'_> {
     }
 
     /// Runs the written `repro.py` alone up to `runs` times: until one shows the target's fault when
-    /// `until_shown`, else until one does not. `None`: the harness writes no repro.py to run.
+    /// `until_shown`, else until one does not, up to `jobs` at once in that case (each is a fresh process
+    /// of its own; one that misses beside others is run again by itself, so running them together never
+    /// lowers the count). `None`: the harness writes no repro.py to run.
     fn alone(
         &mut self,
         repro: &Path,
         runs: u32,
         until_shown: bool,
+        jobs: u32,
         cancel: &AtomicBool,
     ) -> Option<AloneRuns> {
         let mut done = AloneRuns {
@@ -121,40 +124,63 @@ impl Oracle<'_> {
             reproduced: 0,
             missed: None,
         };
-        for _ in 0..runs.max(1) {
-            if cancel.load(Ordering::SeqCst) {
-                break;
-            }
-            let shown = match self.harness.run_alone(repro, cancel) {
-                Ok(None) => return None,
-                Ok(Some(run)) => {
-                    self.runs += 1;
-                    let _ = std::fs::write(
-                        self.log_dir.join(format!("alone-{:04}.log", self.runs)),
-                        &run.output,
-                    );
-                    // The copied code launches from repro.py's own lines: the launch site is not the
-                    // harness's, so only the class and the kernel (when both name one) decide.
-                    let mut sig = judged(self.harness, &run);
-                    sig.launch = None;
-                    let shown = self.policy.matches(&self.target, &sig, &run.output);
-                    if !shown {
-                        done.missed = Some(ended(&run));
-                    }
-                    shown
+        let jobs = if until_shown { 1 } else { jobs.max(1) };
+        let mut left = runs.max(1);
+        while left > 0 && !cancel.load(Ordering::SeqCst) {
+            let batch = left.min(jobs);
+            left -= batch;
+            let harness = self.harness;
+            let results: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..batch)
+                    .map(|_| s.spawn(|| harness.run_alone(repro, cancel)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(Ok(None)))
+                    .collect()
+            });
+            for result in results {
+                let mut seen = self.alone_run(result)?;
+                if !seen.0 && batch > 1 && !cancel.load(Ordering::SeqCst) {
+                    seen = self.alone_run(harness.run_alone(repro, cancel))?;
                 }
-                Err(e) => {
-                    done.missed = Some(e.to_string());
-                    false
+                let (shown, missed) = seen;
+                if !shown {
+                    done.missed = missed;
                 }
-            };
-            done.runs += 1;
-            done.reproduced += u32::from(shown);
-            if shown == until_shown {
-                break;
+                done.runs += 1;
+                done.reproduced += u32::from(shown);
+                if shown == until_shown {
+                    return Some(done);
+                }
             }
         }
         Some(done)
+    }
+
+    /// One run of `repro.py` alone, logged: whether it showed the target's fault, and how it ended when
+    /// it did not. `None`: the harness writes no repro.py to run.
+    fn alone_run(
+        &mut self,
+        result: Result<Option<RunOutput>, ProtocolError>,
+    ) -> Option<(bool, Option<String>)> {
+        match result {
+            Ok(None) => None,
+            Ok(Some(run)) => {
+                self.runs += 1;
+                let _ = std::fs::write(
+                    self.log_dir.join(format!("alone-{:04}.log", self.runs)),
+                    &run.output,
+                );
+                // The copied code launches from repro.py's own lines: the launch site is not the
+                // harness's, so only the class and the kernel (when both name one) decide.
+                let mut sig = judged(self.harness, &run);
+                sig.launch = None;
+                let shown = self.policy.matches(&self.target, &sig, &run.output);
+                Some((shown, (!shown).then(|| ended(&run))))
+            }
+            Err(e) => Some((false, Some(e.to_string()))),
+        }
     }
 
     /// The final check: `runs` single-attempt runs, up to `jobs` at once (they are independent). A run that
@@ -231,7 +257,7 @@ fn check_alone_and_reduce(
     keep: &[String],
     record: &Path,
     minimal: &Path,
-    runs: u32,
+    (runs, jobs): (u32, u32),
     cancel: &AtomicBool,
 ) -> ReproData {
     let exact = dir_bytes(minimal);
@@ -249,7 +275,7 @@ fn check_alone_and_reduce(
             .extract_generated(keep, record, &generated, GENERATE_OVER, cancel)
             .is_ok_and(|written| written);
         let alone = written
-            .then(|| oracle.alone(&generated.join("repro.py"), runs, false, cancel))
+            .then(|| oracle.alone(&generated.join("repro.py"), runs, false, jobs, cancel))
             .flatten();
         match alone {
             Some(a) if a.reproduced == runs.max(1) => {
@@ -280,7 +306,7 @@ fn check_alone_and_reduce(
         let _ = std::fs::remove_dir_all(&generated);
     }
     if !cancel.load(Ordering::SeqCst) {
-        data.alone = oracle.alone(&minimal.join("repro.py"), runs, true, cancel);
+        data.alone = oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel);
     }
     data
 }
@@ -608,14 +634,27 @@ fn drive(
     report.runs_to_minimal = report.harness_runs + oracle.runs;
     let keep = ids(&nodes, &result);
 
-    // The final check: the same signature on every one of N runs, each a single attempt.
-    let reproduced = oracle.confirm(
-        &keep,
-        &record,
-        settings.confirm,
-        settings.confirm_jobs,
-        cancel,
-    );
+    // The final check: the same signature on every one of N runs, each a single attempt. Where the GPU
+    // holds several runs at once, repro.py is written beside it, in one of those places (writing loads
+    // the model and the recorded values, and launches nothing); the written file does not depend on the
+    // check.
+    let minimal = settings.out_dir.join("minimal");
+    let (reproduced, extracted) = if settings.confirm_jobs > 1 {
+        std::thread::scope(|s| {
+            let written = s.spawn(|| harness.extract(&keep, &record, &minimal, cancel));
+            let reproduced = oracle.confirm(
+                &keep,
+                &record,
+                settings.confirm,
+                settings.confirm_jobs - 1,
+                cancel,
+            );
+            (reproduced, written.join().ok())
+        })
+    } else {
+        let reproduced = oracle.confirm(&keep, &record, settings.confirm, 1, cancel);
+        (reproduced, None)
+    };
     if cancel.load(Ordering::SeqCst) {
         report.harness_runs += oracle.runs;
         return Err(Stop::Interrupted);
@@ -635,9 +674,9 @@ fn drive(
         .collect();
     report.nodes_after = result.len();
 
-    let minimal = settings.out_dir.join("minimal");
     // The native harness writes model.toml, the PyTorch harness repro.py.
-    match harness.extract(&keep, &record, &minimal, cancel) {
+    let extracted = extracted.unwrap_or_else(|| harness.extract(&keep, &record, &minimal, cancel));
+    match extracted {
         Ok(()) => {
             report.minimal_model = ["model.toml", "repro.py"]
                 .iter()
@@ -655,7 +694,7 @@ fn drive(
             &keep,
             &record,
             &minimal,
-            settings.confirm.min(3),
+            (settings.confirm.min(3), settings.confirm_jobs),
             cancel,
         ));
         report.harness_runs += std::mem::take(&mut oracle.runs);

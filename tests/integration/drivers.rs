@@ -634,6 +634,9 @@ struct FakeHarness {
     gate: Option<Gate>,
     /// `extract` writes a repro.py, which run alone faults (from its own line) or runs clean.
     alone: Option<bool>,
+    /// The exact repro's data is large, and a repro.py generating it is written on request; its runs
+    /// alone meet here.
+    generates: Option<Gate>,
 }
 
 /// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
@@ -795,14 +798,41 @@ impl HarnessClient for FakeHarness {
                 if self.alone.is_some() {
                     std::fs::create_dir_all(out).unwrap();
                     std::fs::write(out.join("repro.py"), "# fake\n").unwrap();
+                    if self.generates.is_some() {
+                        std::fs::write(out.join("repro_data.pt"), vec![0u8; 9 << 20]).unwrap();
+                    }
                 }
                 Ok(())
             }
         }
     }
 
-    fn run_alone(&self, _: &Path, _: &AtomicBool) -> Result<Option<RunOutput>, ProtocolError> {
+    fn generates_values(&self) -> bool {
+        self.generates.is_some()
+    }
+
+    fn extract_generated(
+        &self,
+        _: &[String],
+        _: &Path,
+        out: &Path,
+        _: u64,
+        _: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        std::fs::create_dir_all(out).unwrap();
+        std::fs::write(out.join("repro.py"), "# fake, generating\n").unwrap();
+        Ok(true)
+    }
+
+    fn run_alone(&self, repro: &Path, _: &AtomicBool) -> Result<Option<RunOutput>, ProtocolError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
+        let generating = repro
+            .parent()
+            .is_some_and(|d| d.ends_with("minimal-generated"));
+        if let Some(gate) = self.generates.as_ref().filter(|_| generating) {
+            gate.enter();
+            gate.leave();
+        }
         Ok(self.alone.map(|faults| match faults {
             true => out(
                 1,
@@ -831,6 +861,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         cancel_after: None,
         gate: None,
         alone: None,
+        generates: None,
     }
 }
 
@@ -899,11 +930,12 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
     let skip = st.entries - 3;
     drop(st);
 
+    // Three places on the GPU: two confirmation runs at a time, and repro.py written in the third.
     let mut h = harness(12, 7, vec![7]);
-    h.gate = Some(Gate::new(3, skip, false));
+    h.gate = Some(Gate::new(2, skip, false));
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
     assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
-    assert_eq!(h.gate.as_ref().unwrap().state.lock().unwrap().most, 3);
+    assert_eq!(h.gate.as_ref().unwrap().state.lock().unwrap().most, 2);
 
     let mut h = harness(12, 7, vec![7]);
     h.gate = Some(Gate::new(3, skip, true));
@@ -948,6 +980,27 @@ fn the_written_repro_is_run_alone_and_one_that_never_faults_alone_is_said_so() {
         "{alone:?}"
     );
     assert!(data.missed_alone());
+}
+
+#[test]
+fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds() {
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.generates = Some(Gate::new(3, 0, false));
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    let data = r.data.as_ref().unwrap();
+    assert!(data.generated, "{data:?}");
+    let alone = data.alone.as_ref().unwrap();
+    assert_eq!((alone.runs, alone.reproduced), (3, 3), "{alone:?}");
+    assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 3);
+
+    // One at a time where the GPU holds one.
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.generates = Some(Gate::new(1, 0, false));
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 1);
+    assert!(r.data.as_ref().unwrap().generated);
+    assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 1);
 }
 
 #[test]
