@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::config::{CommandLine, Config, ShrinkSection};
-use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
+use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, WorkerSlot};
 use crate::exec::process;
 use crate::protocol::torch::install_capture_hook;
 pub use crate::report::record::CapturedFault;
@@ -76,7 +76,7 @@ pub fn capture(
     executor: &dyn Executor,
     config: &Config,
     section: &ShrinkSection,
-    (cwd, commit): (&Path, &str),
+    (cwd, commit, slot): (&Path, &str, Option<&WorkerSlot>),
     run_dir: &Path,
     fault_rank: Option<u32>,
     cancel: &AtomicBool,
@@ -104,7 +104,12 @@ pub fn capture(
         for (k, v) in extra {
             env.insert((*k).into(), v.clone());
         }
-        let ctx = ChildContext::shrink(cwd, commit);
+        // As the worker's own probes ran: its device, and its kernel and graph caches, which its probe
+        // of this code has already filled (the training script is run twice more here).
+        let ctx = ChildContext {
+            slot,
+            ..ChildContext::shrink(cwd, commit)
+        };
         let spec = command_spec(
             config,
             ChildCommand {

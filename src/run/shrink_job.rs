@@ -76,6 +76,7 @@ pub fn shrink_job(
             run_dir: &run_dir,
             fault_rank: None,
             target: None,
+            slot: None,
             at_once: 1,
         };
         let Shrunk { mut report, way } = run_shrink_stage(&stage, reporter, cancel);

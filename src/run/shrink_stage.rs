@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::classify::{FaultClass, Signature};
 use crate::config::{Config, ShrinkFramework, ShrinkSection};
+use crate::exec::child_env::WorkerSlot;
 use crate::exec::executor::Executor;
 use crate::protocol::client::ProcessHarness;
 use crate::report::event::{Event, Reporter, Stage};
@@ -34,6 +35,8 @@ pub struct ShrinkStage<'a> {
     pub fault_rank: Option<u32>,
     /// The fault to keep (the bisection's), when known.
     pub target: Option<Signature>,
+    /// The search's worker whose worktree `cwd` is (its device and caches), when the job had workers.
+    pub slot: Option<&'a WorkerSlot>,
     /// Harness runs the GPU holds at once beside whatever else the stage shares it with (the search's
     /// measured probes at once, less one while triage runs beside); 1 when unknown.
     pub at_once: u32,
@@ -308,7 +311,7 @@ fn run_way(
         stage.executor.as_ref(),
         stage.config,
         &section,
-        (stage.cwd, stage.commit),
+        (stage.cwd, stage.commit, stage.slot),
         stage.run_dir,
         stage.fault_rank,
         cancel,

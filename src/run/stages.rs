@@ -206,6 +206,7 @@ fn shrink_stage(
         run_dir,
         fault_rank,
         target,
+        slot: prober.slot.as_ref(),
         at_once: ctx.at_once,
     };
     let Shrunk {

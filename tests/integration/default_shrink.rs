@@ -328,6 +328,44 @@ for step in range(1, 6):
 "#;
 
 #[test]
+fn the_capture_runs_as_the_workers_probes_ran_with_its_caches_and_device() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let seen = tmp.path().join("seen.txt");
+    // The script notes, in its capture runs, which worker's environment it got.
+    let script = format!(
+        "import os\nif os.environ.get('CUDABISECT_CAPTURE'):\n    open({seen:?}, 'a').write(os.environ.get('CUDABISECT_WORKER', 'none') + ' ' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'none') + '\\n')\n{SCRIPT_FUNCTION}",
+        seen = seen.display().to_string()
+    );
+    let config = "[repro]\ncommand = \"python3 train.py\"\ntimeout = \"120s\"\n";
+    let commits = history(&dir, &[("train.py", script)], ("bug.txt", "0", "1"), config);
+    let (code, r, text) = start_report(
+        &dir,
+        &[
+            &format!("{}..main", commits[0]),
+            "--no-triage",
+            "--jobs",
+            "2",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines.len(), 2, "the find and the replay run: {seen}");
+    for line in lines {
+        let (worker, cache) = line.split_once(' ').unwrap();
+        assert_ne!(worker, "none", "{seen}");
+        assert!(
+            cache.contains(&format!("workers/{worker}/")),
+            "the worker's own Inductor cache: {seen}"
+        );
+    }
+}
+
+#[test]
 fn a_fault_in_a_class_the_script_defines_reproduces_in_the_replay_where_the_script_met_it() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
     let tmp = tempfile::tempdir().unwrap();
