@@ -187,6 +187,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 r"|unable to dynamically load the .cuda. shared library|no CUDA driver found|no CUDA device found",
                 r"|NVRTC \(libnvrtc\.so\) could not be loaded|NVIDIA-SMI has failed because",
                 // Built for other GPUs than this one: the machine the run landed on, not the code.
+                r"|No visible GPU devices|Unable to initialize backend '(cuda|gpu|rocm)'|CUDA driver initialization failed",
                 r"|no kernel image is available for execution on the device|\bCUDA_ERROR_NO_BINARY_FOR_GPU\b|\bcudaErrorNoKernelImageForDevice\b",
                 r"|\bCUDA_ERROR_(NO_DEVICE|NOT_INITIALIZED|SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED_ON_DEVICE|DEVICE_UNAVAILABLE|ECC_UNCORRECTABLE|INSUFFICIENT_DRIVER|DEVICE_NOT_LICENSED)\b",
                 r"|\bcudaError(NoDevice|InitializationError|SystemDriverMismatch|DevicesUnavailable|ECCUncorrectable|InsufficientDriver)\b",
@@ -205,7 +206,7 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         rule(
             Signal,
             concat!(
-                r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error)( \(core dumped\))?$",
+                r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction|Trace/breakpoint trap)( \(core dumped\))?$",
                 // The kernel's OOM killer, as the shell reports it (`Killed`, or a job line
                 // `script: line 6:  3305 Killed   cmd`), and a DataLoader worker it took.
                 r"|^Killed\s*$|: line \d+:\s+\d+ Killed\s|is killed by signal: Killed",
@@ -249,10 +250,14 @@ static PY_FRAME: LazyLock<Regex> = LazyLock::new(|| {
 });
 static PY_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))(: (?P<msg>.*))?$",
+        r"^(?P<name>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning))(:( (?P<msg>.*))?)?$",
     )
     .expect("pattern")
 });
+/// The line that ends a traceback, whatever the exception is called (`triton.runtime.errors.OutOfResources:
+/// …`, `StopIteration`): consulted only inside a traceback, where nothing else is written unindented.
+static PY_TRACEBACK_END: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(?P<name>[A-Za-z_][\w.]*)(: (?P<msg>.*))?$").expect("pattern"));
 static RANK: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)\brank[ :=\[]*(\d+)").expect("pattern"));
 static RUST_PANIC: LazyLock<Regex> =
@@ -455,7 +460,11 @@ impl Context {
                         c["func"].trim()
                     ));
                 }
-            } else if let Some(c) = PY_EXCEPTION.captures(trimmed) {
+            } else if let Some(c) = PY_EXCEPTION.captures(trimmed).or_else(|| {
+                in_first_traceback
+                    .then(|| PY_TRACEBACK_END.captures(trimmed))
+                    .flatten()
+            }) {
                 if in_first_traceback {
                     in_first_traceback = false;
                     traceback_done = true;
@@ -798,6 +807,58 @@ mod tests {
         let cancelled =
             "slurmstepd: error: *** JOB 41 ON gpu-3 CANCELLED AT 2026-11-30T03:00:08 ***";
         assert_ne!(classify(Exit::Code(1), cancelled).class, FaultClass::Infra);
+    }
+
+    #[test]
+    fn a_traceback_ends_in_a_failure_whatever_its_exception_is_called() {
+        for (last, name) in [
+            ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 131072, Hardware limit: 101376.", "triton.runtime.errors.OutOfResources"),
+            ("StopIteration", "StopIteration"),
+        ] {
+            let log = format!("Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    step()\n{last}\n");
+            let sig = classify(Exit::Unknown, &log);
+            assert_eq!(sig.class, FaultClass::Other, "{log}");
+            assert_eq!(sig.exception.as_deref(), Some(name), "{log}");
+        }
+        // Outside a traceback, a bare word is not an exception.
+        let sig = classify(Exit::Code(0), "Epoch: 3\nDone\n");
+        assert_eq!(sig.class, FaultClass::None);
+    }
+
+    #[test]
+    fn a_signal_the_shell_or_torchrun_reports_is_a_signal_never_no_failure() {
+        for log in [
+            "Floating point exception (core dumped)",
+            "Illegal instruction (core dumped)",
+        ] {
+            assert_eq!(
+                classify(Exit::Unknown, log).class,
+                FaultClass::Signal,
+                "{log}"
+            );
+        }
+        // torchrun's report of the rank that failed first, read whole (the launcher's block).
+        let killed = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\ntrain.py FAILED\nRoot Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -11 (pid: 1234)\n  traceback : Signal 11 (SIGSEGV) received by PID 1234\n";
+        let sig = crate::classify::classify(Exit::Unknown, killed);
+        assert_eq!(
+            (sig.class, sig.rank),
+            (FaultClass::Signal, Some(0)),
+            "{sig:?}"
+        );
+        let failed = killed.replace("exitcode  : -11", "exitcode  : 1");
+        let sig = crate::classify::classify(Exit::Unknown, &failed);
+        assert_eq!(sig.class, FaultClass::Other, "{sig:?}");
+    }
+
+    #[test]
+    fn no_usable_gpu_is_the_machines_failure_in_every_frameworks_words() {
+        for line in [
+            "jaxlib.xla_extension.XlaRuntimeError: FAILED_PRECONDITION: No visible GPU devices.",
+            "RuntimeError: Unable to initialize backend 'cuda': FAILED_PRECONDITION: No visible GPU devices. (you may need to uninstall the failing plugin package, or set JAX_PLATFORMS=cpu to skip this backend.)",
+            "RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu.",
+        ] {
+            assert_eq!(classify(Exit::Code(1), line).class, FaultClass::Infra, "{line}");
+        }
     }
 
     #[test]

@@ -286,7 +286,10 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
                 signature.class = FaultClass::Signal;
                 signature.detail = Some(name.clone());
                 signature.summary = format!("killed by {name} (the launcher's root cause)");
-            } else if signature.exception.is_none() || signature.summary.contains("====") {
+            } else if signature.exception.is_none()
+                || signature.summary.contains("====")
+                || signature.summary.contains("ChildFailedError")
+            {
                 signature.summary = format!("exited {code} (the launcher's root cause: rank {r})");
             }
         }
