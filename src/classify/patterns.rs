@@ -209,7 +209,14 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
                 r"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception)|received signal SIG[A-Z]+|^(\S+: )?(Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction|Trace/breakpoint trap)( \(core dumped\))?$",
                 // The kernel's OOM killer, as the shell reports it (`Killed`, or a job line
                 // `script: line 6:  3305 Killed   cmd`), and a DataLoader worker it took.
-                r"|^Killed\s*$|: line \d+:\s+\d+ Killed\s|is killed by signal: Killed",
+                r"|^Killed\s*$|is killed by signal: \w+",
+                // bash's job line for a command a signal ended (`./run.sh: line 3:  1234 Segmentation
+                // fault (core dumped) python train.py`).
+                r"|: line \d+:\s+\d+ (Killed|Segmentation fault|Aborted|Bus error|Floating point exception|Illegal instruction|Terminated)\s",
+                // A fatal check (glog's, TensorFlow's) aborts; Abseil's handler names the signal it caught.
+                r"|^\*\*\* Check failure stack trace: \*\*\*|^\*\*\* SIG[A-Z]+ received at time=",
+                // A DataLoader worker's SIGBUS, as PyTorch words it (shared memory ran out under it).
+                r"|Unexpected bus error encountered in worker",
                 // zsh's words for the same (`zsh: killed  cmd`, a job line `[1]  4242 killed  cmd`),
                 // and the kernel's own line when the log carries it.
                 r"|^zsh: killed\s|^\[\d+\]\s+[+-]?\s*\d+ killed\s|Out of memory: Killed process \d+",
@@ -228,7 +235,10 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
 });
 
 static CUDA_FAILURE_CODE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"Cuda failure (\d+)|\(error (\d+)\)|CUDA error (\d+)").expect("pattern")
+    // TensorFlow's and Abseil's checks print the code against success: `Check failed: err == cudaSuccess
+    // (700 vs. 0)`.
+    Regex::new(r"Cuda failure (\d+)|\(error (\d+)\)|CUDA error (\d+)|cudaSuccess \((\d+) vs\. 0\)")
+        .expect("pattern")
 });
 static CODE_NAME: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"\b(CUDA_ERROR_[A-Z_]+|cudaError[A-Za-z]+)\b").expect("pattern"));
@@ -830,6 +840,12 @@ mod tests {
         for log in [
             "Floating point exception (core dumped)",
             "Illegal instruction (core dumped)",
+            "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+            "RuntimeError: DataLoader worker (pid 12345) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory.",
+            "./run.sh: line 3:  1234 Segmentation fault      (core dumped) python train.py",
+            "run.sh: line 3: 1234 Aborted                 (core dumped) python train.py",
+            "F1203 10:00:00.000000 1234 gpu_event_mgr.cc:220] Unexpected Event status: 1\n*** Check failure stack trace: ***",
+            "*** SIGSEGV received at time=1700000000 on cpu 3 ***\nPC: @     0x7f0000000000  (unknown)",
         ] {
             assert_eq!(
                 classify(Exit::Unknown, log).class,
@@ -848,6 +864,15 @@ mod tests {
         let failed = killed.replace("exitcode  : -11", "exitcode  : 1");
         let sig = crate::classify::classify(Exit::Unknown, &failed);
         assert_eq!(sig.class, FaultClass::Other, "{sig:?}");
+    }
+
+    #[test]
+    fn a_check_against_cuda_success_names_the_code_it_got() {
+        let log = "2021-01-01 00:00:00.000000: F tensorflow/core/kernels/gather_functor_gpu.cu.h:123] Check failed: err == cudaSuccess (700 vs. 0)";
+        assert_eq!(
+            classify(Exit::Unknown, log).class,
+            FaultClass::IllegalAddress
+        );
     }
 
     #[test]
