@@ -82,6 +82,27 @@ fn bundle_pack_writes_an_archive_beside_the_bundle_and_refuses_other_directories
         err.contains("over the 25 MB an issue attachment may be"),
         "{err}"
     );
+    // A disk that fills while the archive is written (a file-size limit stands in for it): the archive is
+    // blamed, in one line, and neither it nor its temporary file is left behind.
+    let full = tmp.path().join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 64 && exec \"$0\" bundle pack \"$1\" -o \"$2\"")
+        .arg(bin())
+        .arg(&big)
+        .arg(full.join("big.tar.gz"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(line.contains("big.tar.gz"), "{err}");
+    assert!(!line.contains("repro_data.pt"), "{err}");
+    assert_eq!(std::fs::read_dir(&full).unwrap().count(), 0, "{err}");
 
     let other = tmp.path().join("not-a-bundle");
     std::fs::create_dir_all(&other).unwrap();
