@@ -757,10 +757,12 @@ fn start_with_report(dir: &Path, args: &[&str], report: &Path) -> (serde_json::V
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    for l in stderr
-        .lines()
-        .filter(|l| l.contains("→") || l.contains("compute-sanitizer"))
-    {
+    // Each probe's verdict, and the stage lines with their times (where the time after the search goes).
+    for l in stderr.lines().filter(|l| {
+        ["→", "compute-sanitizer", "shrink:", "triage:", "bundle:"]
+            .iter()
+            .any(|w| l.contains(w))
+    }) {
         println!("{l}");
     }
     println!("wall {:.1}s", started.elapsed().as_secs_f64());
@@ -1638,7 +1640,6 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
             bytes,
             started.elapsed().as_secs_f64()
         );
-        print_stages(case, &text);
         let phase_ok = kept.len() == 1
             && s["kept"][0]["phase"] == want
             && !["model", "model__backward"].contains(&kept[0]);
@@ -1703,18 +1704,6 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
 use cudabisect::report::bundle::dir_bytes;
 
 /// The layout package at one commit: `wide` is the fix.
-/// The run's stage lines (shrink, triage, bundle), with their times: where the time after the search went.
-fn print_stages(case: &str, text: &str) {
-    for line in text.lines().filter(|l| {
-        l.starts_with('[')
-            && ["shrink", "triage", "bundle", "first bad"]
-                .iter()
-                .any(|w| l.contains(w))
-    }) {
-        println!("{case}: {}", line.chars().take(160).collect::<String>());
-    }
-}
-
 fn layout_files(wide: bool, config: &str) -> Files {
     let base = root().join("fixtures/torch/layout_gpu");
     let mut f = Files::new();
@@ -1783,7 +1772,6 @@ fn start_hands_over_an_attachable_repro_for_an_int32_wrap_that_depends_on_the_la
     assert!(report.contains("generated from their shape"), "{report}");
     let (code, sig, out) = reproduce_from_bundle(&bundle, &dir);
     println!("int32 wrap: reproduce.sh: exit {code}, {}", sig.short());
-    print_stages("int32 wrap", &text);
     assert_ne!(code, 0, "{out}");
     assert_eq!(
         sig.class,
