@@ -139,9 +139,11 @@ impl Oracle<'_> {
                     .map(|h| h.join().unwrap_or(Ok(None)))
                     .collect()
             });
+            // Every run of the batch is logged and counted; the batch decides as one run would.
+            let mut decided = false;
             for result in results {
                 let mut seen = self.alone_run(result)?;
-                if !seen.0 && batch > 1 && !cancel.load(Ordering::SeqCst) {
+                if !seen.0 && batch > 1 && !decided && !cancel.load(Ordering::SeqCst) {
                     seen = self.alone_run(harness.run_alone(repro, cancel))?;
                 }
                 let (shown, missed) = seen;
@@ -150,9 +152,10 @@ impl Oracle<'_> {
                 }
                 done.runs += 1;
                 done.reproduced += u32::from(shown);
-                if shown == until_shown {
-                    return Some(done);
-                }
+                decided |= shown == until_shown;
+            }
+            if decided {
+                break;
             }
         }
         Some(done)

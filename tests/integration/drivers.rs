@@ -830,8 +830,15 @@ impl HarnessClient for FakeHarness {
             .parent()
             .is_some_and(|d| d.ends_with("minimal-generated"));
         if let Some(gate) = self.generates.as_ref().filter(|_| generating) {
-            gate.enter();
+            let oom = gate.enter();
             gate.leave();
+            if oom {
+                return Ok(Some(out(
+                    1,
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+                        .into(),
+                )));
+            }
         }
         Ok(self.alone.map(|faults| match faults {
             true => out(
@@ -993,6 +1000,17 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     let alone = data.alone.as_ref().unwrap();
     assert_eq!((alone.runs, alone.reproduced), (3, 3), "{alone:?}");
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 3);
+
+    // One that ran out of memory beside the others is run again by itself, and counts as it does then.
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.generates = Some(Gate::new(3, 0, true));
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    let data = r.data.as_ref().unwrap();
+    assert!(data.generated, "{data:?}");
+    let alone = data.alone.as_ref().unwrap();
+    assert_eq!((alone.runs, alone.reproduced), (3, 3), "{alone:?}");
+    assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
 
     // One at a time where the GPU holds one.
     let mut h = harness(12, 7, vec![7]);
