@@ -989,12 +989,22 @@ fn the_written_repro_is_run_alone_and_one_that_never_faults_alone_is_said_so() {
     assert!(data.missed_alone());
 }
 
-#[test]
-fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds() {
+/// A shrink whose exact repro is large and whose generating repro's runs alone meet at `gate`, with the
+/// GPU holding `jobs` runs at once.
+fn generating_shrink(
+    gate: Gate,
+    jobs: u32,
+) -> (FakeHarness, cudabisect::report::record::ShrinkReport) {
     let mut h = harness(12, 7, vec![7]);
     h.alone = Some(true);
-    h.generates = Some(Gate::new(3, 0, false));
-    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    h.generates = Some(gate);
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), jobs);
+    (h, r)
+}
+
+#[test]
+fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds() {
+    let (h, r) = generating_shrink(Gate::new(3, 0, false), 3);
     let data = r.data.as_ref().unwrap();
     assert!(data.generated, "{data:?}");
     let alone = data.alone.as_ref().unwrap();
@@ -1002,10 +1012,7 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 3);
 
     // One that ran out of memory beside the others is run again by itself, and counts as it does then.
-    let mut h = harness(12, 7, vec![7]);
-    h.alone = Some(true);
-    h.generates = Some(Gate::new(3, 0, true));
-    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
+    let (h, r) = generating_shrink(Gate::new(3, 0, true), 3);
     let data = r.data.as_ref().unwrap();
     assert!(data.generated, "{data:?}");
     let alone = data.alone.as_ref().unwrap();
@@ -1013,10 +1020,7 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
 
     // One at a time where the GPU holds one.
-    let mut h = harness(12, 7, vec![7]);
-    h.alone = Some(true);
-    h.generates = Some(Gate::new(1, 0, false));
-    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 1);
+    let (h, r) = generating_shrink(Gate::new(1, 0, false), 1);
     assert!(r.data.as_ref().unwrap().generated);
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 1);
 }

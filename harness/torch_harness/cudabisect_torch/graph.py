@@ -143,29 +143,43 @@ class AutogradFunctionCall(Exception):
     """FX met a torch.autograd.Function: tracing through its forward would lose its own backward."""
 
 
+def wrap_function_apply(around):
+    """Replaces `torch.autograd.Function.apply` for every Function with `around(cls, apply, *args,
+    **kwargs)`, where `apply(*args, **kwargs)` is the real one bound to `cls` (torch defines it in Python
+    in some versions and in C in others); returns the undo."""
+    import torch
+    original = torch.autograd.Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        return around(cls, original.__get__(None, cls), *args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)
+
+    def undo():
+        torch.autograd.Function.apply = original
+    return undo
+
+
 def guarded_autograd_functions():
     """While tracing: a `torch.autograd.Function` applied to traced values stops the trace, so the module
     that applies it is kept whole and its own backward (a kernel library's backward kernel) still runs."""
     import contextlib
 
-    import torch
     import torch.fx
     from torch.utils._pytree import tree_leaves
 
+    def stop_at_proxies(cls, apply, *args, **kwargs):
+        if any(isinstance(x, torch.fx.Proxy) for x in tree_leaves((args, kwargs))):
+            raise AutogradFunctionCall(f"{cls.__name__} is a torch.autograd.Function")
+        return apply(*args, **kwargs)
+
     @contextlib.contextmanager
     def guard():
-        original = torch.autograd.Function.__dict__["apply"]
-
-        def apply(cls, *args, **kwargs):
-            if any(isinstance(x, torch.fx.Proxy) for x in tree_leaves((args, kwargs))):
-                raise AutogradFunctionCall(f"{cls.__name__} is a torch.autograd.Function")
-            return original.__get__(None, cls)(*args, **kwargs)
-
-        torch.autograd.Function.apply = classmethod(apply)
+        undo = wrap_function_apply(stop_at_proxies)
         try:
             yield
         finally:
-            torch.autograd.Function.apply = original
+            undo()
 
     return guard()
 

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from .protocol import MARKER, say
-from .graph import LeafTracer, Ref, Step, short_name
+from .graph import LeafTracer, Ref, Step, short_name, wrap_function_apply
 from .node import needed_refs, shape_of, to_device
 from .training import BACKWARD, GRADS_VALUE, TRAINING_KINDS, grad_name, training_steps
 
@@ -170,27 +170,22 @@ class Recorder:
         this a Function applied in a forward FX cannot trace was charged to the module around it. Only a
         class repro.py can name again (`module:qualname`, not a local one) is recorded. Returns the undo."""
         import torch
-        original = torch.autograd.Function.__dict__["apply"]
         recorder = self
 
-        def apply(cls, *args, **kwargs):
+        def record(cls, apply, *args, **kwargs):
             name = function_name(cls)
             compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)()
             if not recorder.stack or name is None or compiling:
-                return original.__get__(None, cls)(*args, **kwargs)
+                return apply(*args, **kwargs)
             op = cls.__name__
             cid = recorder.new_call(op, {"via": "call_function", "function": name, "target": "", "op": op,
                                          "kernel": op}, (args, kwargs))
             recorder.begin(cid, op, op)
-            out = original.__get__(None, cls)(*args, **kwargs)
+            out = apply(*args, **kwargs)
             recorder.end(cid, op, op, out)
             return out
 
-        torch.autograd.Function.apply = classmethod(apply)
-
-        def undo():
-            torch.autograd.Function.apply = original
-        return undo
+        return wrap_function_apply(record)
 
     def interpret(self, module, path, opaque):
         """Runs `module` through FX, op by op, with markers and recordings (it can be traced). FX
