@@ -95,7 +95,7 @@ pub fn collect(cancel: &AtomicBool, torch: bool, progress: &mut dyn FnMut(&str))
     if cancelled() {
         return env;
     }
-    let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) else {
+    let Some(py) = python() else {
         return env;
     };
     let py = py.display().to_string();
@@ -126,7 +126,12 @@ pub fn torch_report(py: &str, cancel: &AtomicBool) -> Option<String> {
 
 /// PyTorch's report for an environment collected without it, when the run turned out to use torch.
 pub fn add_torch_report(env: &mut Environment, cancel: &AtomicBool) {
-    if let Some(py) = find_program("python3", &[]).or_else(|| find_program("python", &[])) {
+    if let Some(py) = python() {
         env.torch_collect_env = torch_report(&py.display().to_string(), cancel);
     }
+}
+
+/// The Python the environment record asks: `python3`, else `python`.
+fn python() -> Option<std::path::PathBuf> {
+    find_program("python3", &[]).or_else(|| find_program("python", &[]))
 }
