@@ -234,7 +234,10 @@ impl ProcessHarness {
         // A server that does not start costs nothing but its log: every call then runs cold.
         harness.warm = match (&harness.prefix, shipped && shrink.warm_start) {
             (CommandLine::Argv(argv), true) => {
-                WarmServer::start(argv, cwd, &harness.env, &run_dir.join("harness-server.log")).ok()
+                // One log per commit: the parent check's server does not overwrite the shrink's.
+                let short = commit.get(..12).unwrap_or(commit);
+                let log = run_dir.join(format!("harness-server-{short}.log"));
+                WarmServer::start(argv, cwd, &harness.env, &log).ok()
             }
             _ => None,
         };

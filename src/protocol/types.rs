@@ -60,6 +60,26 @@ impl GraphTensor {
             None => "unknown".to_string(),
         }
     }
+
+    /// Its size in bytes from its shape and dtype (`torch.` or not; an unknown dtype counts 4 bytes an
+    /// element); `None` when the shape is unknown.
+    pub fn bytes(&self) -> Option<u64> {
+        let elements = self
+            .shape
+            .as_ref()?
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))?;
+        let dtype = self.dtype.as_deref().unwrap_or("");
+        let each = match dtype.strip_prefix("torch.").unwrap_or(dtype) {
+            "bool" | "int8" | "uint8" | "qint8" | "quint8" => 1,
+            d if d.starts_with("float8") => 1,
+            "float16" | "half" | "bfloat16" | "int16" | "uint16" => 2,
+            "float64" | "double" | "int64" | "long" | "uint64" | "complex64" => 8,
+            "complex128" => 16,
+            _ => 4,
+        };
+        elements.checked_mul(each)
+    }
 }
 
 /// What `describe` writes.
@@ -161,6 +181,39 @@ mod tests {
             dtype: None,
             producer: None,
         }
+    }
+
+    #[test]
+    fn a_tensors_bytes_follow_its_shape_and_dtype() {
+        let t = |shape: Option<Vec<u64>>, dtype: Option<&str>| GraphTensor {
+            dtype: dtype.map(String::from),
+            ..tensor("x", shape)
+        };
+        assert_eq!(
+            t(Some(vec![66560, 32768]), Some("int8")).bytes(),
+            Some(2_181_038_080)
+        );
+        assert_eq!(
+            t(Some(vec![4, 8]), Some("torch.bfloat16")).bytes(),
+            Some(64)
+        );
+        assert_eq!(t(Some(vec![4, 8]), Some("float64")).bytes(), Some(256));
+        assert_eq!(
+            t(Some(vec![3]), None).bytes(),
+            Some(12),
+            "unknown dtype: 4 bytes"
+        );
+        assert_eq!(
+            t(Some(vec![]), Some("float32")).bytes(),
+            Some(4),
+            "a scalar"
+        );
+        assert_eq!(t(None, Some("float32")).bytes(), None);
+        assert_eq!(
+            t(Some(vec![u64::MAX, 2]), None).bytes(),
+            None,
+            "no overflow"
+        );
     }
 
     #[test]

@@ -109,6 +109,8 @@ pub fn start(
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let mut slots = slots.unwrap_or_default();
+    // The places planned: the runs after the search may use them where the GPU holds them.
+    let places = slots.len();
     // More workers than candidates would only make checkouts: each worker costs a full worktree.
     let useful = plan.range.len().max(2);
     if slots.len() > useful {
@@ -197,6 +199,7 @@ pub fn start(
             gauge: &gauge,
             asked: matches!(plan.config.workers.jobs, Jobs::Count(_))
                 || plan.config.workers.devices.is_some(),
+            places,
         },
     };
     // The journal of earlier runs killed before they finished: what they learned is reused.

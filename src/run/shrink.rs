@@ -17,6 +17,7 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{
     AloneRuns, Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
 };
+use crate::run::places::Places;
 use crate::shrink::{Reducer, Reduction, Step};
 
 /// What a shrink needs to know besides the harness.
@@ -32,7 +33,8 @@ pub struct ShrinkSettings<'a> {
     pub attempts: u32,
     /// Runs of the minimal subgraph in the final check.
     pub confirm: u32,
-    /// How many of those run at once.
+    /// Places on the GPU for the final check: with two or more, one writes repro.py while the others
+    /// run the confirmations (and the repro with generated values, when its inputs are large).
     pub confirm_jobs: u32,
 }
 
@@ -57,9 +59,27 @@ struct Oracle<'a> {
     runs: usize,
     rejected: Vec<Rejected>,
     log_dir: PathBuf,
+    /// The GPU places the runs share with the runs of any other oracle of this shrink.
+    places: &'a Places,
+    /// How the logs of runs of `repro.py` alone are named.
+    alone_log: &'static str,
 }
 
-impl Oracle<'_> {
+impl<'a> Oracle<'a> {
+    /// An oracle for runs beside this one's: same target and places, its own counts and log names.
+    fn beside(&self, alone_log: &'static str) -> Oracle<'a> {
+        Oracle {
+            harness: self.harness,
+            policy: self.policy,
+            target: self.target.clone(),
+            runs: 0,
+            rejected: vec![],
+            log_dir: self.log_dir.clone(),
+            places: self.places,
+            alone_log,
+        }
+    }
+
     fn judge(
         &mut self,
         keep: &[String],
@@ -68,13 +88,9 @@ impl Oracle<'_> {
         cancel: &AtomicBool,
     ) -> Result<bool, ProtocolError> {
         for _ in 0..attempts {
-            let request = RunRequest {
-                keep: Some(keep),
-                recording: Some(recording),
-                record: None,
-            };
-            let run = self.harness.run(&request, cancel)?;
-            if self.account(keep, &run) {
+            let places = self.places;
+            let _place = places.one();
+            if self.run_once(keep, recording, cancel)? {
                 return Ok(true);
             }
             if cancel.load(Ordering::SeqCst) {
@@ -82,6 +98,22 @@ impl Oracle<'_> {
             }
         }
         Ok(false)
+    }
+
+    /// One run of the candidate, logged and judged; the caller holds its place on the GPU.
+    fn run_once(
+        &mut self,
+        keep: &[String],
+        recording: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        let request = RunRequest {
+            keep: Some(keep),
+            recording: Some(recording),
+            record: None,
+        };
+        let run = self.harness.run(&request, cancel)?;
+        Ok(self.account(keep, &run))
     }
 
     /// Logs one run and judges it: true when it showed the target's fault.
@@ -129,10 +161,15 @@ impl Oracle<'_> {
         while left > 0 && !cancel.load(Ordering::SeqCst) {
             let batch = left.min(jobs);
             left -= batch;
-            let harness = self.harness;
+            let (harness, places) = (self.harness, self.places);
             let results: Vec<_> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..batch)
-                    .map(|_| s.spawn(|| harness.run_alone(repro, cancel)))
+                    .map(|_| {
+                        s.spawn(|| {
+                            let _place = places.one();
+                            harness.run_alone(repro, cancel)
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()
@@ -144,6 +181,7 @@ impl Oracle<'_> {
             for result in results {
                 let mut seen = self.alone_run(result)?;
                 if !seen.0 && batch > 1 && !decided && !cancel.load(Ordering::SeqCst) {
+                    let _alone = places.all();
                     seen = self.alone_run(harness.run_alone(repro, cancel))?;
                 }
                 let (shown, missed) = seen;
@@ -172,7 +210,8 @@ impl Oracle<'_> {
             Ok(Some(run)) => {
                 self.runs += 1;
                 let _ = std::fs::write(
-                    self.log_dir.join(format!("alone-{:04}.log", self.runs)),
+                    self.log_dir
+                        .join(format!("{}-{:04}.log", self.alone_log, self.runs)),
                     &run.output,
                 );
                 // The copied code launches from repro.py's own lines: the launch site is not the
@@ -197,7 +236,7 @@ impl Oracle<'_> {
         jobs: u32,
         cancel: &AtomicBool,
     ) -> u32 {
-        let harness = self.harness;
+        let (harness, places) = (self.harness, self.places);
         let request = RunRequest {
             keep: Some(keep),
             recording: Some(recording),
@@ -210,7 +249,12 @@ impl Oracle<'_> {
             left -= batch;
             let outputs: Vec<Option<RunOutput>> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..batch)
-                    .map(|_| s.spawn(|| harness.run(&request, cancel).ok()))
+                    .map(|_| {
+                        s.spawn(|| {
+                            let _place = places.one();
+                            harness.run(&request, cancel).ok()
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()
@@ -222,8 +266,10 @@ impl Oracle<'_> {
                 // A miss beside other runs (an out-of-memory, or a fault that another process's GPU
                 // exception disturbed) says nothing about the repro alone: run it again alone, so running
                 // together never lowers the count.
-                let alone =
-                    !hit && batch > 1 && self.judge(keep, recording, 1, cancel).unwrap_or(false);
+                let alone = !hit && batch > 1 && {
+                    let _alone = places.all();
+                    self.run_once(keep, recording, cancel).unwrap_or(false)
+                };
                 if hit || alone {
                     reproduced += 1;
                 }
@@ -248,19 +294,56 @@ const GENERATE_OVER: u64 = 1 << 20;
 /// The data of a minimal repro is reduced only above this size: below it, exact values cost little.
 const REDUCE_ABOVE: u64 = 8 << 20;
 
-/// Checks the written `repro.py` by itself, and shrinks what it ships. When its recorded values are large,
-/// a repro.py that generates them from their shape, dtype and range (one allocation each, in the recorded
-/// order) is written beside it and run alone in fresh processes; it replaces the exact one only when every
-/// one of `runs` runs shows the target's fault (a fault that reads far outside a buffer depends on what is
-/// mapped there, which only a fresh process shows as a maintainer will see it). Otherwise the exact repro
-/// is run alone until it shows the fault, up to `runs` times, and the report says how it went.
-fn check_alone_and_reduce(
+/// The bytes of the recorded inputs of the kept nodes, from their recorded shapes and dtypes: whether the
+/// repro with generated values is worth writing before the exact one shows its size.
+fn inputs_bytes(nodes: &[GraphNode], kept: &[usize]) -> u64 {
+    kept.iter()
+        .filter_map(|&i| nodes.get(i))
+        .flat_map(|n| &n.inputs)
+        .filter_map(|t| t.bytes())
+        .sum()
+}
+
+/// What the repro with generated values did: whether it was written, and its runs alone.
+struct GeneratedTry {
+    written: bool,
+    alone: Option<AloneRuns>,
+}
+
+/// Writes the repro with generated values into `generated` and runs it alone in fresh processes, up to
+/// `jobs` at once, until one run does not show the fault.
+fn try_generated(
     harness: &dyn HarnessClient,
     oracle: &mut Oracle,
     keep: &[String],
     record: &Path,
-    minimal: &Path,
+    generated: &Path,
     (runs, jobs): (u32, u32),
+    cancel: &AtomicBool,
+) -> GeneratedTry {
+    let _ = std::fs::remove_dir_all(generated);
+    let written = harness
+        .extract_generated(keep, record, generated, GENERATE_OVER, cancel)
+        .is_ok_and(|written| written);
+    let alone = written
+        .then(|| oracle.alone(&generated.join("repro.py"), runs, false, jobs, cancel))
+        .flatten();
+    GeneratedTry { written, alone }
+}
+
+/// Checks the written `repro.py` by itself, and shrinks what it ships. When its recorded values are large,
+/// a repro.py that generates them from their shape, dtype and range (one allocation each, in the recorded
+/// order) is written beside it and run alone in fresh processes (`tried`: already, beside the final
+/// check); it replaces the exact one only when every one of `runs` runs shows the target's fault (a fault
+/// that reads far outside a buffer depends on what is mapped there, which only a fresh process shows as a
+/// maintainer will see it). Otherwise the exact repro is run alone until it shows the fault, up to `runs`
+/// times, and the report says how it went.
+fn check_alone_and_reduce(
+    harness: &dyn HarnessClient,
+    oracle: &mut Oracle,
+    (keep, record, minimal): (&[String], &Path, &Path),
+    (runs, jobs): (u32, u32),
+    tried: Option<GeneratedTry>,
     cancel: &AtomicBool,
 ) -> ReproData {
     let exact = dir_bytes(minimal);
@@ -271,16 +354,20 @@ fn check_alone_and_reduce(
         note: None,
         alone: None,
     };
+    let generated = minimal.with_file_name("minimal-generated");
     if exact > REDUCE_ABOVE && harness.generates_values() {
-        let generated = minimal.with_file_name("minimal-generated");
-        let _ = std::fs::remove_dir_all(&generated);
-        let written = harness
-            .extract_generated(keep, record, &generated, GENERATE_OVER, cancel)
-            .is_ok_and(|written| written);
-        let alone = written
-            .then(|| oracle.alone(&generated.join("repro.py"), runs, false, jobs, cancel))
-            .flatten();
-        match alone {
+        let tried = tried.unwrap_or_else(|| {
+            try_generated(
+                harness,
+                oracle,
+                keep,
+                record,
+                &generated,
+                (runs, jobs),
+                cancel,
+            )
+        });
+        match tried.alone {
             Some(a) if a.reproduced == runs.max(1) => {
                 if std::fs::remove_dir_all(minimal).is_ok()
                     && std::fs::rename(&generated, minimal).is_ok()
@@ -301,13 +388,14 @@ fn check_alone_and_reduce(
                     a.missed.as_deref().map_or(String::new(), |m| format!("; the last ended: {m}"))
                 ));
             }
-            None if written => {
+            None if tried.written => {
                 data.note = Some("the repro with generated values could not be run alone".into());
             }
             None => data.note = Some("the repro with generated values could not be written".into()),
         }
-        let _ = std::fs::remove_dir_all(&generated);
     }
+    // Tried beside the final check for inputs that turned out small: the exact repro is kept.
+    let _ = std::fs::remove_dir_all(&generated);
     if !cancel.load(Ordering::SeqCst) {
         data.alone = oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel);
     }
@@ -601,6 +689,9 @@ fn drive(
         signature: target.short(),
     });
 
+    // With two or more places, one is the writer's (it loads the model and the recorded values and
+    // launches nothing); the runs share the others.
+    let places = Places::new(settings.confirm_jobs.saturating_sub(1).max(1) as usize);
     let mut oracle = Oracle {
         harness,
         policy: settings.policy,
@@ -608,6 +699,8 @@ fn drive(
         runs: 0,
         rejected: vec![],
         log_dir,
+        places: &places,
+        alone_log: "alone",
     };
     let mut reducer = Reducer::new(nodes.len(), fault);
     let result = loop {
@@ -638,25 +731,41 @@ fn drive(
     let keep = ids(&nodes, &result);
 
     // The final check: the same signature on every one of N runs, each a single attempt. Where the GPU
-    // holds several runs at once, repro.py is written beside it, in one of those places (writing loads
-    // the model and the recorded values, and launches nothing); the written file does not depend on the
-    // check.
+    // holds several runs at once, repro.py is written beside it (the written file does not depend on
+    // the check), and where the kept inputs are large the repro with generated values is written and
+    // run alone beside it too: the places bound every run of the three.
     let minimal = settings.out_dir.join("minimal");
-    let (reproduced, extracted) = if settings.confirm_jobs > 1 {
+    let generated = minimal.with_file_name("minimal-generated");
+    let alone_runs = settings.confirm.min(3);
+    let mut side = oracle.beside("alone-generated");
+    let (reproduced, extracted, tried) = if settings.confirm_jobs > 1 {
+        let large = harness.generates_values() && inputs_bytes(&nodes, &result) > REDUCE_ABOVE;
+        let at_once = places.total() as u32;
         std::thread::scope(|s| {
             let written = s.spawn(|| harness.extract(&keep, &record, &minimal, cancel));
-            let reproduced = oracle.confirm(
-                &keep,
-                &record,
-                settings.confirm,
-                settings.confirm_jobs - 1,
-                cancel,
-            );
-            (reproduced, written.join().ok())
+            let tried = large.then(|| {
+                s.spawn(|| {
+                    try_generated(
+                        harness,
+                        &mut side,
+                        &keep,
+                        &record,
+                        &generated,
+                        (alone_runs, at_once),
+                        cancel,
+                    )
+                })
+            });
+            let reproduced = oracle.confirm(&keep, &record, settings.confirm, at_once, cancel);
+            (
+                reproduced,
+                written.join().ok(),
+                tried.and_then(|t| t.join().ok()),
+            )
         })
     } else {
         let reproduced = oracle.confirm(&keep, &record, settings.confirm, 1, cancel);
-        (reproduced, None)
+        (reproduced, None, None)
     };
     if cancel.load(Ordering::SeqCst) {
         report.harness_runs += oracle.runs;
@@ -666,8 +775,9 @@ fn drive(
         runs: settings.confirm,
         reproduced,
     });
-    report.harness_runs += std::mem::take(&mut oracle.runs);
-    report.rejected = std::mem::take(&mut oracle.rejected);
+    report.harness_runs += std::mem::take(&mut oracle.runs) + std::mem::take(&mut side.runs);
+    report.rejected.append(&mut oracle.rejected);
+    report.rejected.append(&mut side.rejected);
     report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
     report.removed = nodes
         .iter()
@@ -690,14 +800,16 @@ fn drive(
         // The shrink result stands; the report says why there is no standalone model.
         Err(e) => report.extract_error = Some(e.to_string()),
     }
+    if report.minimal_model.is_none() {
+        let _ = std::fs::remove_dir_all(&generated);
+    }
     if report.minimal_model.is_some() {
         report.data = Some(check_alone_and_reduce(
             harness,
             &mut oracle,
-            &keep,
-            &record,
-            &minimal,
-            (settings.confirm.min(3), settings.confirm_jobs),
+            (&keep, &record, &minimal),
+            (alone_runs, places.total() as u32),
+            tried,
             cancel,
         ));
         report.harness_runs += std::mem::take(&mut oracle.runs);

@@ -368,13 +368,13 @@ fn shrink_with(
     (shrink(&harness, &settings, reporter, cancel), way)
 }
 
-/// The final check's runs at once: as written, else as many as the GPU held during the search; never
-/// more than the runs, never none.
+/// The final check's places at once: as written, else as many as the GPU holds (measured in the search);
+/// never more than the confirmations and the writer of repro.py beside them, never none.
 fn confirm_at_once(section: &ShrinkSection, at_once: u32) -> u32 {
     section
         .confirm_jobs
         .unwrap_or(at_once)
-        .clamp(1, section.confirm.max(1))
+        .clamp(1, section.confirm.max(1) + 1)
 }
 
 /// The harness of `way` on the commit built in `cwd`, run through the stage's executor.
@@ -434,7 +434,11 @@ mod tests {
     fn the_final_check_runs_as_many_at_once_as_the_search_did_unless_written() {
         let mut section = ShrinkSection::implicit();
         section.confirm = 5;
-        assert_eq!(confirm_at_once(&section, 8), 5, "never more than the runs");
+        assert_eq!(
+            confirm_at_once(&section, 8),
+            6,
+            "never more than the runs and the writer"
+        );
         assert_eq!(confirm_at_once(&section, 3), 3);
         assert_eq!(confirm_at_once(&section, 0), 1, "never none");
         section.confirm_jobs = Some(1);

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cudabisect::bisect::Verdict;
@@ -631,12 +631,12 @@ struct FakeHarness {
     runs: AtomicUsize,
     cancel_after: Option<(usize, &'static AtomicBool)>,
     /// Confirmation runs meet here: see [`Gate`].
-    gate: Option<Gate>,
+    gate: Option<Arc<Gate>>,
     /// `extract` writes a repro.py, which run alone faults (from its own line) or runs clean.
     alone: Option<bool>,
     /// The exact repro's data is large, and a repro.py generating it is written on request; its runs
     /// alone meet here.
-    generates: Option<Gate>,
+    generates: Option<Arc<Gate>>,
 }
 
 /// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
@@ -727,10 +727,11 @@ impl HarnessClient for FakeHarness {
                 id: format!("n{i}"),
                 op: "gather".into(),
                 kernel: Some("gather_rows".into()),
+                // A harness that generates values records large inputs (9 MiB of int8 each).
                 inputs: vec![GraphTensor {
                     name: format!("t{i}"),
-                    shape: Some(vec![4]),
-                    dtype: None,
+                    shape: Some(vec![if self.generates.is_some() { 9 << 20 } else { 4 }]),
+                    dtype: self.generates.as_ref().map(|_| "int8".into()),
                     producer: (i > 0).then(|| format!("n{}", i - 1)),
                 }],
                 outputs: vec![],
@@ -929,7 +930,7 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
     // One at a time (the default), they never overlap; this run also counts the reducer's own tries of
     // the minimal subgraph, which come before the final check.
     let mut h = harness(12, 7, vec![7]);
-    h.gate = Some(Gate::new(1, 0, false));
+    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
     let (r, _) = run_shrink(&h, &AtomicBool::new(false));
     assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
     let st = h.gate.as_ref().unwrap().state.lock().unwrap();
@@ -939,13 +940,13 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
 
     // Three places on the GPU: two confirmation runs at a time, and repro.py written in the third.
     let mut h = harness(12, 7, vec![7]);
-    h.gate = Some(Gate::new(2, skip, false));
+    h.gate = Some(Arc::new(Gate::new(2, skip, false)));
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
     assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
     assert_eq!(h.gate.as_ref().unwrap().state.lock().unwrap().most, 2);
 
     let mut h = harness(12, 7, vec![7]);
-    h.gate = Some(Gate::new(3, skip, true));
+    h.gate = Some(Arc::new(Gate::new(2, skip, true)));
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 3);
     assert_eq!(
         r.confirmation.as_ref().map(|c| (c.reproduced, c.runs)),
@@ -997,14 +998,15 @@ fn generating_shrink(
 ) -> (FakeHarness, cudabisect::report::record::ShrinkReport) {
     let mut h = harness(12, 7, vec![7]);
     h.alone = Some(true);
-    h.generates = Some(gate);
+    h.generates = Some(Arc::new(gate));
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), jobs);
     (h, r)
 }
 
 #[test]
 fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds() {
-    let (h, r) = generating_shrink(Gate::new(3, 0, false), 3);
+    // Four places: repro.py is written in one, three runs go at once in the others.
+    let (h, r) = generating_shrink(Gate::new(3, 0, false), 4);
     let data = r.data.as_ref().unwrap();
     assert!(data.generated, "{data:?}");
     let alone = data.alone.as_ref().unwrap();
@@ -1012,7 +1014,7 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 3);
 
     // One that ran out of memory beside the others is run again by itself, and counts as it does then.
-    let (h, r) = generating_shrink(Gate::new(3, 0, true), 3);
+    let (h, r) = generating_shrink(Gate::new(3, 0, true), 4);
     let data = r.data.as_ref().unwrap();
     assert!(data.generated, "{data:?}");
     let alone = data.alone.as_ref().unwrap();
@@ -1023,6 +1025,41 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     let (h, r) = generating_shrink(Gate::new(1, 0, false), 1);
     assert!(r.data.as_ref().unwrap().generated);
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 1);
+}
+
+#[test]
+fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_check_within_its_places(
+) {
+    // How many of the minimal subgraph's runs come before the final check (the reducer's own tries).
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.generates = Some(Arc::new(Gate::new(1, 0, false)));
+    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
+    run_shrink_jobs(&h, &AtomicBool::new(false), 1);
+    let skip = h.gate.as_ref().unwrap().state.lock().unwrap().entries - 3;
+
+    // Five places: the writer's and four runs. Three confirmations and three runs of the generating
+    // repro meet at one gate that opens at four in flight: only runs of both at once reach four, and
+    // the places never let a fifth in.
+    let shared = Arc::new(Gate::new(4, skip, false));
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.generates = Some(shared.clone());
+    h.gate = Some(shared.clone());
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);
+    assert_eq!(shared.state.lock().unwrap().most, 4);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    let data = r.data.as_ref().unwrap();
+    assert!(data.generated, "{data:?}");
+    assert_eq!(
+        data.alone.as_ref().map(|a| (a.runs, a.reproduced)),
+        Some((3, 3))
+    );
+    assert_eq!(
+        r.harness_runs,
+        h.runs.load(Ordering::SeqCst),
+        "every run counted"
+    );
 }
 
 #[test]
@@ -1624,6 +1661,8 @@ impl MemoryGauge for FixedGauge {
 }
 
 struct SharedRun {
+    /// What the GPU holds at once for the stages after the search.
+    at_once: usize,
     end: SearchEnd,
     events: Vec<Event>,
     crowded: Vec<(usize, bool)>,
@@ -1667,12 +1706,15 @@ fn on_one_gpu_with(
             most,
         })
         .collect();
+    // The plan had eight places; the search used three workers.
     let sharing = Sharing {
         gauge,
         asked: false,
+        places: 8,
     };
     let (outcome, events) = search_16(&mut probers, &stops, cancel, sharing);
     SharedRun {
+        at_once: outcome.at_once,
         end: outcome.end,
         events,
         crowded: log.lock().unwrap().clone(),
@@ -1701,6 +1743,10 @@ fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
     assert_eq!(at_once[0].0, 3);
+    assert_eq!(
+        run.at_once, 8,
+        "the stages after the search may use every place planned that the GPU holds"
+    );
     assert!(
         at_once[0].1.contains("peaked at 2.0 GiB"),
         "{}",
@@ -1722,6 +1768,7 @@ fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
     assert_eq!(at_once[0].0, 1);
+    assert_eq!(run.at_once, 1);
     assert_eq!(run.most, 1);
     assert!(run.crowded.iter().all(|&(_, c)| !c));
     // Plain bisection: every search probe at or above the midpoint.
@@ -1743,6 +1790,10 @@ fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again
     }
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.last().unwrap().0, 1, "{at_once:?}");
+    assert_eq!(
+        run.at_once, 1,
+        "no stage shares the GPU after an out-of-memory"
+    );
     assert!(
         at_once.last().unwrap().1.contains("ran out of memory"),
         "{at_once:?}"

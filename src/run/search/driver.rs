@@ -205,7 +205,10 @@ impl<'a, 'r> Driver<'a, 'r> {
                         | FaultClass::Infra
                 );
             if let (true, Some((gpu, workers))) = (measured, pool.first_shared()) {
-                let (k, reason) = probes_at_once(reading, workers, self.input.sharing.asked);
+                let asked = self.input.sharing.asked;
+                let places = self.input.sharing.places.max(workers);
+                pool.set_room(probes_at_once(reading, places, asked).0);
+                let (k, reason) = probes_at_once(reading, workers, asked);
                 pool.set_limit(k);
                 pool.set_measured();
                 self.reporter.event(&Event::ProbesAtOnce {

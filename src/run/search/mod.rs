@@ -62,6 +62,9 @@ pub struct Sharing<'a> {
     /// The workers were asked for (a number, devices listed), not chosen by `auto`: when nothing can be
     /// read, they all run.
     pub asked: bool,
+    /// The places the plan gave the GPU before the workers were capped by the candidates: what the
+    /// stages after the search may use at once where the GPU's memory holds them (0: the workers).
+    pub places: usize,
 }
 
 impl Sharing<'static> {
@@ -69,6 +72,7 @@ impl Sharing<'static> {
     pub const NONE: Sharing<'static> = Sharing {
         gauge: &crate::host::gpu_memory::NoGauge,
         asked: false,
+        places: 0,
     };
 }
 
@@ -176,8 +180,9 @@ pub struct SearchOutcome {
     pub other_bugs: Vec<OtherBug>,
     /// When the fault showed on only some runs of the bad end: the flaky search's answer.
     pub flaky: Option<FlakyAnswer>,
-    /// Probes that may run at once at the search's end: the workers, or fewer on a GPU they share (what
-    /// its memory holds). The stages after the search overlap only where two fit.
+    /// Runs that may go at once at the search's end: the workers, or on a GPU they share what its memory
+    /// holds of the probe measured there (up to the places planned, even where fewer candidates needed
+    /// fewer workers). The stages after the search overlap only where two fit.
     pub at_once: usize,
 }
 
@@ -216,7 +221,7 @@ pub fn search_with_workers(
             None => outcome,
         };
         outcome.at_once = match pool.first_shared() {
-            Some(_) => pool.limit().min(pool.size()),
+            Some(_) => pool.room(),
             None => pool.size(),
         };
         outcome

@@ -93,6 +93,9 @@ pub(super) struct Pool<'s> {
     limit: usize,
     /// Whether the limit was set from a measurement (or fell back to one for good).
     measured: bool,
+    /// What the shared GPU holds at once for the runs after the search (it may hold more than the
+    /// workers); `None` until measured.
+    room: Option<usize>,
 }
 
 /// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
@@ -153,6 +156,7 @@ pub(super) fn with_pool<R>(
             shared,
             limit: 1,
             measured: false,
+            room: None,
         };
         let out = f(&mut pool);
         // Closing the job channels ends the threads; the scope waits for them.
@@ -223,6 +227,21 @@ impl Pool<'_> {
     /// Probes at once on each shared GPU from now on.
     pub(super) fn set_limit(&mut self, k: usize) {
         self.limit = k.max(1);
+    }
+
+    /// What the shared GPU holds at once after the search, measured against every place planned.
+    pub(super) fn set_room(&mut self, k: usize) {
+        self.room = Some(k.max(1));
+    }
+
+    /// Runs the shared GPU holds at once after the search: the room measured, never more than one once
+    /// a probe was crowded out (the limit fell to one for good), the limit where nothing was measured.
+    pub(super) fn room(&self) -> usize {
+        match self.room {
+            Some(_) if self.limit == 1 => 1,
+            Some(room) => room.max(self.limit),
+            None => self.limit.min(self.size()),
+        }
     }
 
     /// Whether the limit is settled.
