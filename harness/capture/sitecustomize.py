@@ -112,7 +112,16 @@ def _main_module_source():
 
 
 def _save(torch, name, value):
-    torch.save(value, os.path.join(OUT, name))
+    # Without the zip's checksums (torch.load does not need them; they cost seconds a gigabyte of batch).
+    ser = torch.serialization
+    before = ser.get_crc32_options() if hasattr(ser, "set_crc32_options") else None
+    if before is not None:
+        ser.set_crc32_options(False)
+    try:
+        torch.save(value, os.path.join(OUT, name))
+    finally:
+        if before is not None:
+            ser.set_crc32_options(before)
 
 
 def _pickle_model(torch, module):

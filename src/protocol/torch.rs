@@ -37,6 +37,10 @@ pub const TORCH_HARNESS: &[(&str, &str)] = &[
         include_str!("../../harness/torch_harness/cudabisect_torch/protocol.py"),
     ),
     (
+        "cudabisect_torch/store.py",
+        include_str!("../../harness/torch_harness/cudabisect_torch/store.py"),
+    ),
+    (
         "cudabisect_torch/graph.py",
         include_str!("../../harness/torch_harness/cudabisect_torch/graph.py"),
     ),

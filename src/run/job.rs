@@ -329,9 +329,14 @@ pub fn start(
         };
         std::thread::scope(|s| {
             // The environment does not depend on the stages: it is asked beside them (PyTorch's report
-            // too when the fault already speaks of torch), so the bundle does not wait for it after.
+            // too when the fault already speaks of torch, or of Triton, which runs under it), so the
+            // bundle does not wait for it after.
             let asked = plan.config.bundle.enabled.then(|| {
-                let torch = speaks_torch(report.target.as_ref());
+                let torch = speaks_torch(report.target.as_ref())
+                    || report
+                        .target
+                        .as_ref()
+                        .is_some_and(|t| t.framework.as_deref() == Some("triton"));
                 s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
             });
             if asked.is_some() {

@@ -8,6 +8,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Optional
+from . import store
 from .protocol import load_attr, say, timing
 from .graph import Ref, build_graph, describe, whole_call_graph
 from .node import announce_triton_launches, harness_error, resolve_device, to_device
@@ -106,7 +107,6 @@ def load_script_definitions(d, script):
 def load_capture(d):
     """The captured step: the model (unpickled on the CPU), its batch as positional inputs, and what the
     training graph needs (the output's gradient, the optimizer, the gradients it saw)."""
-    import torch
     for path in (d, os.getcwd()):  # the captured script's own definitions (cudabisect_main.py), the project
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -119,8 +119,7 @@ def load_capture(d):
             meta.update(json.load(f))  # where the step failed, not where it was saved
 
     def load(name):
-        path = os.path.join(d, name)
-        return torch.load(path, map_location="cpu", weights_only=False) if os.path.exists(path) else None
+        return store.exists_then_load(os.path.join(d, name))
 
     model = load("model.pt")
     restore_program_state(load("program_state.pt") or {})

@@ -133,7 +133,7 @@ def _leaf_tracer_class():
 
         def trace(self, root, concrete_args=None):
             self.record_stack_traces = True
-            with guarded_autograd_functions():
+            with guarded_autograd_functions(), guarded_kernel_launches():
                 return super().trace(root, concrete_args)
 
     return Tracer
@@ -158,6 +158,50 @@ def wrap_function_apply(around):
     def undo():
         torch.autograd.Function.apply = original
     return undo
+
+
+class KernelLaunch(Exception):
+    """FX met a Triton kernel launch: launching it would start the device in the tracing process."""
+
+
+# Triton's launchers: `kernel[grid](...)` and `kernel.run(...)` of a plain, autotuned or heuristic kernel.
+TRITON_LAUNCHERS = (("triton.runtime.jit", "JITFunction"), ("triton.runtime.autotuner", "Autotuner"),
+                    ("triton.runtime.autotuner", "Heuristics"))
+
+
+def guarded_kernel_launches():
+    """While tracing: a Triton kernel launched from a forward stops the trace before Triton asks the driver
+    for the device, so the module that launches it is kept whole. Asking would initialise CUDA in the
+    process that traces: in a warm server, whose forked children can then not use the device, every call
+    would run cold."""
+    import contextlib
+    import importlib
+
+    @contextlib.contextmanager
+    def guard():
+        undo = []
+        if "triton" in sys.modules:  # never imported for this: a model without Triton pays nothing
+            for module, name in TRITON_LAUNCHERS:
+                try:
+                    cls = getattr(importlib.import_module(module), name)
+                except (ImportError, AttributeError):
+                    continue
+                original = cls.__dict__.get("run")
+                if original is None:
+                    continue
+
+                def stop(self, *args, _name=name, **kwargs):
+                    raise KernelLaunch(f"a Triton kernel ({_name}) launched while tracing")
+
+                cls.run = stop
+                undo.append((cls, original))
+        try:
+            yield
+        finally:
+            for cls, original in undo:
+                cls.run = original
+
+    return guard()
 
 
 def guarded_autograd_functions():

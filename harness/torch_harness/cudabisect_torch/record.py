@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import sys
+from . import store
 from .protocol import MARKER, say
 from .graph import LeafTracer, Ref, Step, short_name, wrap_function_apply
 from .node import needed_refs, shape_of, to_device
@@ -69,10 +70,9 @@ class Recorder:
         return cid
 
     def save(self, name, value):
-        import torch
         v = to_device(plain(value), "cpu")
         try:
-            torch.save(v, os.path.join(self.record, f"{name}.pt"))
+            store.save(v, os.path.join(self.record, f"{name}.pt"))
         except Exception as e:  # noqa: BLE001 - a value torch cannot save only limits how far we descend
             print(f"harness: cannot record {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             return
@@ -244,14 +244,13 @@ class Recorder:
         module.forward = types.MethodType(forward, module)
 
     def write(self):
-        import torch
         for h in self.handles:
             h.remove()
         if self.unpatch:
             self.unpatch()
             self.unpatch = None
         for cid, grads in self.grads.items():
-            torch.save(grads, os.path.join(self.record, f"{grad_name(cid)}.pt"))
+            store.save(grads, os.path.join(self.record, f"{grad_name(cid)}.pt"))
         self.watched.clear()
         with open(os.path.join(self.record, HOOKS_FILE), "w") as f:
             json.dump({"whole": sorted(self.whole), "calls": self.calls}, f)
@@ -417,7 +416,6 @@ def load_recorded(path):
     recordings are our own, written by `run --record` in the run directory."""
     import pickle
 
-    import torch
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     if key in RECORDED:
@@ -426,9 +424,9 @@ def load_recorded(path):
     # model's output object) may have been saved on the device, and loading it there would start CUDA in
     # a warm server, whose forked children could then not use it.
     try:
-        value = torch.load(path, weights_only=True, map_location="cpu")
+        value = store.load(path, weights_only=True)
     except pickle.UnpicklingError:
-        value = torch.load(path, weights_only=False, map_location="cpu")
+        value = store.load(path, weights_only=False)
     if len(RECORDED) >= 4096:
         RECORDED.clear()
     RECORDED[key] = value

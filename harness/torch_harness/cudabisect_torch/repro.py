@@ -12,6 +12,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
+from . import store
 from .graph import Ref, refs_in
 from .node import LAUNCH, announce_triton_launches, markers, to_device
 from .training import (
@@ -990,7 +991,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
     data_path = os.path.join(out_dir, "repro_data.pt")
     torch.save(data, data_path)
     try:
-        torch.load(data_path, weights_only=True)
+        store.load(data_path, weights_only=True)  # mapped: what is checked is that it unpickles safely
     except Exception as e:  # whatever torch refuses, the bundle would not open safely
         raise ExtractError(f"a recorded value cannot be saved in a safe form: {e}") from e
     if pickled:

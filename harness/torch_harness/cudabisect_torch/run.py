@@ -3,6 +3,7 @@ nodes in their phases."""
 
 import os
 import sys
+from . import store
 from .protocol import say, timing
 from .training import TRAINING_KINDS, TrainRun, autocast
 from .record import Recorder
@@ -42,7 +43,7 @@ def run(steps, root, env, device, record=None, prepared=None):
             recorder.leave()
         say(end)
         if record and forward:
-            torch.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
+            store.save(to_device(env[s.name], "cpu"), os.path.join(record, f"{s.name}.pt"))
 
     try:
         for s in steps:

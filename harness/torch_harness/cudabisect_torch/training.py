@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import os
 from dataclasses import dataclass
+from . import store
 from .graph import Ref, Step, readable_path, refs_in
 from .node import MissingValue, call, model_call, resolve, to_device
 
@@ -380,12 +381,11 @@ class TrainRun:
     def backward_step(self, step):
         """The backward of forward node `step.target`, on what the later nodes passed back (else the
         recording's, loaded with the boundary values)."""
-        import torch
         leaves, params, out = self.graphs[step.target]
         grads = (self.grads.get(step.target, {}) if step.target in self.contributed
                  else self.env.get(grad_name(step.target)) or {})
         if self.record:
-            torch.save({i: g.detach().cpu() for i, g in grads.items()},
+            store.save({i: g.detach().cpu() for i, g in grads.items()},
                        os.path.join(self.record, f"{grad_name(step.target)}.pt"))
         leaf_grads, param_grads = model_call(node_backward, leaves, [p for _, p in params], out, grads)
         for name, i, g in leaf_grads:
@@ -403,7 +403,6 @@ class TrainRun:
         """The parameters' update: the optimizer rebuilt with its recorded state, on the gradients it saw
         (captured: clipping and accumulation included), else those this run's backward nodes made, else
         the recording's."""
-        import torch
         params = dict(self.root.named_parameters())
         if self.training.param_grads is not None:
             grads = {k: to_device(v, self.device) for k, v in self.training.param_grads.items()}
@@ -412,7 +411,8 @@ class TrainRun:
         else:
             grads = self.env.get(GRADS_VALUE) or {}
         if self.record:
-            torch.save({k: v.detach().cpu() for k, v in grads.items()}, os.path.join(self.record, f"{GRADS_VALUE}.pt"))
+            store.save({k: v.detach().cpu() for k, v in grads.items()},
+                       os.path.join(self.record, f"{GRADS_VALUE}.pt"))
         for name, p in params.items():
             g = grads.get(name)
             p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)

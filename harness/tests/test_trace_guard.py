@@ -1,0 +1,102 @@
+"""Tracing never launches a Triton kernel: a module whose forward launches one (plain or autotuned) is kept
+whole, and Triton's launcher is never entered. Entering it asks the driver for the device, which in a warm
+server initialises CUDA, and every call would then run cold. With the real Triton; no GPU needed.
+
+Runs under pytest, or alone (`python3 harness/tests/test_trace_guard.py`).
+"""
+
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from torch_harness_modules import h  # noqa: E402
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m) + 1, mask=m)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=["n"])
+@triton.jit
+def add_one_tuned(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m) + 1, mask=m)
+'''
+
+
+def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_triton():
+    import importlib
+
+    import torch
+    import triton.runtime.autotuner as autotuner
+    import triton.runtime.jit as jit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "guard_kernels.py"), "w") as f:
+            f.write(KERNELS)  # @triton.jit reads the kernel's source from its file
+        sys.path.insert(0, tmp)
+        try:
+            kernels = importlib.import_module("guard_kernels")
+        finally:
+            sys.path.remove(tmp)
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            y = x * 2
+            kernels.add_one[(1,)](y, y.numel(), BLOCK=16)
+            return y
+
+    class Tuned(torch.nn.Module):
+        def forward(self, x):
+            y = x * 3
+            kernels.add_one_tuned[(1,)](y, y.numel())
+            return y
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.plain = Plain()
+            self.tuned = Tuned()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(self.tuned(self.plain(x)))
+
+    entered = []
+    launchers = {jit.JITFunction: jit.JITFunction.run, autotuner.Autotuner: autotuner.Autotuner.run}
+
+    def sentinel(cls):
+        def run(self, *args, **kwargs):
+            entered.append(cls.__name__)
+            raise RuntimeError("Triton was entered")
+        return run
+
+    try:
+        for cls in launchers:
+            cls.run = sentinel(cls)
+        steps, _, _, (traced_by, _, opaque) = h.build_graph(Model(), (torch.ones(4),))
+        assert entered == [], entered
+        ops = [s.op for s in steps]
+        assert "Plain" in ops and "Tuned" in ops, ops
+        assert "Linear" in ops, f"the rest of the model is still traced: {ops}"
+        assert traced_by.startswith("fx"), traced_by
+        # Put back as they were.
+        assert all(cls.run.__name__ == "run" and cls.run is not launchers[cls] for cls in launchers)
+    finally:
+        for cls, run in launchers.items():
+            cls.run = run
+
+
+if __name__ == "__main__":
+    test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_triton()
+    print("ok")
