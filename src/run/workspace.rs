@@ -137,7 +137,7 @@ impl<'r> Workspace<'r> {
             .filter_map(Result::ok)
             .map(|e| e.path());
         for file in std::iter::once(super::journal::journal_path(&self.state_dir)).chain(states) {
-            named.push_str(&std::fs::read_to_string(file).unwrap_or_default());
+            named.push_str(&regular_text(&file, NAMED_BYTES));
         }
         prune_runs(
             &self.state_dir.join("runs"),
@@ -186,6 +186,25 @@ impl Drop for Workspace<'_> {
 /// Run directories kept under `runs/`: the oldest beyond these go when a run starts (a resumed run copies
 /// the logs it reuses, so nothing it reports lives only in an old directory).
 const KEEP_RUNS: usize = 50;
+
+/// The most read of one file that names runs: a journal is capped well below it.
+const NAMED_BYTES: u64 = 256 << 20;
+
+/// The text of `path` when it is a regular file, up to `cap` bytes; empty otherwise. A FIFO would block
+/// and a device (`/dev/zero`) would never end: neither is read.
+fn regular_text(path: &Path, cap: u64) -> String {
+    use std::io::Read;
+    let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let mut text = String::new();
+    if regular {
+        if let Ok(f) = std::fs::File::open(path) {
+            let mut bytes = Vec::new();
+            let _ = f.take(cap).read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+    }
+    text
+}
 
 /// Tidies the run directories of `start` and `nightly` (`<secs>-<pid>`, `nightly-<secs>-<pid>`; a
 /// `shrink` of the checkout takes no lock, so its own are never touched): a killed run's directory (no
@@ -279,6 +298,25 @@ mod tests {
         std::fs::create_dir_all(&current).expect("mkdir");
         prune_runs(dir.path(), 3, &current, "");
         assert_eq!(names(dir.path()), ["5-1", "7-1", "nightly-6-3"]);
+    }
+
+    #[test]
+    fn only_a_regular_file_is_read_for_the_runs_it_names_and_no_more_than_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("journal.jsonl");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(regular_text(&file, 4), "0123");
+        assert_eq!(regular_text(&dir.path().join("none"), 4), "");
+        assert_eq!(regular_text(dir.path(), 4), "", "a directory");
+        // A FIFO: opening it would block until a writer came; it is never opened.
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        assert_eq!(regular_text(&fifo, 4), "");
+        assert_eq!(regular_text(Path::new("/dev/zero"), 4), "", "a device");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! fix found as surely as the bug: each test a case of the reliability catalogue, run end to end with the
 //! real binary on real git repositories built with the git command line.
 
+use std::os::unix::fs::FileTypeExt;
 #[allow(dead_code)] // this binary uses only `bin`
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -139,6 +140,51 @@ fn an_infrastructure_failure_is_not_replayed_once_the_host_is_fixed() {
     );
     // What the first run learned about commits the host did not fail on is reused.
     assert!(err.contains("[reused from the journal]"), "{err}");
+}
+
+#[test]
+fn a_journal_that_is_a_fifo_is_never_opened_and_the_run_goes_on_from_scratch() {
+    // J13d: opening a FIFO for reading waits for a writer that never comes. Bounded by `timeout`, so a
+    // run that opens it fails here instead of hanging the suite.
+    let repo = linear(40, 23, &default_repro(), CONFIG);
+    let state = repo.path.join(".git/cudabisect");
+    std::fs::create_dir_all(&state).unwrap();
+    let fifo = state.join("journal.jsonl");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let config = repo.scratch.join("bisect.toml");
+    let out = Command::new("timeout")
+        .args(["-k", "5", "120"])
+        .arg(crate::common::bin())
+        .args([
+            "start",
+            "--config",
+            config.to_str().unwrap(),
+            "v1..main",
+            "-C",
+        ])
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(text.contains("First bad commit"), "{text}");
+    assert_eq!(
+        err.matches("not a regular file").count(),
+        1,
+        "one warning: {err}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo(),
+        "the FIFO is left as it was"
+    );
 }
 
 #[test]
