@@ -332,11 +332,7 @@ pub fn start(
             // too when the fault already speaks of torch, or of Triton, which runs under it), so the
             // bundle does not wait for it after.
             let asked = plan.config.bundle.enabled.then(|| {
-                let torch = speaks_torch(report.target.as_ref())
-                    || report
-                        .target
-                        .as_ref()
-                        .is_some_and(|t| t.framework.as_deref() == Some("triton"));
+                let torch = torch_before_the_stages(report.target.as_ref());
                 s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
             });
             if asked.is_some() {
@@ -543,6 +539,12 @@ fn used_torch(input: &BundleInput) -> bool {
     speaks_torch(input.target.as_ref()) || speaks_torch(input.shrink)
 }
 
+/// Whether PyTorch's report is asked beside the stages: the fault speaks of torch, or of Triton (which runs
+/// under it); else it is added after the stages when only the shrink speaks of torch.
+fn torch_before_the_stages(target: Option<&crate::classify::Signature>) -> bool {
+    speaks_torch(target) || target.is_some_and(|t| t.framework.as_deref() == Some("triton"))
+}
+
 fn speaks_torch(v: Option<&impl serde::Serialize>) -> bool {
     v.and_then(|v| serde_json::to_string(v).ok())
         .is_some_and(|t| t.contains("torch"))
@@ -742,4 +744,29 @@ fn write_bundle(
         full_repro: Some(crate::report::bundle::FullRepro { build: plan.config.build.as_ref(), repro: &plan.config.repro }),
     };
     write_bundle_asked(&input, asked, reporter, cancel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::{FaultClass, Signature};
+
+    #[test]
+    fn pytorchs_report_is_asked_beside_the_stages_for_a_torch_or_triton_fault_only() {
+        let mut sig = Signature::new(
+            FaultClass::IllegalAddress,
+            "Triton Error [CUDA]: an illegal memory access",
+        );
+        assert!(
+            !torch_before_the_stages(Some(&sig)),
+            "nothing names torch or Triton"
+        );
+        sig.framework = Some("triton".into());
+        assert!(torch_before_the_stages(Some(&sig)));
+        sig.framework = Some("jax".into());
+        assert!(!torch_before_the_stages(Some(&sig)));
+        sig.exception = Some("torch.AcceleratorError".into());
+        assert!(torch_before_the_stages(Some(&sig)));
+        assert!(!torch_before_the_stages(None));
+    }
 }
