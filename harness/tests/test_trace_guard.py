@@ -1,6 +1,7 @@
-"""Tracing never launches a Triton kernel: a module whose forward launches one (plain or autotuned) is kept
-whole, and Triton's launcher is never entered. Entering it asks the driver for the device, which in a warm
-server initialises CUDA, and every call would then run cold. With the real Triton; no GPU needed.
+"""Tracing never starts the device: a module whose forward launches a Triton kernel (plain or autotuned),
+makes a CUDA tensor from constants or asks for the current device is kept whole, and neither Triton's
+launcher nor torch's CUDA initialisation is entered. Entering them initialises CUDA, which in a warm server
+makes every call run cold. With the real Triton and torch; no GPU needed.
 
 Runs under pytest, or alone (`python3 harness/tests/test_trace_guard.py`).
 """
@@ -97,6 +98,46 @@ def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_
             cls.run = run
 
 
+def test_a_forward_that_would_initialise_cuda_through_torch_is_kept_whole_without_initialising_it():
+    import torch
+
+    class Constant(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.zeros(1, device="cuda")
+
+    class Query(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.cuda.current_device()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.constant = Constant()
+            self.query = Query()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(self.query(self.constant(x)))
+
+    entered = []
+    original = torch.cuda._lazy_init
+
+    def sentinel(*args, **kwargs):
+        entered.append("_lazy_init")
+        raise RuntimeError("CUDA was initialised")
+
+    torch.cuda._lazy_init = sentinel
+    try:
+        steps, _, _, _ = h.build_graph(Model(), (torch.ones(4),))
+        assert entered == [], entered
+        ops = [s.op for s in steps]
+        assert "Constant" in ops and "Query" in ops and "Linear" in ops, ops
+        assert torch.cuda._lazy_init is sentinel, "put back as it was"
+    finally:
+        torch.cuda._lazy_init = original
+
+
 if __name__ == "__main__":
     test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_triton()
+    test_a_forward_that_would_initialise_cuda_through_torch_is_kept_whole_without_initialising_it()
     print("ok")

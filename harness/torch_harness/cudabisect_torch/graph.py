@@ -133,7 +133,7 @@ def _leaf_tracer_class():
 
         def trace(self, root, concrete_args=None):
             self.record_stack_traces = True
-            with guarded_autograd_functions(), guarded_kernel_launches():
+            with guarded_autograd_functions(), guarded_device_use():
                 return super().trace(root, concrete_args)
 
     return Tracer
@@ -160,8 +160,8 @@ def wrap_function_apply(around):
     return undo
 
 
-class KernelLaunch(Exception):
-    """FX met a Triton kernel launch: launching it would start the device in the tracing process."""
+class DeviceUse(Exception):
+    """FX met code that would start the device (a Triton launch, a CUDA tensor made or queried)."""
 
 
 # Triton's launchers: `kernel[grid](...)` and `kernel.run(...)` of a plain, autotuned or heuristic kernel.
@@ -169,13 +169,20 @@ TRITON_LAUNCHERS = (("triton.runtime.jit", "JITFunction"), ("triton.runtime.auto
                     ("triton.runtime.autotuner", "Heuristics"))
 
 
-def guarded_kernel_launches():
-    """While tracing: a Triton kernel launched from a forward stops the trace before Triton asks the driver
-    for the device, so the module that launches it is kept whole. Asking would initialise CUDA in the
-    process that traces: in a warm server, whose forked children can then not use the device, every call
-    would run cold."""
+def guarded_device_use():
+    """While tracing, nothing starts the device: a Triton kernel launched from a forward stops the trace
+    before Triton asks for the device, and so does anything that would initialise CUDA through torch (a
+    CUDA tensor made from constants, a device query: torch initialises CUDA through `torch.cuda._lazy_init`,
+    from Python and from C++ alike). The module is then kept whole, as for any trace that fails. Starting
+    the device would initialise CUDA in the process that traces: in a warm server, whose forked children can
+    then not use it, every call would run cold. Where CUDA is already initialised, nothing is stopped."""
     import contextlib
     import importlib
+
+    def stop(what):
+        def raise_instead(*args, **kwargs):
+            raise DeviceUse(f"{what} while tracing")
+        return raise_instead
 
     @contextlib.contextmanager
     def guard():
@@ -187,19 +194,18 @@ def guarded_kernel_launches():
                 except (ImportError, AttributeError):
                     continue
                 original = cls.__dict__.get("run")
-                if original is None:
-                    continue
-
-                def stop(self, *args, _name=name, **kwargs):
-                    raise KernelLaunch(f"a Triton kernel ({_name}) launched while tracing")
-
-                cls.run = stop
-                undo.append((cls, original))
+                if original is not None:
+                    cls.run = stop(f"a Triton kernel ({name}) launched")
+                    undo.append((cls, "run", original))
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is not None and not cuda.is_initialized():
+            undo.append((cuda, "_lazy_init", cuda._lazy_init))
+            cuda._lazy_init = stop("CUDA initialised")
         try:
             yield
         finally:
-            for cls, original in undo:
-                cls.run = original
+            for owner, name, original in undo:
+                setattr(owner, name, original)
 
     return guard()
 
