@@ -133,6 +133,13 @@ def test_a_forward_that_would_initialise_cuda_through_torch_is_kept_whole_withou
         ops = [s.op for s in steps]
         assert "Constant" in ops and "Query" in ops and "Linear" in ops, ops
         assert torch.cuda._lazy_init is sentinel, "put back as it was"
+        # A descent's trace (in a forked child) is not stopped by it: a child that started the device
+        # and one that has not trace a module alike.
+        try:
+            h.traced(Constant(), set())
+        except RuntimeError:
+            pass
+        assert entered == ["_lazy_init"], entered
     finally:
         torch.cuda._lazy_init = original
 

@@ -343,7 +343,7 @@ fn check_alone_and_reduce(
     oracle: &mut Oracle,
     (keep, record, minimal): (&[String], &Path, &Path),
     (runs, jobs): (u32, u32),
-    tried: Option<GeneratedTry>,
+    (tried, exact_alone): (Option<GeneratedTry>, Option<Option<AloneRuns>>),
     cancel: &AtomicBool,
 ) -> ReproData {
     let exact = dir_bytes(minimal);
@@ -396,9 +396,14 @@ fn check_alone_and_reduce(
     }
     // Tried beside the final check for inputs that turned out small: the exact repro is kept.
     let _ = std::fs::remove_dir_all(&generated);
-    if !cancel.load(Ordering::SeqCst) {
-        data.alone = oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel);
-    }
+    data.alone = match exact_alone {
+        // Run alone already, beside the final check.
+        Some(alone) => alone,
+        None if !cancel.load(Ordering::SeqCst) => {
+            oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel)
+        }
+        None => None,
+    };
     data
 }
 
@@ -738,11 +743,22 @@ fn drive(
     let generated = minimal.with_file_name("minimal-generated");
     let alone_runs = settings.confirm.min(3);
     let mut side = oracle.beside("alone-generated");
+    let mut exact_side = oracle.beside("alone");
     let (reproduced, extracted, tried) = if settings.confirm_jobs > 1 {
         let large = harness.generates_values() && inputs_bytes(&nodes, &result) > REDUCE_ABOVE;
         let at_once = places.total() as u32;
         std::thread::scope(|s| {
-            let written = s.spawn(|| harness.extract(&keep, &record, &minimal, cancel));
+            let written = s.spawn(|| {
+                let extracted = harness.extract(&keep, &record, &minimal, cancel);
+                // A repro.py whose data stays as recorded (the common case) is run alone as soon as
+                // it is written, beside the check, in the check's places.
+                let repro = minimal.join("repro.py");
+                let alone = (extracted.is_ok()
+                    && repro.is_file()
+                    && !(harness.generates_values() && dir_bytes(&minimal) > REDUCE_ABOVE))
+                    .then(|| exact_side.alone(&repro, alone_runs, true, 1, cancel));
+                (extracted, alone)
+            });
             let tried = large.then(|| {
                 s.spawn(|| {
                     try_generated(
@@ -767,6 +783,10 @@ fn drive(
         let reproduced = oracle.confirm(&keep, &record, settings.confirm, 1, cancel);
         (reproduced, None, None)
     };
+    let (extracted, exact_alone) = match extracted {
+        Some((extracted, alone)) => (Some(extracted), alone),
+        None => (None, None),
+    };
     if cancel.load(Ordering::SeqCst) {
         report.harness_runs += oracle.runs;
         return Err(Stop::Interrupted);
@@ -775,9 +795,12 @@ fn drive(
         runs: settings.confirm,
         reproduced,
     });
-    report.harness_runs += std::mem::take(&mut oracle.runs) + std::mem::take(&mut side.runs);
+    report.harness_runs += std::mem::take(&mut oracle.runs)
+        + std::mem::take(&mut side.runs)
+        + std::mem::take(&mut exact_side.runs);
     report.rejected.append(&mut oracle.rejected);
     report.rejected.append(&mut side.rejected);
+    report.rejected.append(&mut exact_side.rejected);
     report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
     report.removed = nodes
         .iter()
@@ -809,7 +832,7 @@ fn drive(
             &mut oracle,
             (&keep, &record, &minimal),
             (alone_runs, places.total() as u32),
-            tried,
+            (tried, exact_alone),
             cancel,
         ));
         report.harness_runs += std::mem::take(&mut oracle.runs);

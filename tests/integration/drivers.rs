@@ -637,6 +637,8 @@ struct FakeHarness {
     /// The exact repro's data is large, and a repro.py generating it is written on request; its runs
     /// alone meet here.
     generates: Option<Arc<Gate>>,
+    /// Where runs of the exact repro.py alone meet.
+    alone_gate: Option<Arc<Gate>>,
 }
 
 /// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
@@ -830,6 +832,10 @@ impl HarnessClient for FakeHarness {
         let generating = repro
             .parent()
             .is_some_and(|d| d.ends_with("minimal-generated"));
+        if let Some(gate) = self.alone_gate.as_ref().filter(|_| !generating) {
+            gate.enter();
+            gate.leave();
+        }
         if let Some(gate) = self.generates.as_ref().filter(|_| generating) {
             let oom = gate.enter();
             gate.leave();
@@ -870,6 +876,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         gate: None,
         alone: None,
         generates: None,
+        alone_gate: None,
     }
 }
 
@@ -1054,6 +1061,39 @@ fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_che
     assert_eq!(
         data.alone.as_ref().map(|a| (a.runs, a.reproduced)),
         Some((3, 3))
+    );
+    assert_eq!(
+        r.harness_runs,
+        h.runs.load(Ordering::SeqCst),
+        "every run counted"
+    );
+}
+
+#[test]
+fn a_small_repro_is_run_alone_beside_the_final_check_as_soon_as_it_is_written() {
+    // How many of the minimal subgraph's runs come before the final check (the reducer's own tries).
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
+    run_shrink_jobs(&h, &AtomicBool::new(false), 1);
+    let skip = h.gate.as_ref().unwrap().state.lock().unwrap().entries - 3;
+
+    // Five places: the writer's and four runs. The three confirmations and the written repro.py run
+    // alone meet at one gate that opens at four in flight: only the run alone beside the confirmations
+    // reaches four.
+    let shared = Arc::new(Gate::new(4, skip, false));
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.gate = Some(shared.clone());
+    h.alone_gate = Some(shared.clone());
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);
+    assert_eq!(shared.state.lock().unwrap().most, 4);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    let data = r.data.as_ref().unwrap();
+    assert!(!data.generated);
+    assert_eq!(
+        data.alone.as_ref().map(|a| (a.runs, a.reproduced)),
+        Some((1, 1))
     );
     assert_eq!(
         r.harness_runs,

@@ -65,13 +65,14 @@ def build_graph(model, example):
     import torch
     import torch.fx
 
-    opaque = untraceable_modules(model)
-    try:
-        gm = torch.fx.GraphModule(model, LeafTracer(opaque).trace(model))
-    except Exception as e:  # noqa: BLE001 - any tracing failure means: keep the model whole
-        print(f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
-              "keeping it whole: the recorded run descends into it through hooks", file=sys.stderr, flush=True)
-        return whole_graph(model, len(example), opaque)
+    with no_cuda_initialisation():
+        opaque = untraceable_modules(model)
+        try:
+            gm = torch.fx.GraphModule(model, LeafTracer(opaque).trace(model))
+        except Exception as e:  # noqa: BLE001 - any tracing failure means: keep the model whole
+            print(f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
+                  "keeping it whole: the recorded run descends into it through hooks", file=sys.stderr, flush=True)
+            return whole_graph(model, len(example), opaque)
     traced_by = "fx"
     if opaque:
         names = sorted(n for n, m in model.named_modules() if id(m) in opaque)
@@ -133,7 +134,7 @@ def _leaf_tracer_class():
 
         def trace(self, root, concrete_args=None):
             self.record_stack_traces = True
-            with guarded_autograd_functions(), guarded_device_use():
+            with guarded_autograd_functions(), guarded_triton_launches():
                 return super().trace(root, concrete_args)
 
     return Tracer
@@ -169,20 +170,18 @@ TRITON_LAUNCHERS = (("triton.runtime.jit", "JITFunction"), ("triton.runtime.auto
                     ("triton.runtime.autotuner", "Heuristics"))
 
 
-def guarded_device_use():
-    """While tracing, nothing starts the device: a Triton kernel launched from a forward stops the trace
-    before Triton asks for the device, and so does anything that would initialise CUDA through torch (a
-    CUDA tensor made from constants, a device query: torch initialises CUDA through `torch.cuda._lazy_init`,
-    from Python and from C++ alike). The module is then kept whole, as for any trace that fails. Starting
-    the device would initialise CUDA in the process that traces: in a warm server, whose forked children can
-    then not use it, every call would run cold. Where CUDA is already initialised, nothing is stopped."""
+def _raising(what):
+    def raise_instead(*args, **kwargs):
+        raise DeviceUse(f"{what} while tracing")
+    return raise_instead
+
+
+def guarded_triton_launches():
+    """While tracing: a Triton kernel launched from a forward stops the trace before Triton is entered (it
+    asks for the device first), so the module that launches it is kept whole. Whatever the process's CUDA
+    state, so every process traces a module the same way."""
     import contextlib
     import importlib
-
-    def stop(what):
-        def raise_instead(*args, **kwargs):
-            raise DeviceUse(f"{what} while tracing")
-        return raise_instead
 
     @contextlib.contextmanager
     def guard():
@@ -195,17 +194,37 @@ def guarded_device_use():
                     continue
                 original = cls.__dict__.get("run")
                 if original is not None:
-                    cls.run = stop(f"a Triton kernel ({name}) launched")
-                    undo.append((cls, "run", original))
-        cuda = sys.modules.get("torch.cuda")
-        if cuda is not None and not cuda.is_initialized():
-            undo.append((cuda, "_lazy_init", cuda._lazy_init))
-            cuda._lazy_init = stop("CUDA initialised")
+                    cls.run = _raising(f"a Triton kernel ({name}) launched")
+                    undo.append((cls, original))
         try:
             yield
         finally:
-            for owner, name, original in undo:
-                setattr(owner, name, original)
+            for cls, original in undo:
+                cls.run = original
+
+    return guard()
+
+
+def no_cuda_initialisation():
+    """While the model's graph is built (in a warm server, or in a cold call before it starts the device):
+    anything that would initialise CUDA through torch raises instead (a CUDA tensor made from constants, a
+    device query; torch initialises CUDA through `torch.cuda._lazy_init`, from Python and C++ alike), so
+    the trace fails and the module is kept whole. Initialising CUDA in a warm server would make every call
+    run cold. Both places build the graph before CUDA starts, so both keep the same modules whole."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        cuda = sys.modules.get("torch.cuda")
+        original = None
+        if cuda is not None and not cuda.is_initialized():
+            original = cuda._lazy_init
+            cuda._lazy_init = _raising("CUDA initialised")
+        try:
+            yield
+        finally:
+            if original is not None:
+                cuda._lazy_init = original
 
     return guard()
 
