@@ -109,8 +109,11 @@ pub fn start(
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
     let mut slots = slots.unwrap_or_default();
-    // The places planned: the runs after the search may use them where the GPU holds them.
-    let places = slots.len();
+    // The places planned on the first worker's GPU: the runs after the search may use them where that
+    // GPU holds them.
+    let places = slots.first().map_or(0, |first| {
+        slots.iter().filter(|s| s.devices == first.devices).count()
+    });
     // More workers than candidates would only make checkouts: each worker costs a full worktree.
     let useful = plan.range.len().max(2);
     if slots.len() > useful {
