@@ -368,8 +368,70 @@ pub trait Reporter {
     fn event(&mut self, event: &Event);
 }
 
+/// Passes events on, each warning text once: a job made of several (a night's head probe, then its
+/// bisection) meets the same trouble in each (a full disk under the journal) and says it once.
+pub struct WarningsOnce<'a> {
+    inner: &'a mut dyn Reporter,
+    said: std::collections::HashSet<String>,
+}
+
+impl<'a> WarningsOnce<'a> {
+    /// Around `inner`.
+    pub fn new(inner: &'a mut dyn Reporter) -> Self {
+        Self {
+            inner,
+            said: Default::default(),
+        }
+    }
+}
+
+impl Reporter for WarningsOnce<'_> {
+    fn event(&mut self, event: &Event) {
+        if let Event::Warning { message } = event {
+            if !self.said.insert(message.clone()) {
+                return;
+            }
+        }
+        self.inner.event(event);
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_warning_is_passed_on_once_and_every_other_event_each_time() {
+        use super::Reporter;
+        struct Seen(Vec<super::Event>);
+        impl super::Reporter for Seen {
+            fn event(&mut self, event: &super::Event) {
+                self.0.push(event.clone());
+            }
+        }
+        let mut seen = Seen(Vec::new());
+        let mut once = super::WarningsOnce::new(&mut seen);
+        let warning = |m: &str| super::Event::Warning { message: m.into() };
+        for e in [
+            warning("disk full"),
+            warning("disk full"),
+            warning("other"),
+            warning("disk full"),
+        ] {
+            once.event(&e);
+        }
+        let other = super::Event::Resumed {
+            reusable: 1,
+            retried: 0,
+        };
+        once.event(&other);
+        once.event(&other);
+        assert_eq!(
+            seen.0.len(),
+            4,
+            "two warnings and two other events: {:?}",
+            seen.0
+        );
+    }
+
     /// Every event type is in the JSON reference, and the reference names no type that is gone.
     #[test]
     fn the_json_reference_lists_every_event_type() {

@@ -129,8 +129,22 @@ fn rewritten_but_shared(repo: &Repo, commit: &str, head: Oid) -> Option<Vec<Oid>
     (!bases.is_empty() && !bases.contains(&head)).then_some(bases)
 }
 
-/// Runs one night. `Err` only for bad input or a held lock; what the night found is in the record.
+/// Runs one night. `Err` only for bad input or a held lock; what the night found is in the record. A
+/// night says each warning once (its head probe and its bisection each open the journal, and a full disk
+/// fails both).
 pub fn nightly(
+    opts: &NightlyOptions,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<NightlyReport, RunError> {
+    night(
+        opts,
+        &mut crate::report::event::WarningsOnce::new(reporter),
+        cancel,
+    )
+}
+
+fn night(
     opts: &NightlyOptions,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
