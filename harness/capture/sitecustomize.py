@@ -112,7 +112,9 @@ def _main_module_source():
 
 
 def _save(torch, name, value):
-    # Without the zip's checksums (torch.load does not need them; they cost seconds a gigabyte of batch).
+    # Without the zip's checksums (torch.load does not need them; they cost seconds a gigabyte of batch):
+    # the harness's store.save does the same, but this hook runs inside the user's program and imports
+    # nothing of the harness.
     ser = torch.serialization
     before = ser.get_crc32_options() if hasattr(ser, "set_crc32_options") else None
     if before is not None:

@@ -63,16 +63,6 @@ def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_
             kernels.add_one_tuned[(1,)](y, y.numel())
             return y
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.plain = Plain()
-            self.tuned = Tuned()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(self.tuned(self.plain(x)))
-
     entered = []
     launchers = {jit.JITFunction: jit.JITFunction.run, autotuner.Autotuner: autotuner.Autotuner.run}
 
@@ -85,7 +75,8 @@ def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_
     try:
         for cls in launchers:
             cls.run = sentinel(cls)
-        steps, _, _, (traced_by, _, opaque) = h.build_graph(Model(), (torch.ones(4),))
+        model = torch.nn.Sequential(Plain(), Tuned(), torch.nn.Linear(4, 4))
+        steps, _, _, (traced_by, _, _) = h.build_graph(model, (torch.ones(4),))
         assert entered == [], entered
         ops = [s.op for s in steps]
         assert "Plain" in ops and "Tuned" in ops, ops
@@ -109,16 +100,6 @@ def test_a_forward_that_would_initialise_cuda_through_torch_is_kept_whole_withou
         def forward(self, x):
             return x * torch.cuda.current_device()
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.constant = Constant()
-            self.query = Query()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(self.query(self.constant(x)))
-
     entered = []
     original = torch.cuda._lazy_init
 
@@ -128,7 +109,8 @@ def test_a_forward_that_would_initialise_cuda_through_torch_is_kept_whole_withou
 
     torch.cuda._lazy_init = sentinel
     try:
-        steps, _, _, _ = h.build_graph(Model(), (torch.ones(4),))
+        model = torch.nn.Sequential(Constant(), Query(), torch.nn.Linear(4, 4))
+        steps, _, _, _ = h.build_graph(model, (torch.ones(4),))
         assert entered == [], entered
         ops = [s.op for s in steps]
         assert "Constant" in ops and "Query" in ops and "Linear" in ops, ops

@@ -343,7 +343,7 @@ fn check_alone_and_reduce(
     oracle: &mut Oracle,
     (keep, record, minimal): (&[String], &Path, &Path),
     (runs, jobs): (u32, u32),
-    (tried, exact_alone): (Option<GeneratedTry>, Option<Option<AloneRuns>>),
+    (tried, exact_alone): (Option<GeneratedTry>, Option<AloneRuns>),
     cancel: &AtomicBool,
 ) -> ReproData {
     let exact = dir_bytes(minimal);
@@ -396,14 +396,12 @@ fn check_alone_and_reduce(
     }
     // Tried beside the final check for inputs that turned out small: the exact repro is kept.
     let _ = std::fs::remove_dir_all(&generated);
-    data.alone = match exact_alone {
-        // Run alone already, beside the final check.
-        Some(alone) => alone,
-        None if !cancel.load(Ordering::SeqCst) => {
-            oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel)
-        }
-        None => None,
-    };
+    // Run alone already, beside the final check, or now.
+    data.alone = exact_alone.or_else(|| {
+        (!cancel.load(Ordering::SeqCst))
+            .then(|| oracle.alone(&minimal.join("repro.py"), runs, true, 1, cancel))
+            .flatten()
+    });
     data
 }
 
@@ -756,7 +754,8 @@ fn drive(
                 let alone = (extracted.is_ok()
                     && repro.is_file()
                     && !(harness.generates_values() && dir_bytes(&minimal) > REDUCE_ABOVE))
-                    .then(|| exact_side.alone(&repro, alone_runs, true, 1, cancel));
+                    .then(|| exact_side.alone(&repro, alone_runs, true, 1, cancel))
+                    .flatten();
                 (extracted, alone)
             });
             let tried = large.then(|| {
@@ -783,10 +782,7 @@ fn drive(
         let reproduced = oracle.confirm(&keep, &record, settings.confirm, 1, cancel);
         (reproduced, None, None)
     };
-    let (extracted, exact_alone) = match extracted {
-        Some((extracted, alone)) => (Some(extracted), alone),
-        None => (None, None),
-    };
+    let (extracted, exact_alone) = extracted.map_or((None, None), |(e, alone)| (Some(e), alone));
     if cancel.load(Ordering::SeqCst) {
         report.harness_runs += oracle.runs;
         return Err(Stop::Interrupted);

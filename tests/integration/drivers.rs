@@ -1034,17 +1034,20 @@ fn a_repro_generating_its_values_is_run_alone_as_many_at_once_as_the_gpu_holds()
     assert_eq!(h.generates.as_ref().unwrap().state.lock().unwrap().most, 1);
 }
 
+/// How many runs of the minimal subgraph of `harness(12, 7, vec![7])` come before its final check of 3
+/// (the reducer's own tries): a gate meant for the final check skips them.
+fn tries_before_the_final_check() -> usize {
+    let mut h = harness(12, 7, vec![7]);
+    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
+    run_shrink_jobs(&h, &AtomicBool::new(false), 1);
+    let entries = h.gate.as_ref().unwrap().state.lock().unwrap().entries;
+    entries - 3
+}
+
 #[test]
 fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_check_within_its_places(
 ) {
-    // How many of the minimal subgraph's runs come before the final check (the reducer's own tries).
-    let mut h = harness(12, 7, vec![7]);
-    h.alone = Some(true);
-    h.generates = Some(Arc::new(Gate::new(1, 0, false)));
-    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
-    run_shrink_jobs(&h, &AtomicBool::new(false), 1);
-    let skip = h.gate.as_ref().unwrap().state.lock().unwrap().entries - 3;
-
+    let skip = tries_before_the_final_check();
     // Five places: the writer's and four runs. Three confirmations and three runs of the generating
     // repro meet at one gate that opens at four in flight: only runs of both at once reach four, and
     // the places never let a fifth in.
@@ -1071,13 +1074,7 @@ fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_che
 
 #[test]
 fn a_small_repro_is_run_alone_beside_the_final_check_as_soon_as_it_is_written() {
-    // How many of the minimal subgraph's runs come before the final check (the reducer's own tries).
-    let mut h = harness(12, 7, vec![7]);
-    h.alone = Some(true);
-    h.gate = Some(Arc::new(Gate::new(1, 0, false)));
-    run_shrink_jobs(&h, &AtomicBool::new(false), 1);
-    let skip = h.gate.as_ref().unwrap().state.lock().unwrap().entries - 3;
-
+    let skip = tries_before_the_final_check();
     // Five places: the writer's and four runs. The three confirmations and the written repro.py run
     // alone meet at one gate that opens at four in flight: only the run alone beside the confirmations
     // reaches four.
