@@ -58,7 +58,14 @@ if [ ! -s /etc/munge/munge.key ]; then
     mkdir -p /etc/munge
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
 fi
-chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
+# munged runs as its own user. The package makes it, but a machine image can keep the package's files
+# without its user (seen in CI), and munged then cannot start: the user is made when it is missing.
+if ! id munge >/dev/null 2>&1; then
+    getent group munge >/dev/null 2>&1 || groupadd --system munge
+    useradd --system --gid munge --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin munge
+fi
+mkdir -p /var/lib/munge /var/log/munge
+chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge
 chmod 700 /etc/munge; chmod 400 /etc/munge/munge.key
 # munge: started as its own user, left over sockets and pid files from a killed one removed first, and
 # checked by a round trip (Slurm's authentication rests on it).
