@@ -58,8 +58,14 @@ impl<'de> Deserialize<'de> for CommandLine {
                 while let Some(arg) = seq.next_element::<String>()? {
                     argv.push(arg);
                 }
-                if argv.first().is_none_or(|p| p.is_empty()) {
-                    return Err(de::Error::custom("the command array is empty"));
+                match argv.first() {
+                    None => return Err(de::Error::custom("the command array is empty")),
+                    Some(p) if p.trim().is_empty() => {
+                        return Err(de::Error::custom(
+                            "the command's program (its first word) is empty",
+                        ))
+                    }
+                    Some(_) => {}
                 }
                 Ok(CommandLine::Argv(argv))
             }
@@ -1173,6 +1179,18 @@ mod tests {
         assert_eq!(c.repro.timeout, Duration::from_secs(600));
         assert!(c.repro.launch_blocking);
         assert_eq!(c.match_policy.describe(), "class+kernel");
+    }
+
+    #[test]
+    fn an_empty_command_says_which_part_is_empty() {
+        let err = |command: &str| {
+            parse(&format!("[repro]\ncommand = {command}\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err("[]").ends_with("the command array is empty"));
+        assert!(err("[\"\", \"x\"]").ends_with("the command's program (its first word) is empty"));
+        assert!(err("\"  \"").ends_with("the command is empty"));
     }
 
     #[test]

@@ -49,6 +49,13 @@ def _write_json(name, value):
     os.replace(tmp, os.path.join(OUT, name))
 
 
+def _mark(name):
+    try:
+        open(os.path.join(OUT, "started-" + name), "w").close()
+    except OSError:
+        pass
+
+
 def _fault():
     keys = ("step", "phase", "call", "module", "kernel", "exception", "forward_trace", "framework", "function")
     return {k: STATE[k] for k in keys if k in STATE}
@@ -367,6 +374,9 @@ def _install_common():
     """What every capture does, whatever the framework: seeds, the record of the first failure."""
     os.environ["CUDABISECT_CAPTURE_PID"] = str(os.getpid())
     os.makedirs(OUT, exist_ok=True)
+    # Marks for the driver: a run that recorded no failure is explained by which of them are missing
+    # (no Python program started, or none imported torch or JAX).
+    _mark("python")
     import random
     random.seed(0)
     try:
@@ -418,6 +428,8 @@ def _install():
 
 def _install_torch():
     import torch
+
+    _mark("torch")
 
     STATE.setdefault("framework", "torch")
     torch.manual_seed(0)
@@ -635,6 +647,8 @@ def _function_name(fun):
 
 def _install_jax():
     import jax
+
+    _mark("jax")
     target = None
     if MODE == "replay":
         try:

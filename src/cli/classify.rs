@@ -20,11 +20,30 @@ pub struct GivenExit {
     pub timed_out: bool,
 }
 
+/// The log as text, however it was saved: a gzip'd log is unpacked, and one with a UTF-16 byte-order
+/// mark (PowerShell's `>`) is turned into UTF-8, both while streaming; anything else is read as it is.
+fn decoded(raw: Box<dyn Read>) -> std::io::Result<Box<dyn Read>> {
+    let mut buffered = std::io::BufReader::new(raw);
+    let gzip = std::io::BufRead::fill_buf(&mut buffered)?.starts_with(&[0x1f, 0x8b]);
+    let bytes: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::MultiGzDecoder::new(buffered))
+    } else {
+        Box::new(buffered)
+    };
+    // Sniffs a byte-order mark: UTF-16 (either order) becomes UTF-8; without one, bytes pass through.
+    Ok(Box::new(
+        encoding_rs_io::DecodeReaderBytesBuilder::new()
+            .bom_sniffing(true)
+            .utf8_passthru(true)
+            .build(bytes),
+    ))
+}
+
 /// Classifies the log: exit 0 when it shows no failure, 5 when it does.
 pub fn run(log: &str, given: GivenExit, json: bool) -> CommandResult {
     // Streamed in bounded memory, as a run's output is: the head, the tail and every fault line between
     // (a gigabyte piped into `classify -` must not take gigabytes).
-    let mut reader: Box<dyn Read> = if log == "-" {
+    let raw: Box<dyn Read> = if log == "-" {
         Box::new(std::io::stdin().lock())
     } else {
         Box::new(
@@ -32,6 +51,8 @@ pub fn run(log: &str, given: GivenExit, json: bool) -> CommandResult {
                 .map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?,
         )
     };
+    let mut reader =
+        decoded(raw).map_err(|e| CommandError::usage(format!("cannot read {log}: {e}")))?;
     let mut capture = BoundedCapture::default();
     let mut chunk = vec![0u8; 1 << 16];
     loop {

@@ -237,7 +237,11 @@ impl ProcessHarness {
                 // One log per commit: the parent check's server does not overwrite the shrink's.
                 let short = commit.get(..12).unwrap_or(commit);
                 let log = run_dir.join(format!("harness-server-{short}.log"));
-                WarmServer::start(argv, cwd, &harness.env, &log).ok()
+                let wait = super::warm::Wait {
+                    limit: harness.timeout,
+                    cancel: None,
+                };
+                WarmServer::start(argv, cwd, &harness.env, &log, wait).ok()
             }
             _ => None,
         };

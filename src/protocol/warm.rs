@@ -6,6 +6,9 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 /// The line the server prints once it listens (before it imports anything heavy).
 const READY: &str = "harness: listening";
@@ -21,6 +24,18 @@ pub enum WarmError {
     NotReady(String),
 }
 
+/// How long a server may take to listen, and the flag that stops the wait (Ctrl-C).
+#[derive(Clone, Copy, Debug)]
+pub struct Wait<'a> {
+    /// At most this long.
+    pub limit: Duration,
+    /// Set: stop waiting.
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// How often a wait for the server looks at its cancel flag.
+const POLL: Duration = Duration::from_millis(50);
+
 /// A running warm server; dropping it ends the server and any child it still has.
 pub struct WarmServer {
     child: Child,
@@ -32,12 +47,14 @@ pub struct WarmServer {
 
 impl WarmServer {
     /// Starts `argv … serve --socket <path>` in `cwd` with `env` on top of this process's, its output in
-    /// `log`, and waits until it listens.
+    /// `log`, and waits until it listens: at most `wait.limit`, and no longer once `wait.cancel` is set
+    /// (a preload whose import hangs must not hang the run; the server is then ended with its group).
     pub fn start(
         argv: &[String],
         cwd: &Path,
         env: &[(String, String)],
         log: &Path,
+        wait: Wait,
     ) -> Result<Self, WarmError> {
         let (program, args) = argv
             .split_first()
@@ -65,20 +82,42 @@ impl WarmServer {
             .stderr(log)
             .process_group(0)
             .spawn()?;
-        let mut line = String::new();
-        let read = child
-            .stdout
-            .take()
-            .map(|out| BufReader::new(out).read_line(&mut line));
+        // The first line is read on a thread of its own, so the wait can end: ending the server (its
+        // drop) closes the pipe, and the thread's read returns.
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let read = BufReader::new(out).read_line(&mut line);
+                let _ = tx.send(read.map(|_| line));
+            });
+        }
         let server = Self {
             child,
             socket,
             _dir: dir,
         };
-        match read {
-            Some(Ok(_)) if line.trim() == READY => Ok(server),
-            Some(Err(e)) => Err(WarmError::Io(e)),
-            _ => Err(WarmError::NotReady(line.trim().to_string())),
+        let started = std::time::Instant::now();
+        loop {
+            let left = wait.limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(WarmError::NotReady(format!(
+                    "it did not listen within {}",
+                    humantime::format_duration(wait.limit)
+                )));
+            }
+            if wait.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+                return Err(WarmError::NotReady("interrupted".into()));
+            }
+            match rx.recv_timeout(left.min(POLL)) {
+                Ok(Ok(line)) if line.trim() == READY => return Ok(server),
+                Ok(Ok(line)) => return Err(WarmError::NotReady(line.trim().to_string())),
+                Ok(Err(e)) => return Err(WarmError::Io(e)),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(WarmError::NotReady(String::new()))
+                }
+            }
         }
     }
 
@@ -105,6 +144,43 @@ impl Drop for WarmServer {
 mod tests {
     use super::*;
 
+    const MINUTE: Wait = Wait {
+        limit: Duration::from_secs(60),
+        cancel: None,
+    };
+
+    #[test]
+    fn a_server_that_never_listens_is_ended_at_its_limit_or_at_ctrl_c() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("pid");
+        let script = format!("echo $$ > {}; exec sleep 600", pidfile.display());
+        let argv = vec!["sh".to_string(), "-c".into(), script, "sh".into()];
+        let short = Wait {
+            limit: Duration::from_millis(300),
+            cancel: None,
+        };
+        let e = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"), short)
+            .err()
+            .expect("not ready");
+        assert!(e.to_string().contains("did not listen within 300ms"), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("pid");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(stat.is_empty() || stat.contains(") Z"), "ended: {stat}");
+        let cancel = AtomicBool::new(true);
+        let stopped = Wait {
+            limit: Duration::from_secs(600),
+            cancel: Some(&cancel),
+        };
+        let e = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"), stopped)
+            .err()
+            .expect("not ready");
+        assert!(e.to_string().contains("interrupted"), "{e}");
+    }
+
     #[test]
     fn a_server_that_ends_before_listening_is_reported_not_waited_for() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -114,7 +190,7 @@ mod tests {
             "echo broken; exit 3".into(),
             "sh".into(),
         ];
-        let e = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"))
+        let e = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"), MINUTE)
             .err()
             .expect("not ready");
         assert!(e.to_string().contains("broken"), "{e}");
@@ -130,8 +206,8 @@ mod tests {
             pidfile.display()
         );
         let argv = vec!["sh".to_string(), "-c".into(), script, "sh".into()];
-        let server =
-            WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log")).expect("starts");
+        let server = WarmServer::start(&argv, dir.path(), &[], &dir.path().join("log"), MINUTE)
+            .expect("starts");
         assert!(server.socket().starts_with(std::env::temp_dir()));
         let leader = server.child.id();
         drop(server);

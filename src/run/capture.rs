@@ -124,17 +124,8 @@ pub fn capture(
         Ok(out.output)
     };
     let output = run(&[("CUDABISECT_CAPTURE", "find".into())], "find.log")?;
-    let fault = read_fault(&dir).ok_or_else(|| {
-        CaptureError::NoFault(
-            output
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .map_or("it printed nothing".into(), |l| {
-                    format!("its last line: {}", l.trim())
-                }),
-        )
-    })?;
+    let fault =
+        read_fault(&dir).ok_or_else(|| CaptureError::NoFault(why_nothing(&dir, &output)))?;
     // The first run's account is the one the report gives; the replay writes its own over it.
     let found = dir.join("fault-found.json");
     let _ = std::fs::copy(dir.join("fault.json"), &found);
@@ -163,6 +154,29 @@ pub fn capture(
     let mut fault = fault;
     fault.notes = read_notes(&dir);
     Ok((dir, fault))
+}
+
+/// Why a run under the capture recorded no failure, from the marks its Python processes left: a repro
+/// that started no Python program (a shell script around a native one) or none that imported a framework
+/// cannot be captured, whatever its output says.
+fn why_nothing(dir: &Path, output: &str) -> String {
+    let last = output
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map_or("it printed nothing".into(), |l| {
+            format!("its last line: {}", l.trim())
+        });
+    let started = |what: &str| dir.join(format!("started-{what}")).exists();
+    if !started("python") {
+        format!(
+            "no Python program ran under it (the repro command started none, or ran Python isolated from PYTHONPATH): only a native model (`[shrink] model`) or a harness can shrink such a repro; {last}"
+        )
+    } else if !started("torch") && !started("jax") {
+        format!("its Python program imported neither torch nor JAX; {last}")
+    } else {
+        last
+    }
 }
 
 /// The module a JAX capture writes: `function` and `inputs` for the JAX harness.
@@ -248,5 +262,24 @@ mod tests {
             forward_trace: Some("Error detected in ScatterBackward. Traceback of forward call that caused the error:\n  File \"/w/train.py\", line 11, in <module>\n    out = model(idx)\n  File \"/h/capture-hook/sitecustomize.py\", line 192, in module_call\n  File \"/v/lib/python3.11/site-packages/torch/nn/modules/module.py\", line 1787, in _wrapped_call_impl\n  File \"/w/toy/model.py\", line 31, in forward\n    return Scatter.apply(self.weight, idx)\n".into()),
         };
         assert_eq!(fault.forward_line().as_deref(), Some("/w/toy/model.py:31"));
+    }
+
+    #[test]
+    fn a_run_that_recorded_nothing_is_explained_by_the_marks_its_processes_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = "RuntimeError: CUDA error: an illegal memory access was encountered\n";
+        let why = why_nothing(dir.path(), out);
+        assert!(why.starts_with("no Python program ran under it"), "{why}");
+        assert!(why.ends_with(
+            "its last line: RuntimeError: CUDA error: an illegal memory access was encountered"
+        ));
+        std::fs::write(dir.path().join("started-python"), "").unwrap();
+        let why = why_nothing(dir.path(), out);
+        assert!(
+            why.starts_with("its Python program imported neither torch nor JAX"),
+            "{why}"
+        );
+        std::fs::write(dir.path().join("started-torch"), "").unwrap();
+        assert_eq!(why_nothing(dir.path(), ""), "it printed nothing");
     }
 }

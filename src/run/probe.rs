@@ -5,7 +5,7 @@
 
 use crate::report::record::short_sha;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use git2::Oid;
@@ -137,6 +137,11 @@ pub trait Probe: Send {
     fn shared_gpu(&self) -> Option<String> {
         None
     }
+
+    /// Gets ready to probe commits like `oid` while another worker probes it alone: starts what every
+    /// probe of this worker would otherwise start at its first (a warm interpreter). Runs nothing that
+    /// a verdict could rest on; a prober with nothing to start does nothing.
+    fn warm_up(&mut self, _oid: Oid) {}
 }
 
 /// Why a commit could not be prepared for a stage after the search.
@@ -306,7 +311,10 @@ impl Probe for WorktreeProber<'_> {
             // streams: only the imports are already done).
             let worker = self.slot.as_ref().map_or(1, |s| s.worker);
             let pool = self.warm.filter(|_| repro.warm && executor.is_local());
-            let warm = pool.and_then(|pool| pool.prepare(worker, &mut spec).map(|run| (pool, run)));
+            let warm = pool.and_then(|pool| {
+                pool.prepare(worker, &mut spec, self.cancel)
+                    .map(|run| (pool, run))
+            });
             let result = session.run(&spec, self.cancel);
             let runner = match warm {
                 Some((pool, run)) => Some(pool.finish(run).describe()),
@@ -407,6 +415,36 @@ impl Probe for WorktreeProber<'_> {
             .as_ref()
             .filter(|s| s.shares_gpu)
             .and_then(|s| s.devices.clone())
+    }
+
+    fn warm_up(&mut self, oid: Oid) {
+        let repro = &self.config.repro;
+        let Some(pool) = self.warm.filter(|_| repro.warm && self.executor.is_local()) else {
+            return;
+        };
+        // The worktree holds the commit, so what its script imports can be guessed as a probe would.
+        if self.cancel.load(Ordering::SeqCst) || self.worktree.checkout(oid, self.clean()).is_err()
+        {
+            return;
+        }
+        let commit = oid.to_string();
+        let spec = command_spec(
+            self.config,
+            ChildCommand {
+                command: &repro.command,
+                timeout: repro.timeout,
+                env: &repro.env,
+            },
+            &ChildContext {
+                worktree: self.worktree.path(),
+                commit: &commit,
+                phase: ChildPhase::Repro,
+                attempt: 1,
+                slot: self.slot.as_ref(),
+            },
+        );
+        let worker = self.slot.as_ref().map_or(1, |s| s.worker);
+        pool.warm_up(worker, &spec, self.cancel);
     }
 }
 

@@ -8,13 +8,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
 use crate::config::CommandLine;
 use crate::exec::process::CommandSpec;
-use crate::protocol::warm::{WarmError, WarmServer};
+use crate::protocol::warm::{Wait, WarmError, WarmServer};
 
 /// How a repro run ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,7 +175,12 @@ impl WarmPool {
 
     /// Turns `spec` into a run through `worker`'s warm interpreter (starting it when needed), or leaves it
     /// alone (`None`) when the command is not one the warm interpreter serves or no server would start.
-    pub fn prepare(&self, worker: usize, spec: &mut CommandSpec) -> Option<WarmRun> {
+    pub fn prepare(
+        &self,
+        worker: usize,
+        spec: &mut CommandSpec,
+        cancel: &AtomicBool,
+    ) -> Option<WarmRun> {
         let argv = plain_argv(&spec.command).filter(|a| servable(a))?;
         let interpreter = if argv[0].ends_with("pytest") {
             "python3".to_string()
@@ -219,7 +225,7 @@ impl WarmPool {
             off: None,
             never: Vec::new(),
         });
-        let out = self.prepare_slot(&mut slot, worker, key, argv, resolved, env, spec);
+        let out = self.prepare_slot(&mut slot, (worker, key, cancel), argv, resolved, env, spec);
         self.slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -227,16 +233,12 @@ impl WarmPool {
         out
     }
 
-    /// [`WarmPool::prepare`] on the worker's own slot.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the parts of one request, split only to drop the lock"
-    )]
+    /// [`WarmPool::prepare`] on the worker's own slot (the parts of one request, split only to drop the
+    /// lock: who asks, under which key, and the flag that stops a server's start).
     fn prepare_slot(
         &self,
         slot: &mut Slot,
-        worker: usize,
-        key: String,
+        (worker, key, cancel): (usize, String, &AtomicBool),
         argv: Vec<String>,
         resolved: PathBuf,
         env: Vec<(String, String)>,
@@ -269,7 +271,12 @@ impl WarmPool {
                     preload.join(","),
                 ];
                 // The server runs where no worktree module can shadow what it preloads.
-                match WarmServer::start(&argv, &self.dir, &env, &log) {
+                // It may take as long as a run of the repro may, and no longer.
+                let wait = Wait {
+                    limit: spec.timeout,
+                    cancel: Some(cancel),
+                };
+                match WarmServer::start(&argv, &self.dir, &env, &log, wait) {
                     Ok(server) => {
                         slot.server = Some(server);
                         break;
@@ -317,6 +324,14 @@ impl WarmPool {
             status,
             learn,
         })
+    }
+
+    /// Starts `worker`'s warm interpreter for runs like `spec` before its first run needs it, so that run
+    /// does not pay the imports: the workers that wait while the bad end is probed alone get ready for
+    /// the first round. Nothing runs in it.
+    pub fn warm_up(&self, worker: usize, spec: &CommandSpec, cancel: &AtomicBool) {
+        let mut spec = spec.clone();
+        let _ = self.prepare(worker, &mut spec, cancel);
     }
 
     /// Why `worker`'s runs go cold for the rest of the run, when they do.

@@ -231,6 +231,60 @@ fn classify_cli_prints_the_json_keys() {
     assert_eq!(bad.status.code(), Some(2));
 }
 
+#[test]
+fn a_log_saved_as_utf16_or_gzipped_is_read_as_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs/torch_oom.log"),
+    )
+    .unwrap();
+    // PowerShell's `>`: UTF-16LE with its byte-order mark; and the other order.
+    let utf16 = |le: bool| -> Vec<u8> {
+        let mut out = if le {
+            vec![0xff, 0xfe]
+        } else {
+            vec![0xfe, 0xff]
+        };
+        for unit in text.encode_utf16() {
+            out.extend(if le {
+                unit.to_le_bytes()
+            } else {
+                unit.to_be_bytes()
+            });
+        }
+        out
+    };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, text.as_bytes()).unwrap();
+    let cases = [
+        ("le.log", utf16(true)),
+        ("be.log", utf16(false)),
+        ("log.gz", gz.finish().unwrap()),
+    ];
+    for (name, bytes) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+            .args(["classify", "--json"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(5), "{name}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["class"], "out_of_memory", "{name}");
+    }
+    // A gzip header over a broken body cannot be read: one line, exit 2, never a guess.
+    let path = dir.path().join("broken.gz");
+    std::fs::write(&path, [0x1f, 0x8b, 8, 0, 1, 2, 3]).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .arg("classify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
+
 fn triage_fixture(name: &str, tool: SanitizerTool) -> cudabisect::run::triage::Interpretation {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs");
     let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap();

@@ -1842,6 +1842,163 @@ fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again
         .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }
 
+/// What the workers of one search did, in the order it happened: (worker, what, commit index).
+type Doings = &'static Mutex<Vec<(usize, &'static str, usize)>>;
+
+/// A worker that notes when it gets ready and when it probes; the bad end's probe waits (bounded) until
+/// every other worker has started getting ready, so a driver that did not warm them up beside it fails.
+struct GetsReady {
+    inner: Scripted,
+    me: usize,
+    did: Doings,
+    ready: &'static (Mutex<usize>, Condvar),
+    others: usize,
+    /// Each probe's number, worker and commit.
+    steps: &'static Mutex<Vec<(usize, usize, usize)>>,
+}
+
+impl Probe for GetsReady {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        self.did
+            .lock()
+            .unwrap()
+            .push((self.me, "probe", index(commit)));
+        self.steps
+            .lock()
+            .unwrap()
+            .push((ctx.step, self.me, index(commit)));
+        if ctx.role == ProbeRole::BadEndpoint {
+            let (lock, cv) = self.ready;
+            // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
+            let (started, _) = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |n| {
+                    *n < self.others
+                })
+                .unwrap();
+            let seen = if *started == self.others {
+                "all ready"
+            } else {
+                "not ready"
+            };
+            drop(started);
+            self.did
+                .lock()
+                .unwrap()
+                .push((self.me, seen, index(commit)));
+        }
+        self.inner.probe(commit, ctx, target, reporter)
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+
+    fn warm_up(&mut self, commit: Oid) {
+        self.did
+            .lock()
+            .unwrap()
+            .push((self.me, "ready", index(commit)));
+        let (lock, cv) = self.ready;
+        *lock.lock().unwrap() += 1;
+        cv.notify_all();
+        self.did
+            .lock()
+            .unwrap()
+            .push((self.me, "readied", index(commit)));
+    }
+}
+
+#[test]
+fn the_other_workers_get_ready_while_the_bad_end_runs_alone_and_the_first_round_uses_them_all() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let did: Doings = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let ready: &'static (Mutex<usize>, Condvar) =
+        Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+    let steps: &'static Mutex<Vec<(usize, usize, usize)>> =
+        Box::leak(Box::new(Mutex::new(Vec::new())));
+    let stops = stop_flags(3);
+    let mut probers: Vec<GetsReady> = (0..3)
+        .map(|me| GetsReady {
+            inner: scripted(cancel, None),
+            me,
+            did,
+            ready,
+            others: 2,
+            steps,
+        })
+        .collect();
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
+    let did = did.lock().unwrap().clone();
+    // The bad end (commit 16) on the first worker; the two others got ready at it, once each, while it
+    // ran.
+    assert!(did.contains(&(0, "probe", 16)), "{did:?}");
+    assert!(did.contains(&(0, "all ready", 16)), "{did:?}");
+    let mut readies: Vec<_> = did.iter().filter(|d| d.1 == "ready").collect();
+    readies.sort();
+    assert_eq!(readies, [&(1, "ready", 16), &(2, "ready", 16)], "{did:?}");
+    // No other probe began before every worker was ready, and the first round ran on all three.
+    let last_ready = did.iter().rposition(|d| d.1 == "readied").unwrap();
+    let probes_before: Vec<_> = did[..last_ready]
+        .iter()
+        .filter(|d| d.1 == "probe")
+        .collect();
+    assert!(
+        probes_before.iter().all(|d| d.2 == 16),
+        "a probe ran before the workers were ready: {did:?}"
+    );
+    // The first round (probes 2 to 4, numbered as they were handed out) ran on all three workers: the
+    // good end and a cut of the range in three.
+    let mut first_round: Vec<(usize, usize, usize)> = steps
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .filter(|s| (2..=4).contains(&s.0))
+        .collect();
+    first_round.sort();
+    let mut workers: Vec<usize> = first_round.iter().map(|s| s.1).collect();
+    workers.sort();
+    assert_eq!(workers, [0, 1, 2], "{first_round:?}");
+    let commits: Vec<usize> = first_round.iter().map(|s| s.2).collect();
+    assert!(commits.contains(&0), "{first_round:?}");
+    assert!(!commits.contains(&8), "{first_round:?}");
+}
+
+#[test]
+fn one_worker_has_no_one_to_get_ready() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let did: Doings = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let ready: &'static (Mutex<usize>, Condvar) =
+        Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+    let stops = stop_flags(1);
+    let mut probers = vec![GetsReady {
+        inner: scripted(cancel, None),
+        me: 0,
+        did,
+        ready,
+        others: 0,
+        steps: Box::leak(Box::new(Mutex::new(Vec::new()))),
+    }];
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
+    assert!(
+        did.lock().unwrap().iter().all(|d| d.1 != "ready"),
+        "{did:?}"
+    );
+}
+
 /// A worker whose probe of the good end (commit 0) waits until some worker has started a search probe:
 /// a driver that ran the good end before the search's first round would never let it end (the wait is
 /// bounded, and fails the test).

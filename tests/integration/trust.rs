@@ -619,6 +619,21 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
         .map(|p| p["runner"].as_str().unwrap_or("").to_string())
         .collect();
     assert!(runners.iter().all(|r| r == "warm"), "{runners:?}");
+    // Three workers: the two that wait while the bad end runs alone start their warm interpreters then
+    // (each from its own worktree at the bad end), and every probe of the first round runs in them.
+    let (code, three, err) = start(&repo, &["v1..main", "--fresh", "--jobs", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &three), "commit 23");
+    for p in three["probes"].as_array().unwrap() {
+        assert_eq!(p["runner"], "warm", "{p}");
+    }
+    let warm_dir = Path::new(three["run_dir"].as_str().unwrap()).join("warm");
+    for w in 1..=3 {
+        assert!(
+            warm_dir.join(format!("server-{w}.log")).is_file(),
+            "worker {w} started no warm interpreter"
+        );
+    }
     let config = repo.scratch.join("bisect.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(

@@ -38,6 +38,8 @@ pub(super) enum Landing {
     Pending,
     /// A sanitizer run asked alone (not part of a probe).
     Sanitized(Option<Box<Sanitized>>),
+    /// A worker that got ready while another probed alone.
+    Ready,
 }
 
 /// The search's state around the strategies: records, the probe count, the sanitizer's settled stacks.
@@ -65,6 +67,8 @@ pub(super) struct Driver<'a, 'r> {
     pub(super) progress: (usize, usize),
     /// The worker whose probe the gauge watches (alone on the first shared GPU).
     watching: Option<usize>,
+    /// Whether the idle workers were asked to get ready (once, beside the first probe run alone).
+    warmed_up: bool,
 }
 
 impl<'a, 'r> Driver<'a, 'r> {
@@ -91,6 +95,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             pending: HashMap::new(),
             progress: (input.range.len(), 0),
             watching: None,
+            warmed_up: false,
         }
     }
 
@@ -325,6 +330,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 let j = self.judge_kernel(&outcome, target.as_ref(), None);
                 self.judged(index, &ctx, *outcome, j, None)
             }
+            Done::WarmedUp => Landing::Ready,
             Done::Sanitized(s) => {
                 let Some(Pending {
                     mut outcome,
@@ -421,9 +427,9 @@ impl<'a, 'r> Driver<'a, 'r> {
         match self.alone(pool, index, ctx, task)? {
             Landing::Judged(_, record) => Ok(*record),
             Landing::Stopped(_) => Err(SearchEnd::Interrupted),
-            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
-                "a probe came back as a sanitizer run".into(),
-            )),
+            Landing::Pending | Landing::Sanitized(_) | Landing::Ready => Err(
+                SearchEnd::HostFailure("a probe came back as a sanitizer run".into()),
+            ),
         }
     }
 
@@ -464,10 +470,27 @@ impl<'a, 'r> Driver<'a, 'r> {
         if matches!(task, Task::Probe(_)) {
             self.watch(pool, 0);
         }
+        let probe = matches!(task, Task::Probe(_));
         if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
         }
+        // The first probe alone (the bad end) takes as long as a first probe takes anywhere: the other
+        // workers start their warm interpreters meanwhile, so the first round does not pay for them.
+        if probe && !self.warmed_up {
+            self.warmed_up = true;
+            while let Some(w) = pool.take_idle_any() {
+                if !pool.send(w, index, oid, ctx, Task::WarmUp) {
+                    break;
+                }
+            }
+        }
+        let mut landing = None;
         loop {
+            // What the probe gave, once every worker is ready too (the first round needs them all);
+            // Ctrl-C does not wait for them.
+            if let Some(l) = landing.take_if(|_| pool.all_idle() || self.cancelled()) {
+                return Ok(l);
+            }
             let Some(landed) = pool.land(self.reporter) else {
                 if pool.all_idle() {
                     return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
@@ -475,8 +498,8 @@ impl<'a, 'r> Driver<'a, 'r> {
                 continue;
             };
             match self.land(pool, landed) {
-                Landing::Pending => {}
-                other => return Ok(other),
+                Landing::Pending | Landing::Ready => {}
+                other => landing = Some(other),
             }
         }
     }
@@ -618,7 +641,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 }
             }
             match landing {
-                Landing::Pending | Landing::Sanitized(_) => {}
+                Landing::Pending | Landing::Sanitized(_) | Landing::Ready => {}
                 Landing::Stopped(i) => {
                     strategy.abandon(i);
                     if !self.cancelled() {

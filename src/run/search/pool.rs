@@ -28,6 +28,8 @@ pub(super) enum Task {
     Probe(Option<Box<Signature>>),
     /// Rerun the commit it probed last under compute-sanitizer.
     Sanitize,
+    /// Get ready to probe commits like this one (while another worker probes it alone).
+    WarmUp,
 }
 
 /// What a worker did.
@@ -36,6 +38,8 @@ pub(super) enum Done {
     Probed(Box<ProbeOutcome>),
     /// A sanitizer run (`None`: no sanitizer can be used).
     Sanitized(Option<Box<Sanitized>>),
+    /// Ready.
+    WarmedUp,
 }
 
 /// A job handed to a worker.
@@ -130,6 +134,10 @@ pub(super) fn with_pool<R>(
                                 .sanitize(job.oid, &job.ctx, &mut reporter)
                                 .map(Box::new),
                         ),
+                        Task::WarmUp => {
+                            prober.warm_up(job.oid);
+                            Done::WarmedUp
+                        }
                     };
                     let landed = Landed {
                         worker: w,
@@ -283,6 +291,12 @@ impl Pool<'_> {
     pub(super) fn take_idle(&mut self) -> Option<usize> {
         let at = self.idle.iter().rposition(|&w| self.has_room(w))?;
         Some(self.idle.remove(at))
+    }
+
+    /// The next idle worker, the first first, whatever room its GPU has (for work that does not use
+    /// the GPU); taken off the idle list.
+    pub(super) fn take_idle_any(&mut self) -> Option<usize> {
+        self.idle.pop()
     }
 
     /// Takes worker `w` off the idle list, if it is there.
