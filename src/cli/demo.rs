@@ -62,7 +62,7 @@ pub fn run(
     let code = super::start::run(&opts, reporter, cancel);
     eprintln!(
         "demo: the planted culprit is {}; the sample repository stays at {}",
-        &sample.culprit.to_string()[..12],
+        cudabisect::report::record::short_sha(&sample.culprit.to_string()),
         path.display()
     );
     code

@@ -235,7 +235,7 @@ impl ProcessHarness {
         harness.warm = match (&harness.prefix, shipped && shrink.warm_start) {
             (CommandLine::Argv(argv), true) => {
                 // One log per commit: the parent check's server does not overwrite the shrink's.
-                let short = commit.get(..12).unwrap_or(commit);
+                let short = crate::report::record::short_sha(commit);
                 let log = run_dir.join(format!("harness-server-{short}.log"));
                 let wait = super::warm::Wait {
                     limit: harness.timeout,
@@ -249,7 +249,10 @@ impl ProcessHarness {
     }
 
     /// The harness command `prefix` run in `cwd` with the shrink's environment (no warm server yet).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the parts of one call, named where it is made"
+    )]
     fn new(
         config: &Config,
         shrink: &ShrinkSection,

@@ -102,7 +102,10 @@ pub fn cross_check(
 /// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]), or, finding a fix, the fix verified the same way. When the
 /// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
 /// worker, reusing nothing the workers journaled, and the answer says so.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of one call, named where it is made"
+)]
 pub fn cross_checked(
     outcome: SearchOutcome,
     opts: &StartOptions,

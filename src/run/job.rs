@@ -599,7 +599,7 @@ fn fill_result(plan: &Plan, end: &SearchEnd, report: &mut Report) -> Option<Oid>
                     report.message = format!(
                         "first {} commit: {} {}",
                         report.terms.new,
-                        &info.commit[..12],
+                        short_sha(&info.commit),
                         info.subject
                     );
                     report.first_bad = Some(info);

@@ -428,7 +428,10 @@ fn night(
             ),
             None if first => (
                 NightlyStatus::Baseline,
-                format!("{} is clean and is the last good commit", &head_s[..12]),
+                format!(
+                    "{} is clean and is the last good commit",
+                    short_sha(&head_s)
+                ),
                 None,
             ),
             None => (NightlyStatus::Clean, "the head is clean".to_string(), None),

@@ -596,7 +596,10 @@ type Descent = (Vec<GraphNode>, Option<String>, usize);
 /// can describe it and running that finer graph on the recording dies in `inner` the same way: only then
 /// do the finer nodes stand in for the coarse ones (the reduction takes the located run's prefix as
 /// failing). Returns the nodes, the description's account of the levels, and where `inner` is.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of one call, named where it is made"
+)]
 fn descend(
     harness: &dyn HarnessClient,
     settings: &ShrinkSettings,

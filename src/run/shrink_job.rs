@@ -8,14 +8,14 @@ use crate::config::Config;
 use crate::git::Repo;
 use crate::report::bundle::BundleInput;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{ParentCheck, ShrinkReport, ShrinkStatus};
+use crate::report::record::{ShrinkReport, ShrinkStatus};
 
 use super::error::RunError;
 use super::job::{bundle_root, write_bundle_reporting};
 use super::plan::load_config;
 use super::workspace::{Opening, Workspace};
 
-use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
+use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
 
 /// Opens the repository containing `dir` and its config.
 pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
@@ -79,29 +79,15 @@ pub fn shrink_job(
             slot: None,
             at_once: 1,
         };
-        let Shrunk { mut report, way } = run_shrink_stage(&stage, reporter, cancel);
-        if let (ShrinkStatus::Minimal, true, Some(way)) =
-            (report.status, section.check_parent, &way)
-        {
-            let parent = oid
-                .and_then(|o| repo.parents(o).ok())
-                .and_then(|p| p.first().copied());
-            report.parent_check = Some(match (&prober, parent) {
-                (Some(p), Some(parent)) => match p.prepare(parent, "parent") {
-                    Err(e) => ParentCheck::NotRun(e.to_string()),
-                    Ok(()) => parent_check(
-                        &stage,
-                        way,
-                        p.worktree.path(),
-                        &parent.to_string(),
-                        &report,
-                        cancel,
-                    ),
-                },
-                (None, _) => ParentCheck::NotRun("no --at revision".into()),
-                (Some(_), None) => ParentCheck::NotRun("the revision has no parent".into()),
-            });
-        }
+        let parent = oid
+            .and_then(|o| repo.parents(o).ok())
+            .and_then(|p| p.first().copied());
+        let at_parent = match (&prober, parent) {
+            (Some(p), Some(parent)) => Ok((p, parent)),
+            (None, _) => Err("no --at revision".to_string()),
+            (Some(_), None) => Err("the revision has no parent".to_string()),
+        };
+        let report = shrink_then_check_parent(&stage, at_parent, reporter, cancel);
         Ok(report)
     })();
     drop(prober);

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use git2::Oid;
+
 use crate::classify::{FaultClass, Signature};
 use crate::config::{Config, ShrinkFramework, ShrinkSection};
 use crate::exec::child_env::WorkerSlot;
@@ -15,6 +17,7 @@ use crate::protocol::client::ProcessHarness;
 use crate::report::event::{Event, Reporter, Stage};
 use crate::report::record::{ParentCheck, ShrinkPathTried, ShrinkReport, ShrinkStatus};
 
+use super::probe::WorktreeProber;
 use super::shrink::{check_parent, not_started, shrink, ShrinkSettings};
 
 /// Where the shrink runs and what it keeps.
@@ -394,6 +397,40 @@ fn harness_for(
         way.capture_dir(),
     )
     .map(|h| h.on(stage.executor.clone()))
+}
+
+/// The shrink stage, then (when it found a minimal subgraph, the section asks for it and no Ctrl-C came)
+/// that subgraph at the parent: `at_parent` is the worker that builds the parent in its worktree and
+/// the parent, or why there is none to check. The one shrink of `start` and of `cudabisect shrink --at`.
+pub fn shrink_then_check_parent(
+    stage: &ShrinkStage,
+    at_parent: Result<(&WorktreeProber, Oid), String>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> ShrinkReport {
+    let Shrunk { mut report, way } = run_shrink_stage(stage, reporter, cancel);
+    let Some(way) = way.filter(|_| {
+        report.status == ShrinkStatus::Minimal
+            && stage.section.check_parent
+            && !cancel.load(Ordering::SeqCst)
+    }) else {
+        return report;
+    };
+    report.parent_check = Some(match at_parent {
+        Err(why) => ParentCheck::NotRun(why),
+        Ok((prober, parent)) => match prober.prepare(parent, "parent") {
+            Err(e) => ParentCheck::NotRun(e.to_string()),
+            Ok(()) => parent_check(
+                stage,
+                &way,
+                prober.worktree.path(),
+                &parent.to_string(),
+                &report,
+                cancel,
+            ),
+        },
+    });
+    report
 }
 
 /// The minimal subgraph once more at `parent_cwd` (the parent commit, built there), through the way

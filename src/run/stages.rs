@@ -14,12 +14,10 @@ use crate::classify::Signature;
 use crate::config::Config;
 use crate::config::ShrinkSection;
 use crate::report::event::{Event, Reporter};
-use crate::report::record::{
-    ParentCheck, Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus,
-};
+use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus};
 
 use super::probe::WorktreeProber;
-use super::shrink_stage::{parent_check, run_shrink_stage, ShrinkStage, Shrunk};
+use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
 
 /// Which stages to run.
 #[derive(Clone, Copy, Debug)]
@@ -209,30 +207,8 @@ fn shrink_stage(
         slot: prober.slot.as_ref(),
         at_once: ctx.at_once,
     };
-    let Shrunk {
-        report: mut result,
-        way,
-    } = run_shrink_stage(&stage, reporter, cancel);
-    if let (ShrinkStatus::Minimal, true, false, Some(way)) = (
-        result.status,
-        section.check_parent,
-        cancel.load(Ordering::SeqCst),
-        &way,
-    ) {
-        result.parent_check = Some(match parent {
-            None => ParentCheck::NotRun("the first bad commit has no parent in the range".into()),
-            Some(p) => match prober.prepare(p, "parent") {
-                Err(e) => ParentCheck::NotRun(e.to_string()),
-                Ok(()) => parent_check(
-                    &stage,
-                    way,
-                    prober.worktree.path(),
-                    &p.to_string(),
-                    &result,
-                    cancel,
-                ),
-            },
-        });
-    }
-    result
+    let at_parent = parent
+        .map(|p| (prober, p))
+        .ok_or_else(|| "the first bad commit has no parent in the range".to_string());
+    shrink_then_check_parent(&stage, at_parent, reporter, cancel)
 }
