@@ -650,3 +650,7 @@ fn name_some(names: &[&str]) -> String {
         _ => shown,
     }
 }
+/// A commit's first 12 hex digits, as people write it (the whole string when it is shorter).
+pub fn short_sha(commit: &str) -> &str {
+    commit.get(..12).unwrap_or(commit)
+}

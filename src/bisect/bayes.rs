@@ -14,7 +14,8 @@
 
 use std::collections::HashMap;
 
-use super::{BitSet, Dag};
+use super::bitset::BitSet;
+use super::dag::Dag;
 
 /// What to do next.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,7 +8,8 @@
 //! untestable commits costs about the logarithm of its length.
 //! Several probes may be in flight at once, and a commit may be marked more than once.
 
-use super::{BitSet, Dag};
+use super::bitset::BitSet;
+use super::dag::Dag;
 
 /// What a probe says about one commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,7 +1,7 @@
 //! The exit status of a saved log: `--exit-code`/`--signal`/`--timed-out` when given, else the trailer
 //! cudabisect writes at the end of its own probe logs, else a bare `exit=N` line capture scripts append.
 
-use super::Exit;
+use super::signature::Exit;
 
 /// What cudabisect's probe logs end with: `[cudabisect] exit=N after 1.23s` (or `signal=N`, `timeout`).
 pub const LOG_TRAILER_PREFIX: &str = "[cudabisect]";

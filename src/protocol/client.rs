@@ -235,7 +235,7 @@ impl ProcessHarness {
         harness.warm = match (&harness.prefix, shipped && shrink.warm_start) {
             (CommandLine::Argv(argv), true) => {
                 // One log per commit: the parent check's server does not overwrite the shrink's.
-                let short = crate::report::record::short_sha(commit);
+                let short = crate::git::short_sha(commit);
                 let log = run_dir.join(format!("harness-server-{short}.log"));
                 let wait = super::warm::Wait {
                     limit: harness.timeout,

@@ -604,10 +604,8 @@ pub struct OtherBug {
     pub reason: String,
 }
 
-/// A commit's first 12 hex digits, as people write it (the whole string when it is shorter).
-pub fn short_sha(commit: &str) -> &str {
-    &commit[..commit.len().min(12)]
-}
+/// A commit's first 12 hex digits (kept with git's edge, where every layer may reach it).
+pub use crate::git::short_sha;
 
 /// How a night ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ pub mod journal;
 pub mod lock;
 pub mod nightly;
 pub mod nightly_state;
+pub mod outputs;
 pub mod places;
 pub mod plan;
 pub mod probe;

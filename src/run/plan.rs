@@ -87,6 +87,13 @@ pub fn split_range(range: &str) -> Result<(&str, &str), RunError> {
         .ok_or_else(|| RunError::Usage(format!("expected GOOD..BAD, got `{range}`")))
 }
 
+/// Opens the repository containing `dir` and its config.
+pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
+    let repo = Repo::open(dir)?;
+    let config = load_config(&repo, config)?;
+    Ok((repo, config))
+}
+
 /// The config of a job on `repo`, read and resolved against it: `[executor] workdir` is made absolute
 /// once, here (`~` expanded, a relative path taken from the repository root, as every path in the
 /// config is), and refused when it cannot hold worktrees outside the user's working tree. Writes nothing.

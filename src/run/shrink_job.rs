@@ -4,25 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
-use crate::config::Config;
-use crate::git::Repo;
 use crate::report::bundle::BundleInput;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ShrinkReport, ShrinkStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, write_bundle_reporting};
-use super::plan::load_config;
+use super::outputs::{bundle_root, write_bundle_reporting};
+use super::plan::load;
 use super::workspace::{Opening, Workspace};
 
 use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
-
-/// Opens the repository containing `dir` and its config.
-pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
-    let repo = Repo::open(dir)?;
-    let config = load_config(&repo, config)?;
-    Ok((repo, config))
-}
 
 /// Runs the shrink and returns its report (also written to the run directory and as a `shrink_done`
 /// event); `Err` only for problems before the harness ran.

@@ -11,11 +11,11 @@ use crate::report::event::Reporter;
 use crate::report::record::{TriageResult, TriageStatus};
 
 use super::error::RunError;
-use super::job::{bundle_root, write_bundle_reporting};
+use super::outputs::{bundle_root, write_bundle_reporting};
 use super::workspace::run_id;
 use super::workspace::{Opening, Workspace};
 
-use super::shrink_job::load;
+use super::plan::load;
 use super::triage;
 
 /// Writes a command back as TOML, for the built-in config of a bare `triage -- cmd`.

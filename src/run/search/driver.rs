@@ -15,12 +15,13 @@ use crate::report::record::{short_sha, FlakyAnswer, OtherBug, ProbeRecord, Probe
 use crate::run::probe::{ProbeContext, ProbeOutcome, Sanitized};
 use crate::run::workers::probes_at_once;
 
-use super::endpoints::{settle_check, EndCheck};
+use super::contract::{SearchEnd, SearchInput, SearchOutcome};
+use super::end_check::{self, EndCheck};
+use super::judge::host_failure;
 use super::judge::{judge, Judgement, Kernel, Terms};
 use super::pool::{Done, Landed, Pool, Task};
 use super::settled::{SettledStacks, REMEMBERED};
 use super::strategy::{Answer, Flaky, ParentCheck, Proposal, Strategy, Verify};
-use super::{SearchEnd, SearchInput, SearchOutcome};
 
 /// A probe waiting for its sanitizer run before it is judged.
 struct Pending {
@@ -402,6 +403,15 @@ impl<'a, 'r> Driver<'a, 'r> {
         Landing::Judged(index, Box::new(record))
     }
 
+    /// Settles a good end or merge base by its judged record, reporting what the rule says to.
+    fn settle_check(&mut self, check: &EndCheck, rec: &ProbeRecord) -> Result<(), SearchEnd> {
+        let event = end_check::settle(self.input, self.target.as_ref(), check, rec)?;
+        if let Some(e) = event {
+            self.reporter.event(&e);
+        }
+        Ok(())
+    }
+
     /// Reports and keeps a record.
     pub(super) fn finish(&mut self, step: usize, record: &ProbeRecord) {
         self.reporter.event(&Event::ProbeFinished {
@@ -560,7 +570,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 if pool.all_idle() {
                     match self.probe_alone(pool, check.oid, check.role, true) {
                         Ok(rec) => {
-                            if let Err(e) = settle_check(self, &check, &rec) {
+                            if let Err(e) = self.settle_check(&check, &rec) {
                                 ending = Some(Err(e));
                             }
                         }
@@ -617,7 +627,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 if let Some(check) = checking.remove(&worker) {
                     match landing {
                         Landing::Judged(_, record) => {
-                            if let Err(e) = settle_check(self, &check, &record) {
+                            if let Err(e) = self.settle_check(&check, &record) {
                                 if pool.size() > 1 && !rechecked {
                                     rechecked = true;
                                     recheck = Some(check);
@@ -829,21 +839,4 @@ impl Driver<'_, '_> {
             Answer::Verified(_) => SearchEnd::Interrupted,
         }
     }
-}
-
-/// A probe whose class says the host is broken (infrastructure failures outlasted their retries, the repro
-/// cannot start): every probe after it would fail the same way. A missing object is the clone's, not the
-/// host's: that commit alone is skipped.
-pub(super) fn host_failure(rec: &ProbeRecord) -> Option<String> {
-    matches!(
-        rec.signature.class,
-        FaultClass::Infra | FaultClass::ExecFailure
-    )
-    .then(|| {
-        format!(
-            "stopped: the host failed at {}: {}",
-            short_sha(&rec.commit),
-            rec.signature.summary
-        )
-    })
 }

@@ -4,17 +4,15 @@
 //! beside its first probes ([`EndCheck`]: the loop settles them before it gives any answer). Each way the
 //! range can be wrong ends the search through `?`.
 
-use git2::Oid;
-
 use crate::bisect::Verdict;
-use crate::classify::{FaultClass, Sameness};
-use crate::report::event::Event;
-use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
+use crate::classify::FaultClass;
+use crate::report::record::{short_sha, ProbeRole};
 
-use super::driver::{host_failure, Driver};
-use super::judge::{is_host_problem, reproduces};
+use super::contract::{EndpointProblem, SearchEnd};
+use super::driver::Driver;
+use super::end_check::EndCheck;
+use super::judge::{host_failure, is_host_problem, reproduces};
 use super::pool::Pool;
-use super::{EndpointProblem, SearchEnd};
 
 /// What the bad end settled: the target (kept by the driver) and the bad end's runs; and the checks of
 /// the other ends, still to run.
@@ -23,17 +21,6 @@ pub(super) struct Endpoints {
     pub(super) bad_runs: Vec<bool>,
     /// The good ends and merge bases, each to run once and pass.
     pub(super) checks: Vec<EndCheck>,
-}
-
-/// A good end or merge base the search's first round runs: it must not show the target.
-#[derive(Clone, Debug)]
-pub(super) struct EndCheck {
-    /// What it is, for messages (`good commit v1`, `merge base 1a2b3c4d5e6f`).
-    pub(super) what: String,
-    /// The commit.
-    pub(super) oid: Oid,
-    /// `GoodEndpoint` or `MergeBase`.
-    pub(super) role: ProbeRole,
 }
 
 impl Endpoints {
@@ -139,48 +126,4 @@ fn end_checks(d: &Driver) -> Vec<EndCheck> {
             role: ProbeRole::MergeBase,
         }))
         .collect()
-}
-
-/// Settles one check by its judged record: the good ends and merge bases must not show the target.
-pub(super) fn settle_check(
-    d: &mut Driver,
-    check: &EndCheck,
-    rec: &ProbeRecord,
-) -> Result<(), SearchEnd> {
-    let input = d.input;
-    let what = check.what.clone();
-    let role = check.role;
-    if is_host_problem(rec.signature.class) {
-        let msg = format!("{what} could not be judged: {}", rec.signature.summary);
-        return Err(SearchEnd::EndpointInfra(msg));
-    }
-    let other_bug = input.goods_may_show_other_bugs
-        && role == ProbeRole::GoodEndpoint
-        && reproduces(&rec.signature)
-        && d.target
-            .as_ref()
-            .is_some_and(|t| input.policy.compare(t, &rec.signature, "") == Sameness::Different);
-    if other_bug {
-        d.reporter.event(&Event::GoodShowsOtherBug {
-            what,
-            commit: rec.commit.clone(),
-            signature: rec.signature.short(),
-        });
-        return Ok(());
-    }
-    match (rec.verdict, role) {
-        (Verdict::Good, _) => Ok(()),
-        // git's wording: the good commit is on another line of history where the bug was fixed.
-        (Verdict::Bad, ProbeRole::MergeBase) => {
-            Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
-                what,
-            }))
-        }
-        _ => Err(SearchEnd::EndpointsInvalid(
-            EndpointProblem::GoodDoesNotPass {
-                what,
-                seen: rec.signature.short(),
-            },
-        )),
-    }
 }

@@ -4,6 +4,7 @@
 
 use crate::bisect::Verdict;
 use crate::classify::{FaultClass, MatchPolicy, Sameness, Signature};
+use crate::report::record::{short_sha, ProbeRecord};
 
 /// Classes that say nothing about the commit: the machine or the clone failed, not the code.
 pub fn is_host_problem(class: FaultClass) -> bool {
@@ -145,6 +146,23 @@ fn verdict(
             )),
         ),
     }
+}
+
+/// A probe whose class says the host is broken (infrastructure failures outlasted their retries, the repro
+/// cannot start): every probe after it would fail the same way. A missing object is the clone's, not the
+/// host's: that commit alone is skipped.
+pub(super) fn host_failure(rec: &ProbeRecord) -> Option<String> {
+    matches!(
+        rec.signature.class,
+        FaultClass::Infra | FaultClass::ExecFailure
+    )
+    .then(|| {
+        format!(
+            "stopped: the host failed at {}: {}",
+            short_sha(&rec.commit),
+            rec.signature.summary
+        )
+    })
 }
 
 #[cfg(test)]

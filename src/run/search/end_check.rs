@@ -1,0 +1,67 @@
+//! A good end or merge base that the search's first round runs beside its first probes, and the one rule
+//! that settles it from its judged record: it must not show the target. Pure: the driver reports what
+//! it returns.
+
+use git2::Oid;
+
+use crate::bisect::Verdict;
+use crate::classify::{Sameness, Signature};
+use crate::report::event::Event;
+use crate::report::record::{ProbeRecord, ProbeRole};
+
+use super::contract::{EndpointProblem, SearchEnd, SearchInput};
+use super::judge::{is_host_problem, reproduces};
+
+/// A good end or merge base the search's first round runs: it must not show the target.
+#[derive(Clone, Debug)]
+pub(super) struct EndCheck {
+    /// What it is, for messages (`good commit v1`, `merge base 1a2b3c4d5e6f`).
+    pub(super) what: String,
+    /// The commit.
+    pub(super) oid: Oid,
+    /// `GoodEndpoint` or `MergeBase`.
+    pub(super) role: ProbeRole,
+}
+
+/// Settles one check by its judged record against `target`: `Ok` when it passes, with the event to
+/// report when it passes only because it shows another bug (a nightly's good end may).
+pub(super) fn settle(
+    input: &SearchInput,
+    target: Option<&Signature>,
+    check: &EndCheck,
+    rec: &ProbeRecord,
+) -> Result<Option<Event>, SearchEnd> {
+    let what = check.what.clone();
+    let role = check.role;
+    if is_host_problem(rec.signature.class) {
+        let msg = format!("{what} could not be judged: {}", rec.signature.summary);
+        return Err(SearchEnd::EndpointInfra(msg));
+    }
+    let other_bug = input.goods_may_show_other_bugs
+        && role == ProbeRole::GoodEndpoint
+        && reproduces(&rec.signature)
+        && target
+            .is_some_and(|t| input.policy.compare(t, &rec.signature, "") == Sameness::Different);
+    if other_bug {
+        return Ok(Some(Event::GoodShowsOtherBug {
+            what,
+            commit: rec.commit.clone(),
+            signature: rec.signature.short(),
+        }));
+    }
+    match (rec.verdict, role) {
+        (Verdict::Good, _) => Ok(None),
+        // git's wording: the good commit is on another line of history where the bug was fixed.
+        (Verdict::Bad, ProbeRole::MergeBase) => {
+            Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
+                what,
+            }))
+        }
+        _ => Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::GoodDoesNotPass {
+                what,
+                seen: rec.signature.short(),
+            },
+        )),
+    }
+}
