@@ -3,7 +3,7 @@
 //! before any fallible cleanup, and cleanup failures are warnings.
 
 use crate::report::event::PlanNote;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
@@ -18,12 +18,13 @@ use super::journal::{self, Journal, JournaledProbe};
 use super::outputs::{bundle_root, torch_before_the_stages, write_bundle};
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
-use super::search::{search_with_workers, SearchEnd, SearchInput, Sharing, Worker};
+use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker};
 use super::stages::{run_stages, StageChoice, StageContext};
 use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 use crate::config::{ExecutorKind, Jobs};
+use crate::exec::child_env::WorkerSlot;
 use crate::host::devices::visible_devices;
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -41,52 +42,10 @@ pub fn start(
     cancel: &AtomicBool,
 ) -> Result<Report, RunError> {
     let mut plan = plan(opts)?;
-    if opts.clean {
-        if let Some(b) = plan.config.build.as_mut() {
-            b.clean = true;
-        }
-    }
-    if let Some(jobs) = opts.jobs {
-        plan.config.workers.jobs = jobs;
-    }
-    let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
-    if slurm {
-        crate::exec::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
-    }
-    // Parallel probes: checked before anything is written.
-    let slots = match plan.config.workers.jobs {
-        Jobs::One => None,
-        _ => {
-            // Slurm gives each job its GPUs itself: nothing here is pinned.
-            let visible = if slurm || plan.config.workers.devices.is_some() {
-                Vec::new()
-            } else {
-                visible_devices(cancel)
-            };
-            let cores = std::thread::available_parallelism().map_or(1, usize::from);
-            let slots =
-                plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?;
-            // One worker is probes one at a time, as with `jobs = 1`: the repro sees every GPU.
-            (slots.len() > 1).then_some(slots)
-        }
-    };
+    apply_options(&mut plan, opts);
+    let slots = worker_slots(&plan, cancel)?;
     let stash_before = plan.repo.stash_tip();
-    // What cudabisect itself writes into the checkout on request (a bundle or report placed there) is
-    // not the repro's doing.
-    let own_outputs: Vec<std::path::PathBuf> = [
-        opts.bundle_dir.clone(),
-        plan.config
-            .bundle
-            .dir
-            .as_ref()
-            .map(|d| plan.repo.workdir().join(d)),
-        opts.report.clone(),
-        opts.junit.clone(),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|p| std::path::absolute(&p).unwrap_or(p))
-    .collect();
+    let own_outputs = own_outputs(&plan, opts);
     let user_before = plan.repo.user_state(&own_outputs);
     let lock_name = format!("start {}", opts.range);
     let mut ws = Workspace::open(
@@ -110,27 +69,8 @@ pub fn start(
     let places = slots.first().map_or(0, |first| {
         slots.iter().filter(|s| s.devices == first.devices).count()
     });
-    // More workers than candidates would only make checkouts: each worker costs a full worktree.
-    let useful = plan.range.len().max(2);
-    if slots.len() > useful {
-        plan.notes.push(PlanNote::WorkersCapped {
-            asked: slots.len(),
-            candidates: plan.range.len(),
-            used: useful,
-        });
-        slots.truncate(useful);
-    }
-    // Parallel workers each get a scratch directory of their own (temporary files, JIT caches), kept
-    // between runs so a worker's caches stay warm.
-    if slots.len() > 1 {
-        for slot in &mut slots {
-            let dir = state_dir.join("workers").join(slot.worker.to_string());
-            for (_, sub) in crate::exec::child_env::WORKER_PRIVATE_DIRS {
-                std::fs::create_dir_all(dir.join(sub)).map_err(io_err(&dir))?;
-            }
-            slot.scratch = Some(dir);
-        }
-    }
+    cap_workers(&mut plan.notes, plan.range.len(), &mut slots);
+    give_scratch_dirs(&mut slots, &state_dir)?;
     let mut extra_worktrees = Vec::new();
     for slot in slots.iter().skip(1) {
         extra_worktrees.push(ws.worktree(&format!("worktree-{}", slot.worker))?);
@@ -150,30 +90,18 @@ pub fn start(
             .ok()
         })
         .flatten();
-    let mut prober = WorktreeProber {
-        worktree: &worktree,
-        config: &plan.config,
-        log_dir: log_dir.clone(),
-        cancel: stops.first().unwrap_or(cancel),
-        slot: slots.first().cloned(),
-        lingering: Vec::new(),
+    // One prober per worker: its worktree, devices, stop flag and warm interpreter.
+    let worker = |worktree, stop, slot: Option<&WorkerSlot>| WorktreeProber {
+        slot: slot.cloned(),
         warm: warm_pool.as_ref(),
-        executor: ws.executor.clone(),
+        ..ws.prober(worktree, &plan.config, stop)
     };
+    let mut prober = worker(&worktree, stops.first().unwrap_or(cancel), slots.first());
     let mut others: Vec<WorktreeProber> = extra_worktrees
         .iter()
         .zip(slots.iter().skip(1))
         .zip(stops.iter().skip(1))
-        .map(|((w, slot), stop)| WorktreeProber {
-            worktree: w,
-            config: &plan.config,
-            log_dir: log_dir.clone(),
-            cancel: stop,
-            slot: Some(slot.clone()),
-            lingering: Vec::new(),
-            warm: warm_pool.as_ref(),
-            executor: ws.executor.clone(),
-        })
+        .map(|((w, slot), stop)| worker(w, stop, Some(slot)))
         .collect();
     reporter.event(&Event::RunStarted {
         candidates: plan.range.len(),
@@ -201,113 +129,24 @@ pub fn start(
             places,
         },
     };
-    // The journal of earlier runs killed before they finished: what they learned is reused.
-    let journal_path = opts
-        .journal
-        .clone()
-        .unwrap_or_else(|| journal::journal_path(&state_dir));
-    let fingerprint = journal::fingerprint(
-        &plan.config.text,
-        &journal::outside_programs(&plan.config, &plan.repo.workdir()),
-        &environment::fingerprint(cancel),
+    let (journal, journal_path, fingerprint) =
+        open_journal(&plan, opts, &state_dir, reporter, cancel);
+    let outcome = search_and_cross_check(
+        Searching {
+            plan: &plan,
+            opts,
+            input: &input,
+            journal: (journal, &journal_path, &fingerprint),
+            log_dir: &log_dir,
+            stops: &stops,
+        },
+        (&mut prober, &mut others),
+        reporter,
+        cancel,
     );
-    let opened = if opts.fresh {
-        Ok((Journal::empty(&journal_path, &fingerprint), Vec::new()))
-    } else {
-        Journal::open(&journal_path, &fingerprint)
-    };
-    let journal = match opened {
-        Ok((journal, warnings)) => {
-            for message in warnings {
-                reporter.event(&Event::Warning { message });
-            }
-            resume_notes(&journal, &plan, reporter);
-            journal
-        }
-        Err(e) => {
-            reporter.event(&Event::Warning {
-                message: format!(
-                    "{}: the probe journal cannot be used ({e}); this run starts from scratch and journals nothing",
-                    journal_path.display()
-                ),
-            });
-            Journal::off(&fingerprint)
-        }
-    };
-    let journal = std::sync::Mutex::new(journal);
-    let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut prober)
-        .chain(others.iter_mut())
-        .map(|p| {
-            let stop = p.cancel;
-            JournaledProbe {
-                inner: p,
-                journal: &journal,
-                warnings: Vec::new(),
-                cancel: stop,
-                log_dir: Some(log_dir.clone()),
-            }
-        })
-        .collect();
-    let mut outcome = if opts.find_fix {
-        with_cancel_passed_on(cancel, &stops, || {
-            super::find_fix::search_for_fix(&plan, &input, &mut journaled, reporter, cancel)
-        })
-    } else {
-        let mut workers: Vec<Worker> = journaled
-            .iter_mut()
-            .map(|j| {
-                let stop = j.cancel;
-                Worker { probe: j, stop }
-            })
-            .collect();
-        with_cancel_passed_on(cancel, &stops, || {
-            search_with_workers(&input, &mut workers, reporter, cancel)
-        })
-    };
-    for message in journaled.into_iter().flat_map(|j| j.warnings) {
-        reporter.event(&Event::Warning { message });
-    }
-    if slots.len() > 1 || opts.find_fix {
-        // A worker stopped because its answer no longer mattered is free again.
-        for stop in &stops {
-            stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
-        }
-        outcome = with_cancel_passed_on(cancel, &stops, || {
-            super::cross_check::cross_checked(
-                outcome,
-                opts,
-                &plan,
-                &input,
-                &journal_path,
-                &fingerprint,
-                &log_dir,
-                &mut prober,
-                reporter,
-                cancel,
-            )
-        });
-    }
     let at_once = outcome.at_once;
-    let mut report = empty_report(&plan, opts, &run_dir);
-    report.target = outcome.target;
-    report.probes = outcome.probes;
-    report.other_bugs = outcome.other_bugs;
-    report.flaky = outcome.flaky;
-    let first_bad = fill_result(&plan, &outcome.end, &mut report);
-    if plan.config.flaky.asked {
-        report.confidence = reached_confidence(&report, &plan);
-        if let Some(c) = report.confidence {
-            report.message = format!("{} (confidence {c:.3})", report.message);
-        }
-    }
+    let (mut report, first_bad) = report_of(outcome, &plan, opts, &run_dir);
     // The result is on disk before anything else can fail.
-    if opts.find_fix {
-        if let Some(oid) = first_bad {
-            report
-                .notes
-                .extend(super::find_fix::fix_caveats(&plan, oid, opts.first_parent));
-        }
-    }
     save_report(&report, &run_dir, None, reporter);
     // A fix is clean at the commit found: there is nothing there to triage, shrink or hand off.
     if let Some(oid) = first_bad.filter(|_| !opts.find_fix) {
@@ -326,66 +165,10 @@ pub fn start(
             cancel,
             at_once: u32::try_from(at_once).unwrap_or(1),
         };
-        std::thread::scope(|s| {
-            // The environment does not depend on the stages: it is asked beside them (PyTorch's report
-            // too when the fault already speaks of torch, or of Triton, which runs under it), so the
-            // bundle does not wait for it after.
-            let asked = plan.config.bundle.enabled.then(|| {
-                let torch = torch_before_the_stages(report.target.as_ref());
-                s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
-            });
-            if asked.is_some() {
-                reporter.event(&Event::EnvironmentProbe {
-                    tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
-                });
-            }
-            if run_stages(&ctx, choice, oid, &mut report, reporter) {
-                report.interrupted = true;
-            }
-            if plan.config.bundle.enabled && !cancel.load(Ordering::SeqCst) {
-                let asked = asked.and_then(|h| h.join().ok());
-                let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
-                match write_bundle(&plan, &report, (&run_dir, root), asked, reporter, cancel) {
-                    Ok(dir) => {
-                        // What a maintainer is handed, and its size (attachable or not).
-                        reporter.event(&Event::BundleWritten {
-                            bytes: crate::report::bundle::dir_bytes(&dir),
-                            path: dir.display().to_string(),
-                        });
-                        report.bundle = Some(dir.display().to_string());
-                    }
-                    Err(e) => reporter.event(&Event::Warning {
-                        message: e.to_string(),
-                    }),
-                }
-            }
-        });
+        stages_then_bundle(&ctx, (&plan, opts), (choice, oid), &mut report, reporter);
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
-    let stash_changed = plan.repo.stash_tip() != stash_before;
-    if stash_changed {
-        // cudabisect never stashes; a repro that ran `git stash` in a probe worktree did, on the user's
-        // stash (worktrees share refs). Nothing can undo it safely, so it is said.
-        let message = "the repository's stash changed during this run: a repro ran `git stash` in a probe worktree, and worktrees share refs with your checkout. Check `git stash list` before your next `git stash pop`".to_string();
-        reporter.event(&Event::Warning {
-            message: message.clone(),
-        });
-        report.notes.push(message);
-    }
-    let changed: Vec<String> = plan
-        .repo
-        .user_state(&own_outputs)
-        .changes_since(&user_before)
-        .into_iter()
-        .filter(|c| !(stash_changed && c == "refs refs/stash"))
-        .collect();
-    if !changed.is_empty() {
-        // cudabisect touches neither; a build or repro that writes outside its worktree (`../..`, or git
-        // run on the shared refs) did. Said, not undone: the user decides.
-        let message = format!(
-            "your repository changed during this run (cudabisect changes neither your refs nor your checkout): {}. If you did not change them yourself, a build or repro wrote outside its probe worktree (a path like ../../.., or git commands on the refs the worktrees share)",
-            changed.join("; ")
-        );
+    for message in what_the_run_changed(&plan, (stash_before, &user_before), &own_outputs) {
         reporter.event(&Event::Warning {
             message: message.clone(),
         });
@@ -401,6 +184,321 @@ pub fn start(
     }
     ws.close(reporter);
     Ok(report)
+}
+
+/// What the search of `start` runs with, besides its workers.
+struct Searching<'a> {
+    plan: &'a Plan,
+    opts: &'a StartOptions,
+    input: &'a SearchInput<'a>,
+    /// The journal, its path and the fingerprint of what judges a probe.
+    journal: (Journal, &'a Path, &'a str),
+    log_dir: &'a Path,
+    /// The workers' stop flags, in worker order.
+    stops: &'a [AtomicBool],
+}
+
+/// The search (or the search for a fix) over every worker, each journaled, then, when probes ran side by
+/// side or the ends were old and new, the serial cross-check of its answer on the first worker.
+fn search_and_cross_check<'w>(
+    s: Searching,
+    (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let Searching {
+        plan,
+        opts,
+        input,
+        journal: (journal, journal_path, fingerprint),
+        log_dir,
+        stops,
+    } = s;
+    let parallel = !others.is_empty();
+    let journal = std::sync::Mutex::new(journal);
+    let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut *prober)
+        .chain(others.iter_mut())
+        .map(|p| {
+            let stop = p.cancel;
+            JournaledProbe {
+                inner: p,
+                journal: &journal,
+                warnings: Vec::new(),
+                cancel: stop,
+                log_dir: Some(log_dir.to_path_buf()),
+            }
+        })
+        .collect();
+    let outcome = if opts.find_fix {
+        with_cancel_passed_on(cancel, stops, || {
+            super::find_fix::search_for_fix(plan, input, &mut journaled, reporter, cancel)
+        })
+    } else {
+        let mut workers: Vec<Worker> = journaled
+            .iter_mut()
+            .map(|j| {
+                let stop = j.cancel;
+                Worker { probe: j, stop }
+            })
+            .collect();
+        with_cancel_passed_on(cancel, stops, || {
+            search_with_workers(input, &mut workers, reporter, cancel)
+        })
+    };
+    for message in journaled.into_iter().flat_map(|j| j.warnings) {
+        reporter.event(&Event::Warning { message });
+    }
+    if !parallel && !opts.find_fix {
+        return outcome;
+    }
+    // A worker stopped because its answer no longer mattered is free again.
+    for stop in stops {
+        stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+    with_cancel_passed_on(cancel, stops, || {
+        super::cross_check::cross_checked(
+            outcome,
+            opts,
+            plan,
+            input,
+            journal_path,
+            fingerprint,
+            log_dir,
+            prober,
+            reporter,
+            cancel,
+        )
+    })
+}
+
+/// The report of a search's outcome, and the first bad commit it names (the fix, with `--find-fix`, with
+/// what to know before backporting it).
+fn report_of(
+    outcome: SearchOutcome,
+    plan: &Plan,
+    opts: &StartOptions,
+    run_dir: &Path,
+) -> (Report, Option<Oid>) {
+    let mut report = empty_report(plan, opts, run_dir);
+    report.target = outcome.target;
+    report.probes = outcome.probes;
+    report.other_bugs = outcome.other_bugs;
+    report.flaky = outcome.flaky;
+    let first_bad = fill_result(plan, &outcome.end, &mut report);
+    if plan.config.flaky.asked {
+        report.confidence = reached_confidence(&report, plan);
+        if let Some(c) = report.confidence {
+            report.message = format!("{} (confidence {c:.3})", report.message);
+        }
+    }
+    if let Some(oid) = first_bad.filter(|_| opts.find_fix) {
+        report
+            .notes
+            .extend(super::find_fix::fix_caveats(plan, oid, opts.first_parent));
+    }
+    (report, first_bad)
+}
+
+/// The stages at the first bad commit, then the bundle, with the environment asked beside the stages (it
+/// does not depend on them; PyTorch's report too when the fault already speaks of torch, or of Triton,
+/// which runs under it), so the bundle does not wait for it after.
+fn stages_then_bundle(
+    ctx: &StageContext,
+    (plan, opts): (&Plan, &StartOptions),
+    (choice, oid): (StageChoice, Oid),
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+) {
+    let cancel = ctx.cancel;
+    std::thread::scope(|s| {
+        let asked = plan.config.bundle.enabled.then(|| {
+            let torch = torch_before_the_stages(report.target.as_ref());
+            s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
+        });
+        if asked.is_some() {
+            reporter.event(&Event::EnvironmentProbe {
+                tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+            });
+        }
+        if run_stages(ctx, choice, oid, report, reporter) {
+            report.interrupted = true;
+        }
+        if !plan.config.bundle.enabled || cancel.load(Ordering::SeqCst) {
+            return;
+        }
+        let asked = asked.and_then(|h| h.join().ok());
+        let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
+        match write_bundle(plan, report, (ctx.run_dir, root), asked, reporter, cancel) {
+            Ok(dir) => {
+                // What a maintainer is handed, and its size (attachable or not).
+                reporter.event(&Event::BundleWritten {
+                    bytes: crate::report::bundle::dir_bytes(&dir),
+                    path: dir.display().to_string(),
+                });
+                report.bundle = Some(dir.display().to_string());
+            }
+            Err(e) => reporter.event(&Event::Warning {
+                message: e.to_string(),
+            }),
+        }
+    });
+}
+
+/// The command line's layer over the config: `--clean` and `--jobs`.
+fn apply_options(plan: &mut Plan, opts: &StartOptions) {
+    if opts.clean {
+        if let Some(b) = plan.config.build.as_mut() {
+            b.clean = true;
+        }
+    }
+    if let Some(jobs) = opts.jobs {
+        plan.config.workers.jobs = jobs;
+    }
+}
+
+/// The parallel workers, checked before anything is written (`None`: probes one at a time); a Slurm
+/// config is checked against the cluster first.
+fn worker_slots(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Vec<WorkerSlot>>, RunError> {
+    let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
+    if slurm {
+        crate::exec::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
+    }
+    if plan.config.workers.jobs == Jobs::One {
+        return Ok(None);
+    }
+    // Slurm gives each job its GPUs itself: nothing here is pinned.
+    let visible = if slurm || plan.config.workers.devices.is_some() {
+        Vec::new()
+    } else {
+        visible_devices(cancel)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let slots = plan_slots(&plan.config.workers, &visible, cores).map_err(RunError::Usage)?;
+    // One worker is probes one at a time, as with `jobs = 1`: the repro sees every GPU.
+    Ok((slots.len() > 1).then_some(slots))
+}
+
+/// What cudabisect itself writes into the checkout on request (a bundle or report placed there): not the
+/// repro's doing when the checkout is compared after the run.
+fn own_outputs(plan: &Plan, opts: &StartOptions) -> Vec<PathBuf> {
+    [
+        opts.bundle_dir.clone(),
+        plan.config
+            .bundle
+            .dir
+            .as_ref()
+            .map(|d| plan.repo.workdir().join(d)),
+        opts.report.clone(),
+        opts.junit.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| std::path::absolute(&p).unwrap_or(p))
+    .collect()
+}
+
+/// More workers than candidates would only make checkouts (each worker costs a full worktree): capped,
+/// and said.
+fn cap_workers(notes: &mut Vec<PlanNote>, candidates: usize, slots: &mut Vec<WorkerSlot>) {
+    let useful = candidates.max(2);
+    if slots.len() > useful {
+        notes.push(PlanNote::WorkersCapped {
+            asked: slots.len(),
+            candidates,
+            used: useful,
+        });
+        slots.truncate(useful);
+    }
+}
+
+/// Parallel workers each get a scratch directory of their own (temporary files, JIT caches), kept between
+/// runs so a worker's caches stay warm.
+fn give_scratch_dirs(slots: &mut [WorkerSlot], state_dir: &Path) -> Result<(), RunError> {
+    if slots.len() < 2 {
+        return Ok(());
+    }
+    for slot in slots {
+        let dir = state_dir.join("workers").join(slot.worker.to_string());
+        for (_, sub) in crate::exec::child_env::WORKER_PRIVATE_DIRS {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io_err(&dir))?;
+        }
+        slot.scratch = Some(dir);
+    }
+    Ok(())
+}
+
+/// The journal of earlier runs killed before they finished, whose probes this run reuses (none with
+/// `--fresh`; one that cannot be used is said, and the run journals nothing): with its path and the
+/// fingerprint of what judges a probe.
+fn open_journal(
+    plan: &Plan,
+    opts: &StartOptions,
+    state_dir: &Path,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> (Journal, PathBuf, String) {
+    let path = opts
+        .journal
+        .clone()
+        .unwrap_or_else(|| journal::journal_path(state_dir));
+    let fingerprint = journal::fingerprint(
+        &plan.config.text,
+        &journal::outside_programs(&plan.config, &plan.repo.workdir()),
+        &environment::fingerprint(cancel),
+    );
+    let opened = if opts.fresh {
+        Ok((Journal::empty(&path, &fingerprint), Vec::new()))
+    } else {
+        Journal::open(&path, &fingerprint)
+    };
+    let journal = match opened {
+        Ok((journal, warnings)) => {
+            for message in warnings {
+                reporter.event(&Event::Warning { message });
+            }
+            resume_notes(&journal, plan, reporter);
+            journal
+        }
+        Err(e) => {
+            reporter.event(&Event::Warning {
+                message: format!(
+                    "{}: the probe journal cannot be used ({e}); this run starts from scratch and journals nothing",
+                    path.display()
+                ),
+            });
+            Journal::off(&fingerprint)
+        }
+    };
+    (journal, path, fingerprint)
+}
+
+/// What changed in the user's repository during the run, in words: cudabisect touches neither the stash
+/// nor the checkout and refs, so a build or repro did (a `git stash` in a probe worktree, which shares
+/// refs; a path like `../../..`). Said, not undone: the user decides.
+fn what_the_run_changed(
+    plan: &Plan,
+    (stash_before, user_before): (Option<Oid>, &crate::git::UserState),
+    own_outputs: &[PathBuf],
+) -> Vec<String> {
+    let mut said = Vec::new();
+    let stash_changed = plan.repo.stash_tip() != stash_before;
+    if stash_changed {
+        said.push("the repository's stash changed during this run: a repro ran `git stash` in a probe worktree, and worktrees share refs with your checkout. Check `git stash list` before your next `git stash pop`".to_string());
+    }
+    let changed: Vec<String> = plan
+        .repo
+        .user_state(own_outputs)
+        .changes_since(user_before)
+        .into_iter()
+        .filter(|c| !(stash_changed && c == "refs refs/stash"))
+        .collect();
+    if !changed.is_empty() {
+        said.push(format!(
+            "your repository changed during this run (cudabisect changes neither your refs nor your checkout): {}. If you did not change them yourself, a build or repro wrote outside its probe worktree (a path like ../../.., or git commands on the refs the worktrees share)",
+            changed.join("; ")
+        ));
+    }
+    said
 }
 
 /// Says what the journal lets this run reuse, and what it runs again.
