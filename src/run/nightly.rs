@@ -4,7 +4,7 @@
 //! an open one: from the last head that showed only the older bug); the same bug as the open regression is
 //! not bisected again; a clean head closes it.
 
-use crate::report::record::short_sha;
+use crate::report::record::{short_sha, ProbeRecord};
 use git2::Oid;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -164,26 +164,7 @@ fn night(
     };
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
     let config = super::plan::load_config(&repo, opts.config.as_deref())?;
-    // A notify hook that cannot run is found now, not after the night.
-    if let Some(crate::config::CommandLine::Argv(argv)) = &config.nightly.notify {
-        let program = &argv[0];
-        let runs = if program.contains('/') {
-            let path = Path::new(program);
-            let path = if path.is_absolute() {
-                path.to_path_buf()
-            } else {
-                repo.workdir().join(path)
-            };
-            path.is_file()
-        } else {
-            which::which(program).is_ok()
-        };
-        if !runs {
-            return Err(RunError::Usage(format!(
-                "[nightly] notify: `{program}` cannot be run (not found)"
-            )));
-        }
-    }
+    check_notify(&config, &repo)?;
     let state_dir = opts
         .state
         .clone()
@@ -212,101 +193,9 @@ fn night(
     let _lock = lock_state_dir(&repo.state_dir(), &format!("nightly {branch}"))?;
     let journal_file = journal_path(&state_dir);
     let mut state = load_state(&path)?;
-    let warn =
-        |reporter: &mut dyn Reporter, message: String| reporter.event(&Event::Warning { message });
-    let mut lost_last_good = false;
-    if let Some(lg) = state.last_good.clone() {
-        if let Some(bases) = rewritten_but_shared(&repo, &lg, head) {
-            // A force-push without gc: the last good commit is off the branch, but the history before
-            // the rewrite is shared. A fault tonight is bisected from there: the search tests the merge
-            // base first, as any good commit on another line.
-            warn(
-                reporter,
-                format!(
-                    "the last good commit {} kept in {} is not an ancestor of the head (the branch was rewritten): a fault tonight is bisected from its merge base with the head ({})",
-                    short_sha(&lg),
-                    path.display(),
-                    bases
-                        .iter()
-                        .map(|b| short_sha(&b.to_string()).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            );
-        } else if let Err(why) = still_on_branch(&repo, &lg, head) {
-            lost_last_good = true;
-            warn(
-                reporter,
-                format!(
-                    "the last good commit {} kept in {} {why}: {}",
-                    short_sha(&lg),
-                    path.display(),
-                    if since.is_some() {
-                        "using --since instead"
-                    } else {
-                        "a clean head becomes the new baseline; pass --since REV to bisect a fault before then"
-                    }
-                ),
-            );
-            state.last_good = None;
-        }
-    }
-    // An open regression whose first bad commit left the branch is a stale fact: it is dropped, and a
-    // fault tonight is bisected afresh (from --since or the last good commit), never reported as the
-    // old answer.
-    let stale_first_bad = state.open.as_ref().and_then(|open| {
-        let fb = open.first_bad.as_deref()?;
-        still_on_branch(&repo, fb, head)
-            .err()
-            .map(|why| (fb.to_string(), why))
-    });
-    if let Some((fb, why)) = stale_first_bad {
-        warn(
-            reporter,
-            format!(
-                "the open regression's first bad commit {} {why}: the regression is closed in {}, and a fault tonight is bisected again",
-                short_sha(&fb),
-                path.display()
-            ),
-        );
-        state.open = None;
-        lost_last_good |= state.last_good.is_none();
-    }
-    if let Some(open) = state.open.as_mut() {
-        if still_on_branch(&repo, &open.last_failing, head).is_err() {
-            // The open bug is still known by its signature; only its last failing head is gone.
-            open.last_failing = head.to_string();
-        }
-    }
+    let lost_last_good = repair_state(&repo, &mut state, (head, since.is_some()), &path, reporter);
     if state == NightlyState::default() && !path.exists() {
-        let prefix = path
-            .file_name()
-            .map(|n| {
-                n.to_string_lossy()
-                    .rsplit_once('-')
-                    .map(|(b, _)| format!("{b}-"))
-                    .unwrap_or_default()
-            })
-            .unwrap_or_default();
-        let others = std::fs::read_dir(&state_dir)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        n.starts_with(&prefix)
-                            && n.ends_with(".json")
-                            && n.len() == prefix.len() + 21
-                    })
-                    .count()
-            })
-            .unwrap_or(0);
-        if others > 0 {
-            reporter.event(&Event::NightlyNewState {
-                branch: branch.to_string(),
-                others,
-                state_dir: state_dir.display().to_string(),
-            });
-        }
+        say_new_state(&path, &state_dir, &branch, reporter);
     }
     let last_good = state
         .last_good
@@ -327,81 +216,14 @@ fn night(
             commit: head.to_string(),
         },
     });
-    let record = {
-        // The night holds the state lock already.
-        let ws = Workspace::open(
-            &repo,
-            &config,
-            Opening {
-                lock: None,
-                prefix: "nightly-",
-                log_dir: None,
-            },
-        )?;
-        ws.prune_runs();
-        let worktree = ws.worktree("worktree")?;
-        let mut prober = ws.prober(&worktree, &config, cancel);
-        let ctx = ProbeContext {
-            step: 1,
-            role: ProbeRole::Head,
-            remaining: 1,
-            estimated_steps: 1,
-            worker: None,
-            repeat: None,
-            crowded: false,
-        };
-        // Through the journal: a night killed after this probe does not redo it, and the bisection that
-        // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
-        let (journal, warnings) = Journal::open(&journal_file, &fingerprint).unwrap_or_else(|e| {
-            (
-                Journal::empty(&journal_file, &fingerprint),
-                vec![format!("the probe journal cannot be read ({e})")],
-            )
-        });
-        for message in warnings {
-            reporter.event(&Event::Warning { message });
-        }
-        let journal = std::sync::Mutex::new(journal);
-        let mut journaled = JournaledProbe {
-            inner: &mut prober,
-            journal: &journal,
-            warnings: Vec::new(),
-            cancel,
-            log_dir: None,
-        };
-        let out = journaled.probe(head, &ctx, None, reporter);
-        for message in std::mem::take(&mut journaled.warnings) {
-            reporter.event(&Event::Warning { message });
-        }
-        drop(journaled);
-        drop(prober);
-        ws.close(reporter);
-        if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
-            // A stopped head says nothing: nothing is decided and the state is left as it was.
-            return Err(RunError::Interrupted);
-        }
-        // The head is judged on its own (no target yet): what it shows is tonight's fault.
-        let terms = super::search::judge::Terms {
-            target: None,
-            policy: &config.match_policy,
-            swapped: false,
-        };
-        let j = super::search::judge::judge(
-            &out.record.signature,
-            &out.output,
-            terms,
-            super::search::judge::Kernel::Unknown,
-        );
-        let mut record = out.record;
-        record.verdict = j.verdict;
-        record.reason = j.reason;
-        // The head's probe ends like any other: JSON consumers see its record, people its line.
-        reporter.event(&Event::ProbeFinished {
-            step: 1,
-            record: Box::new(record.clone()),
-        });
-        record
-    };
+    let record = probe_head(
+        &repo,
+        &config,
+        head,
+        (&journal_file, &fingerprint),
+        reporter,
+        cancel,
+    )?;
     let sig = record.signature.clone();
     let head_s = head.to_string();
     let mut bisect = None;
@@ -486,35 +308,18 @@ fn night(
                 None,
             ),
             Some(good) => {
-            let start_opts = StartOptions {
-                dir: opts.dir.clone(),
-                range: format!("{good}..{head_s}"),
-                config: opts.config.clone(),
-                no_triage: opts.no_stages,
-                no_shrink: opts.no_stages,
-                goods_may_show_other_bugs,
-                journal: Some(journal_file.clone()),
-                state_locked: true,
-                ..StartOptions::default()
-            };
-            let report = start(&start_opts, reporter, cancel)?;
-            let first_bad = report.first_bad.as_ref().map(|c| c.commit.clone());
-            let status = match report.result {
-                RunResult::Found | RunResult::Ambiguous => NightlyStatus::Regression,
-                _ => NightlyStatus::Inconclusive,
-            };
-            if status == NightlyStatus::Regression {
-                state.open = Some(OpenRegression {
-                    first_bad: first_bad.clone(),
-                    signature: report.target.clone().unwrap_or_else(|| sig.clone()),
-                    open_since: head_s.clone(),
-                    last_failing: head_s.clone(),
-                    nights: 1,
-                });
-            }
-            let message = report.message.clone();
-            bisect = Some(report);
-            (status, message, None)
+                let bisected = bisect_tonight(
+                    opts,
+                    (&good, &head_s, goods_may_show_other_bugs),
+                    &journal_file,
+                    (&mut state, &sig),
+                    reporter,
+                    cancel,
+                )?;
+                let status = bisected.0;
+                let message = bisected.1.message.clone();
+                bisect = Some(bisected.1);
+                (status, message, None)
             }
         }
     };
@@ -532,6 +337,265 @@ fn night(
         reporter,
         cancel,
     ))
+}
+
+/// Tonight's fault bisected from `good` to the head with `start` (its journal the night's, so the head's
+/// probe is its bad end); a regression found opens in the state. The night's status and the report.
+fn bisect_tonight(
+    opts: &NightlyOptions,
+    (good, head, goods_may_show_other_bugs): (&str, &str, bool),
+    journal_file: &Path,
+    (state, sig): (&mut NightlyState, &crate::classify::Signature),
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<(NightlyStatus, crate::report::record::Report), RunError> {
+    let start_opts = StartOptions {
+        dir: opts.dir.clone(),
+        range: format!("{good}..{head}"),
+        config: opts.config.clone(),
+        no_triage: opts.no_stages,
+        no_shrink: opts.no_stages,
+        goods_may_show_other_bugs,
+        journal: Some(journal_file.to_path_buf()),
+        state_locked: true,
+        ..StartOptions::default()
+    };
+    let report = start(&start_opts, reporter, cancel)?;
+    let status = match report.result {
+        RunResult::Found | RunResult::Ambiguous => NightlyStatus::Regression,
+        _ => NightlyStatus::Inconclusive,
+    };
+    if status == NightlyStatus::Regression {
+        state.open = Some(OpenRegression {
+            first_bad: report.first_bad.as_ref().map(|c| c.commit.clone()),
+            signature: report.target.clone().unwrap_or_else(|| sig.clone()),
+            open_since: head.to_string(),
+            last_failing: head.to_string(),
+            nights: 1,
+        });
+    }
+    Ok((status, report))
+}
+
+/// A notify hook that cannot run is found before the night, not after it.
+fn check_notify(config: &crate::config::Config, repo: &Repo) -> Result<(), RunError> {
+    if let Some(crate::config::CommandLine::Argv(argv)) = &config.nightly.notify {
+        let program = &argv[0];
+        let runs = if program.contains('/') {
+            let path = Path::new(program);
+            let path = if path.is_absolute() {
+                path.to_path_buf()
+            } else {
+                repo.workdir().join(path)
+            };
+            path.is_file()
+        } else {
+            which::which(program).is_ok()
+        };
+        if !runs {
+            return Err(RunError::Usage(format!(
+                "[nightly] notify: `{program}` cannot be run (not found)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Mends the kept state against tonight's history: a last good commit or an open regression's first bad
+/// commit that left the branch is a stale fact, dropped and said (never reported as the old answer); a
+/// force-push without gc is bisected from the merge base. Returns whether the last good commit was lost
+/// (a faulting head is then inconclusive, not an error).
+fn repair_state(
+    repo: &Repo,
+    state: &mut NightlyState,
+    (head, since): (Oid, bool),
+    path: &Path,
+    reporter: &mut dyn Reporter,
+) -> bool {
+    let warn =
+        |reporter: &mut dyn Reporter, message: String| reporter.event(&Event::Warning { message });
+    let mut lost_last_good = false;
+    if let Some(lg) = state.last_good.clone() {
+        if let Some(bases) = rewritten_but_shared(repo, &lg, head) {
+            // A force-push without gc: the last good commit is off the branch, but the history before
+            // the rewrite is shared. A fault tonight is bisected from there: the search tests the merge
+            // base first, as any good commit on another line.
+            warn(
+                reporter,
+                format!(
+                    "the last good commit {} kept in {} is not an ancestor of the head (the branch was rewritten): a fault tonight is bisected from its merge base with the head ({})",
+                    short_sha(&lg),
+                    path.display(),
+                    bases
+                        .iter()
+                        .map(|b| short_sha(&b.to_string()).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        } else if let Err(why) = still_on_branch(repo, &lg, head) {
+            lost_last_good = true;
+            warn(
+                reporter,
+                format!(
+                    "the last good commit {} kept in {} {why}: {}",
+                    short_sha(&lg),
+                    path.display(),
+                    if since {
+                        "using --since instead"
+                    } else {
+                        "a clean head becomes the new baseline; pass --since REV to bisect a fault before then"
+                    }
+                ),
+            );
+            state.last_good = None;
+        }
+    }
+    // An open regression whose first bad commit left the branch is a stale fact: it is dropped, and a
+    // fault tonight is bisected afresh (from --since or the last good commit), never reported as the
+    // old answer.
+    let stale_first_bad = state.open.as_ref().and_then(|open| {
+        let fb = open.first_bad.as_deref()?;
+        still_on_branch(repo, fb, head)
+            .err()
+            .map(|why| (fb.to_string(), why))
+    });
+    if let Some((fb, why)) = stale_first_bad {
+        warn(
+            reporter,
+            format!(
+                "the open regression's first bad commit {} {why}: the regression is closed in {}, and a fault tonight is bisected again",
+                short_sha(&fb),
+                path.display()
+            ),
+        );
+        state.open = None;
+        lost_last_good |= state.last_good.is_none();
+    }
+    if let Some(open) = state.open.as_mut() {
+        if still_on_branch(repo, &open.last_failing, head).is_err() {
+            // The open bug is still known by its signature; only its last failing head is gone.
+            open.last_failing = head.to_string();
+        }
+    }
+    lost_last_good
+}
+
+/// A first night on a branch whose other state files exist (another config gave them): said, so a
+/// changed config is not mistaken for a lost history.
+fn say_new_state(path: &Path, state_dir: &Path, branch: &str, reporter: &mut dyn Reporter) {
+    let prefix = path
+        .file_name()
+        .map(|n| {
+            n.to_string_lossy()
+                .rsplit_once('-')
+                .map(|(b, _)| format!("{b}-"))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let others = std::fs::read_dir(state_dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(&prefix) && n.ends_with(".json") && n.len() == prefix.len() + 21
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    if others > 0 {
+        reporter.event(&Event::NightlyNewState {
+            branch: branch.to_string(),
+            others,
+            state_dir: state_dir.display().to_string(),
+        });
+    }
+}
+
+/// The head, probed on its own and judged with no target (its signature decides the night), through the
+/// journal: a night killed after this probe does not redo it, and the bisection that follows reuses it
+/// as its bad end. `Err` when Ctrl-C stopped it: nothing is decided, the state is left as it was.
+fn probe_head(
+    repo: &Repo,
+    config: &crate::config::Config,
+    head: Oid,
+    (journal_file, fingerprint): (&Path, &str),
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ProbeRecord, RunError> {
+    // The night holds the state lock already.
+    let ws = Workspace::open(
+        repo,
+        config,
+        Opening {
+            lock: None,
+            prefix: "nightly-",
+            log_dir: None,
+        },
+    )?;
+    ws.prune_runs();
+    let worktree = ws.worktree("worktree")?;
+    let mut prober = ws.prober(&worktree, config, cancel);
+    let ctx = ProbeContext {
+        step: 1,
+        role: ProbeRole::Head,
+        remaining: 1,
+        estimated_steps: 1,
+        worker: None,
+        repeat: None,
+        crowded: false,
+    };
+    // Through the journal: a night killed after this probe does not redo it, and the bisection that
+    // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
+    let (journal, warnings) = Journal::open(journal_file, fingerprint).unwrap_or_else(|e| {
+        (
+            Journal::empty(journal_file, fingerprint),
+            vec![format!("the probe journal cannot be read ({e})")],
+        )
+    });
+    for message in warnings {
+        reporter.event(&Event::Warning { message });
+    }
+    let journal = std::sync::Mutex::new(journal);
+    let mut journaled = JournaledProbe {
+        inner: &mut prober,
+        journal: &journal,
+        warnings: Vec::new(),
+        cancel,
+        log_dir: None,
+    };
+    let out = journaled.probe(head, &ctx, None, reporter);
+    for message in std::mem::take(&mut journaled.warnings) {
+        reporter.event(&Event::Warning { message });
+    }
+    drop(journaled);
+    drop(prober);
+    ws.close(reporter);
+    if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
+        // A stopped head says nothing: nothing is decided and the state is left as it was.
+        return Err(RunError::Interrupted);
+    }
+    // The head is judged on its own (no target yet): what it shows is tonight's fault.
+    let terms = super::search::judge::Terms {
+        target: None,
+        policy: &config.match_policy,
+        swapped: false,
+    };
+    let j = super::search::judge::judge(
+        &out.record.signature,
+        &out.output,
+        terms,
+        super::search::judge::Kernel::Unknown,
+    );
+    let mut record = out.record;
+    record.verdict = j.verdict;
+    record.reason = j.reason;
+    // The head's probe ends like any other: JSON consumers see its record, people its line.
+    reporter.event(&Event::ProbeFinished {
+        step: 1,
+        record: Box::new(record.clone()),
+    });
+    Ok(record)
 }
 
 /// How a night was decided, before it is written.
