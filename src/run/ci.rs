@@ -132,22 +132,9 @@ pub fn nightly_outputs(
     }
 }
 
-/// Runs `[nightly] notify` after a `regression` or a `fixed` night, with what happened in its environment:
-/// `CUDABISECT_NIGHTLY_STATUS`, `CUDABISECT_NIGHTLY_MESSAGE`, `CUDABISECT_BRANCH`, `CUDABISECT_HEAD`,
-/// `CUDABISECT_FIRST_BAD`, and the paths `CUDABISECT_REPORT`, `CUDABISECT_JUNIT`, `CUDABISECT_BUNDLE` when
-/// there are such files. Returns a warning when it could not run or failed; nothing otherwise.
-fn notify(
-    night: &NightlyReport,
-    config: &Config,
-    (workdir, state_dir): (&Path, &Path),
-    opts: &NightlyOptions,
-    cancel: &AtomicBool,
-) -> Option<String> {
+/// What the notify hook is told of the night, in its environment.
+fn notify_env(night: &NightlyReport, opts: &NightlyOptions) -> Vec<(String, String)> {
     let n = &night.nightly;
-    if !matches!(n.status, NightlyStatus::Regression | NightlyStatus::Fixed) {
-        return None;
-    }
-    let command = config.nightly.notify.clone()?;
     let mut env = vec![
         (
             "CUDABISECT_NIGHTLY_STATUS".to_string(),
@@ -180,6 +167,26 @@ fn notify(
             env.push((name.to_string(), v));
         }
     }
+    env
+}
+
+/// Runs `[nightly] notify` after a `regression` or a `fixed` night, with what happened in its environment:
+/// `CUDABISECT_NIGHTLY_STATUS`, `CUDABISECT_NIGHTLY_MESSAGE`, `CUDABISECT_BRANCH`, `CUDABISECT_HEAD`,
+/// `CUDABISECT_FIRST_BAD`, and the paths `CUDABISECT_REPORT`, `CUDABISECT_JUNIT`, `CUDABISECT_BUNDLE` when
+/// there are such files. Returns a warning when it could not run or failed; nothing otherwise.
+fn notify(
+    night: &NightlyReport,
+    config: &Config,
+    (workdir, state_dir): (&Path, &Path),
+    opts: &NightlyOptions,
+    cancel: &AtomicBool,
+) -> Option<String> {
+    let n = &night.nightly;
+    if !matches!(n.status, NightlyStatus::Regression | NightlyStatus::Fixed) {
+        return None;
+    }
+    let command = config.nightly.notify.clone()?;
+    let env = notify_env(night, opts);
     let spec = CommandSpec {
         command,
         cwd: workdir.to_path_buf(),

@@ -547,16 +547,7 @@ fn probe_head(
     };
     // Through the journal: a night killed after this probe does not redo it, and the bisection that
     // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
-    let (journal, warnings) = Journal::open(journal_file, fingerprint).unwrap_or_else(|e| {
-        (
-            Journal::empty(journal_file, fingerprint),
-            vec![format!("the probe journal cannot be read ({e})")],
-        )
-    });
-    for message in warnings {
-        reporter.event(&Event::Warning { message });
-    }
-    let journal = std::sync::Mutex::new(journal);
+    let journal = std::sync::Mutex::new(night_journal(journal_file, fingerprint, reporter));
     let mut journaled = JournaledProbe {
         inner: &mut prober,
         journal: &journal,
@@ -596,6 +587,21 @@ fn probe_head(
         record: Box::new(record.clone()),
     });
     Ok(record)
+}
+
+/// The night's journal beside its state (one that cannot be read is said, and the night starts it
+/// afresh).
+fn night_journal(path: &Path, fingerprint: &str, reporter: &mut dyn Reporter) -> Journal {
+    let (journal, warnings) = Journal::open(path, fingerprint).unwrap_or_else(|e| {
+        (
+            Journal::empty(path, fingerprint),
+            vec![format!("the probe journal cannot be read ({e})")],
+        )
+    });
+    for message in warnings {
+        reporter.event(&Event::Warning { message });
+    }
+    journal
 }
 
 /// How a night was decided, before it is written.
