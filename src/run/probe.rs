@@ -281,21 +281,7 @@ impl Probe for WorktreeProber<'_> {
             } else {
                 format!("repro-{attempt}")
             };
-            let mut spec = command_spec(
-                self.config,
-                ChildCommand {
-                    command: &repro.command,
-                    timeout: repro.timeout,
-                    env: &repro.env,
-                },
-                &ChildContext {
-                    worktree: self.worktree.path(),
-                    commit: &commit,
-                    phase: ChildPhase::Repro,
-                    attempt,
-                    slot: self.slot.as_ref(),
-                },
-            );
+            let mut spec = self.repro_spec(&commit, attempt);
             let rank_dir = self.rank_log_dir(executor.is_local(), ctx.step, &commit, &name);
             spec.env.push((
                 "CUDABISECT_RANK_LOG_DIR".into(),
@@ -309,8 +295,8 @@ impl Probe for WorktreeProber<'_> {
             }
             // A Python repro runs in a child of the warm interpreter (the same process group, timeout and
             // streams: only the imports are already done).
-            let worker = self.slot.as_ref().map_or(1, |s| s.worker);
-            let pool = self.warm.filter(|_| repro.warm && executor.is_local());
+            let worker = self.worker();
+            let pool = self.warm_pool();
             let warm = pool.and_then(|pool| {
                 pool.prepare(worker, &mut spec, self.cancel)
                     .map(|run| (pool, run))
@@ -418,8 +404,7 @@ impl Probe for WorktreeProber<'_> {
     }
 
     fn warm_up(&mut self, oid: Oid) {
-        let repro = &self.config.repro;
-        let Some(pool) = self.warm.filter(|_| repro.warm && self.executor.is_local()) else {
+        let Some(pool) = self.warm_pool() else {
             return;
         };
         // The worktree holds the commit, so what its script imports can be guessed as a probe would.
@@ -427,24 +412,11 @@ impl Probe for WorktreeProber<'_> {
         {
             return;
         }
-        let commit = oid.to_string();
-        let spec = command_spec(
-            self.config,
-            ChildCommand {
-                command: &repro.command,
-                timeout: repro.timeout,
-                env: &repro.env,
-            },
-            &ChildContext {
-                worktree: self.worktree.path(),
-                commit: &commit,
-                phase: ChildPhase::Repro,
-                attempt: 1,
-                slot: self.slot.as_ref(),
-            },
+        pool.warm_up(
+            self.worker(),
+            &self.repro_spec(&oid.to_string(), 1),
+            self.cancel,
         );
-        let worker = self.slot.as_ref().map_or(1, |s| s.worker);
-        pool.warm_up(worker, &spec, self.cancel);
     }
 }
 
@@ -494,7 +466,38 @@ impl Finished<'_> {
     }
 }
 
-impl WorktreeProber<'_> {
+impl<'a> WorktreeProber<'a> {
+    /// The repro's command at `commit` in this worktree, as run number `attempt`.
+    fn repro_spec(&self, commit: &str, attempt: u32) -> process::CommandSpec {
+        let repro = &self.config.repro;
+        command_spec(
+            self.config,
+            ChildCommand {
+                command: &repro.command,
+                timeout: repro.timeout,
+                env: &repro.env,
+            },
+            &ChildContext {
+                worktree: self.worktree.path(),
+                commit,
+                phase: ChildPhase::Repro,
+                attempt,
+                slot: self.slot.as_ref(),
+            },
+        )
+    }
+
+    /// This prober's worker number (1 when probes run one at a time).
+    fn worker(&self) -> usize {
+        self.slot.as_ref().map_or(1, |s| s.worker)
+    }
+
+    /// The warm interpreters its repro runs in: `[repro] warm`, on this machine only.
+    fn warm_pool(&self) -> Option<&'a super::warm_probes::WarmPool> {
+        self.warm
+            .filter(|_| self.config.repro.warm && self.executor.is_local())
+    }
+
     fn clean(&self) -> bool {
         self.config.build.as_ref().is_some_and(|b| b.clean)
     }
