@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::backend::BackendChoice;
-use crate::classify::Exit;
+use crate::classify::{Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config, ShrinkFramework, ShrinkSection};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::exec::process::{self, ProcessError, RunOutput};
@@ -118,6 +118,19 @@ pub trait HarnessClient: Sync {
         keep: &[String],
         recording: &Path,
     ) -> String;
+    /// This harness with its runs (and `repro.py`'s runs alone) under compute-sanitizer's memcheck, its
+    /// memory-access findings read as faults of class `as_class` (the target's). For a fault that shows
+    /// in the repro's own process only by where its buffers sit (an overrun just past a buffer, into
+    /// memory the repro's process leaves unmapped and the harness's maps): memcheck sees every overrun
+    /// wherever it lands. `None`: no sanitizer to run it under.
+    fn memchecked(&self, _as_class: FaultClass) -> Option<Box<dyn HarnessClient + '_>> {
+        None
+    }
+    /// Reads one of its runs itself: `Some` where the output is not the program's alone (memcheck's
+    /// report). `None`: the run is classified as the program's output.
+    fn judge(&self, _run: &RunOutput) -> Option<Signature> {
+        None
+    }
 }
 
 /// One `run` request.
@@ -152,6 +165,9 @@ pub struct ProcessHarness {
     /// Where its calls run (each in a session of its own, as confirmation runs go at once): this machine
     /// unless the job's executor is handed in ([`ProcessHarness::on`]).
     executor: Arc<dyn Executor>,
+    /// compute-sanitizer, when triage may use it: runs go under its memcheck when the fault shows only
+    /// there ([`HarnessClient::memchecked`]).
+    sanitizer: Option<PathBuf>,
 }
 
 impl ProcessHarness {
@@ -294,6 +310,11 @@ impl ProcessHarness {
             scratch: run_dir.to_path_buf(),
             warm: None,
             executor: Arc::new(Local),
+            sanitizer: config
+                .triage
+                .enabled
+                .then(|| crate::exec::tools::find_sanitizer(config.triage.sanitizer.as_deref()))
+                .flatten(),
         }
     }
 
@@ -348,24 +369,93 @@ impl ProcessHarness {
     }
 
     fn exec(&self, args: &[String], cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        self.exec_under(args, None, cancel)
+    }
+
+    /// Runs a protocol call, under compute-sanitizer's memcheck when `sanitizer` is given (cold then: a
+    /// forked child of the warm server is not the sanitizer's).
+    pub(super) fn exec_under(
+        &self,
+        args: &[String],
+        sanitizer: Option<&Path>,
+        cancel: &AtomicBool,
+    ) -> Result<RunOutput, ProtocolError> {
         // Through the warm server when there is one (the client falls back to a cold run by itself when
         // the server cannot serve); the reproduce line never names the server.
-        let command = match &self.warm {
-            Some(w) => {
+        let command = match (&self.warm, sanitizer) {
+            (_, Some(s)) => crate::exec::tools::under_memcheck(s, &self.command(args)),
+            (Some(w), None) => {
                 let via = ["--via".to_string(), w.socket().display().to_string()];
                 self.command(&via.iter().chain(args).cloned().collect::<Vec<_>>())
             }
-            None => self.command(args),
+            (None, None) => self.command(args),
         };
         let spec = process::CommandSpec {
             command,
             cwd: self.cwd.clone(),
-            env: self.env.clone(),
+            env: match sanitizer {
+                Some(_) => crate::exec::tools::pools_off(&self.env),
+                None => self.env.clone(),
+            },
             timeout: self.timeout,
             grace: self.grace,
             stack_dump: None,
         };
         Ok(self.executor.session().run(&spec, cancel)?)
+    }
+
+    /// The arguments of a `run` call.
+    pub(super) fn run_args(request: &RunRequest) -> Vec<String> {
+        let mut args = vec!["run".to_string()];
+        if let Some(k) = request.keep {
+            args.extend(["--keep".into(), k.join(",")]);
+        }
+        if let Some(i) = request.recording {
+            args.extend(["--recording".into(), i.display().to_string()]);
+        }
+        if let Some(r) = request.record {
+            args.extend(["--record".into(), r.display().to_string()]);
+        }
+        args
+    }
+
+    /// A written `repro.py` run by itself, in a fresh process in its own directory (under memcheck when
+    /// `sanitizer` is given). `None`: this harness writes no such file.
+    pub(super) fn run_alone_under(
+        &self,
+        repro: &Path,
+        sanitizer: Option<&Path>,
+        cancel: &AtomicBool,
+    ) -> Result<Option<RunOutput>, ProtocolError> {
+        let (Some(python), Some(dir)) = (&self.python, repro.parent()) else {
+            return Ok(None);
+        };
+        let mut env = self.env.clone();
+        if super::torch::needs_project(repro).is_some() {
+            let path = match crate::exec::child_env::seen_value(&env, "PYTHONPATH") {
+                Some(p) if !p.is_empty() => format!("{}:{p}", self.cwd.display()),
+                _ => self.cwd.display().to_string(),
+            };
+            env.retain(|(k, _)| k != "PYTHONPATH");
+            env.push(("PYTHONPATH".into(), path));
+        }
+        let command = CommandLine::Argv(vec![python.clone(), repro.display().to_string()]);
+        let (command, env) = match sanitizer {
+            Some(s) => (
+                crate::exec::tools::under_memcheck(s, &command),
+                crate::exec::tools::pools_off(&env),
+            ),
+            None => (command, env),
+        };
+        let spec = process::CommandSpec {
+            command,
+            cwd: dir.to_path_buf(),
+            env,
+            timeout: self.timeout,
+            grace: self.grace,
+            stack_dump: None,
+        };
+        Ok(Some(self.executor.session().run(&spec, cancel)?))
     }
 }
 
@@ -482,17 +572,7 @@ impl HarnessClient for ProcessHarness {
     }
 
     fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
-        let mut args = vec!["run".to_string()];
-        if let Some(k) = request.keep {
-            args.extend(["--keep".into(), k.join(",")]);
-        }
-        if let Some(i) = request.recording {
-            args.extend(["--recording".into(), i.display().to_string()]);
-        }
-        if let Some(r) = request.record {
-            args.extend(["--record".into(), r.display().to_string()]);
-        }
-        self.exec(&args, cancel)
+        self.exec(&Self::run_args(request), cancel)
     }
 
     fn generates_values(&self) -> bool {
@@ -535,27 +615,16 @@ impl HarnessClient for ProcessHarness {
         repro: &Path,
         cancel: &AtomicBool,
     ) -> Result<Option<RunOutput>, ProtocolError> {
-        let (Some(python), Some(dir)) = (&self.python, repro.parent()) else {
-            return Ok(None);
-        };
-        let mut env = self.env.clone();
-        if super::torch::needs_project(repro).is_some() {
-            let path = match crate::exec::child_env::seen_value(&env, "PYTHONPATH") {
-                Some(p) if !p.is_empty() => format!("{}:{p}", self.cwd.display()),
-                _ => self.cwd.display().to_string(),
-            };
-            env.retain(|(k, _)| k != "PYTHONPATH");
-            env.push(("PYTHONPATH".into(), path));
-        }
-        let spec = process::CommandSpec {
-            command: CommandLine::Argv(vec![python.clone(), repro.display().to_string()]),
-            cwd: dir.to_path_buf(),
-            env,
-            timeout: self.timeout,
-            grace: self.grace,
-            stack_dump: None,
-        };
-        Ok(Some(self.executor.session().run(&spec, cancel)?))
+        self.run_alone_under(repro, None, cancel)
+    }
+
+    fn memchecked(&self, as_class: FaultClass) -> Option<Box<dyn HarnessClient + '_>> {
+        let sanitizer = self.sanitizer.clone()?;
+        Some(Box::new(super::memcheck::Memchecked {
+            inner: self,
+            sanitizer,
+            as_class,
+        }))
     }
 
     fn reproduce_line(

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod jax;
+pub mod memcheck;
 pub mod shipped;
 pub mod torch;
 pub mod types;

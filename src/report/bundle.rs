@@ -132,7 +132,8 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
                 let project = needs_project(&minimal)
                     .zip(input.commit.as_ref())
                     .map(|(modules, c)| (modules, c.commit.as_str()));
-                write_python_script(&dir, project)?
+                let memcheck = input.shrink.is_some_and(|s| s.memcheck.is_some());
+                write_python_script(&dir, project, memcheck)?
             } else {
                 write_native_script(
                     &dir,
@@ -180,31 +181,58 @@ pub fn dir_bytes(dir: &Path) -> u64 {
 
 /// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`. When the repro's copied code imports
 /// the project under test (`project`: its modules and the culprit commit), the script checks the
-/// project out at that commit in a fresh directory and puts it on `PYTHONPATH` first.
-fn write_python_script(dir: &Path, project: Option<(String, &str)>) -> Result<String, BundleError> {
+/// project out at that commit in a fresh directory and puts it on `PYTHONPATH` first. With `memcheck`
+/// (the fault showed only under it), repro.py runs under compute-sanitizer's memcheck.
+fn write_python_script(
+    dir: &Path,
+    project: Option<(String, &str)>,
+    memcheck: bool,
+) -> Result<String, BundleError> {
+    let (run, shows, line) = if memcheck {
+        let env: String = crate::exec::tools::POOLS_OFF
+            .iter()
+            .map(|(k, v, _)| format!("export {k}={v}\n"))
+            .collect();
+        (
+            format!("{env}exec \"${{COMPUTE_SANITIZER:-compute-sanitizer}}\" --tool memcheck \"${{PYTHON:-python3}}\" \"$here/minimal/repro.py\""),
+            "# Under compute-sanitizer's memcheck (set COMPUTE_SANITIZER to pick it): the overrun lands in memory a\n# small process maps, so only memcheck shows it. Its \"Invalid ... access\" record means the fault reproduced.",
+            format!(
+                "CUDA_LAUNCH_BLOCKING=1 {} python minimal/repro.py",
+                crate::protocol::memcheck::memcheck_prefix()
+            ),
+        )
+    } else {
+        (
+            "exec \"${PYTHON:-python3}\" \"$here/minimal/repro.py\"".to_string(),
+            "# Exit status 1 and the CUDA error mean the fault reproduced.",
+            "CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py".to_string(),
+        )
+    };
     let Some((modules, commit)) = project else {
-        let script = r#"#!/bin/sh
+        let script = format!(
+            r#"#!/bin/sh
 # Reproduces the fault from this bundle alone: minimal/repro.py with its saved values (repro_data.pt, or
 # repro_data.npz and the exported steps). Needs only its framework: torch (and triton when the repro's
 # own kernels use it), or jax. Set PYTHON to pick the interpreter.
-# Exit status 1 and the CUDA error mean the fault reproduced.
+{shows}
 here=$(cd "$(dirname "$0")" && pwd)
 export CUDA_LAUNCH_BLOCKING=1
-exec "${PYTHON:-python3}" "$here/minimal/repro.py"
-"#;
-        write_script(dir, script)?;
-        return Ok("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py   # or: ./reproduce.sh".into());
+{run}
+"#
+        );
+        write_script(dir, &script)?;
+        return Ok(format!("{line}   # or: ./reproduce.sh"));
     };
     let script = format!(
         r#"#!/bin/sh
 # Reproduces the fault from this bundle: minimal/repro.py with its saved values, and the
 # project under test at the first bad commit {commit} (the repro's copied code imports {modules}).
 # Usage: ./reproduce.sh [REPOSITORY]   Set PYTHON to pick the interpreter.
-# Exit status 1 and the CUDA error mean the fault reproduced.
+{shows}
 here=$(cd "$(dirname "$0")" && pwd)
 {clone}export PYTHONPATH="$work/src${{PYTHONPATH:+:$PYTHONPATH}}"
 export CUDA_LAUNCH_BLOCKING=1
-exec "${{PYTHON:-python3}}" "$here/minimal/repro.py"
+{run}
 "#,
         clone = clone_at(commit)
     );
@@ -514,6 +542,12 @@ pub fn render(
                     super::human::graph_words(g)
                 );
             }
+            if let Some(why) = &s.memcheck {
+                let _ = writeln!(
+                    md,
+                    "\n**The minimal repro shows the fault under compute-sanitizer's memcheck** (`reproduce.sh` runs it so): {why}, as an overrun that lands in memory a process with other buffers around maps does; the repro's own process faulted because nothing was mapped there. memcheck sees the access wherever it lands."
+                );
+            }
             if let Some(d) = &s.data {
                 use super::human::human_bytes;
                 let how = if d.generated {
@@ -529,7 +563,7 @@ pub fn render(
                 let _ = writeln!(md, "\nThe minimal repro is {}{how}.", human_bytes(d.bytes));
                 if let Some(a) = &d.alone {
                     let _ = if a.reproduced > 0 {
-                        writeln!(md, "\nRun by itself in a fresh process (`python minimal/repro.py`), it showed the fault in {} of {} run{}.", a.reproduced, a.runs, if a.runs == 1 { "" } else { "s" })
+                        writeln!(md, "\nRun by itself in a fresh process (`python minimal/repro.py`{}), it showed the fault in {} of {} run{}.", if s.memcheck.is_some() { " under memcheck" } else { "" }, a.reproduced, a.runs, if a.runs == 1 { "" } else { "s" })
                     } else {
                         writeln!(md, "\n**Run by itself in a fresh process, `minimal/repro.py` did not show the fault** ({} run{}; the last ended: {}): use the harness's reproduce line instead.", a.runs, if a.runs == 1 { "" } else { "s" }, a.missed.as_deref().unwrap_or("no output"))
                     };
@@ -711,4 +745,57 @@ pub fn render(
         }
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the written `reproduce.sh` with a stand-in compute-sanitizer that prints what it was asked to
+    /// run and with which pool settings.
+    fn ran(memcheck: bool) -> (String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("minimal")).unwrap();
+        std::fs::write(dir.path().join("minimal/repro.py"), "print('hi')\n").unwrap();
+        let line = write_python_script(dir.path(), None, memcheck).unwrap();
+        let fake = dir.path().join("fake-sanitizer");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho \"sanitizer $* pool=$PYTORCH_NO_CUDA_MEMORY_CACHING xla=$XLA_PYTHON_CLIENT_ALLOCATOR\"\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new(dir.path().join("reproduce.sh"))
+            .env("COMPUTE_SANITIZER", &fake)
+            .env("PYTHON", "echo")
+            .env_remove("PYTORCH_NO_CUDA_MEMORY_CACHING")
+            .output()
+            .unwrap();
+        (line, String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[test]
+    fn a_repro_that_shows_only_under_memcheck_is_run_under_it_with_the_pools_off() {
+        let (line, said) = ran(true);
+        assert!(
+            said.starts_with("sanitizer --tool memcheck echo ")
+                && said.contains("minimal/repro.py"),
+            "{said}"
+        );
+        assert!(said.contains("pool=1 xla=platform"), "{said}");
+        assert!(
+            line.contains("compute-sanitizer --tool memcheck python minimal/repro.py"),
+            "{line}"
+        );
+        let (line, said) = ran(false);
+        assert!(
+            said.trim_end().ends_with("minimal/repro.py") && !said.contains("sanitizer"),
+            "{said}"
+        );
+        assert!(
+            line.starts_with("CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py"),
+            "{line}"
+        );
+    }
 }

@@ -287,6 +287,12 @@ pub enum Event {
         /// Nodes in the full model.
         nodes: usize,
     },
+    /// The harness's full run did not show the fault by itself: the shrink's runs go under
+    /// compute-sanitizer's memcheck from here on.
+    ShrinkUnderMemcheck {
+        /// What the full run showed.
+        why: String,
+    },
     /// The recorded run located the fault.
     ShrinkLocated {
         /// The node the fault was charged to.

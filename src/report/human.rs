@@ -290,6 +290,9 @@ impl Reporter for HumanReporter {
             Event::ShrinkStarted { nodes } => self.line(&format!(
                 "shrink: {nodes} nodes; locating the fault with a recorded run"
             )),
+            Event::ShrinkUnderMemcheck { why } => self.line(&format!(
+                "shrink: {why}; running it under compute-sanitizer's memcheck, which sees an overrun wherever it lands"
+            )),
             Event::ShrinkLocated { node, signature } => self.line(&format!(
                 "shrink: the fault is in node {node} ({signature})"
             )),

@@ -345,6 +345,11 @@ pub struct ShrinkReport {
     /// Every way tried, in order, with how each ended: the factories, then the capture.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<ShrinkPathTried>,
+    /// Why the shrink's runs (and repro.py's) ran under compute-sanitizer's memcheck: the harness's full
+    /// run did not show the fault by itself (an overrun that lands in memory its process maps), and
+    /// under memcheck it did. `None`: they ran as the repro does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcheck: Option<String>,
 }
 
 impl ShrinkReport {

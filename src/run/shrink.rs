@@ -282,7 +282,9 @@ impl<'a> Oracle<'a> {
 /// The signature of one harness run, its paths relative to the harness's directory like the
 /// bisection's, so the located fault, the candidates and the target all read the same place the same way.
 fn judged(harness: &dyn HarnessClient, run: &RunOutput) -> Signature {
-    let mut sig = classify(run.exit, &run.output);
+    let mut sig = harness
+        .judge(run)
+        .unwrap_or_else(|| classify(run.exit, &run.output));
     if let Some(root) = harness.cwd() {
         sig.relativize(root);
     }
@@ -435,6 +437,7 @@ fn empty_report(out_dir: &Path) -> ShrinkReport {
         data: None,
         path: None,
         paths: vec![],
+        memcheck: None,
     }
 }
 
@@ -510,6 +513,10 @@ fn locate(
         }
         let sig = judged(harness, &run);
         let same = match &settings.target {
+            // A kernel memcheck names is the kernel that ran, never a node's label: no relaxing.
+            Some(t) if harness.judge(&run).is_some() => {
+                settings.policy.matches(t, &sig, &run.output)
+            }
             Some(t) => same_bug_across_stages(settings.policy, t, &sig, &run.output),
             None => {
                 !matches!(sig.class, FaultClass::None)
@@ -555,6 +562,25 @@ fn jit_only(sig: &Signature, dump: &Path, log_dir: &Path) -> Stop {
             format!("; the XLA dump could not be copied from {}", dump.display())
         }
     ))
+}
+
+/// The harness under memcheck, when the full run's miss may be only where the fault lands: the target is
+/// a memory access, the full run ran clean, and a sanitizer is at hand. An overrun just past a buffer
+/// faults in the repro's process, whose memory after the buffer is unmapped, and runs clean in the
+/// harness's, which maps other buffers there; memcheck sees it in both.
+fn memcheck_may_show<'h>(
+    harness: &'h dyn HarnessClient,
+    settings: &ShrinkSettings,
+    report: &ShrinkReport,
+) -> Option<Box<dyn HarnessClient + 'h>> {
+    let target = settings.target.as_ref()?;
+    let clean = report
+        .signature
+        .as_ref()
+        .is_none_or(|s| s.class == FaultClass::None);
+    (clean && crate::protocol::memcheck::is_memory_access(target.class))
+        .then(|| harness.memchecked(target.class))
+        .flatten()
 }
 
 /// Whether the harness's full run shows the bisection's target. The harness sees the fault from another
@@ -660,7 +686,29 @@ fn drive(
     report.nodes_before = nodes.len();
     reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
 
-    let (target, open) = locate(harness, settings, &record, &log_dir, report, cancel)?;
+    let memchecked;
+    let (harness, (target, open)) =
+        match locate(harness, settings, &record, &log_dir, report, cancel) {
+            Ok(found) => (harness, found),
+            Err(Stop::NotReproduced(why)) => {
+                let Some(under) = memcheck_may_show(harness, settings, report) else {
+                    return Err(Stop::NotReproduced(why));
+                };
+                memchecked = under;
+                reporter.event(&Event::ShrinkUnderMemcheck { why: why.clone() });
+                let found = locate(&*memchecked, settings, &record, &log_dir, report, cancel)
+                    .map_err(|e| match e {
+                        Stop::NotReproduced(also) => Stop::NotReproduced(format!(
+                            "{why}; under compute-sanitizer's memcheck too: {}",
+                            also.trim_start_matches("the harness's full run showed ")
+                        )),
+                        other => other,
+                    })?;
+                report.memcheck = Some(why);
+                (&*memchecked, found)
+            }
+            Err(e) => return Err(e),
+        };
     report.signature = Some(target.clone());
     let innermost = open.last().cloned();
     let described = |nodes: &[GraphNode], id: &str| nodes.iter().position(|n| n.id == id);
@@ -864,6 +912,18 @@ pub fn check_parent(
 ) -> ParentCheck {
     let Some(target) = &report.signature else {
         return ParentCheck::NotRun("no signature".into());
+    };
+    // A fault the shrink saw only under memcheck is looked for there at the parent too.
+    let memchecked;
+    let harness = match report.memcheck {
+        None => harness,
+        Some(_) => match harness.memchecked(target.class) {
+            Some(h) => {
+                memchecked = h;
+                &*memchecked
+            }
+            None => return ParentCheck::NotRun("no compute-sanitizer to run it under".into()),
+        },
     };
     let record = Path::new(&report.out_dir).join("record");
     let keep: Vec<String> = report.kept.iter().map(|n| n.id.clone()).collect();

@@ -229,12 +229,12 @@ pub fn sanitizer_env(
     configured: &std::collections::BTreeMap<String, String>,
 ) -> std::collections::BTreeMap<String, String> {
     let mut env = configured.clone();
-    env.insert("PYTORCH_NO_CUDA_MEMORY_CACHING".into(), "1".into());
-    for (k, v) in [
-        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
-        ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
-    ] {
-        env.entry(k.into()).or_insert_with(|| v.into());
+    for (k, v, always) in crate::exec::tools::POOLS_OFF {
+        if always {
+            env.insert(k.into(), v.into());
+        } else {
+            env.entry(k.into()).or_insert_with(|| v.into());
+        }
     }
     env
 }

@@ -2134,3 +2134,162 @@ fn ctrl_c_during_the_good_end_in_the_first_round_ends_the_search_interrupted() {
         .sum();
     assert_eq!(good_runs, 1);
 }
+
+/// A model `a, b, c` whose node `b` writes just past a buffer: the harness's own process maps the memory
+/// there, so a plain run is clean; under memcheck (`memcheck`), `b` shows an out-of-bounds write in
+/// `kernel`. `sanitizer`: whether a memchecked harness can be had.
+struct OverrunHarness {
+    memcheck: bool,
+    sanitizer: bool,
+    kernel: &'static str,
+    runs: Arc<AtomicUsize>,
+}
+
+impl HarnessClient for OverrunHarness {
+    fn describe(&self, _: &AtomicBool) -> Result<Description, ProtocolError> {
+        Ok(Description {
+            protocol: PROTOCOL_VERSION,
+            harness: Some("fake".into()),
+            graph: None,
+            nodes: ["a", "b", "c"].into_iter().map(node).collect(),
+        })
+    }
+
+    fn run(&self, request: &RunRequest, _: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let m = |n: &str, phase: &str| format!("@@cudabisect node={n} op=op kernel=k {phase}\n");
+        let keep: Vec<String> = request.keep.map_or_else(
+            || ["a", "b", "c"].map(String::from).to_vec(),
+            <[String]>::to_vec,
+        );
+        let mut text = String::new();
+        for n in &keep {
+            text += &m(n, "begin");
+            if n == "b" && self.memcheck {
+                text += &format!(
+                    "========= Invalid __global__ write of size 16 bytes\n=========     at {}+0x1d0\n=========     by thread (0,0,0) in block (3,0,0)\n=========     Address 0x7f0000810000 is out of bounds\n=========\nRuntimeError: CUDA error: unspecified launch failure\n========= ERROR SUMMARY: 1 error\n",
+                    self.kernel
+                );
+                return Ok(out(1, text));
+            }
+            text += &m(n, "end");
+        }
+        Ok(out(0, text))
+    }
+
+    fn memchecked(&self, as_class: FaultClass) -> Option<Box<dyn HarnessClient + '_>> {
+        assert_eq!(as_class, FaultClass::IllegalAddress, "the target's class");
+        self.sanitizer.then(|| {
+            Box::new(OverrunHarness {
+                memcheck: true,
+                sanitizer: true,
+                kernel: self.kernel,
+                runs: self.runs.clone(),
+            }) as Box<dyn HarnessClient>
+        })
+    }
+
+    fn judge(&self, run: &RunOutput) -> Option<cudabisect::classify::Signature> {
+        self.memcheck.then(|| {
+            cudabisect::protocol::memcheck::memcheck_signature(run, FaultClass::IllegalAddress)
+        })
+    }
+
+    fn extract(
+        &self,
+        _: &[String],
+        _: &Path,
+        _: &Path,
+        _: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        Ok(())
+    }
+
+    fn reproduce_line(&self, _: Option<&Path>, keep: &[String], _: &Path) -> String {
+        format!(
+            "{}{}",
+            if self.memcheck { "memcheck " } else { "" },
+            keep.join(",")
+        )
+    }
+}
+
+fn shrink_overrun(
+    sanitizer: bool,
+    kernel: &'static str,
+) -> (cudabisect::report::record::ShrinkReport, Events) {
+    let h = OverrunHarness {
+        memcheck: false,
+        sanitizer,
+        kernel,
+        runs: Arc::new(AtomicUsize::new(0)),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let mut target = fault("_overrun");
+    target.launch = Some("pkg/launch.py:2".into());
+    let settings = ShrinkSettings {
+        policy: &policy,
+        out_dir: dir.path().join("shrink"),
+        target: Some(target),
+        attempts: 2,
+        confirm: 3,
+        confirm_jobs: 1,
+    };
+    let mut events = Events::default();
+    let r = shrink(&h, &settings, &mut events, &AtomicBool::new(false));
+    assert_eq!(
+        r.harness_runs,
+        h.runs.load(Ordering::SeqCst),
+        "every run counted"
+    );
+    (r, events)
+}
+
+#[test]
+fn an_overrun_the_harness_process_hides_is_shrunk_under_memcheck_and_says_so() {
+    let (r, events) = shrink_overrun(true, "_overrun");
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    let kept: Vec<&str> = r.kept.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(kept, ["b"]);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    let why = r.memcheck.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with("the harness's full run showed none"),
+        "{why}"
+    );
+    assert_eq!(
+        r.reproduce.as_deref(),
+        Some("memcheck b"),
+        "the line runs it under memcheck"
+    );
+    assert!(events
+        .0
+        .iter()
+        .any(|e| matches!(e, Event::ShrinkUnderMemcheck { .. })));
+}
+
+#[test]
+fn under_memcheck_another_kernels_overrun_is_another_bug_and_no_sanitizer_means_no_fallback() {
+    let (r, _) = shrink_overrun(true, "_other");
+    assert_eq!(r.status, ShrinkStatus::NotReproduced, "{}", r.summary);
+    assert!(r.kept.is_empty() && r.memcheck.is_none());
+    assert!(
+        r.summary
+            .contains("under compute-sanitizer's memcheck too: illegal_address"),
+        "{}",
+        r.summary
+    );
+    assert!(r.summary.contains("_other"), "{}", r.summary);
+    let (r, events) = shrink_overrun(false, "_overrun");
+    assert_eq!(r.status, ShrinkStatus::NotReproduced, "{}", r.summary);
+    assert!(
+        r.summary.starts_with("the harness's full run showed none"),
+        "{}",
+        r.summary
+    );
+    assert!(!events
+        .0
+        .iter()
+        .any(|e| matches!(e, Event::ShrinkUnderMemcheck { .. })));
+}
