@@ -547,10 +547,11 @@ def _stop_watching_loss():
 def _watch_loss(torch, out, step_frame):
     """After the faulting step's model call: the first call the step's own code makes that takes a
     tensor needing a gradient (the model's output or what it made of it) and returns one, or raises
-    (the loss faulted), is the user's loss. Its function and inputs are saved (loss_call.pt), the
-    inputs taken from the model's output marked with their place in it, so the harness runs the loss
-    phase as a node of its own. Watched with a profile function from the model's return to the start
-    of the backward pass, in this thread only."""
+    (the loss faulted), is the user's loss; so is a call on tensors that need none (a detached copy of
+    the output, the batch) that raises: the step's own code faulted there. Its function and inputs are
+    saved (loss_call.pt), the inputs taken from the model's output marked with their place in it, so the
+    harness runs the loss phase as a node of its own. Watched with a profile function from the model's
+    return to the start of the backward pass, in this thread only."""
     from torch.utils._pytree import tree_leaves
     outputs = {id(t): i for i, t in enumerate(x for x in tree_leaves(out) if isinstance(x, torch.Tensor))}
     pending = {}
@@ -568,7 +569,10 @@ def _watch_loss(torch, out, step_frame):
                 pending[frame] = spec
         elif event == "return" and frame in pending:
             spec = pending.pop(frame)
-            if arg is None or grad_tensor(arg):
+            # A call on tensors that need no gradient (a detached copy of the output, the batch) is the
+            # loss phase's only when it raised: the step's own code faulted there, beside the loss.
+            grad = spec.pop("grad")
+            if (grad and (arg is None or grad_tensor(arg))) or (not grad and arg is None and _raised(frame)):
                 _stop_watching_loss()
                 try:
                     with _as_cudabisect_main():
@@ -580,9 +584,19 @@ def _watch_loss(torch, out, step_frame):
     sys.setprofile(profile)
 
 
+def _raised(frame):
+    """Whether a frame that is returning is unwinding an exception: its last instruction is not a return
+    (the profile function sees None returned either way)."""
+    import dis
+    try:
+        return not dis.opname[frame.f_code.co_code[frame.f_lasti]].startswith("RETURN")
+    except (IndexError, AttributeError):
+        return False
+
+
 def _call_spec(torch, frame, outputs):
-    """The function a frame runs and the arguments it was called with, when one of them is a tensor that
-    needs a gradient; else None."""
+    """The function a frame runs and the arguments it was called with, when one of them is a tensor;
+    `grad`: whether one needs a gradient. None when no argument is a tensor."""
     from torch.utils._pytree import tree_leaves
     code, local = frame.f_code, frame.f_locals
     n, kw = code.co_argcount, code.co_kwonlyargcount
@@ -604,8 +618,10 @@ def _call_spec(torch, frame, outputs):
     else:
         module = frame.f_globals.get("__name__")
         fn = {"module": "cudabisect_main" if module == "__main__" else module, "qualname": code.co_qualname}
-    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in tree_leaves((args, kwargs))):
+    tensors = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if not tensors:
         return None
+    grad = any(x.requires_grad for x in tensors)
 
     def saved(x):
         if isinstance(x, torch.Tensor):
@@ -624,7 +640,7 @@ def _call_spec(torch, frame, outputs):
         return x
 
     name = fn.get("qualname") or f"{type(fn['object']).__name__}.{fn['method']}"
-    return {"fn": fn, "args": saved(args), "kwargs": saved(kwargs), "name": name}
+    return {"fn": fn, "args": saved(args), "kwargs": saved(kwargs), "name": name, "grad": grad}
 
 
 MODULE_CALL = [None]

@@ -150,6 +150,46 @@ fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
 }
 
 #[test]
+fn a_call_on_a_detached_output_that_faults_beside_the_loss_is_a_node_of_its_own() {
+    crate::common::require_python("import torch", "a real torch: pip install torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let files: Vec<(&str, String)> = [
+        "hashfeat/__init__.py",
+        "hashfeat/features.py",
+        "train_feat.py",
+    ]
+    .iter()
+    .map(|p| (*p, realistic(p)))
+    .collect();
+    let config = "[repro]\ncommand = [\"python3\", \"train_feat.py\"]\ntimeout = \"180s\"\n";
+    let commits = history(
+        &dir,
+        &files,
+        ("hashfeat/limits.py", "LIMIT = 99", "LIMIT = 60"),
+        config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    let s = &r["shrink"];
+    assert_eq!(s["status"], "minimal", "{text}");
+    assert_eq!(s["captured"]["step"], 3, "{s}");
+    assert_eq!(s["captured"]["phase"], "loss", "{s}");
+    // No gradient flows through the call, and it never returned: it is the loss phase's node, not the
+    // loss that came after it.
+    assert_eq!(kept(s), ["loss"], "{text}");
+    assert!(
+        s["kept"][0]["op"]
+            .as_str()
+            .unwrap()
+            .contains("hashed_features"),
+        "{s}"
+    );
+    reproduces_alone(s, &dir, "loss");
+}
+
+#[test]
 fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
     let tmp = tempfile::tempdir().unwrap();
