@@ -487,12 +487,11 @@ fn open_nodes(output: &str) -> Vec<String> {
 /// The recorded run of the whole model: the target signature and the nodes it died in, outermost first.
 fn locate(
     harness: &dyn HarnessClient,
-    settings: &ShrinkSettings,
-    record: &Path,
-    log_dir: &Path,
+    job: &Shrinking,
     report: &mut ShrinkReport,
     cancel: &AtomicBool,
 ) -> Result<(Signature, Vec<String>), Stop> {
+    let (settings, record, log_dir) = (job.settings, job.record.as_path(), job.log_dir.as_path());
     for _ in 0..settings.attempts {
         let request = RunRequest {
             keep: None,
@@ -622,20 +621,15 @@ type Descent = (Vec<GraphNode>, Option<String>, usize);
 /// can describe it and running that finer graph on the recording dies in `inner` the same way: only then
 /// do the finer nodes stand in for the coarse ones (the reduction takes the located run's prefix as
 /// failing). Returns the nodes, the description's account of the levels, and where `inner` is.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the parts of one call, named where it is made"
-)]
 fn descend(
     harness: &dyn HarnessClient,
-    settings: &ShrinkSettings,
-    record: &Path,
+    job: &Shrinking,
     inner: &str,
     target: &Signature,
-    log_dir: &Path,
     report: &mut ShrinkReport,
     cancel: &AtomicBool,
 ) -> Result<Option<Descent>, Stop> {
+    let (settings, record, log_dir) = (job.settings, job.record.as_path(), job.log_dir.as_path());
     let Ok(Some(finer)) = harness.describe_recorded(record, cancel) else {
         return Ok(None);
     };
@@ -667,6 +661,25 @@ fn descend(
     Ok(Some((finer.nodes, finer.graph, at)))
 }
 
+/// One shrink's settings and where it writes: the recording of the full run, and every run's log.
+struct Shrinking<'a, 's> {
+    settings: &'a ShrinkSettings<'s>,
+    record: PathBuf,
+    log_dir: PathBuf,
+}
+
+impl Shrinking<'_, '_> {
+    /// Where the standalone repro is written.
+    fn minimal(&self) -> PathBuf {
+        self.settings.out_dir.join("minimal")
+    }
+
+    /// Runs of repro.py alone: enough to tell a repro that shows the fault from one that does not.
+    fn alone_runs(&self) -> u32 {
+        self.settings.confirm.min(3)
+    }
+}
+
 fn drive(
     harness: &dyn HarnessClient,
     settings: &ShrinkSettings,
@@ -674,10 +687,13 @@ fn drive(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<String, Stop> {
-    let record = settings.out_dir.join("record");
-    let log_dir = settings.out_dir.join("logs");
-    std::fs::create_dir_all(&log_dir)
-        .map_err(|e| Stop::Failed(format!("cannot create {}: {e}", log_dir.display())))?;
+    let job = Shrinking {
+        settings,
+        record: settings.out_dir.join("record"),
+        log_dir: settings.out_dir.join("logs"),
+    };
+    std::fs::create_dir_all(&job.log_dir)
+        .map_err(|e| Stop::Failed(format!("cannot create {}: {e}", job.log_dir.display())))?;
     let description = harness
         .describe(cancel)
         .map_err(|e| Stop::Failed(format!("harness describe: {e}")))?;
@@ -685,40 +701,91 @@ fn drive(
     report.graph = description.graph;
     report.nodes_before = nodes.len();
     reporter.event(&Event::ShrinkStarted { nodes: nodes.len() });
+    match locate(harness, &job, report, cancel) {
+        Ok(found) => shrink_located(harness, &job, nodes, found, report, reporter, cancel),
+        Err(Stop::NotReproduced(why)) => {
+            let Some(memchecked) = memcheck_may_show(harness, settings, report) else {
+                return Err(Stop::NotReproduced(why));
+            };
+            reporter.event(&Event::ShrinkUnderMemcheck { why: why.clone() });
+            let found = locate(&*memchecked, &job, report, cancel).map_err(|e| match e {
+                Stop::NotReproduced(also) => Stop::NotReproduced(format!(
+                    "{why}; under compute-sanitizer's memcheck too: {}",
+                    also.trim_start_matches("the harness's full run showed ")
+                )),
+                other => other,
+            })?;
+            report.memcheck = Some(why);
+            shrink_located(&*memchecked, &job, nodes, found, report, reporter, cancel)
+        }
+        Err(e) => Err(e),
+    }
+}
 
-    let memchecked;
-    let (harness, (target, open)) =
-        match locate(harness, settings, &record, &log_dir, report, cancel) {
-            Ok(found) => (harness, found),
-            Err(Stop::NotReproduced(why)) => {
-                let Some(under) = memcheck_may_show(harness, settings, report) else {
-                    return Err(Stop::NotReproduced(why));
-                };
-                memchecked = under;
-                reporter.event(&Event::ShrinkUnderMemcheck { why: why.clone() });
-                let found = locate(&*memchecked, settings, &record, &log_dir, report, cancel)
-                    .map_err(|e| match e {
-                        Stop::NotReproduced(also) => Stop::NotReproduced(format!(
-                            "{why}; under compute-sanitizer's memcheck too: {}",
-                            also.trim_start_matches("the harness's full run showed ")
-                        )),
-                        other => other,
-                    })?;
-                report.memcheck = Some(why);
-                (&*memchecked, found)
-            }
-            Err(e) => return Err(e),
-        };
+/// The shrink once the full run showed the target (`found`: its signature and the nodes it died in):
+/// the faulting node pinned, the reduction, then the final check and the hand-off.
+fn shrink_located(
+    harness: &dyn HarnessClient,
+    job: &Shrinking,
+    nodes: Vec<GraphNode>,
+    (target, open): (Signature, Vec<String>),
+    report: &mut ShrinkReport,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<String, Stop> {
     report.signature = Some(target.clone());
+    let (nodes, fault) = pin(harness, job, nodes, (&target, &open), report, cancel)?;
+    report.located_node = Some(nodes[fault].id.clone());
+    reporter.event(&Event::ShrinkLocated {
+        node: nodes[fault].id.clone(),
+        signature: target.short(),
+    });
+    // With two or more places, one is the writer's (it loads the model and the recorded values and
+    // launches nothing); the runs share the others.
+    let settings = job.settings;
+    let places = Places::new(settings.confirm_jobs.saturating_sub(1).max(1) as usize);
+    let mut oracle = Oracle {
+        harness,
+        policy: settings.policy,
+        target: target.clone(),
+        runs: 0,
+        rejected: vec![],
+        log_dir: job.log_dir.clone(),
+        places: &places,
+        alone_log: "alone",
+    };
+    let result = reduce(&mut oracle, job, (&nodes, fault), report, reporter, cancel)?;
+    let keep = ids(&nodes, &result);
+    let reproduced = check_and_hand_off(&mut oracle, job, (&nodes, &result), report, cancel)?;
+    Ok(format!(
+        "{} of {} nodes ({}) still fail with {}; minimal after {} harness run{}; confirmed {reproduced}/{}",
+        result.len(),
+        nodes.len(),
+        keep.join(", "),
+        target.short(),
+        report.runs_to_minimal,
+        if report.runs_to_minimal == 1 { "" } else { "s" },
+        settings.confirm
+    ))
+}
+
+/// The graph the reduction runs on and the faulting node in it: the described node the run died in,
+/// else (it died inside a node the description kept whole) the call it died in, descended to.
+fn pin(
+    harness: &dyn HarnessClient,
+    job: &Shrinking,
+    nodes: Vec<GraphNode>,
+    (target, open): (&Signature, &[String]),
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<(Vec<GraphNode>, usize), Stop> {
     let innermost = open.last().cloned();
     let described = |nodes: &[GraphNode], id: &str| nodes.iter().position(|n| n.id == id);
     let mut nodes = nodes;
     let mut fault = innermost.as_deref().and_then(|id| described(&nodes, id));
     if let (None, Some(inner)) = (fault, &innermost) {
         // The run died inside a node the description kept whole: descend to the call it died in.
-        if let Some((finer, graph, at)) = descend(
-            harness, settings, &record, inner, &target, &log_dir, report, cancel,
-        )? {
+        if let Some((finer, graph, at)) = descend(harness, job, inner, target, report, cancel)? {
             nodes = finer;
             // The reduction runs on the graph the descent found: "k of n" counts that graph, in the
             // summary and in the report alike.
@@ -736,26 +803,18 @@ fn drive(
             target.short()
         )));
     };
-    let nodes = with_recorded_shapes(nodes, &record);
-    report.located_node = Some(nodes[fault].id.clone());
-    reporter.event(&Event::ShrinkLocated {
-        node: nodes[fault].id.clone(),
-        signature: target.short(),
-    });
+    Ok((with_recorded_shapes(nodes, &job.record), fault))
+}
 
-    // With two or more places, one is the writer's (it loads the model and the recorded values and
-    // launches nothing); the runs share the others.
-    let places = Places::new(settings.confirm_jobs.saturating_sub(1).max(1) as usize);
-    let mut oracle = Oracle {
-        harness,
-        policy: settings.policy,
-        target: target.clone(),
-        runs: 0,
-        rejected: vec![],
-        log_dir,
-        places: &places,
-        alone_log: "alone",
-    };
+/// The reduction, candidate by candidate, each judged by the oracle: the kept nodes' indices.
+fn reduce(
+    oracle: &mut Oracle,
+    job: &Shrinking,
+    (nodes, fault): (&[GraphNode], usize),
+    report: &mut ShrinkReport,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<Vec<usize>, Stop> {
     let mut reducer = Reducer::new(nodes.len(), fault);
     let result = loop {
         if cancel.load(Ordering::SeqCst) {
@@ -766,9 +825,9 @@ fn drive(
             Step::Done(result) => break result,
             Step::Run(candidate) => {
                 let stage = reducer.stage();
-                let keep = ids(&nodes, &candidate);
+                let keep = ids(nodes, &candidate);
                 let fails = oracle
-                    .judge(&keep, &record, settings.attempts, cancel)
+                    .judge(&keep, &job.record, job.settings.attempts, cancel)
                     .inspect_err(|_| report.harness_runs += oracle.runs)?;
                 reducer.mark(&candidate, fails);
                 reporter.event(&Event::ShrinkCandidate {
@@ -782,23 +841,43 @@ fn drive(
     };
     report.candidates = reducer.runs();
     report.runs_to_minimal = report.harness_runs + oracle.runs;
-    let keep = ids(&nodes, &result);
+    Ok(result)
+}
 
-    // The final check: the same signature on every one of N runs, each a single attempt. Where the GPU
-    // holds several runs at once, repro.py is written beside it (the written file does not depend on
-    // the check), and where the kept inputs are large the repro with generated values is written and
-    // run alone beside it too: the places bound every run of the three.
-    let minimal = settings.out_dir.join("minimal");
+/// What the final check gave beside its count: repro.py written beside it (and its runs alone), and the
+/// repro with generated values tried, where they were.
+struct Checked {
+    reproduced: u32,
+    extracted: Option<Result<(), ProtocolError>>,
+    exact_alone: Option<AloneRuns>,
+    tried: Option<GeneratedTry>,
+}
+
+/// The final check of the kept nodes: the same signature on every one of `confirm` runs, each a single
+/// attempt, counted into the report.
+fn final_check(
+    oracle: &mut Oracle,
+    job: &Shrinking,
+    (nodes, result, keep): (&[GraphNode], &[usize], &[String]),
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<Checked, Stop> {
+    let (harness, settings, record) = (oracle.harness, job.settings, job.record.as_path());
+    let places = oracle.places;
+    // Where the GPU holds several runs at once, repro.py is written beside the check (the written file
+    // does not depend on it), and where the kept inputs are large the repro with generated values is
+    // written and run alone beside it too: the places bound every run of the three.
+    let minimal = job.minimal();
     let generated = minimal.with_file_name("minimal-generated");
-    let alone_runs = settings.confirm.min(3);
+    let alone_runs = job.alone_runs();
     let mut side = oracle.beside("alone-generated");
     let mut exact_side = oracle.beside("alone");
     let (reproduced, extracted, tried) = if settings.confirm_jobs > 1 {
-        let large = harness.generates_values() && inputs_bytes(&nodes, &result) > REDUCE_ABOVE;
+        let large = harness.generates_values() && inputs_bytes(nodes, result) > REDUCE_ABOVE;
         let at_once = places.total() as u32;
         std::thread::scope(|s| {
             let written = s.spawn(|| {
-                let extracted = harness.extract(&keep, &record, &minimal, cancel);
+                let extracted = harness.extract(keep, record, &minimal, cancel);
                 // A repro.py whose data stays as recorded (the common case) is run alone as soon as
                 // it is written, beside the check, in the check's places.
                 let repro = minimal.join("repro.py");
@@ -814,15 +893,15 @@ fn drive(
                     try_generated(
                         harness,
                         &mut side,
-                        &keep,
-                        &record,
+                        keep,
+                        record,
                         &generated,
                         (alone_runs, at_once),
                         cancel,
                     )
                 })
             });
-            let reproduced = oracle.confirm(&keep, &record, settings.confirm, at_once, cancel);
+            let reproduced = oracle.confirm(keep, record, settings.confirm, at_once, cancel);
             (
                 reproduced,
                 written.join().ok(),
@@ -830,10 +909,9 @@ fn drive(
             )
         })
     } else {
-        let reproduced = oracle.confirm(&keep, &record, settings.confirm, 1, cancel);
+        let reproduced = oracle.confirm(keep, record, settings.confirm, 1, cancel);
         (reproduced, None, None)
     };
-    let (extracted, exact_alone) = extracted.map_or((None, None), |(e, alone)| (Some(e), alone));
     if cancel.load(Ordering::SeqCst) {
         report.harness_runs += oracle.runs;
         return Err(Stop::Interrupted);
@@ -848,6 +926,35 @@ fn drive(
     report.rejected.append(&mut oracle.rejected);
     report.rejected.append(&mut side.rejected);
     report.rejected.append(&mut exact_side.rejected);
+    let (extracted, exact_alone) = extracted.map_or((None, None), |(e, alone)| (Some(e), alone));
+    Ok(Checked {
+        reproduced,
+        extracted,
+        exact_alone,
+        tried,
+    })
+}
+
+/// The final check of the kept nodes (`result`), the standalone repro written and run alone, and the
+/// report filled in: how many of the check's runs showed the target.
+fn check_and_hand_off(
+    oracle: &mut Oracle,
+    job: &Shrinking,
+    (nodes, result): (&[GraphNode], &[usize]),
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<u32, Stop> {
+    let (harness, record) = (oracle.harness, job.record.as_path());
+    let keep = ids(nodes, result);
+    let Checked {
+        reproduced,
+        extracted,
+        exact_alone,
+        tried,
+    } = final_check(oracle, job, (nodes, result, &keep), report, cancel)?;
+    let minimal = job.minimal();
+    let generated = minimal.with_file_name("minimal-generated");
+    let alone_runs = job.alone_runs();
     report.kept = result.iter().map(|&i| nodes[i].clone()).collect();
     report.removed = nodes
         .iter()
@@ -858,7 +965,7 @@ fn drive(
     report.nodes_after = result.len();
 
     // The native harness writes model.toml, the PyTorch harness repro.py.
-    let extracted = extracted.unwrap_or_else(|| harness.extract(&keep, &record, &minimal, cancel));
+    let extracted = extracted.unwrap_or_else(|| harness.extract(&keep, record, &minimal, cancel));
     match extracted {
         Ok(()) => {
             report.minimal_model = ["model.toml", "repro.py"]
@@ -876,9 +983,9 @@ fn drive(
     if report.minimal_model.is_some() {
         report.data = Some(check_alone_and_reduce(
             harness,
-            &mut oracle,
-            (&keep, &record, &minimal),
-            (alone_runs, places.total() as u32),
+            oracle,
+            (&keep, record, &minimal),
+            (alone_runs, oracle.places.total() as u32),
             (tried, exact_alone),
             cancel,
         ));
@@ -888,18 +995,9 @@ fn drive(
     report.reproduce = Some(harness.reproduce_line(
         report.minimal_model.as_deref().map(Path::new),
         &keep,
-        &record,
+        record,
     ));
-    Ok(format!(
-        "{} of {} nodes ({}) still fail with {}; minimal after {} harness run{}; confirmed {reproduced}/{}",
-        result.len(),
-        nodes.len(),
-        keep.join(", "),
-        target.short(),
-        report.runs_to_minimal,
-        if report.runs_to_minimal == 1 { "" } else { "s" },
-        settings.confirm
-    ))
+    Ok(reproduced)
 }
 
 /// Runs the minimal subgraph once more through another harness (at the first bad commit's parent) and
