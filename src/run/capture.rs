@@ -71,6 +71,22 @@ fn capture_command(config: &Config, section: &ShrinkSection) -> CommandLine {
     ])
 }
 
+/// Whether the replay saved what the harness needs for the captured framework.
+fn check_saved(dir: &Path, fault: &CapturedFault) -> Result<(), CaptureError> {
+    let needed: &[&str] = if fault.framework.as_deref() == Some("jax") {
+        &["capture.json", "jax_call.pkl", JAX_CAPTURE_MODULE_FILE]
+    } else {
+        &["capture.json", "model.pt"]
+    };
+    match needed.iter().find(|n| !dir.join(n).is_file()) {
+        Some(missing) => Err(CaptureError::NotSaved {
+            step: fault.step,
+            why: format!("no {missing}; see {}", dir.join("replay.log").display()),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Runs the find and replay runs in `cwd` and returns the capture directory (in `run_dir`).
 pub fn capture(
     executor: &dyn Executor,
@@ -138,19 +154,7 @@ pub fn capture(
         "replay.log",
     )?;
     let _ = std::fs::copy(&found, dir.join("fault.json"));
-    let needed: &[&str] = if fault.framework.as_deref() == Some("jax") {
-        &["capture.json", "jax_call.pkl", JAX_CAPTURE_MODULE_FILE]
-    } else {
-        &["capture.json", "model.pt"]
-    };
-    for needed in needed {
-        if !dir.join(needed).is_file() {
-            return Err(CaptureError::NotSaved {
-                step: fault.step,
-                why: format!("no {needed}; see {}", dir.join("replay.log").display()),
-            });
-        }
-    }
+    check_saved(&dir, &fault)?;
     let mut fault = fault;
     fault.notes = read_notes(&dir);
     Ok((dir, fault))

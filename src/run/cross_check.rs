@@ -150,14 +150,15 @@ pub fn cross_checked(
         what: "its parent",
     }))
     .collect();
-    match cross_check(
+    let check = cross_check(
         prober,
         &runs,
         (&target, input.policy),
         (step, opts.find_fix),
         &mut probes,
         reporter,
-    ) {
+    );
+    match check {
         CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
         CrossCheck::Interrupted => SearchOutcome {
             probes,
@@ -171,22 +172,39 @@ pub fn cross_checked(
         },
         CrossCheck::Disagrees(why) => {
             reporter.event(&Event::ParallelAnswerDisagrees { why });
-            let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
-            let mut journaled = JournaledProbe {
-                inner: prober,
-                journal: &journal,
-                warnings: Vec::new(),
+            let mut serial = serial_search(
+                input,
+                (journal_path, fingerprint, log_dir),
+                prober,
+                reporter,
                 cancel,
-                log_dir: Some(log_dir.to_path_buf()),
-            };
-            let mut workers = [Worker {
-                probe: &mut journaled,
-                stop: cancel,
-            }];
-            let mut serial = search_with_workers(input, &mut workers, reporter, cancel);
+            );
             probes.append(&mut serial.probes);
             serial.probes = probes;
             serial
         }
     }
+}
+
+/// The search again, one probe at a time in `prober`'s worktree, journaled beside the parallel one's.
+fn serial_search(
+    input: &SearchInput,
+    (journal_path, fingerprint, log_dir): (&Path, &str, &Path),
+    prober: &mut WorktreeProber,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let journal = std::sync::Mutex::new(Journal::empty(journal_path, fingerprint));
+    let mut journaled = JournaledProbe {
+        inner: prober,
+        journal: &journal,
+        warnings: Vec::new(),
+        cancel,
+        log_dir: Some(log_dir.to_path_buf()),
+    };
+    let mut workers = [Worker {
+        probe: &mut journaled,
+        stop: cancel,
+    }];
+    search_with_workers(input, &mut workers, reporter, cancel)
 }

@@ -119,69 +119,91 @@ pub fn lock_state_dir(state_dir: &Path, what: &str) -> Result<StateLock, LockErr
             "not a regular file (remove it; cudabisect creates it)",
         )));
     }
-    let held = |holder: &str| LockError::Held {
-        path: path.clone(),
-        holder: if holder.is_empty() {
-            "a run that is starting".into()
-        } else {
-            holder.to_string()
-        },
-    };
+    let mut file = locked_file(&path)?;
     let mut previous = String::new();
-    let mut tries = 0;
-    let mut file = loop {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let _ = file.read_to_string(&mut previous);
-                return Err(held(previous.trim()));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
-        // The holder removed the file as it finished, after this run opened it: lock the new one.
-        if still_at(&file, &path) {
-            break file;
-        }
-        tries += 1;
-        if tries > 100 {
-            return Err(io(std::io::Error::other(
-                "the lock file keeps being replaced",
-            )));
-        }
-    };
     let _ = file.read_to_string(&mut previous);
-    let me = host();
-    if let Some((pid, owner_host)) = parse_owner(&previous) {
-        if pid != std::process::id() {
-            if owner_host == me && alive_cudabisect(pid) {
-                // The file lock was granted although its owner lives: this file system's locks do not
-                // see each other (two mounts of one repository).
-                return Err(held(previous.trim()));
-            }
-            if owner_host != me {
-                return Err(held(&format!(
-                    "{}; file locks do not reach across hosts here, so if that run is gone, remove {}",
-                    previous.trim(),
-                    path.display()
-                )));
-            }
-        }
-    }
+    check_owner(&previous, &path)?;
     let owner = format!(
-        "pid {} on host {me}: cudabisect {what}\n",
-        std::process::id()
+        "pid {} on host {}: cudabisect {what}\n",
+        std::process::id(),
+        host()
     );
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     file.write_all(owner.as_bytes()).map_err(io)?;
     Ok(StateLock { file, path, owner })
+}
+
+/// The lock is held by `holder` (what its file says).
+fn held(path: &Path, holder: &str) -> LockError {
+    LockError::Held {
+        path: path.to_path_buf(),
+        holder: if holder.is_empty() {
+            "a run that is starting".into()
+        } else {
+            holder.to_string()
+        },
+    }
+}
+
+/// The lock file at `path`, opened (created when missing) and locked by this process.
+fn locked_file(path: &Path) -> Result<std::fs::File, LockError> {
+    let io = |source| LockError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    for _ in 0..=100 {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut previous = String::new();
+                let _ = file.read_to_string(&mut previous);
+                return Err(held(path, previous.trim()));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        // The holder removed the file as it finished, after this run opened it: lock the new one.
+        if still_at(&file, path) {
+            return Ok(file);
+        }
+    }
+    Err(io(std::io::Error::other(
+        "the lock file keeps being replaced",
+    )))
+}
+
+/// Refuses a lock whose file names another live owner: the file lock was granted although its owner
+/// lives (this file system's locks do not see each other: two mounts of one repository), or the
+/// owner is on another host, where file locks do not reach.
+fn check_owner(previous: &str, path: &Path) -> Result<(), LockError> {
+    let me = host();
+    let Some((pid, owner_host)) = parse_owner(previous) else {
+        return Ok(());
+    };
+    if pid == std::process::id() {
+        return Ok(());
+    }
+    if owner_host == me && alive_cudabisect(pid) {
+        return Err(held(path, previous.trim()));
+    }
+    if owner_host != me {
+        return Err(held(
+            path,
+            &format!(
+                "{}; file locks do not reach across hosts here, so if that run is gone, remove {}",
+                previous.trim(),
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
