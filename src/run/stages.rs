@@ -76,68 +76,93 @@ pub fn run_stages(
         .filter(|b| b.prepare(oid, "first-bad").is_ok());
     let stopped = match (section, beside) {
         (Some(section), Some(beside)) => {
-            let (triaged, shrunk) = std::thread::scope(|s| {
-                let (tx, rx) = std::sync::mpsc::channel::<Event>();
-                let to_triage = tx.clone();
-                let triaged = s
-                    .spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
-                let target = report.target.clone();
-                let parent = first_parent(report);
-                // Triage's sanitizer run holds one of the GPU's places.
-                let shrink_ctx = StageContext {
-                    at_once: ctx.at_once.saturating_sub(1).max(1),
-                    ..*ctx
-                };
-                let shrunk = s.spawn(move || {
-                    shrink_stage(
-                        &shrink_ctx,
-                        beside,
-                        &section,
-                        oid,
-                        target,
-                        parent,
-                        &mut SendingReporter(tx),
-                    )
-                });
-                for event in rx {
-                    reporter.event(&event);
-                }
-                (triaged.join(), shrunk.join())
-            });
-            let mut stopped = false;
-            if let Ok(t) = triaged {
-                stopped |= t.status == TriageStatus::Interrupted;
-                report.triage = Some(t);
-            }
-            if let Ok(r) = shrunk {
-                stopped |= r.status == ShrinkStatus::Interrupted;
-                report.shrink = Some(r);
-            }
-            stopped
+            side_by_side(ctx, (prober, beside), &section, oid, report, reporter)
         }
-        (section, _) => {
-            if triage && !cancel.load(Ordering::SeqCst) {
-                let result = triage_stage(ctx, prober, oid, reporter);
-                let stopped = result.status == TriageStatus::Interrupted;
-                report.triage = Some(result);
-                if stopped {
-                    return true;
-                }
-            }
-            let Some(section) = section else {
-                return cancel.load(Ordering::SeqCst);
-            };
-            if cancel.load(Ordering::SeqCst) {
-                return true;
-            }
-            let (target, parent) = (report.target.clone(), first_parent(report));
-            let result = shrink_stage(ctx, prober, &section, oid, target, parent, reporter);
-            let stopped = result.status == ShrinkStatus::Interrupted;
-            report.shrink = Some(result);
-            stopped
-        }
+        (section, _) => one_after_the_other(ctx, triage, section.as_ref(), oid, report, reporter),
     };
     stopped || cancel.load(Ordering::SeqCst)
+}
+
+/// Triage in `prober`'s worktree and the shrink in `beside`'s, at once, their events rendered here as
+/// they come: whether either was interrupted.
+fn side_by_side(
+    ctx: &StageContext,
+    (prober, beside): (&WorktreeProber, &WorktreeProber),
+    section: &ShrinkSection,
+    oid: Oid,
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+) -> bool {
+    let (triaged, shrunk) = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<Event>();
+        let to_triage = tx.clone();
+        let triaged =
+            s.spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
+        let target = report.target.clone();
+        let parent = first_parent(report);
+        // Triage's sanitizer run holds one of the GPU's places.
+        let shrink_ctx = StageContext {
+            at_once: ctx.at_once.saturating_sub(1).max(1),
+            ..*ctx
+        };
+        let shrunk = s.spawn(move || {
+            shrink_stage(
+                &shrink_ctx,
+                beside,
+                section,
+                oid,
+                target,
+                parent,
+                &mut SendingReporter(tx),
+            )
+        });
+        for event in rx {
+            reporter.event(&event);
+        }
+        (triaged.join(), shrunk.join())
+    });
+    let mut stopped = false;
+    if let Ok(t) = triaged {
+        stopped |= t.status == TriageStatus::Interrupted;
+        report.triage = Some(t);
+    }
+    if let Ok(r) = shrunk {
+        stopped |= r.status == ShrinkStatus::Interrupted;
+        report.shrink = Some(r);
+    }
+    stopped
+}
+
+/// Triage (when asked), then the shrink (when a section is in force), in the prober's worktree: whether
+/// one was interrupted or Ctrl-C came.
+fn one_after_the_other(
+    ctx: &StageContext,
+    triage: bool,
+    section: Option<&ShrinkSection>,
+    oid: Oid,
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+) -> bool {
+    let (prober, cancel) = (ctx.prober, ctx.cancel);
+    if triage && !cancel.load(Ordering::SeqCst) {
+        let result = triage_stage(ctx, prober, oid, reporter);
+        let stopped = result.status == TriageStatus::Interrupted;
+        report.triage = Some(result);
+        if stopped {
+            return true;
+        }
+    }
+    let Some(section) = section else {
+        return cancel.load(Ordering::SeqCst);
+    };
+    if cancel.load(Ordering::SeqCst) {
+        return true;
+    }
+    let (target, parent) = (report.target.clone(), first_parent(report));
+    let result = shrink_stage(ctx, prober, section, oid, target, parent, reporter);
+    let stopped = result.status == ShrinkStatus::Interrupted;
+    report.shrink = Some(result);
+    stopped
 }
 
 /// Passes events on to the thread that renders them.

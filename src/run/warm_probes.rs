@@ -233,6 +233,50 @@ impl WarmPool {
         out
     }
 
+    /// Starts `slot`'s warm server, preloading what the first run taught (else what the script imports
+    /// by name). A preload that starts CUDA is left out and the server started again without it, so a
+    /// library that queries the device at import costs its own import, not the warm runner. A server that
+    /// does not start leaves the slot without one: its runs go cold.
+    fn start_server(
+        &self,
+        slot: &mut Slot,
+        worker: usize,
+        (argv, resolved, env): (&[String], &Path, &[(String, String)]),
+        spec: &CommandSpec,
+        cancel: &AtomicBool,
+    ) {
+        let mut preload = slot
+            .preload
+            .clone()
+            .unwrap_or_else(|| guess_preload(argv, &spec.cwd));
+        let log = self.dir.join(format!("server-{worker}.log"));
+        for _ in 0..=preload.len() {
+            preload.retain(|m| !slot.never.contains(m));
+            let argv = vec![
+                resolved.display().to_string(),
+                self.script.display().to_string(),
+                "--preload".into(),
+                preload.join(","),
+            ];
+            // The server runs where no worktree module can shadow what it preloads.
+            // It may take as long as a run of the repro may, and no longer.
+            let wait = Wait {
+                limit: spec.timeout,
+                cancel: Some(cancel),
+            };
+            match WarmServer::start(&argv, &self.dir, env, &log, wait) {
+                Ok(server) => {
+                    slot.server = Some(server);
+                    return;
+                }
+                Err(WarmError::NotReady(line)) if tainted_by(&line).is_some() => {
+                    slot.never.extend(tainted_by(&line).map(str::to_string));
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     /// [`WarmPool::prepare`] on the worker's own slot (the parts of one request, split only to drop the
     /// lock: who asks, under which key, and the flag that stops a server's start).
     fn prepare_slot(
@@ -254,39 +298,7 @@ impl WarmPool {
         }
         let learning = slot.preload.is_none();
         if slot.server.is_none() {
-            // Before the first run has taught what to preload, what the script imports by name.
-            let mut preload = slot
-                .preload
-                .clone()
-                .unwrap_or_else(|| guess_preload(&argv, &spec.cwd));
-            let log = self.dir.join(format!("server-{worker}.log"));
-            // A preload that starts CUDA is left out and the server started again without it, so a
-            // library that queries the device at import costs its own import, not the warm runner.
-            for _ in 0..=preload.len() {
-                preload.retain(|m| !slot.never.contains(m));
-                let argv = vec![
-                    resolved.display().to_string(),
-                    self.script.display().to_string(),
-                    "--preload".into(),
-                    preload.join(","),
-                ];
-                // The server runs where no worktree module can shadow what it preloads.
-                // It may take as long as a run of the repro may, and no longer.
-                let wait = Wait {
-                    limit: spec.timeout,
-                    cancel: Some(cancel),
-                };
-                match WarmServer::start(&argv, &self.dir, &env, &log, wait) {
-                    Ok(server) => {
-                        slot.server = Some(server);
-                        break;
-                    }
-                    Err(WarmError::NotReady(line)) if tainted_by(&line).is_some() => {
-                        slot.never.extend(tainted_by(&line).map(str::to_string));
-                    }
-                    Err(_) => break,
-                }
-            }
+            self.start_server(slot, worker, (&argv, &resolved, &env), spec, cancel);
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
         let preload_now = slot.preload.clone().map(|p| {
