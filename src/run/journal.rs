@@ -276,25 +276,7 @@ impl Journal {
                 kept.push(line);
             }
             match parsed {
-                Ok(e) if e.v == VERSION && e.fingerprint == fingerprint => {
-                    if let Some(r) = e.record {
-                        let key = (e.commit, e.target.unwrap_or_else(|| "null".into()));
-                        if !is_consistent(&key.0, &r) {
-                            journal.contradicted.insert(key);
-                        } else if !is_fact(&r) {
-                            journal.not_facts += 1;
-                            journal.probes.remove(&key);
-                        } else if let Some(old) = journal.probes.get(&key) {
-                            if old.verdict != r.verdict || old.matched_target != r.matched_target {
-                                journal.contradicted.insert(key);
-                            }
-                        } else {
-                            journal.probes.insert(key, r);
-                        }
-                    } else if let Some(s) = e.sanitized {
-                        journal.sanitized.insert(e.commit, s);
-                    }
-                }
+                Ok(e) if e.v == VERSION && e.fingerprint == fingerprint => journal.take(e),
                 Ok(_) => {}
                 Err(err) => {
                     unreadable += 1;
@@ -305,23 +287,7 @@ impl Journal {
         for key in &journal.contradicted {
             journal.probes.remove(key);
         }
-        if let Some((line, err)) = first_unreadable {
-            warnings.push(if unreadable == 1 {
-                format!("{}: line {line} cannot be read and is ignored ({err})", path.display())
-            } else {
-                format!(
-                    "{}: {unreadable} lines cannot be read and are ignored (the first, line {line}: {err})",
-                    path.display()
-                )
-            });
-        }
-        if !journal.contradicted.is_empty() {
-            warnings.push(format!(
-                "{}: {} journaled probe(s) contradict each other or themselves and are run again",
-                path.display(),
-                journal.contradicted.len()
-            ));
-        }
+        warnings.extend(journal.read_warnings(unreadable, first_unreadable));
         // Unreadable lines are dropped when the file is rewritten: they would otherwise be warned about
         // on every later run. Lines count toward the cap whether readable or not.
         if lines > cap || unreadable > 0 {
@@ -335,6 +301,55 @@ impl Journal {
             journal.torn = false;
         }
         Ok((journal, warnings))
+    }
+
+    /// Takes in one entry of this run's fingerprint: a probe's record (a contradiction, or a record that
+    /// is not a fact, is noted and never replayed), or a commit's sanitizer finding.
+    fn take(&mut self, e: Entry) {
+        if let Some(r) = e.record {
+            let key = (e.commit, e.target.unwrap_or_else(|| "null".into()));
+            if !is_consistent(&key.0, &r) {
+                self.contradicted.insert(key);
+            } else if !is_fact(&r) {
+                self.not_facts += 1;
+                self.probes.remove(&key);
+            } else if let Some(old) = self.probes.get(&key) {
+                if old.verdict != r.verdict || old.matched_target != r.matched_target {
+                    self.contradicted.insert(key);
+                }
+            } else {
+                self.probes.insert(key, r);
+            }
+        } else if let Some(s) = e.sanitized {
+            self.sanitized.insert(e.commit, s);
+        }
+    }
+
+    /// What reading the file found wrong, in words: unreadable lines (how many, and the first), and
+    /// contradicting probes.
+    fn read_warnings(
+        &self,
+        unreadable: usize,
+        first_unreadable: Option<(usize, String)>,
+    ) -> Vec<String> {
+        let path = self.path.display();
+        let mut warnings = Vec::new();
+        if let Some((line, err)) = first_unreadable {
+            warnings.push(if unreadable == 1 {
+                format!("{path}: line {line} cannot be read and is ignored ({err})")
+            } else {
+                format!(
+                    "{path}: {unreadable} lines cannot be read and are ignored (the first, line {line}: {err})"
+                )
+            });
+        }
+        if !self.contradicted.is_empty() {
+            warnings.push(format!(
+                "{path}: {} journaled probe(s) contradict each other or themselves and are run again",
+                self.contradicted.len()
+            ));
+        }
+        warnings
     }
 
     /// How many reusable entries it holds.

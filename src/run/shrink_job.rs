@@ -4,9 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+use crate::config::{Config, ShrinkSection};
+use crate::git::Repo;
 use crate::report::bundle::BundleInput;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ShrinkReport, ShrinkStatus};
+use git2::Oid;
 
 use super::error::RunError;
 use super::outputs::{bundle_root, write_bundle_reporting};
@@ -91,38 +94,59 @@ pub fn shrink_job(
         report: Box::new(report.clone()),
     });
     if report.status == ShrinkStatus::Minimal && config.bundle.enabled {
-        let head = oid.or_else(|| repo.resolve("HEAD").ok());
-        let input = BundleInput {
-            root: bundle_root(&repo, &config, None),
-            commit: head.and_then(|o| repo.info(o).ok()),
-            good_parents: vec![],
-            found_by: Some(if at.is_some() {
-                "cudabisect shrink --at".into()
-            } else {
-                "cudabisect shrink in the checkout".into()
-            }),
-            target: report.signature.clone(),
-            triage: None,
-            shrink: Some(&report),
-            report_json: serde_json::to_value(&report).unwrap_or_default(),
-            config_text: &config.text,
-            log_dirs: vec![
-                ("probes", log_dir.clone()),
-                ("shrink", out_dir.join("logs")),
-            ],
-            extra_files: vec![],
-            backend: Some(
-                crate::harness::resolve_backend(section.backend)
-                    .as_str()
-                    .to_string(),
-            ),
-            include_binary: config.bundle.include_binary,
-            full_repro: Some(crate::report::bundle::FullRepro {
-                build: config.build.as_ref(),
-                repro: &config.repro,
-            }),
-        };
-        write_bundle_reporting(&input, reporter, cancel);
+        bundle_the_shrink(
+            (&repo, &config, &section),
+            (oid, at.is_some()),
+            &report,
+            &log_dir,
+            reporter,
+            cancel,
+        );
     }
     Ok(report)
+}
+
+/// The bundle of a shrink on its own: the shrunk commit (`oid`, else HEAD; `at_rev`: it was given with
+/// `--at`), its minimal repro and logs.
+fn bundle_the_shrink(
+    (repo, config, section): (&Repo, &Config, &ShrinkSection),
+    (oid, at_rev): (Option<Oid>, bool),
+    report: &ShrinkReport,
+    log_dir: &Path,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) {
+    let out_dir = PathBuf::from(&report.out_dir);
+    let head = oid.or_else(|| repo.resolve("HEAD").ok());
+    let input = BundleInput {
+        root: bundle_root(repo, config, None),
+        commit: head.and_then(|o| repo.info(o).ok()),
+        good_parents: vec![],
+        found_by: Some(if at_rev {
+            "cudabisect shrink --at".into()
+        } else {
+            "cudabisect shrink in the checkout".into()
+        }),
+        target: report.signature.clone(),
+        triage: None,
+        shrink: Some(report),
+        report_json: serde_json::to_value(report).unwrap_or_default(),
+        config_text: &config.text,
+        log_dirs: vec![
+            ("probes", log_dir.to_path_buf()),
+            ("shrink", out_dir.join("logs")),
+        ],
+        extra_files: vec![],
+        backend: Some(
+            crate::harness::resolve_backend(section.backend)
+                .as_str()
+                .to_string(),
+        ),
+        include_binary: config.bundle.include_binary,
+        full_repro: Some(crate::report::bundle::FullRepro {
+            build: config.build.as_ref(),
+            repro: &config.repro,
+        }),
+    };
+    write_bundle_reporting(&input, reporter, cancel);
 }

@@ -117,95 +117,133 @@ pub fn run_tools(
             result.summary = "interrupted".into();
             return result;
         }
-        let xml = out_dir.join(format!("sanitizer-{tool}.xml"));
-        let log = out_dir.join(format!("sanitizer-{tool}.log"));
-        let _ = std::fs::remove_file(&xml);
-        let wrapped = wrap(&sanitizer, tool, &xml, command);
-        let env = sanitizer_env(&config.triage.env);
-        let spec = command_spec(
+        let place = (cwd, commit);
+        match run_tool(
+            session,
             config,
-            ChildCommand {
-                command: &wrapped,
-                timeout: config.triage.timeout,
-                env: &env,
-            },
-            &ChildContext {
-                worktree: cwd,
-                commit,
-                phase: ChildPhase::Triage,
-                attempt: 1,
-                slot: None,
-            },
-        );
-        let run = match session.run(&spec, cancel) {
-            Ok(run) => run,
-            Err(e) => {
-                result.status = TriageStatus::Error;
-                result.summary = format!("cannot run compute-sanitizer: {e}");
+            place,
+            command,
+            (&sanitizer, tool, out_dir),
+            cancel,
+        ) {
+            Ok((interpreted, files)) => {
+                result.files.extend(files);
+                result.tools_run.push(tool);
+                if settle(&mut result, tool, interpreted) {
+                    return result;
+                }
+            }
+            Err((status, summary)) => {
+                result.status = status;
+                result.summary = summary;
                 return result;
             }
-        };
-        if run.interrupted {
-            result.status = TriageStatus::Interrupted;
-            result.summary = "interrupted".into();
-            return result;
-        }
-        let _ = std::fs::write(&log, &run.output);
-        result.files.push(log.display().to_string());
-        result.tools_run.push(tool);
-        // Bytes that are not text still go to the parser, which then says the report is unreadable
-        // (read as absent, they looked like a run that found nothing).
-        let xml_text = std::fs::read(&xml)
-            .ok()
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
-        if xml_text.is_some() {
-            result.files.push(xml.display().to_string());
-        }
-        let interpreted = interpret(tool, run.exit, &run.output, xml_text.as_deref());
-        let still_faults = interpreted.program.class != FaultClass::None;
-        if !interpreted.findings.is_empty() {
-            result.status = TriageStatus::Found;
-            result.tool = Some(tool);
-            result.signature = interpreted
-                .signature
-                .map(|s| refine(s, &interpreted.program));
-            result.error_count = interpreted.error_count;
-            result.summary = format!("{tool}: {}", interpreted.findings[0].line());
-            result.findings = interpreted
-                .findings
-                .into_iter()
-                .map(|f| FoldedLine {
-                    line: f.line(),
-                    folded: f,
-                })
-                .collect();
-            return result;
-        }
-        if let Some(reason) = &interpreted.xml_error {
-            // Nothing found and the structured report is broken: say so rather than guess.
-            result.status = TriageStatus::Error;
-            result.summary = format!("{tool}: {reason}; the text report shows no finding");
-            result.signature = Some(Signature::new(FaultClass::Other, result.summary.clone()));
-            return result;
-        }
-        if !still_faults {
-            result.summary = format!("{tool} found nothing and the program ran clean under it");
-            return result;
-        }
-        result.summary = format!(
-            "no sanitizer tool found the fault ({})",
-            interpreted.program.short()
-        );
-        if matches!(interpreted.program.class, FaultClass::Infra) {
-            result.status = TriageStatus::Error;
-            result.summary = format!(
-                "compute-sanitizer could not run the program: {}",
-                interpreted.program.summary
-            );
-            return result;
         }
     }
     result
+}
+
+/// One tool's run of `command` under compute-sanitizer, its log and XML report written into `out_dir`:
+/// what it says and the files it left. `Err`: the triage ends here, with that status and summary.
+fn run_tool(
+    session: &mut dyn Session,
+    config: &Config,
+    (cwd, commit): (&Path, &str),
+    command: &CommandLine,
+    (sanitizer, tool, out_dir): (&Path, SanitizerTool, &Path),
+    cancel: &AtomicBool,
+) -> Result<(Interpretation, Vec<String>), (TriageStatus, String)> {
+    let xml = out_dir.join(format!("sanitizer-{tool}.xml"));
+    let log = out_dir.join(format!("sanitizer-{tool}.log"));
+    let _ = std::fs::remove_file(&xml);
+    let wrapped = wrap(sanitizer, tool, &xml, command);
+    let env = sanitizer_env(&config.triage.env);
+    let spec = command_spec(
+        config,
+        ChildCommand {
+            command: &wrapped,
+            timeout: config.triage.timeout,
+            env: &env,
+        },
+        &ChildContext {
+            worktree: cwd,
+            commit,
+            phase: ChildPhase::Triage,
+            attempt: 1,
+            slot: None,
+        },
+    );
+    let run = session.run(&spec, cancel).map_err(|e| {
+        (
+            TriageStatus::Error,
+            format!("cannot run compute-sanitizer: {e}"),
+        )
+    })?;
+    if run.interrupted {
+        return Err((TriageStatus::Interrupted, "interrupted".into()));
+    }
+    let _ = std::fs::write(&log, &run.output);
+    let mut files = vec![log.display().to_string()];
+    // Bytes that are not text still go to the parser, which then says the report is unreadable (read
+    // as absent, they looked like a run that found nothing).
+    let xml_text = std::fs::read(&xml)
+        .ok()
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+    if xml_text.is_some() {
+        files.push(xml.display().to_string());
+    }
+    Ok((
+        interpret(tool, run.exit, &run.output, xml_text.as_deref()),
+        files,
+    ))
+}
+
+/// Puts what one tool said into `result`: true when the triage is settled (a finding, a broken report,
+/// a clean run, a program the tool could not run), false to go on with the next tool.
+fn settle(result: &mut TriageResult, tool: SanitizerTool, interpreted: Interpretation) -> bool {
+    let still_faults = interpreted.program.class != FaultClass::None;
+    if !interpreted.findings.is_empty() {
+        result.status = TriageStatus::Found;
+        result.tool = Some(tool);
+        result.signature = interpreted
+            .signature
+            .map(|s| refine(s, &interpreted.program));
+        result.error_count = interpreted.error_count;
+        result.summary = format!("{tool}: {}", interpreted.findings[0].line());
+        result.findings = interpreted
+            .findings
+            .into_iter()
+            .map(|f| FoldedLine {
+                line: f.line(),
+                folded: f,
+            })
+            .collect();
+        return true;
+    }
+    if let Some(reason) = &interpreted.xml_error {
+        // Nothing found and the structured report is broken: say so rather than guess.
+        result.status = TriageStatus::Error;
+        result.summary = format!("{tool}: {reason}; the text report shows no finding");
+        result.signature = Some(Signature::new(FaultClass::Other, result.summary.clone()));
+        return true;
+    }
+    if !still_faults {
+        result.summary = format!("{tool} found nothing and the program ran clean under it");
+        return true;
+    }
+    result.summary = format!(
+        "no sanitizer tool found the fault ({})",
+        interpreted.program.short()
+    );
+    if matches!(interpreted.program.class, FaultClass::Infra) {
+        result.status = TriageStatus::Error;
+        result.summary = format!(
+            "compute-sanitizer could not run the program: {}",
+            interpreted.program.summary
+        );
+        return true;
+    }
+    false
 }
 
 /// A warp-level assert record names only `__assertfail`; the program's own assertion line names the kernel,

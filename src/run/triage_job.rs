@@ -37,16 +37,7 @@ pub fn triage_job(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<TriageResult, RunError> {
-    let (repo, config) = match (load(dir, config), &command) {
-        (Ok((r, c)), _) => (Some(r), c),
-        // With `-- command` and no config at all, triage needs neither a repository nor a bisect.toml.
-        (Err(_), Some(cmd)) if config.is_none() && at.is_none() => {
-            let text = format!("[repro]\ncommand = {}\n", toml_command(cmd));
-            let c = Config::parse(Path::new("<command line>"), &text)?;
-            (Repo::open(dir).ok(), c)
-        }
-        (Err(e), _) => return Err(e),
-    };
+    let (repo, config) = repo_and_config(dir, config, at, command.as_ref())?;
     let own_repro = command.is_none() && config.triage.command.is_none();
     let command = command.unwrap_or_else(|| {
         config
@@ -59,17 +50,7 @@ pub fn triage_job(
     if triage::find_sanitizer(configured).is_none() {
         return Err(RunError::Unavailable(triage::missing_message(configured)));
     }
-    // Outside a repository the logs go to a directory of their own under the temporary directory, kept
-    // after the run: the result names them.
-    let out_dir = match &repo {
-        Some(r) => r.state_dir().join("triage").join(run_id()),
-        None => tempfile::Builder::new()
-            .prefix("cudabisect-triage-")
-            .tempdir()
-            .map_err(RunError::io(Path::new("<temp dir>")))?
-            .keep(),
-    };
-    std::fs::create_dir_all(&out_dir).map_err(RunError::io(&out_dir))?;
+    let out_dir = out_dir(repo.as_ref())?;
     let result = match (at, &repo) {
         (None, _) => {
             let cwd = repo
@@ -119,30 +100,77 @@ pub fn triage_job(
         }
     };
     if let (Some(repo), TriageStatus::Found, true) = (&repo, result.status, config.bundle.enabled) {
-        let oid = at
-            .and_then(|rev| repo.resolve(rev).ok())
-            .or_else(|| repo.resolve("HEAD").ok());
-        let input = BundleInput {
-            root: bundle_root(repo, &config, None),
-            commit: oid.and_then(|o| repo.info(o).ok()),
-            good_parents: vec![],
-            found_by: Some("cudabisect triage".into()),
-            target: result.signature.clone(),
-            triage: Some(&result),
-            shrink: None,
-            report_json: serde_json::to_value(&result).unwrap_or_default(),
-            config_text: &config.text,
-            log_dirs: vec![],
-            extra_files: result.files.iter().map(PathBuf::from).collect(),
-            backend: None,
-            include_binary: false,
-            // The project's own repro, unless another command was triaged.
-            full_repro: own_repro.then_some(crate::report::bundle::FullRepro {
-                build: config.build.as_ref(),
-                repro: &config.repro,
-            }),
-        };
-        write_bundle_reporting(&input, reporter, cancel);
+        bundle_the_triage(repo, &config, (at, own_repro), &result, reporter, cancel);
     }
     Ok(result)
+}
+
+/// The repository (when there is one) and the config: bisect.toml's, or (with `-- command` and no config
+/// at all) one of only that command, which needs neither a repository nor a bisect.toml.
+fn repo_and_config(
+    dir: &Path,
+    config: Option<&Path>,
+    at: Option<&str>,
+    command: Option<&CommandLine>,
+) -> Result<(Option<Repo>, Config), RunError> {
+    match (load(dir, config), command) {
+        (Ok((r, c)), _) => Ok((Some(r), c)),
+        (Err(_), Some(cmd)) if config.is_none() && at.is_none() => {
+            let text = format!("[repro]\ncommand = {}\n", toml_command(cmd));
+            let c = Config::parse(Path::new("<command line>"), &text)?;
+            Ok((Repo::open(dir).ok(), c))
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// Where a triage's logs go: the repository's state directory, else (outside a repository) a directory of
+/// their own under the temporary directory, kept after the run (the result names them).
+fn out_dir(repo: Option<&Repo>) -> Result<PathBuf, RunError> {
+    let out_dir = match repo {
+        Some(r) => r.state_dir().join("triage").join(run_id()),
+        None => tempfile::Builder::new()
+            .prefix("cudabisect-triage-")
+            .tempdir()
+            .map_err(RunError::io(Path::new("<temp dir>")))?
+            .keep(),
+    };
+    std::fs::create_dir_all(&out_dir).map_err(RunError::io(&out_dir))?;
+    Ok(out_dir)
+}
+
+/// The bundle of a triage on its own, at `--at`'s commit (else HEAD); `own_repro`: the project's own
+/// repro was triaged, so the bundle carries it.
+fn bundle_the_triage(
+    repo: &Repo,
+    config: &Config,
+    (at, own_repro): (Option<&str>, bool),
+    result: &TriageResult,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) {
+    let oid = at
+        .and_then(|rev| repo.resolve(rev).ok())
+        .or_else(|| repo.resolve("HEAD").ok());
+    let input = BundleInput {
+        root: bundle_root(repo, config, None),
+        commit: oid.and_then(|o| repo.info(o).ok()),
+        good_parents: vec![],
+        found_by: Some("cudabisect triage".into()),
+        target: result.signature.clone(),
+        triage: Some(result),
+        shrink: None,
+        report_json: serde_json::to_value(result).unwrap_or_default(),
+        config_text: &config.text,
+        log_dirs: vec![],
+        extra_files: result.files.iter().map(PathBuf::from).collect(),
+        backend: None,
+        include_binary: false,
+        // The project's own repro, unless another command was triaged.
+        full_repro: own_repro.then_some(crate::report::bundle::FullRepro {
+            build: config.build.as_ref(),
+            repro: &config.repro,
+        }),
+    };
+    write_bundle_reporting(&input, reporter, cancel);
 }
