@@ -186,8 +186,47 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         given.push((rev.to_string(), oid));
     }
     let mut notes = Vec::new();
+    let merge_bases = merge_bases_of(&repo, &given, &bad, &mut notes)?;
+    let all_goods: Vec<Oid> = given.iter().map(|(_, o)| *o).collect();
+    let goods = goods_to_probe(&repo, &given, &mut notes)?;
+    let checked_bases = bases_to_test(&repo, merge_bases, &all_goods, bad.1)?;
+    let range_opts = RangeOptions {
+        first_parent: opts.first_parent,
+        pathspec: opts.pathspec.clone(),
+    };
+    let range = repo.range(&all_goods, bad.1, &range_opts)?;
+    let config = load_config(&repo, opts.config.as_deref())?;
+    for command in config
+        .build
+        .iter()
+        .map(|b| &b.command)
+        .chain([&config.repro.command])
+    {
+        check_command(&repo, bad.1, command, &mut notes)?;
+    }
+    check_options(opts, &repo, &config, bad.1)?;
+    Ok(Plan {
+        repo,
+        config,
+        goods,
+        all_goods,
+        merge_bases: checked_bases,
+        bad,
+        range,
+        notes,
+    })
+}
+
+/// The merge bases to look at for given good commits that are not ancestors of the bad one (noted);
+/// a good commit after the bad one, or one with no common history, is refused.
+fn merge_bases_of(
+    repo: &Repo,
+    given: &[(String, Oid)],
+    bad: &(String, Oid),
+    notes: &mut Vec<PlanNote>,
+) -> Result<Vec<Oid>, RunError> {
     let mut merge_bases: Vec<Oid> = Vec::new();
-    for (name, oid) in &given {
+    for (name, oid) in given {
         if repo.is_ancestor(*oid, bad.1)? {
             continue;
         }
@@ -213,12 +252,20 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         });
         merge_bases.extend(bases);
     }
-    let all_goods: Vec<Oid> = given.iter().map(|(_, o)| *o).collect();
-    // A good commit that is an ancestor of another good one is implied good: not built and run again.
-    let mut goods = Vec::new();
-    for (name, oid) in &given {
+    Ok(merge_bases)
+}
+
+/// The given good commits to probe: one that is an ancestor of another good one is implied good (noted),
+/// not built and run again.
+fn goods_to_probe(
+    repo: &Repo,
+    given: &[(String, Oid)],
+    notes: &mut Vec<PlanNote>,
+) -> Result<Vec<(String, Oid)>, RunError> {
+    let mut goods: Vec<(String, Oid)> = Vec::new();
+    for (name, oid) in given {
         let mut implied = false;
-        for (other_name, other) in &given {
+        for (other_name, other) in given {
             if other != oid && repo.is_ancestor(*oid, *other)? {
                 notes.push(PlanNote::GoodImplied {
                     good: name.clone(),
@@ -232,35 +279,41 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
             goods.push((name.clone(), *oid));
         }
     }
-    // As git does, a merge base is tested unless it is itself good by implication: given good, or an
-    // ancestor of a good commit on the bad commit's own line of history.
+    Ok(goods)
+}
+
+/// As git does, a merge base is tested unless it is itself good by implication: given good, or an
+/// ancestor of a good commit on the bad commit's own line of history.
+fn bases_to_test(
+    repo: &Repo,
+    merge_bases: Vec<Oid>,
+    all_goods: &[Oid],
+    bad: Oid,
+) -> Result<Vec<Oid>, RunError> {
     let mut checked_bases = Vec::new();
     for base in merge_bases {
         let mut implied = all_goods.contains(&base);
-        for g in &all_goods {
+        for g in all_goods {
             if implied {
                 break;
             }
-            implied = repo.is_ancestor(*g, bad.1)? && repo.is_ancestor(base, *g)?;
+            implied = repo.is_ancestor(*g, bad)? && repo.is_ancestor(base, *g)?;
         }
         if !implied && !checked_bases.contains(&base) {
             checked_bases.push(base);
         }
     }
-    let range_opts = RangeOptions {
-        first_parent: opts.first_parent,
-        pathspec: opts.pathspec.clone(),
-    };
-    let range = repo.range(&all_goods, bad.1, &range_opts)?;
-    let config = load_config(&repo, opts.config.as_deref())?;
-    for command in config
-        .build
-        .iter()
-        .map(|b| &b.command)
-        .chain([&config.repro.command])
-    {
-        check_command(&repo, bad.1, command, &mut notes)?;
-    }
+    Ok(checked_bases)
+}
+
+/// What the options and the config ask for that can be refused before anything runs: a native-harness
+/// model missing at the bad commit, a flaky search for a fix, outputs that cannot be written.
+fn check_options(
+    opts: &StartOptions,
+    repo: &Repo,
+    config: &Config,
+    bad: Oid,
+) -> Result<(), RunError> {
     // A native-harness model must be in the bad commit: found out now, not after a three-hour search.
     if let Some(shrink) = config
         .shrink
@@ -268,7 +321,7 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         .filter(|s| s.enabled && !opts.no_shrink)
     {
         if let (None, Some(model), None) = (&shrink.harness, &shrink.model, &shrink.inputs) {
-            if repo.executable_at(bad.1, model).is_none() {
+            if repo.executable_at(bad, model).is_none() {
                 return Err(RunError::Usage(format!(
                     "[shrink] model `{model}` does not exist at the bad commit (or pass --no-shrink)"
                 )));
@@ -294,16 +347,7 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
             )));
         }
     }
-    Ok(Plan {
-        repo,
-        config,
-        goods,
-        all_goods,
-        merge_bases: checked_bases,
-        bad,
-        range,
-        notes,
-    })
+    Ok(())
 }
 
 /// A file we will write at the end must be writable now: its directory exists and it is not a directory.

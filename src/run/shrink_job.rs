@@ -14,6 +14,7 @@ use git2::Oid;
 use super::error::RunError;
 use super::outputs::{bundle_root, write_bundle_reporting};
 use super::plan::load;
+use super::probe::WorktreeProber;
 use super::workspace::{Opening, Workspace};
 
 use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
@@ -53,37 +54,13 @@ pub fn shrink_job(
         None => None,
     };
     let prober = worktree.as_ref().map(|w| ws.prober(w, &config, cancel));
-    let result = (|| -> Result<ShrinkReport, RunError> {
-        let (cwd, commit) = match (&prober, oid) {
-            (Some(p), Some(oid)) => {
-                p.prepare(oid, "shrink")?;
-                (p.worktree.path().to_path_buf(), oid.to_string())
-            }
-            _ => (repo.workdir(), String::new()),
-        };
-        let stage = ShrinkStage {
-            config: &config,
-            section: &section,
-            executor: ws.executor.clone(),
-            cwd: &cwd,
-            commit: &commit,
-            run_dir: &run_dir,
-            fault_rank: None,
-            target: None,
-            slot: None,
-            at_once: 1,
-        };
-        let parent = oid
-            .and_then(|o| repo.parents(o).ok())
-            .and_then(|p| p.first().copied());
-        let at_parent = match (&prober, parent) {
-            (Some(p), Some(parent)) => Ok((p, parent)),
-            (None, _) => Err("no --at revision".to_string()),
-            (Some(_), None) => Err("the revision has no parent".to_string()),
-        };
-        let report = shrink_then_check_parent(&stage, at_parent, reporter, cancel);
-        Ok(report)
-    })();
+    let result = shrink_in(
+        (&repo, &config, &section),
+        (&ws, prober.as_ref(), oid),
+        &run_dir,
+        reporter,
+        cancel,
+    );
     drop(prober);
     ws.close(reporter);
     let report = result?;
@@ -149,4 +126,45 @@ fn bundle_the_shrink(
         }),
     };
     write_bundle_reporting(&input, reporter, cancel);
+}
+
+/// The shrink in the checkout as it is, or (with `oid`) at that commit in `prober`'s worktree, then at
+/// its parent there.
+fn shrink_in(
+    (repo, config, section): (&Repo, &Config, &ShrinkSection),
+    (ws, prober, oid): (&Workspace, Option<&WorktreeProber>, Option<Oid>),
+    run_dir: &Path,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<ShrinkReport, RunError> {
+    let (cwd, commit) = match (prober, oid) {
+        (Some(p), Some(oid)) => {
+            p.prepare(oid, "shrink")?;
+            (p.worktree.path().to_path_buf(), oid.to_string())
+        }
+        _ => (repo.workdir(), String::new()),
+    };
+    let stage = ShrinkStage {
+        config,
+        section,
+        executor: ws.executor.clone(),
+        cwd: &cwd,
+        commit: &commit,
+        run_dir,
+        fault_rank: None,
+        target: None,
+        slot: None,
+        at_once: 1,
+    };
+    let parent = oid
+        .and_then(|o| repo.parents(o).ok())
+        .and_then(|p| p.first().copied());
+    let at_parent = match (prober, parent) {
+        (Some(p), Some(parent)) => Ok((p, parent)),
+        (None, _) => Err("no --at revision".to_string()),
+        (Some(_), None) => Err("the revision has no parent".to_string()),
+    };
+    Ok(shrink_then_check_parent(
+        &stage, at_parent, reporter, cancel,
+    ))
 }
