@@ -13,7 +13,7 @@ use git2::Oid;
 use crate::classify::{Exit, FaultClass, Signature};
 use crate::config::{CommandLine, Config};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, ChildPhase, WorkerSlot};
-use crate::exec::executor::Executor;
+use crate::exec::executor::{Executor, Session};
 use crate::exec::process::{self, RunOutput};
 use crate::git::{CheckoutError, ProbeWorktree};
 use crate::report::event::{Event, Phase, Reporter};
@@ -234,122 +234,23 @@ impl Probe for WorktreeProber<'_> {
         // when the probe ends.
         let executor = self.executor.clone();
         let mut session = executor.session();
-        let mut build_log = None;
-        if self.config.build.is_some() {
+        let build_log = if self.config.build.is_some() {
             phase(reporter, Phase::Build);
-            // The machine failing under a build (no allocation, a node lost) is retried like a repro's
-            // infrastructure failure, and never blamed on the commit as a build break.
-            let mut infra_retried = 0;
-            loop {
-                match self.build(session.as_mut(), &commit, ctx.step, "build") {
-                    None => {}
-                    Some(Err(e)) => {
-                        let class = start_failure_class(&e);
-                        let sig = Signature::new(class, e.to_string());
-                        if class == FaultClass::Infra
-                            && infra_retried < self.config.repro.infra_retries
-                        {
-                            infra_retried += 1;
-                            continue;
-                        }
-                        return record.done(sig, None, None, None, 0);
-                    }
-                    Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
-                        let seen = run.signature();
-                        if seen.class == FaultClass::Infra && !run.interrupted {
-                            if infra_retried < self.config.repro.infra_retries {
-                                infra_retried += 1;
-                                continue;
-                            }
-                            return record.done(seen, Some(&run), log.clone(), log, 0);
-                        }
-                        let sig = build_failure(&run);
-                        return record.done(sig, Some(&run), log.clone(), log, 0);
-                    }
-                    Some(Ok((_, log))) => build_log = log,
-                }
-                break;
+            match self.built(session.as_mut(), ctx, &commit, &mut record) {
+                Ok(log) => log,
+                Err(out) => return *out,
             }
-        }
+        } else {
+            None
+        };
         phase(reporter, Phase::Repro);
-        let repro = &self.config.repro;
-        let mut attempt = 1;
-        let (mut infra_retried, mut clean_runs) = (0, 0);
-        loop {
-            let name = if attempt == 1 {
-                "repro".to_string()
-            } else {
-                format!("repro-{attempt}")
-            };
-            let mut spec = self.repro_spec(&commit, attempt);
-            let rank_dir = self.rank_log_dir(executor.is_local(), ctx.step, &commit, &name);
-            spec.env.push((
-                "CUDABISECT_RANK_LOG_DIR".into(),
-                rank_dir.display().to_string(),
-            ));
-            if executor.is_local() {
-                if let Err(busy) = self.wait_for_free_gpus() {
-                    let sig = Signature::new(FaultClass::Infra, busy.to_string());
-                    return record.done(sig, None, build_log, None, attempt);
-                }
-            }
-            // A Python repro runs in a child of the warm interpreter (the same process group, timeout and
-            // streams: only the imports are already done).
-            let worker = self.worker();
-            let pool = self.warm_pool();
-            let warm = pool.and_then(|pool| {
-                pool.prepare(worker, &mut spec, self.cancel)
-                    .map(|run| (pool, run))
-            });
-            let result = session.run(&spec, self.cancel);
-            let runner = match warm {
-                Some((pool, run)) => Some(pool.finish(run).describe()),
-                None => pool
-                    .and_then(|p| p.off(worker))
-                    .map(|why| format!("cold: warm probes are off for this run: {why}")),
-            };
-            let run = match result {
-                Ok(mut run) => {
-                    crate::classify::append_rank_logs(&rank_dir, &mut run.output);
-                    run
-                }
-                Err(e) => {
-                    let class = start_failure_class(&e);
-                    let sig = Signature::new(class, format!("the repro could not start: {e}"));
-                    if class == FaultClass::Infra && infra_retried < repro.infra_retries {
-                        infra_retried += 1;
-                        attempt += 1;
-                        continue;
-                    }
-                    return record.done(sig, None, build_log, None, attempt);
-                }
-            };
-            self.lingering = run.lingering.clone();
-            let log = self.write_log(ctx.step, &commit, &name, &run);
-            let mut sig = run.signature();
-            sig.relativize(self.worktree.path());
-            if sig.class == FaultClass::Infra
-                && infra_retried < repro.infra_retries
-                && !run.interrupted
-            {
-                infra_retried += 1;
-                attempt += 1;
-                continue;
-            }
-            // A clean run of a flaky fault proves little: run again, up to `attempts` clean runs.
-            if sig.class == FaultClass::None
-                && ctx.repeat.is_none()
-                && clean_runs + 1 < repro.attempts
-                && !run.interrupted
-            {
-                clean_runs += 1;
-                attempt += 1;
-                continue;
-            }
-            let mut out = record.done(sig, Some(&run), build_log, log, attempt);
-            out.record.runner = runner;
-            return out;
-        }
+        self.run_repro(
+            (session.as_mut(), executor.is_local()),
+            ctx,
+            &commit,
+            build_log,
+            &mut record,
+        )
     }
 
     fn sanitize(
@@ -467,6 +368,150 @@ impl Finished<'_> {
 }
 
 impl<'a> WorktreeProber<'a> {
+    /// The commit's build in `session`, retried when the machine failed under it (no allocation, a node
+    /// lost: never blamed on the commit as a build break): its log, or the probe's outcome when it failed.
+    fn built(
+        &self,
+        session: &mut dyn Session,
+        ctx: &ProbeContext,
+        commit: &str,
+        record: &mut Finished,
+    ) -> Result<Option<String>, Box<ProbeOutcome>> {
+        // The machine failing under a build (no allocation, a node lost) is retried like a repro's
+        // infrastructure failure, and never blamed on the commit as a build break.
+        let mut infra_retried = 0;
+        loop {
+            match self.build(session, commit, ctx.step, "build") {
+                None => {}
+                Some(Err(e)) => {
+                    let class = start_failure_class(&e);
+                    let sig = Signature::new(class, e.to_string());
+                    if class == FaultClass::Infra && infra_retried < self.config.repro.infra_retries
+                    {
+                        infra_retried += 1;
+                        continue;
+                    }
+                    return Err(Box::new(record.done(sig, None, None, None, 0)));
+                }
+                Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
+                    let seen = run.signature();
+                    if seen.class == FaultClass::Infra && !run.interrupted {
+                        if infra_retried < self.config.repro.infra_retries {
+                            infra_retried += 1;
+                            continue;
+                        }
+                        return Err(Box::new(record.done(seen, Some(&run), log.clone(), log, 0)));
+                    }
+                    let sig = build_failure(&run);
+                    return Err(Box::new(record.done(sig, Some(&run), log.clone(), log, 0)));
+                }
+                Some(Ok((_, log))) => return Ok(log),
+            }
+            break;
+        }
+        Ok(None)
+    }
+
+    /// One run of `spec` in `session`: a Python repro in a child of the worker's warm interpreter (the
+    /// same process group, timeout and streams: only the imports are already done). The run, and how it
+    /// ran (warm, or why cold).
+    fn run_warm_or_cold(
+        &self,
+        session: &mut dyn Session,
+        spec: &mut process::CommandSpec,
+    ) -> (Result<RunOutput, process::ProcessError>, Option<String>) {
+        let worker = self.worker();
+        let pool = self.warm_pool();
+        let warm = pool.and_then(|pool| {
+            pool.prepare(worker, spec, self.cancel)
+                .map(|run| (pool, run))
+        });
+        let result = session.run(spec, self.cancel);
+        let runner = match warm {
+            Some((pool, run)) => Some(pool.finish(run).describe()),
+            None => pool
+                .and_then(|p| p.off(worker))
+                .map(|why| format!("cold: warm probes are off for this run: {why}")),
+        };
+        (result, runner)
+    }
+
+    /// The repro at the built commit, run again for the machine's failures (`[repro] infra-retries`) and
+    /// for clean runs of a flaky fault (`[repro] attempts`): the probe's outcome.
+    fn run_repro(
+        &mut self,
+        (session, local): (&mut dyn Session, bool),
+        ctx: &ProbeContext,
+        commit: &str,
+        build_log: Option<String>,
+        record: &mut Finished,
+    ) -> ProbeOutcome {
+        let repro = &self.config.repro;
+        let mut attempt = 1;
+        let (mut infra_retried, mut clean_runs) = (0, 0);
+        loop {
+            let name = if attempt == 1 {
+                "repro".to_string()
+            } else {
+                format!("repro-{attempt}")
+            };
+            let mut spec = self.repro_spec(commit, attempt);
+            let rank_dir = self.rank_log_dir(local, ctx.step, commit, &name);
+            spec.env.push((
+                "CUDABISECT_RANK_LOG_DIR".into(),
+                rank_dir.display().to_string(),
+            ));
+            if local {
+                if let Err(busy) = self.wait_for_free_gpus() {
+                    let sig = Signature::new(FaultClass::Infra, busy.to_string());
+                    return record.done(sig, None, build_log, None, attempt);
+                }
+            }
+            let (result, runner) = self.run_warm_or_cold(session, &mut spec);
+            let run = match result {
+                Ok(mut run) => {
+                    crate::classify::append_rank_logs(&rank_dir, &mut run.output);
+                    run
+                }
+                Err(e) => {
+                    let class = start_failure_class(&e);
+                    let sig = Signature::new(class, format!("the repro could not start: {e}"));
+                    if class == FaultClass::Infra && infra_retried < repro.infra_retries {
+                        infra_retried += 1;
+                        attempt += 1;
+                        continue;
+                    }
+                    return record.done(sig, None, build_log, None, attempt);
+                }
+            };
+            self.lingering = run.lingering.clone();
+            let log = self.write_log(ctx.step, commit, &name, &run);
+            let mut sig = run.signature();
+            sig.relativize(self.worktree.path());
+            if sig.class == FaultClass::Infra
+                && infra_retried < repro.infra_retries
+                && !run.interrupted
+            {
+                infra_retried += 1;
+                attempt += 1;
+                continue;
+            }
+            // A clean run of a flaky fault proves little: run again, up to `attempts` clean runs.
+            if sig.class == FaultClass::None
+                && ctx.repeat.is_none()
+                && clean_runs + 1 < repro.attempts
+                && !run.interrupted
+            {
+                clean_runs += 1;
+                attempt += 1;
+                continue;
+            }
+            let mut out = record.done(sig, Some(&run), build_log, log, attempt);
+            out.record.runner = runner;
+            return out;
+        }
+    }
+
     /// The repro's command at `commit` in this worktree, as run number `attempt`.
     fn repro_spec(&self, commit: &str, attempt: u32) -> process::CommandSpec {
         let repro = &self.config.repro;
