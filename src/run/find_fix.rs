@@ -140,95 +140,17 @@ pub fn search_for_fix(
     };
     let mut known = std::collections::HashMap::new();
     let mut probes = Vec::new();
-    let mut fault: Option<crate::classify::Signature> = None;
-    for (k, (name, oid)) in plan.goods.iter().enumerate() {
-        let ctx = super::probe::ProbeContext {
-            step: k + 1,
-            role: ProbeRole::GoodEndpoint,
-            remaining: plan.range.len(),
-            estimated_steps: 1,
-            worker: None,
-            repeat: None,
-            crowded: false,
-        };
-        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
-        if out.interrupted {
-            return ended(SearchEnd::Interrupted, probes, fault);
+    let mut fault = match probe_old_ends(plan, first, (&mut probes, &mut known), reporter) {
+        Ok(fault) => fault,
+        Err(stop) => {
+            let (end, fault) = *stop;
+            return ended(end, probes, fault);
         }
-        let terms = Terms {
-            target: fault.as_ref(),
-            policy: &plan.config.match_policy,
-            swapped: false,
-        };
-        let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
-        let mut rec = out.record.clone();
-        rec.verdict = j.verdict;
-        rec.matched_target = j.matched_target;
-        rec.reason = j.reason;
-        // Reported here only when it ends the run; otherwise the search reports it as its old end.
-        let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
-            let shown = crate::report::record::ProbeRecord {
-                verdict: swapped(rec.verdict),
-                ..rec.clone()
-            };
-            reporter.event(&Event::ProbeFinished {
-                step: ctx.step,
-                record: Box::new(shown.clone()),
-            });
-            probes.push(shown);
-        };
-        let class = rec.signature.class;
-        if super::search::judge::is_host_problem(class) {
-            report_it(&mut probes);
-            let msg = format!(
-                "old commit {name} could not be judged: {}",
-                rec.signature.summary
-            );
-            return ended(SearchEnd::EndpointInfra(msg), probes, fault);
-        }
-        if rec.verdict != crate::bisect::Verdict::Bad
-            || matches!(
-                class,
-                crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure
-            )
-        {
-            report_it(&mut probes);
-            let problem = EndpointProblem::FaultNotAtOld {
-                old: name.clone(),
-                seen: rec.signature.short(),
-            };
-            return ended(SearchEnd::EndpointsInvalid(problem), probes, fault);
-        }
-        fault.get_or_insert(rec.signature.clone());
-        known.insert(*oid, out);
-    }
-    let Some(mut fault) = fault else {
-        return ended(
-            SearchEnd::EndpointsInvalid(EndpointProblem::NoOldCommit),
-            probes,
-            None,
-        );
     };
     // The fault's kernel, when its output names none, from the OLD end under compute-sanitizer: what
     // tells it from another bug of its class at the commits after the fix.
     if fault.kernel.is_none() {
-        let old = plan.goods[0].1;
-        let ctx = super::probe::ProbeContext {
-            step: 1,
-            role: ProbeRole::EndpointSanitizer,
-            remaining: plan.range.len(),
-            estimated_steps: 1,
-            worker: None,
-            repeat: None,
-            crowded: false,
-        };
-        if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
-            let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
-            probes.push(s.endpoint_record(old, &fault, crate::bisect::Verdict::Good));
-            if kernel.is_some() {
-                fault.kernel = kernel;
-            }
-        }
+        kernel_from_the_old_end(plan, first, &mut fault, &mut probes, reporter);
     }
     let mut fixers: Vec<FixProbe> = journaled
         .iter_mut()
@@ -272,4 +194,113 @@ pub fn search_for_fix(
     probes.append(&mut outcome.probes);
     outcome.probes = probes;
     outcome
+}
+
+/// The old ends probed in turn, in the first worker: each must show the fault (the first's signature is
+/// the fault whose fix is looked for), and is kept in `known` for the search to reuse. `Err`: the run
+/// ends there (how, and the fault as far as it was known).
+fn probe_old_ends(
+    plan: &Plan,
+    first: &mut JournaledProbe,
+    (probes, known): (
+        &mut Vec<crate::report::record::ProbeRecord>,
+        &mut std::collections::HashMap<git2::Oid, super::probe::ProbeOutcome>,
+    ),
+    reporter: &mut dyn Reporter,
+) -> Result<crate::classify::Signature, Box<(SearchEnd, Option<crate::classify::Signature>)>> {
+    let mut fault: Option<crate::classify::Signature> = None;
+    for (k, (name, oid)) in plan.goods.iter().enumerate() {
+        let ctx = super::probe::ProbeContext {
+            step: k + 1,
+            role: ProbeRole::GoodEndpoint,
+            remaining: plan.range.len(),
+            estimated_steps: 1,
+            worker: None,
+            repeat: None,
+            crowded: false,
+        };
+        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
+        if out.interrupted {
+            return Err(Box::new((SearchEnd::Interrupted, fault)));
+        }
+        let terms = Terms {
+            target: fault.as_ref(),
+            policy: &plan.config.match_policy,
+            swapped: false,
+        };
+        let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
+        let mut rec = out.record.clone();
+        rec.verdict = j.verdict;
+        rec.matched_target = j.matched_target;
+        rec.reason = j.reason;
+        // Reported here only when it ends the run; otherwise the search reports it as its old end.
+        let mut report_it = |probes: &mut Vec<crate::report::record::ProbeRecord>| {
+            let shown = crate::report::record::ProbeRecord {
+                verdict: swapped(rec.verdict),
+                ..rec.clone()
+            };
+            reporter.event(&Event::ProbeFinished {
+                step: ctx.step,
+                record: Box::new(shown.clone()),
+            });
+            probes.push(shown);
+        };
+        let class = rec.signature.class;
+        if super::search::judge::is_host_problem(class) {
+            report_it(probes);
+            let msg = format!(
+                "old commit {name} could not be judged: {}",
+                rec.signature.summary
+            );
+            return Err(Box::new((SearchEnd::EndpointInfra(msg), fault)));
+        }
+        if rec.verdict != crate::bisect::Verdict::Bad
+            || matches!(
+                class,
+                crate::classify::FaultClass::None | crate::classify::FaultClass::BuildFailure
+            )
+        {
+            report_it(probes);
+            let problem = EndpointProblem::FaultNotAtOld {
+                old: name.clone(),
+                seen: rec.signature.short(),
+            };
+            return Err(Box::new((SearchEnd::EndpointsInvalid(problem), fault)));
+        }
+        fault.get_or_insert(rec.signature.clone());
+        known.insert(*oid, out);
+    }
+    fault.ok_or_else(|| {
+        Box::new((
+            SearchEnd::EndpointsInvalid(EndpointProblem::NoOldCommit),
+            None,
+        ))
+    })
+}
+
+/// The fault's kernel, when its output names none, from the first old end under compute-sanitizer.
+fn kernel_from_the_old_end(
+    plan: &Plan,
+    first: &mut JournaledProbe,
+    fault: &mut crate::classify::Signature,
+    probes: &mut Vec<crate::report::record::ProbeRecord>,
+    reporter: &mut dyn Reporter,
+) {
+    let old = plan.goods[0].1;
+    let ctx = super::probe::ProbeContext {
+        step: 1,
+        role: ProbeRole::EndpointSanitizer,
+        remaining: plan.range.len(),
+        estimated_steps: 1,
+        worker: None,
+        repeat: None,
+        crowded: false,
+    };
+    if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
+        let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
+        probes.push(s.endpoint_record(old, fault, crate::bisect::Verdict::Good));
+        if kernel.is_some() {
+            fault.kernel = kernel;
+        }
+    }
 }
