@@ -525,164 +525,223 @@ impl<'a, 'r> Driver<'a, 'r> {
         mut strategy: Box<dyn Strategy>,
         checks: Vec<EndCheck>,
     ) -> Result<Answer, SearchEnd> {
-        let mut unsent: std::collections::VecDeque<EndCheck> = checks.into();
-        let mut checking: HashMap<usize, EndCheck> = HashMap::new();
+        let mut checks = Checks {
+            unsent: checks.into(),
+            ..Checks::default()
+        };
         let mut ending: Option<Result<Answer, SearchEnd>> = None;
-        // A check that failed beside other probes, to run again alone before the range is refused: a
-        // repro that writes what every worker shares can fail because of the others.
-        let mut recheck: Option<EndCheck> = None;
-        let mut rechecked = false;
         loop {
-            let checked = unsent.is_empty() && checking.is_empty() && recheck.is_none();
             // Ctrl-C ends the search, also while an answer waits for the endpoint checks (it is no answer
             // until they pass); an answer that needs nothing more is kept.
-            let unsettled = !checked && matches!(ending, Some(Ok(_)));
+            let unsettled = !checks.done() && matches!(ending, Some(Ok(_)));
             if (ending.is_none() || unsettled) && self.cancelled() {
                 ending = Some(Err(SearchEnd::Interrupted));
             }
             if let Some(end) = ending.take() {
-                if end.is_ok() && !checked {
-                    // The answer waits for the checks; the strategy's probes still out are moot.
-                    for (w, _) in pool.busy() {
-                        if !checking.contains_key(&w) && !self.pending.contains_key(&w) {
-                            pool.stop(w);
-                        }
-                    }
-                    ending = Some(end);
-                } else if !pool.all_idle() {
-                    pool.stop_all();
-                    ending = Some(end);
-                    unsent.clear();
-                } else {
-                    match end {
-                        Err(e) => return Err(e),
-                        Ok(answer) => match self.next(answer, strategy.as_ref())? {
-                            Next::Swap(next) => {
-                                strategy = next;
-                                continue;
-                            }
-                            Next::End(answer) => return Ok(answer),
-                        },
-                    }
+                match self.wind(pool, end, &mut checks, &mut strategy) {
+                    Wind::Wait(end) => ending = Some(end),
+                    Wind::Next => continue,
+                    Wind::Return(result) => return result,
                 }
             }
-            if let Some(check) = recheck.take() {
+            if let Some(check) = checks.recheck.take() {
                 if pool.all_idle() {
-                    match self.probe_alone(pool, check.oid, check.role, true) {
-                        Ok(rec) => {
-                            if let Err(e) = self.settle_check(&check, &rec) {
-                                ending = Some(Err(e));
-                            }
-                        }
-                        Err(e) => ending = Some(Err(e)),
+                    if let Err(e) = self.recheck_alone(pool, &check) {
+                        ending = Some(Err(e));
                     }
                     continue;
                 }
-                recheck = Some(check);
+                checks.recheck = Some(check);
             }
-            let waiting = ending.is_some() || recheck.is_some();
-            while recheck.is_none() && pool.idle() > 0 && !unsent.is_empty() {
-                let Some(w) = pool.take_idle() else { break };
-                let Some(check) = unsent.pop_front() else {
-                    break;
-                };
-                let index = self.index_of(check.oid);
-                if self.send(pool, w, index, check.role, false) {
-                    checking.insert(w, check);
-                } else {
-                    unsent.push_front(check);
-                }
-            }
+            let waiting = ending.is_some() || checks.recheck.is_some();
+            self.send_checks(pool, &mut checks);
             if !waiting && pool.idle() > 0 {
-                self.progress = strategy.progress();
-                match strategy.propose(pool.idle()) {
-                    Proposal::Run(picks) => {
-                        for i in picks {
-                            let sent = match pool.take_idle() {
-                                Some(w) => {
-                                    self.send(pool, w, i, strategy.role(), strategy.repeats())
-                                }
-                                None => false,
-                            };
-                            if !sent {
-                                strategy.abandon(i);
-                            }
-                        }
-                    }
-                    Proposal::Wait => {}
-                    Proposal::Done(answer) => {
-                        ending = Some(Ok(answer));
-                        continue;
-                    }
+                if let Some(answer) = self.send_proposals(pool, strategy.as_mut()) {
+                    ending = Some(Ok(answer));
+                    continue;
                 }
             }
             let Some(landed) = pool.land(self.reporter) else {
                 continue;
             };
-            let worker = landed.worker;
-            let step = landed.ctx.step;
+            let (worker, step) = (landed.worker, landed.ctx.step);
             let commit = self.commits[landed.index].to_string();
             let landing = self.land(pool, landed);
             if !matches!(landing, Landing::Pending) {
-                if let Some(check) = checking.remove(&worker) {
-                    match landing {
-                        Landing::Judged(_, record) => {
-                            if let Err(e) = self.settle_check(&check, &record) {
-                                if pool.size() > 1 && !rechecked {
-                                    rechecked = true;
-                                    recheck = Some(check);
-                                    for (w, _) in pool.busy() {
-                                        if !checking.contains_key(&w)
-                                            && !self.pending.contains_key(&w)
-                                        {
-                                            pool.stop(w);
-                                        }
-                                    }
-                                } else {
-                                    ending = Some(Err(e));
-                                }
-                            }
-                        }
-                        // Stopped by a crowd on its GPU: it runs again. By Ctrl-C: the search ends.
-                        _ if self.cancelled() => ending = Some(Err(SearchEnd::Interrupted)),
-                        _ => unsent.push_front(check),
+                if let Some(check) = checks.checking.remove(&worker) {
+                    if let Some(e) = self.check_landed(pool, &mut checks, check, landing) {
+                        ending = Some(Err(e));
                     }
                     continue;
                 }
             }
-            match landing {
-                Landing::Pending | Landing::Sanitized(_) | Landing::Ready => {}
-                Landing::Stopped(i) => {
-                    strategy.abandon(i);
-                    if !self.cancelled() {
-                        self.reporter.event(&Event::ProbeAbandoned {
-                            step,
-                            commit,
-                            worker: worker + 1,
-                        });
+            let landed = (step, commit, worker);
+            let ending_now = ending.is_some();
+            if let Some(e) = self.search_landed(
+                pool,
+                strategy.as_mut(),
+                &checks,
+                landing,
+                landed,
+                ending_now,
+            ) {
+                ending = Some(Err(e));
+            }
+        }
+    }
+
+    /// An ending met: waited for while an answer waits on the checks (the strategy's probes still out
+    /// are moot) or probes are still out (all stopped); else the next strategy, or the search's end.
+    fn wind(
+        &mut self,
+        pool: &mut Pool,
+        end: Result<Answer, SearchEnd>,
+        checks: &mut Checks,
+        strategy: &mut Box<dyn Strategy>,
+    ) -> Wind {
+        if end.is_ok() && !checks.done() {
+            self.stop_moot(pool, checks);
+            return Wind::Wait(end);
+        }
+        if !pool.all_idle() {
+            pool.stop_all();
+            checks.unsent.clear();
+            return Wind::Wait(end);
+        }
+        match end.and_then(|answer| self.next(answer, strategy.as_ref())) {
+            Err(e) => Wind::Return(Err(e)),
+            Ok(Next::Swap(next)) => {
+                *strategy = next;
+                Wind::Next
+            }
+            Ok(Next::End(answer)) => Wind::Return(Ok(answer)),
+        }
+    }
+
+    /// Stops the probes in flight that carry no news now: all but the checks and the probes that go on
+    /// to their sanitizer runs.
+    fn stop_moot(&self, pool: &mut Pool, checks: &Checks) {
+        for (w, _) in pool.busy() {
+            if !checks.checking.contains_key(&w) && !self.pending.contains_key(&w) {
+                pool.stop(w);
+            }
+        }
+    }
+
+    /// A check that failed beside other probes, run again alone: its verdict settles it.
+    fn recheck_alone(&mut self, pool: &mut Pool, check: &EndCheck) -> Result<(), SearchEnd> {
+        let rec = self.probe_alone(pool, check.oid, check.role, true)?;
+        self.settle_check(check, &rec)
+    }
+
+    /// Hands the checks not yet sent to idle workers (none while a check waits to run alone).
+    fn send_checks(&mut self, pool: &mut Pool, checks: &mut Checks) {
+        while checks.recheck.is_none() && pool.idle() > 0 && !checks.unsent.is_empty() {
+            let Some(w) = pool.take_idle() else { break };
+            let Some(check) = checks.unsent.pop_front() else {
+                break;
+            };
+            let index = self.index_of(check.oid);
+            if self.send(pool, w, index, check.role, false) {
+                checks.checking.insert(w, check);
+            } else {
+                checks.unsent.push_front(check);
+            }
+        }
+    }
+
+    /// Hands the idle workers what the strategy proposes: its answer, when it has one.
+    fn send_proposals(&mut self, pool: &mut Pool, strategy: &mut dyn Strategy) -> Option<Answer> {
+        self.progress = strategy.progress();
+        match strategy.propose(pool.idle()) {
+            Proposal::Run(picks) => {
+                for i in picks {
+                    let sent = match pool.take_idle() {
+                        Some(w) => self.send(pool, w, i, strategy.role(), strategy.repeats()),
+                        None => false,
+                    };
+                    if !sent {
+                        strategy.abandon(i);
                     }
                 }
-                // An answer that lands while the strategy is ending is recorded but not marked.
-                Landing::Judged(_, _) if ending.is_some() => {}
-                Landing::Judged(i, record) => {
-                    if let Some(msg) =
-                        host_failure(&record).filter(|_| strategy.host_failure_ends())
+                None
+            }
+            Proposal::Wait => None,
+            Proposal::Done(answer) => Some(answer),
+        }
+    }
+
+    /// A check's probe landed: settled; or, failed beside other probes the first time, run again alone
+    /// once the others stop; or, stopped by a crowd on its GPU, sent again. `Some`: the search ends.
+    fn check_landed(
+        &mut self,
+        pool: &mut Pool,
+        checks: &mut Checks,
+        check: EndCheck,
+        landing: Landing,
+    ) -> Option<SearchEnd> {
+        match landing {
+            Landing::Judged(_, record) => {
+                let e = self.settle_check(&check, &record).err()?;
+                if pool.size() > 1 && !checks.rechecked {
+                    checks.rechecked = true;
+                    checks.recheck = Some(check);
+                    self.stop_moot(pool, checks);
+                    None
+                } else {
+                    Some(e)
+                }
+            }
+            // By Ctrl-C: the search ends.
+            _ if self.cancelled() => Some(SearchEnd::Interrupted),
+            _ => {
+                checks.unsent.push_front(check);
+                None
+            }
+        }
+    }
+
+    /// A search probe landed: marked in the strategy, and the probes it made moot stopped (an answer
+    /// that lands while the strategy is ending is recorded but not marked); a stopped one abandoned.
+    /// `Some`: the search ends (the host failed under the probe).
+    fn search_landed(
+        &mut self,
+        pool: &mut Pool,
+        strategy: &mut dyn Strategy,
+        checks: &Checks,
+        landing: Landing,
+        (step, commit, worker): (usize, String, usize),
+        ending: bool,
+    ) -> Option<SearchEnd> {
+        match landing {
+            Landing::Pending | Landing::Sanitized(_) | Landing::Ready => {}
+            Landing::Stopped(i) => {
+                strategy.abandon(i);
+                if !self.cancelled() {
+                    self.reporter.event(&Event::ProbeAbandoned {
+                        step,
+                        commit,
+                        worker: worker + 1,
+                    });
+                }
+            }
+            Landing::Judged(_, _) if ending => {}
+            Landing::Judged(i, record) => {
+                if let Some(msg) = host_failure(&record).filter(|_| strategy.host_failure_ends()) {
+                    return Some(SearchEnd::HostFailure(msg));
+                }
+                strategy.mark(i, record.verdict);
+                for (w, i) in pool.busy() {
+                    if !strategy.wants(i)
+                        && !self.pending.contains_key(&w)
+                        && !checks.checking.contains_key(&w)
                     {
-                        ending = Some(Err(SearchEnd::HostFailure(msg)));
-                        continue;
-                    }
-                    strategy.mark(i, record.verdict);
-                    for (w, i) in pool.busy() {
-                        if !strategy.wants(i)
-                            && !self.pending.contains_key(&w)
-                            && !checking.contains_key(&w)
-                        {
-                            pool.stop(w);
-                        }
+                        pool.stop(w);
                     }
                 }
             }
         }
+        None
     }
 
     /// What follows a strategy's answer: the next strategy, or the search's answer.
@@ -740,6 +799,32 @@ impl<'a, 'r> Driver<'a, 'r> {
             other @ Answer::Plain(SearchResult::Ambiguous(_)) => Next::End(other),
         })
     }
+}
+
+/// The endpoint checks of one `drive`: not yet sent, in flight (by worker), and one that failed beside
+/// other probes, to run again alone before the range is refused (once: `rechecked`). A repro that writes
+/// what every worker shares can fail because of the others.
+#[derive(Default)]
+struct Checks {
+    unsent: std::collections::VecDeque<EndCheck>,
+    checking: HashMap<usize, EndCheck>,
+    recheck: Option<EndCheck>,
+    rechecked: bool,
+}
+
+impl Checks {
+    /// Every check passed.
+    fn done(&self) -> bool {
+        self.unsent.is_empty() && self.checking.is_empty() && self.recheck.is_none()
+    }
+}
+
+/// What the loop does with an ending: waits on (probes to stop, checks to pass), goes on with the next
+/// strategy, or returns.
+enum Wind {
+    Wait(Result<Answer, SearchEnd>),
+    Next,
+    Return(Result<Answer, SearchEnd>),
 }
 
 /// What follows a strategy.
