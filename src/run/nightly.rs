@@ -144,27 +144,25 @@ pub fn nightly(
     )
 }
 
-fn night(
-    opts: &NightlyOptions,
-    reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
-) -> Result<NightlyReport, RunError> {
-    let repo = Repo::open(&opts.dir)?;
+/// The branch the night watches (`--branch`, else the checkout's) by its full name, and its head. A
+/// branch by its name (or full ref name), looked up as a reference: `main~2` or a tag is no branch.
+fn branch_and_head(repo: &Repo, opts: &NightlyOptions) -> Result<(String, Oid), RunError> {
     let branch = match &opts.branch {
         Some(b) => b.clone(),
         None => repo.current_branch().ok_or_else(|| {
             RunError::Usage("the checkout is not on a branch: pass --branch".into())
         })?,
     };
-    // A branch by its name (or full ref name), looked up as a reference: `main~2` or a tag is no branch.
-    let Some((branch, head)) = repo.branch(&branch) else {
-        return Err(RunError::Usage(format!(
+    repo.branch(&branch).ok_or_else(|| {
+        RunError::Usage(format!(
             "--branch {branch} is not a branch (a local or remote-tracking branch name, such as main, origin/main or refs/heads/main)"
-        )));
-    };
-    let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
-    let config = super::plan::load_config(&repo, opts.config.as_deref())?;
-    check_notify(&config, &repo)?;
+        ))
+    })
+}
+
+/// The state directory (`--state`, else the repository's), created. The journal lives beside the state,
+/// so a night cut short in CI resumes in the next job's fresh checkout from the cached directory.
+fn state_dir_of(opts: &NightlyOptions, repo: &Repo) -> Result<PathBuf, RunError> {
     let state_dir = opts
         .state
         .clone()
@@ -175,20 +173,57 @@ fn night(
             state_dir.display()
         )));
     }
-    let path = state_file(&state_dir, &repo_key(&repo), &branch, &config.text);
-    let fingerprint = journal::fingerprint(
-        &config.text,
-        &journal::outside_programs(&config, &repo.workdir()),
-        &environment::fingerprint(cancel),
-    );
-    // The journal lives beside the state, so a night cut short in CI resumes in the next job's fresh
-    // checkout from the cached state directory.
     std::fs::create_dir_all(&state_dir).map_err(|e| {
         RunError::Usage(format!(
             "cannot create the state directory {}: {e}",
             state_dir.display()
         ))
     })?;
+    Ok(state_dir)
+}
+
+/// A clean head: the last good commit now, closing the open regression (fixed), or the first night's
+/// baseline, or one more clean night. The night's status, message and the range the fix is in.
+fn clean_head(state: &mut NightlyState, head: &str) -> (NightlyStatus, String, Option<String>) {
+    let first = state.last_good.is_none() && state.open.is_none();
+    let closed = state.open.take();
+    state.last_good = Some(head.to_string());
+    match closed {
+        Some(open) => (
+            NightlyStatus::Fixed,
+            format!(
+                "the head is clean again after {} night(s) of {}",
+                open.nights,
+                open.signature.short()
+            ),
+            Some(format!("{}..{head}", open.last_failing)),
+        ),
+        None if first => (
+            NightlyStatus::Baseline,
+            format!("{} is clean and is the last good commit", short_sha(head)),
+            None,
+        ),
+        None => (NightlyStatus::Clean, "the head is clean".to_string(), None),
+    }
+}
+
+fn night(
+    opts: &NightlyOptions,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<NightlyReport, RunError> {
+    let repo = Repo::open(&opts.dir)?;
+    let (branch, head) = branch_and_head(&repo, opts)?;
+    let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
+    let config = super::plan::load_config(&repo, opts.config.as_deref())?;
+    check_notify(&config, &repo)?;
+    let state_dir = state_dir_of(opts, &repo)?;
+    let path = state_file(&state_dir, &repo_key(&repo), &branch, &config.text);
+    let fingerprint = journal::fingerprint(
+        &config.text,
+        &journal::outside_programs(&config, &repo.workdir()),
+        &environment::fingerprint(cancel),
+    );
     // One lock for the whole night: no second night slips in between the head probe and the bisection.
     let _lock = lock_state_dir(&repo.state_dir(), &format!("nightly {branch}"))?;
     let journal_file = journal_path(&state_dir);
@@ -226,6 +261,29 @@ fn night(
     )?;
     let sig = record.signature.clone();
     let head_s = head.to_string();
+    let night = judge_the_night(
+        &of,
+        (&mut state, &sig, &head_s),
+        (last_good, lost_last_good),
+        &journal_file,
+        reporter,
+        cancel,
+    )?;
+    Ok(finish_night(
+        night, &state, head_s, sig, &of, reporter, cancel,
+    ))
+}
+
+/// What the head's signature makes of the night: inconclusive (it could not be judged), clean, still
+/// failing the open regression, or a new one, bisected.
+fn judge_the_night(
+    of: &NightOf,
+    (state, sig, head): (&mut NightlyState, &crate::classify::Signature, &str),
+    last_good: (Option<String>, bool),
+    journal_file: &Path,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<Night, RunError> {
     let mut bisect = None;
     let judged = !matches!(sig.class, FaultClass::BuildFailure) && !is_host_problem(sig.class);
     let (status, message, fixed_range) = if !judged {
@@ -235,108 +293,116 @@ fn night(
             None,
         )
     } else if sig.class == FaultClass::None {
-        let first = state.last_good.is_none() && state.open.is_none();
-        let closed = state.open.take();
-        state.last_good = Some(head_s.clone());
-        match closed {
-            Some(open) => (
-                NightlyStatus::Fixed,
-                format!(
-                    "the head is clean again after {} night(s) of {}",
-                    open.nights,
-                    open.signature.short()
-                ),
-                Some(format!("{}..{head_s}", open.last_failing)),
-            ),
-            None if first => (
-                NightlyStatus::Baseline,
-                format!(
-                    "{} is clean and is the last good commit",
-                    short_sha(&head_s)
-                ),
-                None,
-            ),
-            None => (NightlyStatus::Clean, "the head is clean".to_string(), None),
-        }
+        clean_head(state, head)
     } else if let Some(open) = state
         .open
         .as_mut()
-        .filter(|o| config.match_policy.compare(&o.signature, &sig, "") == Sameness::Same)
+        .filter(|o| of.config.match_policy.compare(&o.signature, sig, "") == Sameness::Same)
     {
-        open.nights += 1;
-        open.last_failing = head_s.clone();
-        (
-            NightlyStatus::StillFailing,
+        still_failing(open, sig, head)
+    } else {
+        let bisected = new_regression(
+            of,
+            (state, sig, head),
+            last_good,
+            journal_file,
+            reporter,
+            cancel,
+        )?;
+        bisect = bisected.3;
+        (bisected.0, bisected.1, bisected.2)
+    };
+    Ok(Night {
+        status,
+        message,
+        fixed_range,
+        bisect,
+    })
+}
+
+/// The open regression shows again tonight: one more night of it. The night's status and message.
+fn still_failing(
+    open: &mut super::nightly_state::OpenRegression,
+    sig: &crate::classify::Signature,
+    head: &str,
+) -> (NightlyStatus, String, Option<String>) {
+    open.nights += 1;
+    open.last_failing = head.to_string();
+    (
+        NightlyStatus::StillFailing,
+        format!(
+            "{} nights: {}{}",
+            open.nights,
+            sig.short(),
+            open.first_bad
+                .as_deref()
+                .map(|c| format!("; first bad commit {}", short_sha(c)))
+                .unwrap_or_default()
+        ),
+        None,
+    )
+}
+
+/// A fault that is not the open one: bisected from the last head that showed only the open, older bug
+/// when the two are told apart (another bug on top), else from the last good commit (`last_good`; lost
+/// to rewritten history when `lost`). The night's status, message, and the bisection's report.
+fn new_regression(
+    of: &NightOf,
+    (state, sig, head): (&mut NightlyState, &crate::classify::Signature, &str),
+    (last_good, lost_last_good): (Option<String>, bool),
+    journal_file: &Path,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<
+    (
+        NightlyStatus,
+        String,
+        Option<String>,
+        Option<crate::report::record::Report>,
+    ),
+    RunError,
+> {
+    // Another bug on top of the open one: bisect from the last head that showed only the older bug,
+    // when the two are told apart; otherwise from the last good commit.
+    let on_top = state
+        .open
+        .as_ref()
+        .filter(|o| of.config.match_policy.compare(&o.signature, sig, "") == Sameness::Different);
+    let (last_good, goods_may_show_other_bugs) = match on_top {
+        Some(o) => (Some(o.last_failing.clone()), true),
+        None => (last_good.clone(), false),
+    };
+    match last_good {
+        // A first night that faults: nothing was ever good here, and only the user knows since when.
+        None if !lost_last_good => Err(RunError::Usage(format!(
+            "the head of {} faults ({}) and there is no last good commit yet: pass --since REV",
+            of.branch,
+            sig.short()
+        ))),
+        // The last good commit was lost to rewritten history (said above): this night is
+        // inconclusive, not an error that repeats every night; the state no longer holds it.
+        None => Ok((
+            NightlyStatus::Inconclusive,
             format!(
-                "{} nights: {}{}",
-                open.nights,
-                sig.short(),
-                open.first_bad
-                    .as_deref()
-                    .map(|c| format!("; first bad commit {}", short_sha(c)))
-                    .unwrap_or_default()
+                "the head of {} faults ({}) and there is no last good commit to bisect from: pass --since REV",
+                of.branch,
+                sig.short()
             ),
             None,
-        )
-    } else {
-        // Another bug on top of the open one: bisect from the last head that showed only the older bug,
-        // when the two are told apart; otherwise from the last good commit.
-        let on_top = state
-            .open
-            .as_ref()
-            .filter(|o| config.match_policy.compare(&o.signature, &sig, "") == Sameness::Different);
-        let (last_good, goods_may_show_other_bugs) = match on_top {
-            Some(o) => (Some(o.last_failing.clone()), true),
-            None => (last_good, false),
-        };
-        match last_good {
-            // A first night that faults: nothing was ever good here, and only the user knows since when.
-            None if !lost_last_good => {
-                return Err(RunError::Usage(format!(
-                    "the head of {branch} faults ({}) and there is no last good commit yet: pass --since REV",
-                    sig.short()
-                )));
-            }
-            // The last good commit was lost to rewritten history (said above): this night is
-            // inconclusive, not an error that repeats every night; the state no longer holds it.
-            None => (
-                NightlyStatus::Inconclusive,
-                format!(
-                    "the head of {branch} faults ({}) and there is no last good commit to bisect from: pass --since REV",
-                    sig.short()
-                ),
-                None,
-            ),
-            Some(good) => {
-                let bisected = bisect_tonight(
-                    opts,
-                    (&good, &head_s, goods_may_show_other_bugs),
-                    &journal_file,
-                    (&mut state, &sig),
-                    reporter,
-                    cancel,
-                )?;
-                let status = bisected.0;
-                let message = bisected.1.message.clone();
-                bisect = Some(bisected.1);
-                (status, message, None)
-            }
+            None,
+        )),
+        Some(good) => {
+            let (status, report) = bisect_tonight(
+                of.opts,
+                (&good, head, goods_may_show_other_bugs),
+                journal_file,
+                (state, sig),
+                reporter,
+                cancel,
+            )?;
+            Ok((status, report.message.clone(), None, Some(report)))
         }
-    };
-    Ok(finish_night(
-        Night {
-            status,
-            message,
-            fixed_range,
-            bisect,
-        },
-        &state,
-        head_s,
-        sig,
-        &of,
-        reporter,
-        cancel,
-    ))
+    }
 }
 
 /// Tonight's fault bisected from `good` to the head with `start` (its journal the night's, so the head's
