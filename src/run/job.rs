@@ -44,52 +44,19 @@ pub fn start(
     let mut plan = plan(opts)?;
     apply_options(&mut plan, opts);
     let slots = worker_slots(&plan, cancel)?;
-    let stash_before = plan.repo.stash_tip();
-    let own_outputs = own_outputs(&plan, opts);
-    let user_before = plan.repo.user_state(&own_outputs);
-    let lock_name = format!("start {}", opts.range);
-    let mut ws = Workspace::open(
-        &plan.repo,
-        &plan.config,
-        Opening {
-            lock: (!opts.state_locked).then_some(lock_name.as_str()),
-            ..Opening::default()
-        },
-    )?;
-    let state_dir = ws.state_dir.clone();
-    ws.prune_runs();
-    let run_dir = ws.run_dir.clone();
-    let log_dir = ws.log_dir.clone();
+    let before = Before::of(&plan, opts);
+    let mut ws = open_workspace((&plan.repo, &plan.config), opts)?;
+    let (state_dir, run_dir, log_dir) =
+        (ws.state_dir.clone(), ws.run_dir.clone(), ws.log_dir.clone());
     let worktree = ws.worktree("worktree")?;
+    let candidates = plan.range.len();
+    let slots = slots.unwrap_or_default();
+    let (slots, places) = settle_slots((&mut plan.notes, candidates), slots, &state_dir)?;
     // Each further worker has a worktree of its own (sharing the object store), so its build directory
     // stays warm from probe to probe; all go at the end unless --keep-worktree.
-    let mut slots = slots.unwrap_or_default();
-    // The places planned on the first worker's GPU: the runs after the search may use them where that
-    // GPU holds them.
-    let places = slots.first().map_or(0, |first| {
-        slots.iter().filter(|s| s.devices == first.devices).count()
-    });
-    cap_workers(&mut plan.notes, plan.range.len(), &mut slots);
-    give_scratch_dirs(&mut slots, &state_dir)?;
-    let mut extra_worktrees = Vec::new();
-    for slot in slots.iter().skip(1) {
-        extra_worktrees.push(ws.worktree(&format!("worktree-{}", slot.worker))?);
-    }
+    let extra_worktrees = extra_worktrees(&ws, &slots)?;
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
-    // Warm interpreters for a Python repro, one per worker, ended with the run (a pool that cannot be
-    // set up means cold runs, as before).
-    let warm_pool = plan
-        .config
-        .repro
-        .warm
-        .then(|| {
-            super::warm_probes::WarmPool::new(
-                &run_dir.join("warm"),
-                plan.config.repro.preload.clone(),
-            )
-            .ok()
-        })
-        .flatten();
+    let warm_pool = warm_pool_for(&plan, &run_dir);
     // One prober per worker: its worktree, devices, stop flag and warm interpreter.
     let worker = |worktree, stop, slot: Option<&WorkerSlot>| WorktreeProber {
         slot: slot.cloned(),
@@ -103,32 +70,9 @@ pub fn start(
         .zip(stops.iter().skip(1))
         .map(|((w, slot), stop)| worker(w, stop, Some(slot)))
         .collect();
-    reporter.event(&Event::RunStarted {
-        candidates: plan.range.len(),
-        run_dir: run_dir.display().to_string(),
-        launch_blocking: plan.config.repro.launch_blocking,
-        terms: opts.terms.clone(),
-    });
-    for note in &plan.notes {
-        reporter.event(&Event::Planned { note: note.clone() });
-    }
+    announce(&plan, opts, &run_dir, reporter);
     let gauge = crate::host::gpu_memory::NvidiaSmiGauge::default();
-    let input = SearchInput {
-        range: &plan.range,
-        bad: (&plan.bad.0, plan.bad.1),
-        goods: &plan.goods,
-        merge_bases: &plan.merge_bases,
-        policy: &plan.config.match_policy,
-        goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
-        flaky: plan.config.flaky,
-        fix_of: None,
-        sharing: Sharing {
-            gauge: &gauge,
-            asked: matches!(plan.config.workers.jobs, Jobs::Count(_))
-                || plan.config.workers.devices.is_some(),
-            places,
-        },
-    };
+    let input = search_input(&plan, opts, &gauge, places);
     let (journal, journal_path, fingerprint) =
         open_journal(&plan, opts, &state_dir, reporter, cancel);
     let outcome = search_and_cross_check(
@@ -150,40 +94,194 @@ pub fn start(
     save_report(&report, &run_dir, None, reporter);
     // A fix is clean at the commit found: there is nothing there to triage, shrink or hand off.
     if let Some(oid) = first_bad.filter(|_| !opts.find_fix) {
-        let choice = StageChoice {
-            triage: !opts.no_triage,
-            shrink: !opts.no_shrink,
-        };
         // Triage and the shrink side by side, each in a worktree of its own, when the search had a
         // second worker and the GPU held two probes at once.
         let beside = others.first().filter(|_| at_once >= 2);
-        let ctx = StageContext {
-            config: &plan.config,
-            prober: &prober,
-            beside,
-            run_dir: &run_dir,
-            cancel,
-            at_once: u32::try_from(at_once).unwrap_or(1),
-        };
-        stages_then_bundle(&ctx, (&plan, opts), (choice, oid), &mut report, reporter);
+        let at = (oid, at_once);
+        let stage = (run_dir.as_path(), cancel);
+        at_the_first_bad(
+            (&plan, opts),
+            (&prober, beside),
+            at,
+            stage,
+            &mut report,
+            reporter,
+        );
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
-    for message in what_the_run_changed(&plan, (stash_before, &user_before), &own_outputs) {
-        reporter.event(&Event::Warning {
-            message: message.clone(),
-        });
-        report.notes.push(message);
-    }
-    save_report(&report, &run_dir, opts.report.as_deref(), reporter);
-    start_outputs(&report, &plan.config, opts.junit.as_deref(), reporter);
-    reporter.event(&Event::Finished {
-        report: Box::new(report.clone()),
-    });
+    finish(&mut report, (&plan, opts), &before, &run_dir, reporter);
     if opts.keep_worktree {
         ws.keep_worktrees();
     }
     ws.close(reporter);
     Ok(report)
+}
+
+/// The run's workspace, locked for this range unless the caller holds the lock, old runs pruned.
+fn open_workspace<'p>(
+    (repo, config): (&'p crate::git::Repo, &'p crate::config::Config),
+    opts: &StartOptions,
+) -> Result<Workspace<'p>, RunError> {
+    let lock_name = format!("start {}", opts.range);
+    let ws = Workspace::open(
+        repo,
+        config,
+        Opening {
+            lock: (!opts.state_locked).then_some(lock_name.as_str()),
+            ..Opening::default()
+        },
+    )?;
+    ws.prune_runs();
+    Ok(ws)
+}
+
+/// The workers the range needs (the plan notes a cut), each with its scratch directories; and the places
+/// planned on the first worker's GPU, which the runs after the search may use where that GPU holds them.
+fn settle_slots(
+    (notes, candidates): (&mut Vec<PlanNote>, usize),
+    mut slots: Vec<WorkerSlot>,
+    state_dir: &Path,
+) -> Result<(Vec<WorkerSlot>, usize), RunError> {
+    let places = slots.first().map_or(0, |first| {
+        slots.iter().filter(|s| s.devices == first.devices).count()
+    });
+    cap_workers(notes, candidates, &mut slots);
+    give_scratch_dirs(&mut slots, state_dir)?;
+    Ok((slots, places))
+}
+
+/// Triage and the shrink at the first bad commit (`at`: it, and the probes the GPU held at once), then
+/// the bundle: in `prober`'s worktree, the shrink in `beside`'s when there is one.
+fn at_the_first_bad(
+    (plan, opts): (&Plan, &StartOptions),
+    (prober, beside): (&WorktreeProber, Option<&WorktreeProber>),
+    (oid, at_once): (Oid, usize),
+    (run_dir, cancel): (&Path, &AtomicBool),
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+) {
+    let ctx = StageContext {
+        config: &plan.config,
+        prober,
+        beside,
+        run_dir,
+        cancel,
+        at_once: u32::try_from(at_once).unwrap_or(1),
+    };
+    let choice = StageChoice {
+        triage: !opts.no_triage,
+        shrink: !opts.no_shrink,
+    };
+    stages_then_bundle(&ctx, (plan, opts), (choice, oid), report, reporter);
+}
+
+/// The user's checkout as the run found it (its stash, refs, index and files, the run's own outputs
+/// left out): what the run must leave as it was.
+struct Before {
+    stash: Option<Oid>,
+    own_outputs: Vec<PathBuf>,
+    user: crate::git::UserState,
+}
+
+impl Before {
+    fn of(plan: &Plan, opts: &StartOptions) -> Self {
+        let own_outputs = own_outputs(plan, opts);
+        Before {
+            stash: plan.repo.stash_tip(),
+            user: plan.repo.user_state(&own_outputs),
+            own_outputs,
+        }
+    }
+}
+
+/// A worktree of its own for each worker after the first.
+fn extra_worktrees(
+    ws: &Workspace,
+    slots: &[WorkerSlot],
+) -> Result<Vec<crate::git::ProbeWorktree>, RunError> {
+    slots
+        .iter()
+        .skip(1)
+        .map(|slot| ws.worktree(&format!("worktree-{}", slot.worker)))
+        .collect()
+}
+
+/// The run's end: what it changed of the user's checkout said (a warning and a note), the report saved
+/// (and written where `--report` asks), the CI outputs written, and the last event.
+fn finish(
+    report: &mut Report,
+    (plan, opts): (&Plan, &StartOptions),
+    before: &Before,
+    run_dir: &Path,
+    reporter: &mut dyn Reporter,
+) {
+    let was = (before.stash, &before.user);
+    for message in what_the_run_changed(plan, was, &before.own_outputs) {
+        reporter.event(&Event::Warning {
+            message: message.clone(),
+        });
+        report.notes.push(message);
+    }
+    save_report(report, run_dir, opts.report.as_deref(), reporter);
+    start_outputs(report, &plan.config, opts.junit.as_deref(), reporter);
+    reporter.event(&Event::Finished {
+        report: Box::new(report.clone()),
+    });
+}
+
+/// Warm interpreters for a Python repro, one per worker, ended with the run (a pool that cannot be set
+/// up means cold runs, as before).
+fn warm_pool_for(plan: &Plan, run_dir: &Path) -> Option<super::warm_probes::WarmPool> {
+    plan.config
+        .repro
+        .warm
+        .then(|| {
+            super::warm_probes::WarmPool::new(
+                &run_dir.join("warm"),
+                plan.config.repro.preload.clone(),
+            )
+            .ok()
+        })
+        .flatten()
+}
+
+/// The run's first events: what it bisects, and the plan's notes.
+fn announce(plan: &Plan, opts: &StartOptions, run_dir: &Path, reporter: &mut dyn Reporter) {
+    reporter.event(&Event::RunStarted {
+        candidates: plan.range.len(),
+        run_dir: run_dir.display().to_string(),
+        launch_blocking: plan.config.repro.launch_blocking,
+        terms: opts.terms.clone(),
+    });
+    for note in &plan.notes {
+        reporter.event(&Event::Planned { note: note.clone() });
+    }
+}
+
+/// The search's input from the plan: its range and ends, the same-bug policy, and how the GPU is shared
+/// (`places`: the workers planned on the first worker's GPU).
+fn search_input<'a>(
+    plan: &'a Plan,
+    opts: &StartOptions,
+    gauge: &'a dyn crate::host::gpu_memory::MemoryGauge,
+    places: usize,
+) -> SearchInput<'a> {
+    SearchInput {
+        range: &plan.range,
+        bad: (&plan.bad.0, plan.bad.1),
+        goods: &plan.goods,
+        merge_bases: &plan.merge_bases,
+        policy: &plan.config.match_policy,
+        goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
+        flaky: plan.config.flaky,
+        fix_of: None,
+        sharing: Sharing {
+            gauge,
+            asked: matches!(plan.config.workers.jobs, Jobs::Count(_))
+                || plan.config.workers.devices.is_some(),
+            places,
+        },
+    }
 }
 
 /// What the search of `start` runs with, besides its workers.
