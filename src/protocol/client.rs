@@ -374,7 +374,7 @@ impl ProcessHarness {
 
     /// Runs a protocol call, under compute-sanitizer's memcheck when `sanitizer` is given (cold then: a
     /// forked child of the warm server is not the sanitizer's).
-    pub(super) fn exec_under(
+    fn exec_under(
         &self,
         args: &[String],
         sanitizer: Option<&Path>,
@@ -405,7 +405,7 @@ impl ProcessHarness {
     }
 
     /// The arguments of a `run` call.
-    pub(super) fn run_args(request: &RunRequest) -> Vec<String> {
+    fn run_args(request: &RunRequest) -> Vec<String> {
         let mut args = vec!["run".to_string()];
         if let Some(k) = request.keep {
             args.extend(["--keep".into(), k.join(",")]);
@@ -421,7 +421,7 @@ impl ProcessHarness {
 
     /// A written `repro.py` run by itself, in a fresh process in its own directory (under memcheck when
     /// `sanitizer` is given). `None`: this harness writes no such file.
-    pub(super) fn run_alone_under(
+    fn run_alone_under(
         &self,
         repro: &Path,
         sanitizer: Option<&Path>,
@@ -620,7 +620,7 @@ impl HarnessClient for ProcessHarness {
 
     fn memchecked(&self, as_class: FaultClass) -> Option<Box<dyn HarnessClient + '_>> {
         let sanitizer = self.sanitizer.clone()?;
-        Some(Box::new(super::memcheck::Memchecked {
+        Some(Box::new(Memchecked {
             inner: self,
             sanitizer,
             as_class,
@@ -661,6 +661,95 @@ impl HarnessClient for ProcessHarness {
                 format!("CUDA_LAUNCH_BLOCKING=1 {}", cmd.display())
             }
         }
+    }
+}
+
+/// A [`ProcessHarness`] with every `run` and every run of `repro.py` alone under memcheck, the
+/// frameworks' pooling allocators off; describing and extracting run as they do without it.
+pub struct Memchecked<'a> {
+    /// The harness itself.
+    inner: &'a ProcessHarness,
+    /// compute-sanitizer.
+    sanitizer: PathBuf,
+    /// The class memcheck's memory-access findings are read as: the target's.
+    as_class: FaultClass,
+}
+
+impl HarnessClient for Memchecked<'_> {
+    fn cwd(&self) -> Option<&Path> {
+        self.inner.cwd()
+    }
+
+    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
+        self.inner.describe(cancel)
+    }
+
+    fn describe_recorded(
+        &self,
+        recording: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<Option<Description>, ProtocolError> {
+        self.inner.describe_recorded(recording, cancel)
+    }
+
+    fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
+        let args = ProcessHarness::run_args(request);
+        self.inner.exec_under(&args, Some(&self.sanitizer), cancel)
+    }
+
+    fn extract(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<(), ProtocolError> {
+        self.inner.extract(keep, recording, out, cancel)
+    }
+
+    fn extract_generated(
+        &self,
+        keep: &[String],
+        recording: &Path,
+        out: &Path,
+        over: u64,
+        cancel: &AtomicBool,
+    ) -> Result<bool, ProtocolError> {
+        self.inner
+            .extract_generated(keep, recording, out, over, cancel)
+    }
+
+    fn generates_values(&self) -> bool {
+        self.inner.generates_values()
+    }
+
+    fn run_alone(
+        &self,
+        repro: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<Option<RunOutput>, ProtocolError> {
+        self.inner
+            .run_alone_under(repro, Some(&self.sanitizer), cancel)
+    }
+
+    fn reproduce_line(
+        &self,
+        minimal_model: Option<&Path>,
+        keep: &[String],
+        recording: &Path,
+    ) -> String {
+        let line = self.inner.reproduce_line(minimal_model, keep, recording);
+        let bare = line
+            .strip_prefix("CUDA_LAUNCH_BLOCKING=1 ")
+            .unwrap_or(&line);
+        format!(
+            "CUDA_LAUNCH_BLOCKING=1 {} {bare}",
+            super::memcheck::memcheck_prefix()
+        )
+    }
+
+    fn judge(&self, run: &RunOutput) -> Option<Signature> {
+        Some(super::memcheck::memcheck_signature(run, self.as_class))
     }
 }
 

@@ -1,28 +1,12 @@
-//! A harness whose runs go under compute-sanitizer's memcheck: the shrink's way to keep a fault that the
+//! Harness runs under compute-sanitizer's memcheck, read: the shrink's way to keep a fault that the
 //! repro's own process shows only by where its buffers sit (an overrun just past a buffer), which the
-//! harness's process, with other buffers around, does not show by itself.
-
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+//! harness's process, with other buffers around, does not show by itself. The harness that runs under it
+//! is [`super::client::Memchecked`].
 
 use crate::classify::sanitizer::{parse_text, signature_of};
 use crate::classify::{classify, FaultClass, Signature};
 use crate::exec::process::RunOutput;
 use crate::exec::tools::POOLS_OFF;
-
-use super::client::{HarnessClient, ProcessHarness, ProtocolError, RunRequest};
-use super::types::Description;
-
-/// A [`ProcessHarness`] with every `run` and every run of `repro.py` alone under memcheck, the
-/// frameworks' pooling allocators off; describing and extracting run as they do without it.
-pub struct Memchecked<'a> {
-    /// The harness itself.
-    pub(super) inner: &'a ProcessHarness,
-    /// compute-sanitizer.
-    pub(super) sanitizer: PathBuf,
-    /// The class memcheck's memory-access findings are read as: the target's.
-    pub(super) as_class: FaultClass,
-}
 
 /// The classes of a fault memcheck reports as an invalid access: the same access shows as one or another
 /// (700, 716, 717) by where it lands, and as an OutOfBounds record under memcheck.
@@ -59,81 +43,6 @@ pub fn memcheck_prefix() -> String {
         .map(|(k, v, _)| format!("{k}={v}"))
         .collect();
     format!("{} compute-sanitizer --tool memcheck", env.join(" "))
-}
-
-impl HarnessClient for Memchecked<'_> {
-    fn cwd(&self) -> Option<&Path> {
-        self.inner.cwd()
-    }
-
-    fn describe(&self, cancel: &AtomicBool) -> Result<Description, ProtocolError> {
-        self.inner.describe(cancel)
-    }
-
-    fn describe_recorded(
-        &self,
-        recording: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<Option<Description>, ProtocolError> {
-        self.inner.describe_recorded(recording, cancel)
-    }
-
-    fn run(&self, request: &RunRequest, cancel: &AtomicBool) -> Result<RunOutput, ProtocolError> {
-        let args = ProcessHarness::run_args(request);
-        self.inner.exec_under(&args, Some(&self.sanitizer), cancel)
-    }
-
-    fn extract(
-        &self,
-        keep: &[String],
-        recording: &Path,
-        out: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<(), ProtocolError> {
-        self.inner.extract(keep, recording, out, cancel)
-    }
-
-    fn extract_generated(
-        &self,
-        keep: &[String],
-        recording: &Path,
-        out: &Path,
-        over: u64,
-        cancel: &AtomicBool,
-    ) -> Result<bool, ProtocolError> {
-        self.inner
-            .extract_generated(keep, recording, out, over, cancel)
-    }
-
-    fn generates_values(&self) -> bool {
-        self.inner.generates_values()
-    }
-
-    fn run_alone(
-        &self,
-        repro: &Path,
-        cancel: &AtomicBool,
-    ) -> Result<Option<RunOutput>, ProtocolError> {
-        self.inner
-            .run_alone_under(repro, Some(&self.sanitizer), cancel)
-    }
-
-    fn reproduce_line(
-        &self,
-        minimal_model: Option<&Path>,
-        keep: &[String],
-        recording: &Path,
-    ) -> String {
-        let line = self.inner.reproduce_line(minimal_model, keep, recording);
-        let bare = line
-            .strip_prefix("CUDA_LAUNCH_BLOCKING=1 ")
-            .unwrap_or(&line);
-        format!("CUDA_LAUNCH_BLOCKING=1 {} {bare}", memcheck_prefix())
-    }
-
-    fn judge(&self, run: &RunOutput) -> Option<Signature> {
-        Some(memcheck_signature(run, self.as_class))
-    }
 }
 
 #[cfg(test)]
