@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Finds the first commit that makes a GPU program fault, and says what the fault is.
 #[derive(Parser, Debug)]
@@ -27,70 +27,7 @@ pub enum MessageFormat {
 pub enum Command {
     /// Bisect GOOD..BAD: build and run the repro at probe commits, and report the first bad commit.
     #[command(after_help = super::exit_codes::HELP)]
-    Start {
-        /// The range, as GOOD..BAD (GOOD need not be an ancestor of BAD: its merge base is tested first).
-        range: String,
-        /// Only commits that touch these paths are probed (after `--`).
-        #[arg(last = true)]
-        pathspec: Vec<String>,
-        /// Follow only the first parent of merge commits.
-        #[arg(long)]
-        first_parent: bool,
-        /// Find the fix instead: the range is OLD..NEW, the fault shows at OLD and is gone at NEW, and
-        /// the answer is the first commit where it is gone (the one to backport).
-        #[arg(long)]
-        find_fix: bool,
-        /// The name of the older state in the output and `log --message-format git` (git's `--term-old`;
-        /// default `good`, or `broken` with --find-fix).
-        #[arg(long, value_name = "TERM")]
-        term_old: Option<String>,
-        /// The name of the newer state (git's `--term-new`; default `bad`, or `fixed` with --find-fix).
-        #[arg(long, value_name = "TERM")]
-        term_new: Option<String>,
-        /// The repository (default: the current directory).
-        #[arg(short = 'C', default_value = ".")]
-        dir: PathBuf,
-        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Write the JSON report here.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        /// Another known-good revision (repeatable).
-        #[arg(long = "good")]
-        goods: Vec<String>,
-        /// Keep the probe worktree registered after the run.
-        #[arg(long)]
-        keep_worktree: bool,
-        /// Remove untracked and ignored files in the worktree before each build.
-        #[arg(long)]
-        clean: bool,
-        /// Do not run compute-sanitizer at the first bad commit.
-        #[arg(long)]
-        no_triage: bool,
-        /// Do not shrink the model at the first bad commit.
-        #[arg(long)]
-        no_shrink: bool,
-        /// Probe every commit again, ignoring the journal of earlier runs with the same config (after
-        /// changing something the config does not name: a driver, a library, the machine's setup).
-        #[arg(long)]
-        fresh: bool,
-        /// Probes at once: at most N, or `auto` (the default: as many on each visible GPU as its memory
-        /// holds, measured on a probe run alone). Overrides `[search] jobs`. Each worker has its own
-        /// worktree; workers share a GPU when there are more of them than GPUs.
-        #[arg(long, short = 'j', value_parser = parse_jobs, value_name = "N|auto")]
-        jobs: Option<cudabisect::config::Jobs>,
-        /// Write the result as JUnit XML here (a first bad commit is a failed test case whose body is
-        /// REPORT.md).
-        #[arg(long)]
-        junit: Option<PathBuf>,
-        /// Write the hand-off bundle under this directory (default: [bundle] dir, else the state directory).
-        #[arg(long)]
-        bundle_dir: Option<PathBuf>,
-        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
-        #[arg(long, value_enum, default_value = "human")]
-        message_format: MessageFormat,
-    },
+    Start(StartArgs),
     /// Classify a saved log (a file, or - for standard input).
     #[command(after_help = super::exit_codes::HELP)]
     Classify {
@@ -211,42 +148,7 @@ pub enum Command {
     /// The nightly regression job: test the branch head, bisect a new fault from the last good commit,
     /// keep the state between nights.
     #[command(after_help = super::exit_codes::HELP)]
-    Nightly {
-        /// The repository (default: the current directory).
-        #[arg(short = 'C', default_value = ".")]
-        dir: PathBuf,
-        /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// The branch to test (default: the checkout's current branch).
-        #[arg(long)]
-        branch: Option<String>,
-        /// The state directory (default: nightly/ in cudabisect's state under the git directory; CI passes
-        /// a cached directory).
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Write the JSON report here.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        /// Write JUnit XML here.
-        #[arg(long)]
-        junit: Option<PathBuf>,
-        /// The last good commit, for the first night.
-        #[arg(long)]
-        since: Option<String>,
-        /// Bisect only: no triage or shrinking at the first bad commit.
-        #[arg(long)]
-        no_stages: bool,
-        /// Exit codes: `detailed` (10 baseline, 11 fixed, 12 regression, 13 still failing) or `ci` (a good
-        /// night, clean, baseline or fixed, exits 0; a regression 12, still failing 13). Default: `ci` when
-        /// the environment says CI (`CI=true`, as GitHub Actions, GitLab CI and most others set it), else
-        /// `detailed`.
-        #[arg(long, value_enum, value_name = "STYLE")]
-        exit_codes: Option<NightlyExitCodes>,
-        /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
-        #[arg(long, value_enum, default_value = "human")]
-        message_format: MessageFormat,
-    },
+    Nightly(NightlyArgs),
     /// Hand-off bundles.
     Bundle {
         #[command(subcommand)]
@@ -381,4 +283,110 @@ pub enum HarnessCommand {
 
 fn parse_jobs(text: &str) -> Result<cudabisect::config::Jobs, String> {
     cudabisect::config::Jobs::parse(text)
+}
+
+// The arguments of `start` (its help is the variant's doc comment).
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    /// The range, as GOOD..BAD (GOOD need not be an ancestor of BAD: its merge base is tested first).
+    pub range: String,
+    /// Only commits that touch these paths are probed (after `--`).
+    #[arg(last = true)]
+    pub pathspec: Vec<String>,
+    /// Follow only the first parent of merge commits.
+    #[arg(long)]
+    pub first_parent: bool,
+    /// Find the fix instead: the range is OLD..NEW, the fault shows at OLD and is gone at NEW, and
+    /// the answer is the first commit where it is gone (the one to backport).
+    #[arg(long)]
+    pub find_fix: bool,
+    /// The name of the older state in the output and `log --message-format git` (git's `--term-old`;
+    /// default `good`, or `broken` with --find-fix).
+    #[arg(long, value_name = "TERM")]
+    pub term_old: Option<String>,
+    /// The name of the newer state (git's `--term-new`; default `bad`, or `fixed` with --find-fix).
+    #[arg(long, value_name = "TERM")]
+    pub term_new: Option<String>,
+    /// The repository (default: the current directory).
+    #[arg(short = 'C', default_value = ".")]
+    pub dir: PathBuf,
+    /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Another known-good revision (repeatable).
+    #[arg(long = "good")]
+    pub goods: Vec<String>,
+    /// Keep the probe worktree registered after the run.
+    #[arg(long)]
+    pub keep_worktree: bool,
+    /// Remove untracked and ignored files in the worktree before each build.
+    #[arg(long)]
+    pub clean: bool,
+    /// Do not run compute-sanitizer at the first bad commit.
+    #[arg(long)]
+    pub no_triage: bool,
+    /// Do not shrink the model at the first bad commit.
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Probe every commit again, ignoring the journal of earlier runs with the same config (after
+    /// changing something the config does not name: a driver, a library, the machine's setup).
+    #[arg(long)]
+    pub fresh: bool,
+    /// Probes at once: at most N, or `auto` (the default: as many on each visible GPU as its memory
+    /// holds, measured on a probe run alone). Overrides `[search] jobs`. Each worker has its own
+    /// worktree; workers share a GPU when there are more of them than GPUs.
+    #[arg(long, short = 'j', value_parser = parse_jobs, value_name = "N|auto")]
+    pub jobs: Option<cudabisect::config::Jobs>,
+    /// Write the result as JUnit XML here (a first bad commit is a failed test case whose body is
+    /// REPORT.md).
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Write the hand-off bundle under this directory (default: [bundle] dir, else the state directory).
+    #[arg(long)]
+    pub bundle_dir: Option<PathBuf>,
+    /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+    #[arg(long, value_enum, default_value = "human")]
+    pub message_format: MessageFormat,
+}
+
+// The arguments of `nightly` (its help is the variant's doc comment).
+#[derive(Args, Debug)]
+pub struct NightlyArgs {
+    /// The repository (default: the current directory).
+    #[arg(short = 'C', default_value = ".")]
+    pub dir: PathBuf,
+    /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The branch to test (default: the checkout's current branch).
+    #[arg(long)]
+    pub branch: Option<String>,
+    /// The state directory (default: nightly/ in cudabisect's state under the git directory; CI passes
+    /// a cached directory).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write JUnit XML here.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// The last good commit, for the first night.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Bisect only: no triage or shrinking at the first bad commit.
+    #[arg(long)]
+    pub no_stages: bool,
+    /// Exit codes: `detailed` (10 baseline, 11 fixed, 12 regression, 13 still failing) or `ci` (a good
+    /// night, clean, baseline or fixed, exits 0; a regression 12, still failing 13). Default: `ci` when
+    /// the environment says CI (`CI=true`, as GitHub Actions, GitLab CI and most others set it), else
+    /// `detailed`.
+    #[arg(long, value_enum, value_name = "STYLE")]
+    pub exit_codes: Option<NightlyExitCodes>,
+    /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
+    #[arg(long, value_enum, default_value = "human")]
+    pub message_format: MessageFormat,
 }

@@ -14,7 +14,9 @@ use cudabisect::report::human::HumanReporter;
 use cudabisect::report::json::JsonReporter;
 use cudabisect::run::plan::StartOptions;
 
-use super::args::{BackendArg, BundleCommand, Cli, Command, HarnessCommand, MessageFormat};
+use super::args::{
+    BackendArg, BundleCommand, Cli, Command, HarnessCommand, MessageFormat, NightlyArgs, StartArgs,
+};
 use super::error::CommandResult;
 
 fn reporter(format: MessageFormat) -> Box<dyn Reporter> {
@@ -72,52 +74,7 @@ fn interrupted_line(e: &super::error::CommandError) -> String {
 
 fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
     match command {
-        Command::Start {
-            range,
-            pathspec,
-            first_parent,
-            find_fix,
-            term_old,
-            term_new,
-            dir,
-            config,
-            report,
-            goods,
-            keep_worktree,
-            clean,
-            no_triage,
-            no_shrink,
-            fresh,
-            jobs,
-            junit,
-            bundle_dir,
-            message_format,
-        } => {
-            let opts = StartOptions {
-                dir,
-                range,
-                goods,
-                pathspec,
-                first_parent,
-                config,
-                report,
-                keep_worktree,
-                clean,
-                no_triage,
-                no_shrink,
-                fresh,
-                junit,
-                goods_may_show_other_bugs: false,
-                journal: None,
-                bundle_dir,
-                jobs,
-                state_locked: false,
-                find_fix,
-                terms: cudabisect::report::record::Terms::from_flags(find_fix, term_old, term_new)
-                    .map_err(super::error::CommandError::usage)?,
-            };
-            super::start::run(&opts, reporter(message_format).as_mut(), cancel)
-        }
+        Command::Start(args) => start(args, cancel),
         Command::Classify {
             log,
             exit_code,
@@ -164,33 +121,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             model,
             backend,
             command,
-        } => {
-            let backend = match backend {
-                BackendArg::Cuda => BackendChoice::Cuda,
-                BackendArg::Cpu => BackendChoice::Cpu,
-                BackendArg::Auto => BackendChoice::Auto,
-            };
-            let pick = |file: Option<PathBuf>| file.or(model.clone());
-            match command {
-                HarnessCommand::Run {
-                    file,
-                    keep,
-                    record,
-                    recording,
-                    no_cache,
-                } => super::harness::run(pick(file), backend, keep, record, recording, no_cache),
-                HarnessCommand::Describe { file, out } => super::harness::describe(pick(file), out),
-                HarnessCommand::Build { file, no_cache } => {
-                    super::harness::build(pick(file), backend, no_cache)
-                }
-                HarnessCommand::Extract {
-                    file,
-                    keep,
-                    recording,
-                    out,
-                } => super::harness::extract(pick(file), &keep, recording, &out),
-            }
-        }
+        } => harness(model, backend, command),
         Command::Init {
             repro,
             build,
@@ -223,31 +154,7 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
             include_binary,
             message_format == MessageFormat::Json,
         ),
-        Command::Nightly {
-            dir,
-            config,
-            branch,
-            state,
-            report,
-            junit,
-            since,
-            no_stages,
-            exit_codes,
-            message_format,
-        } => {
-            let opts = cudabisect::run::nightly::NightlyOptions {
-                dir,
-                config,
-                branch,
-                state,
-                since,
-                no_stages,
-                report,
-                junit,
-            };
-            let style = exit_codes.unwrap_or_else(super::args::NightlyExitCodes::from_env);
-            super::nightly::run(&opts, style, reporter(message_format).as_mut(), cancel)
-        }
+        Command::Nightly(args) => nightly(args, cancel),
         Command::Log { run, dir, format } => super::log::run(&dir, run.as_deref(), format),
         Command::Completions { shell } => super::shell::completions(shell),
         Command::Man { markdown: true } => {
@@ -256,4 +163,110 @@ fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
         }
         Command::Man { markdown: false } => super::shell::man(),
     }
+}
+
+/// `start`: its options from the arguments.
+fn start(args: StartArgs, cancel: &AtomicBool) -> CommandResult {
+    let StartArgs {
+        range,
+        pathspec,
+        first_parent,
+        find_fix,
+        term_old,
+        term_new,
+        dir,
+        config,
+        report,
+        goods,
+        keep_worktree,
+        clean,
+        no_triage,
+        no_shrink,
+        fresh,
+        jobs,
+        junit,
+        bundle_dir,
+        message_format,
+    } = args;
+    let opts = StartOptions {
+        dir,
+        range,
+        goods,
+        pathspec,
+        first_parent,
+        config,
+        report,
+        keep_worktree,
+        clean,
+        no_triage,
+        no_shrink,
+        fresh,
+        junit,
+        goods_may_show_other_bugs: false,
+        journal: None,
+        bundle_dir,
+        jobs,
+        state_locked: false,
+        find_fix,
+        terms: cudabisect::report::record::Terms::from_flags(find_fix, term_old, term_new)
+            .map_err(super::error::CommandError::usage)?,
+    };
+    super::start::run(&opts, reporter(message_format).as_mut(), cancel)
+}
+
+/// `harness`: the native harness's subcommands, on the model file given to each (else to `harness`).
+fn harness(model: Option<PathBuf>, backend: BackendArg, command: HarnessCommand) -> CommandResult {
+    let backend = match backend {
+        BackendArg::Cuda => BackendChoice::Cuda,
+        BackendArg::Cpu => BackendChoice::Cpu,
+        BackendArg::Auto => BackendChoice::Auto,
+    };
+    let pick = |file: Option<PathBuf>| file.or(model.clone());
+    match command {
+        HarnessCommand::Run {
+            file,
+            keep,
+            record,
+            recording,
+            no_cache,
+        } => super::harness::run(pick(file), backend, keep, record, recording, no_cache),
+        HarnessCommand::Describe { file, out } => super::harness::describe(pick(file), out),
+        HarnessCommand::Build { file, no_cache } => {
+            super::harness::build(pick(file), backend, no_cache)
+        }
+        HarnessCommand::Extract {
+            file,
+            keep,
+            recording,
+            out,
+        } => super::harness::extract(pick(file), &keep, recording, &out),
+    }
+}
+
+/// `nightly`: its options from the arguments, and the exit-code style (given, else from the environment).
+fn nightly(args: NightlyArgs, cancel: &AtomicBool) -> CommandResult {
+    let NightlyArgs {
+        dir,
+        config,
+        branch,
+        state,
+        report,
+        junit,
+        since,
+        no_stages,
+        exit_codes,
+        message_format,
+    } = args;
+    let opts = cudabisect::run::nightly::NightlyOptions {
+        dir,
+        config,
+        branch,
+        state,
+        since,
+        no_stages,
+        report,
+        junit,
+    };
+    let style = exit_codes.unwrap_or_else(super::args::NightlyExitCodes::from_env);
+    super::nightly::run(&opts, style, reporter(message_format).as_mut(), cancel)
 }
