@@ -545,7 +545,7 @@ pub fn render(
             if let Some(why) = &s.memcheck {
                 let _ = writeln!(
                     md,
-                    "\n**The minimal repro shows the fault under compute-sanitizer's memcheck** (`reproduce.sh` runs it so): {why}, as an overrun that lands in memory a process with other buffers around maps does; the repro's own process faulted because nothing was mapped there. memcheck sees the access wherever it lands."
+                    "\n**The minimal repro shows the fault under compute-sanitizer's memcheck** (`reproduce.sh` runs it so). Outside memcheck, {why}: the access lands just past a buffer, in memory that a process with other buffers there maps, while the repro's own process faulted because nothing was mapped there. memcheck sees the access wherever it lands."
                 );
             }
             if let Some(d) = &s.data {
