@@ -30,26 +30,7 @@ pub enum Command {
     Start(StartArgs),
     /// Classify a saved log (a file, or - for standard input).
     #[command(after_help = super::exit_codes::HELP)]
-    Classify {
-        /// The log.
-        log: String,
-        /// The process's exit status (128+N and negative values mean killed by signal N); when absent, the
-        /// log's own trailer (`[cudabisect] exit=N …` or a final `exit=N` line) is used.
-        #[arg(long, allow_negative_numbers = true)]
-        exit_code: Option<i32>,
-        /// The process was killed by this signal.
-        #[arg(long, conflicts_with_all = ["exit_code", "timed_out"])]
-        signal: Option<i32>,
-        /// The process ran past its timeout.
-        #[arg(long, conflicts_with = "exit_code")]
-        timed_out: bool,
-        /// Output: human, or json ({"class","code","kernel","site","framework","rank","summary"}).
-        #[arg(long, value_enum, default_value = "human")]
-        message_format: MessageFormat,
-        /// The old spelling of `--message-format json`.
-        #[arg(long, hide = true)]
-        json: bool,
-    },
+    Classify(ClassifyArgs),
     /// Rerun the repro under compute-sanitizer and say which kernel did what to which allocation.
     Triage {
         /// Config file (default: bisect.toml at the repository root, else [tool.cudabisect] in its pyproject.toml).
@@ -389,4 +370,27 @@ pub struct NightlyArgs {
     /// Output: human (progress on stderr, summary on stdout) or json (JSON Lines on stdout).
     #[arg(long, value_enum, default_value = "human")]
     pub message_format: MessageFormat,
+}
+
+// The arguments of `classify` (its help is the variant's doc comment).
+#[derive(Args, Debug)]
+pub struct ClassifyArgs {
+    /// The log.
+    pub log: String,
+    /// The process's exit status (128+N and negative values mean killed by signal N); when absent, the
+    /// log's own trailer (`[cudabisect] exit=N …` or a final `exit=N` line) is used.
+    #[arg(long, allow_negative_numbers = true)]
+    pub exit_code: Option<i32>,
+    /// The process was killed by this signal.
+    #[arg(long, conflicts_with_all = ["exit_code", "timed_out"])]
+    pub signal: Option<i32>,
+    /// The process ran past its timeout.
+    #[arg(long, conflicts_with = "exit_code")]
+    pub timed_out: bool,
+    /// Output: human, or json ({"class","code","kernel","site","framework","rank","summary"}).
+    #[arg(long, value_enum, default_value = "human")]
+    pub message_format: MessageFormat,
+    /// The old spelling of `--message-format json`.
+    #[arg(long, hide = true)]
+    pub json: bool,
 }

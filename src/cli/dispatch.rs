@@ -15,7 +15,8 @@ use cudabisect::report::json::JsonReporter;
 use cudabisect::run::plan::StartOptions;
 
 use super::args::{
-    BackendArg, BundleCommand, Cli, Command, HarnessCommand, MessageFormat, NightlyArgs, StartArgs,
+    BackendArg, BundleCommand, ClassifyArgs, Cli, Command, HarnessCommand, MessageFormat,
+    NightlyArgs, StartArgs,
 };
 use super::error::CommandResult;
 
@@ -75,21 +76,7 @@ fn interrupted_line(e: &super::error::CommandError) -> String {
 fn run(command: Command, cancel: &AtomicBool) -> CommandResult {
     match command {
         Command::Start(args) => start(args, cancel),
-        Command::Classify {
-            log,
-            exit_code,
-            signal,
-            timed_out,
-            message_format,
-            json,
-        } => {
-            let given = super::classify::GivenExit {
-                code: exit_code,
-                signal,
-                timed_out,
-            };
-            super::classify::run(&log, given, json || message_format == MessageFormat::Json)
-        }
+        Command::Classify(args) => classify(args),
         Command::Triage {
             config,
             dir,
@@ -269,4 +256,15 @@ fn nightly(args: NightlyArgs, cancel: &AtomicBool) -> CommandResult {
     };
     let style = exit_codes.unwrap_or_else(super::args::NightlyExitCodes::from_env);
     super::nightly::run(&opts, style, reporter(message_format).as_mut(), cancel)
+}
+
+/// `classify`: the exit the log's process had, given on the command line (else read from the log).
+fn classify(args: ClassifyArgs) -> CommandResult {
+    let given = super::classify::GivenExit {
+        code: args.exit_code,
+        signal: args.signal,
+        timed_out: args.timed_out,
+    };
+    let json = args.json || args.message_format == MessageFormat::Json;
+    super::classify::run(&args.log, given, json)
 }
