@@ -45,6 +45,24 @@ fn start(dir: &Path, first: git2::Oid, scratch: &Path) -> (i32, Value, String) {
     start_report(dir, &[&format!("{first}..main"), "--no-triage"], scratch)
 }
 
+/// `start` on a package of the realistic fixtures (`files`), its limit file going from `good` to `bad` at
+/// the third of four commits, with bisect.toml `config`: it names that commit. The report, and the
+/// repository's directory.
+fn started_on_realistic(
+    tmp: &Path,
+    files: &[&str],
+    limits: (&str, &str, &str),
+    config: &str,
+) -> (Value, PathBuf, String) {
+    let dir = tmp.join("repo");
+    let files: Vec<(&str, String)> = files.iter().map(|p| (*p, realistic(p))).collect();
+    let commits = history(&dir, &files, limits, config);
+    let (code, r, text) = start(&dir, commits[0], tmp);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    (r, dir, text)
+}
+
 /// The minimal repro, run alone from a fresh directory with the project at the culprit on PYTHONPATH.
 fn reproduces_alone(report: &Value, project: &Path, node: &str) {
     let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
@@ -68,25 +86,17 @@ const REPRO_DEEP: &str =
 fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_section() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    let files: Vec<(&str, String)> = [
-        "deep/__init__.py",
-        "deep/ops.py",
-        "deep/model.py",
-        "train_deep.py",
-    ]
-    .iter()
-    .map(|p| (*p, realistic(p)))
-    .collect();
-    let commits = history(
-        &dir,
-        &files,
+    let (r, dir, text) = started_on_realistic(
+        tmp.path(),
+        &[
+            "deep/__init__.py",
+            "deep/ops.py",
+            "deep/model.py",
+            "train_deep.py",
+        ],
         ("deep/limits.py", "LIMIT = 99", "LIMIT = 3"),
         REPRO_DEEP,
     );
-    let (code, r, text) = start(&dir, commits[0], tmp.path());
-    assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
     let s = &r["shrink"];
     assert_eq!(s["status"], "minimal", "{text}");
     assert_eq!(s["path"], "capture of the repro command", "{s}");
@@ -119,21 +129,13 @@ fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
         "a real torch and transformers: pip install torch transformers",
     );
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    let files: Vec<(&str, String)> = ["hfloss/__init__.py", "hfloss/loss.py", "train_hf.py"]
-        .iter()
-        .map(|p| (*p, realistic(p)))
-        .collect();
     let config = "[repro]\ncommand = [\"python3\", \"train_hf.py\"]\ntimeout = \"300s\"\nenv = { HF_HUB_OFFLINE = \"1\", TRANSFORMERS_OFFLINE = \"1\" }\n";
-    let commits = history(
-        &dir,
-        &files,
+    let (r, dir, text) = started_on_realistic(
+        tmp.path(),
+        &["hfloss/__init__.py", "hfloss/loss.py", "train_hf.py"],
         ("hfloss/limits.py", "LIMIT = 99", "LIMIT = 60"),
         config,
     );
-    let (code, r, text) = start(&dir, commits[0], tmp.path());
-    assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
     let s = &r["shrink"];
     assert_eq!(s["status"], "minimal", "{text}");
     assert_eq!(s["captured"]["step"], 3, "{s}");
@@ -153,25 +155,17 @@ fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
 fn a_call_on_a_detached_output_that_faults_beside_the_loss_is_a_node_of_its_own() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    let files: Vec<(&str, String)> = [
-        "hashfeat/__init__.py",
-        "hashfeat/features.py",
-        "train_feat.py",
-    ]
-    .iter()
-    .map(|p| (*p, realistic(p)))
-    .collect();
     let config = "[repro]\ncommand = [\"python3\", \"train_feat.py\"]\ntimeout = \"180s\"\n";
-    let commits = history(
-        &dir,
-        &files,
+    let (r, dir, text) = started_on_realistic(
+        tmp.path(),
+        &[
+            "hashfeat/__init__.py",
+            "hashfeat/features.py",
+            "train_feat.py",
+        ],
         ("hashfeat/limits.py", "LIMIT = 99", "LIMIT = 60"),
         config,
     );
-    let (code, r, text) = start(&dir, commits[0], tmp.path());
-    assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
     let s = &r["shrink"];
     assert_eq!(s["status"], "minimal", "{text}");
     assert_eq!(s["captured"]["step"], 3, "{s}");
