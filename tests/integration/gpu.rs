@@ -1779,3 +1779,115 @@ fn start_hands_over_an_attachable_repro_for_an_int32_wrap_that_depends_on_the_la
         "{out}"
     );
 }
+
+/// A Triton op whose store runs `slack` elements past its output: too few to fault anywhere but under
+/// compute-sanitizer, which the repro command runs (as users run a repro whose fault only memcheck sees).
+fn small_overrun_files(slack: u32) -> Files {
+    let mut f = Files::new();
+    put(&mut f, "pkg/__init__.py", String::new(), false);
+    put(
+        &mut f,
+        "pkg/ops.py",
+        format!(
+            r#"import torch
+import triton
+import triton.language as tl
+
+SLACK = {slack}
+
+
+@triton.jit
+def _scale_kernel(x_ptr, out_ptr, n, slack, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, x * 2.0, mask=offs < n + slack)
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        _scale_kernel[(triton.cdiv(n + SLACK, 1024),)](x, out, n, SLACK, BLOCK=1024)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+"#
+        ),
+        false,
+    );
+    put(
+        &mut f,
+        "train.py",
+        r#"import torch
+from pkg.ops import Scale
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128)).cuda()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for step in range(2):
+    x = torch.randn(64, 128, device="cuda")
+    h = Scale.apply(net(x))
+    loss = h.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+print("ok", float(loss))
+"#
+        .to_string(),
+        false,
+    );
+    put(
+        &mut f,
+        "bisect.toml",
+        "[repro]\ncommand = \"compute-sanitizer --tool memcheck --error-exitcode 1 python3 train.py\"\n\
+env = { PYTORCH_NO_CUDA_MEMORY_CACHING = \"1\" }\ntimeout = \"300s\"\n"
+            .to_string(),
+        false,
+    );
+    f
+}
+
+/// A small overrun that only compute-sanitizer sees (the repro runs under it): `start` with `[repro]` only
+/// names the culprit, the harness's own runs show nothing, so the shrink runs them under memcheck, keeps
+/// the op's node, and the bundle's `reproduce.sh` shows the overrun under memcheck from the bundle alone.
+#[test]
+#[ignore = "needs an NVIDIA GPU, compute-sanitizer, torch and triton: run with --include-ignored on the GPU machine"]
+fn an_overrun_only_memcheck_sees_is_shrunk_under_memcheck_and_handed_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let files = [0, 0, 256, 256].map(small_overrun_files);
+    let commits = linear_history(&dir, files).unwrap();
+    let (r, text) = start_with_report(
+        &dir,
+        &["start", &format!("{}..main", commits[0])],
+        &tmp.path().join("report.json"),
+    );
+    let shrink = &r["shrink"];
+    println!(
+        "culprit {} (want {}) | target {} | shrink {} | memcheck {} | {}s | triage {}",
+        r["first_bad"]["commit"],
+        commits[2],
+        r["target"]["summary"],
+        shrink["summary"],
+        shrink["memcheck"],
+        shrink["duration_s"],
+        r["triage"]["summary"]
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    assert_eq!(shrink["status"], "minimal", "{text}");
+    assert!(shrink["memcheck"].is_string(), "{shrink}");
+    let bundle = PathBuf::from(r["bundle"].as_str().expect("a bundle"));
+    let (code, sig, out) = reproduce_from_bundle(&bundle, &dir);
+    println!(
+        "reproduce.sh: exit {code} | {}\n{}",
+        sig.summary,
+        out.lines().take(12).collect::<Vec<_>>().join("\n")
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("_scale_kernel"), "{out}");
+}

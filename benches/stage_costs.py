@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Where the time after the search goes, at the culprit of `one_gpu_rounds.py`'s training package: the repro
+run plain, compute-sanitizer's memcheck run as triage runs it (every kernel checked) and with its check
+narrowed to the target's kernel (`--kernel-name kns=`), and `cudabisect shrink` at the same commit, its
+events timed as they arrive.
+
+    python3 benches/stage_costs.py CUDABISECT [OUT_DIR]
+
+Needs a CUDA GPU, compute-sanitizer, torch and triton. Prints one line per measurement and writes the
+logs and events to OUT_DIR.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import one_gpu_rounds
+import warm_probes
+
+KERNEL = "_hash_embed_kernel"
+
+
+def timed(name, cmd, cwd, out, env=None):
+    t = time.time()
+    proc = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, env=env)
+    wall = time.time() - t
+    (out / ("".join(c if c.isalnum() else "-" for c in name) + ".log")).write_text(proc.stdout + proc.stderr)
+    said = next((l for l in (proc.stdout + proc.stderr).splitlines() if "Invalid" in l or "error" in l), "")
+    print(f"{name}: {wall:.1f} s, exit {proc.returncode} | {said.strip()[:120]}", flush=True)
+    return wall
+
+
+def main():
+    bin_ = os.path.abspath(sys.argv[1])
+    out = Path(sys.argv[2] if len(sys.argv) > 2 else "stage-costs").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    warm_probes.original_files = warm_probes.files
+    warm_probes.files = one_gpu_rounds.files
+    repo = out / "pkg"
+    warm_probes.make_repo(repo, 8)
+    (repo / "bisect.toml").write_text('[repro]\ncommand = "python3 train.py"\ntimeout = "300s"\n')
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    timed("plain, cold Triton cache", ["python3", "train.py"], repo, out, env)
+    timed("plain, warm", ["python3", "train.py"], repo, out, env)
+    san = dict(env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    memcheck = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "1000", "--error-exitcode", "86"]
+    timed("memcheck, every kernel", [*memcheck, "python3", "train.py"], repo, out, san)
+    timed("memcheck, the target's kernel only", [*memcheck, "--kernel-name", f"kns={KERNEL}", "python3",
+                                                  "train.py"], repo, out, san)
+    timed("memcheck, the target's kernel only, caching allocator on",
+          [*memcheck, "--kernel-name", f"kns={KERNEL}", "python3", "train.py"], repo, out, env)
+    t0 = time.time()
+    proc = subprocess.Popen([bin_, "shrink", "--message-format", "json", "-C", str(repo)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        now = time.time() - t0
+        try:
+            kind = json.loads(line).get("type")
+        except ValueError:
+            continue
+        lines.append(f"{now:6.1f} s {kind}")
+    proc.wait()
+    (out / "shrink.stderr").write_text(proc.stderr.read())
+    print("cudabisect shrink, events as they arrived:\n  " + "\n  ".join(lines), flush=True)
+    timed("cudabisect triage", [bin_, "triage", "-C", str(repo)], repo, out)
+
+
+if __name__ == "__main__":
+    main()
