@@ -97,11 +97,13 @@ pub fn start(
         // Triage and the shrink side by side, each in a worktree of its own, when the search had a
         // second worker and the GPU held two probes at once.
         let beside = others.first().filter(|_| at_once >= 2);
+        // A third worker runs the minimal subgraph at the parent beside the shrink's final check.
+        let spare = others.get(1).filter(|_| at_once >= 3);
         let at = (oid, at_once);
         let stage = (run_dir.as_path(), cancel);
         at_the_first_bad(
             (&plan, opts),
-            (&prober, beside),
+            (&prober, beside, spare),
             at,
             stage,
             &mut report,
@@ -151,10 +153,15 @@ fn settle_slots(
 }
 
 /// Triage and the shrink at the first bad commit (`at`: it, and the probes the GPU held at once), then
-/// the bundle: in `prober`'s worktree, the shrink in `beside`'s when there is one.
+/// the bundle: in `prober`'s worktree, the shrink in `beside`'s when there is one, and its check at the
+/// parent in `spare`'s beside its final check.
 fn at_the_first_bad(
     (plan, opts): (&Plan, &StartOptions),
-    (prober, beside): (&WorktreeProber, Option<&WorktreeProber>),
+    (prober, beside, spare): (
+        &WorktreeProber,
+        Option<&WorktreeProber>,
+        Option<&WorktreeProber>,
+    ),
     (oid, at_once): (Oid, usize),
     (run_dir, cancel): (&Path, &AtomicBool),
     report: &mut Report,
@@ -164,6 +171,7 @@ fn at_the_first_bad(
         config: &plan.config,
         prober,
         beside,
+        spare,
         run_dir,
         cancel,
         at_once: u32::try_from(at_once).unwrap_or(1),

@@ -36,6 +36,20 @@ pub struct ShrinkSettings<'a> {
     /// Places on the GPU for the final check: with two or more, one writes repro.py while the others
     /// run the confirmations (and the repro with generated values, when its inputs are large).
     pub confirm_jobs: u32,
+    /// The check of the minimal subgraph at the parent, run beside the final check where a worker of its
+    /// own and a third place are at hand (else the caller runs it after the shrink).
+    pub parent_beside: Option<ParentBeside<'a>>,
+}
+
+/// Runs the minimal subgraph at the first bad commit's parent, in a worker of its own: handed the report
+/// as the final check begins (its kept nodes, signature and memcheck are final by then).
+#[derive(Clone, Copy)]
+pub struct ParentBeside<'a>(pub &'a (dyn Fn(&ShrinkReport) -> ParentCheck + Sync));
+
+impl std::fmt::Debug for ParentBeside<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ParentBeside")
+    }
 }
 
 /// Why a shrink stopped early.
@@ -467,6 +481,10 @@ pub fn shrink(
     };
     report.status = status;
     report.summary = summary;
+    if status != ShrinkStatus::Minimal {
+        // A check at the parent means something only of a minimal subgraph.
+        report.parent_check = None;
+    }
     report.duration_s = started.elapsed().as_secs_f64();
     reporter.event(&Event::ShrinkFinished {
         summary: report.summary.clone(),
@@ -946,12 +964,32 @@ fn check_and_hand_off(
 ) -> Result<u32, Stop> {
     let (harness, record) = (oracle.harness, job.record.as_path());
     let keep = ids(nodes, result);
+    // The parent's check needs only what is final now; in a worker of its own it costs no time.
+    let at_parent = job
+        .settings
+        .parent_beside
+        .filter(|_| job.settings.confirm_jobs > 2)
+        .map(|check| {
+            let snapshot = ShrinkReport {
+                kept: result.iter().map(|&i| nodes[i].clone()).collect(),
+                ..report.clone()
+            };
+            (check, snapshot)
+        });
+    let (checked, parent_check) = std::thread::scope(|s| {
+        let beside = at_parent
+            .as_ref()
+            .map(|(check, snapshot)| s.spawn(move || (check.0)(snapshot)));
+        let checked = final_check(oracle, job, (nodes, result, &keep), report, cancel);
+        (checked, beside.and_then(|h| h.join().ok()))
+    });
+    report.parent_check = parent_check;
     let Checked {
         reproduced,
         extracted,
         exact_alone,
         tried,
-    } = final_check(oracle, job, (nodes, result, &keep), report, cancel)?;
+    } = checked?;
     let minimal = job.minimal();
     let generated = minimal.with_file_name("minimal-generated");
     let alone_runs = job.alone_runs();

@@ -155,6 +155,7 @@ fn shrink_in(
         target: None,
         slot: None,
         at_once: 1,
+        parent_beside: None,
     };
     let parent = oid
         .and_then(|o| repo.parents(o).ok())

@@ -18,7 +18,7 @@ use crate::report::event::{Event, Reporter, Stage};
 use crate::report::record::{ParentCheck, ShrinkPathTried, ShrinkReport, ShrinkStatus};
 
 use super::probe::WorktreeProber;
-use super::shrink::{check_parent, not_started, shrink, ShrinkSettings};
+use super::shrink::{check_parent, not_started, shrink, ParentBeside, ShrinkSettings};
 
 /// Where the shrink runs and what it keeps.
 pub struct ShrinkStage<'a> {
@@ -43,6 +43,9 @@ pub struct ShrinkStage<'a> {
     /// Harness runs the GPU holds at once beside whatever else the stage shares it with (the search's
     /// measured probes at once, less one while triage runs beside); 1 when unknown.
     pub at_once: u32,
+    /// A worker of its own and the parent commit, where the minimal subgraph is run at the parent beside
+    /// the final check; `None`: after the shrink, in the shrink's own worktree.
+    pub parent_beside: Option<(&'a WorktreeProber<'a>, Oid)>,
 }
 
 /// One way to the model the shrink runs on.
@@ -360,6 +363,20 @@ fn shrink_with(
             return (report, way);
         }
     };
+    let at_parent = |snapshot: &ShrinkReport| match stage.parent_beside {
+        None => ParentCheck::NotRun("no worker for the parent".into()),
+        Some((prober, parent)) => match prober.prepare(parent, "parent") {
+            Err(e) => ParentCheck::NotRun(e.to_string()),
+            Ok(()) => parent_check(
+                stage,
+                &way,
+                prober.worktree.path(),
+                &parent.to_string(),
+                snapshot,
+                cancel,
+            ),
+        },
+    };
     let settings = ShrinkSettings {
         policy: &stage.config.match_policy,
         out_dir: out_dir.to_path_buf(),
@@ -367,8 +384,13 @@ fn shrink_with(
         attempts: section.attempts,
         confirm: section.confirm,
         confirm_jobs: confirm_at_once(section, stage.at_once),
+        parent_beside: stage
+            .parent_beside
+            .filter(|_| section.check_parent)
+            .map(|_| ParentBeside(&at_parent)),
     };
-    (shrink(&harness, &settings, reporter, cancel), way)
+    let report = shrink(&harness, &settings, reporter, cancel);
+    (report, way)
 }
 
 /// The final check's places at once: as written, else as many as the GPU holds (measured in the search);
@@ -399,9 +421,10 @@ fn harness_for(
     .map(|h| h.on(stage.executor.clone()))
 }
 
-/// The shrink stage, then (when it found a minimal subgraph, the section asks for it and no Ctrl-C came)
-/// that subgraph at the parent: `at_parent` is the worker that builds the parent in its worktree and
-/// the parent, or why there is none to check. The one shrink of `start` and of `cudabisect shrink --at`.
+/// The shrink stage, then (when it found a minimal subgraph, the section asks for it, no Ctrl-C came and
+/// the stage's own worker did not run it beside the final check) that subgraph at the parent: `at_parent`
+/// is the worker that builds the parent in its worktree and the parent, or why there is none to check.
+/// The one shrink of `start` and of `cudabisect shrink --at`.
 pub fn shrink_then_check_parent(
     stage: &ShrinkStage,
     at_parent: Result<(&WorktreeProber, Oid), String>,
@@ -412,6 +435,7 @@ pub fn shrink_then_check_parent(
     let Some(way) = way.filter(|_| {
         report.status == ShrinkStatus::Minimal
             && stage.section.check_parent
+            && report.parent_check.is_none()
             && !cancel.load(Ordering::SeqCst)
     }) else {
         return report;

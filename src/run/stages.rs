@@ -37,6 +37,9 @@ pub struct StageContext<'a> {
     /// A second worker, in its own worktree, where the shrink runs while triage runs in the first; `None`:
     /// one stage after the other.
     pub beside: Option<&'a WorktreeProber<'a>>,
+    /// A third worker, in its own worktree, where the minimal subgraph runs at the parent beside the
+    /// shrink's final check; `None`: after the shrink, in the shrink's worktree.
+    pub spare: Option<&'a WorktreeProber<'a>>,
     /// The run's directory (logs, recordings, the harness).
     pub run_dir: &'a Path,
     /// Set on Ctrl-C.
@@ -231,6 +234,7 @@ fn shrink_stage(
         target,
         slot: prober.slot.as_ref(),
         at_once: ctx.at_once,
+        parent_beside: ctx.spare.zip(parent),
     };
     let at_parent = parent
         .map(|p| (prober, p))

@@ -14,12 +14,12 @@ use cudabisect::host::gpu_memory::{MemoryGauge, MemoryReading};
 use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
-use cudabisect::report::record::{ProbeRecord, ProbeRole, ShrinkStatus};
+use cudabisect::report::record::{ParentCheck, ProbeRecord, ProbeRole, ShrinkStatus};
 use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{
     search, search_with_workers, SearchEnd, SearchInput, Sharing, Worker,
 };
-use cudabisect::run::shrink::{shrink, ShrinkSettings};
+use cudabisect::run::shrink::{shrink, ParentBeside, ShrinkSettings};
 use git2::Oid;
 
 /// Collects events.
@@ -901,6 +901,7 @@ fn run_shrink_jobs(
         attempts: 1,
         confirm: 3,
         confirm_jobs,
+        parent_beside: None,
     };
     let mut events = Events::default();
     let report = shrink(h, &settings, &mut events, cancel);
@@ -965,6 +966,57 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
         .iter()
         .any(|x| x.class == FaultClass::OutOfMemory));
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
+}
+
+/// A shrink handed a check at the parent, with the places the GPU held; what the check was handed.
+fn shrink_with_parent_beside(
+    h: &FakeHarness,
+    confirm_jobs: u32,
+) -> (
+    cudabisect::report::record::ShrinkReport,
+    Vec<(Vec<String>, Option<Signature>)>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let handed = Mutex::new(Vec::new());
+    let at_parent = |r: &cudabisect::report::record::ShrinkReport| {
+        let kept = r.kept.iter().map(|n| n.id.clone()).collect();
+        handed.lock().unwrap().push((kept, r.signature.clone()));
+        ParentCheck::Passed
+    };
+    let settings = ShrinkSettings {
+        policy: &policy,
+        out_dir: dir.path().join("shrink"),
+        target: None,
+        attempts: 1,
+        confirm: 3,
+        confirm_jobs,
+        parent_beside: Some(ParentBeside(&at_parent)),
+    };
+    let report = shrink(h, &settings, &mut Events::default(), &AtomicBool::new(false));
+    (report, handed.into_inner().unwrap())
+}
+
+#[test]
+fn the_check_at_the_parent_runs_beside_the_final_check_on_the_final_subgraph_and_only_with_room() {
+    let h = harness(12, 7, vec![3, 7]);
+    let (r, handed) = shrink_with_parent_beside(&h, 4);
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{}", r.summary);
+    assert_eq!(r.parent_check, Some(ParentCheck::Passed));
+    // Handed once, with what the report ends with: the kept nodes and the signature.
+    let kept: Vec<String> = r.kept.iter().map(|n| n.id.clone()).collect();
+    assert_eq!(handed, vec![(kept, r.signature.clone())]);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    // Without a third place on the GPU it is not run beside: the caller runs it after the shrink.
+    let h = harness(12, 7, vec![3, 7]);
+    let (alone, handed) = shrink_with_parent_beside(&h, 2);
+    assert!(handed.is_empty());
+    assert_eq!(alone.parent_check, None);
+    assert_eq!(
+        (alone.kept.len(), alone.signature.clone()),
+        (r.kept.len(), r.signature.clone()),
+        "the same subgraph either way"
+    );
 }
 
 #[test]
@@ -1130,6 +1182,7 @@ fn a_candidate_that_fails_another_way_is_rejected_not_kept() {
         attempts: 1,
         confirm: 2,
         confirm_jobs: 1,
+        parent_beside: None,
     };
     let r = shrink(
         &h,
@@ -1327,6 +1380,7 @@ fn shrink_descending(finer_reproduces: bool) -> cudabisect::report::record::Shri
         attempts: 1,
         confirm: 2,
         confirm_jobs: 1,
+        parent_beside: None,
     };
     let r = shrink(
         &h,
@@ -2235,6 +2289,7 @@ fn shrink_overrun(
         attempts: 2,
         confirm: 3,
         confirm_jobs: 1,
+        parent_beside: None,
     };
     let mut events = Events::default();
     let r = shrink(&h, &settings, &mut events, &AtomicBool::new(false));
