@@ -99,9 +99,10 @@ pub fn cross_check(
     CrossCheck::Agrees
 }
 
-/// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]), or, finding a fix, the fix verified the same way. When the
-/// serial runs disagree, the repro does not bear parallel probes: the search is done again with one
-/// worker, reusing nothing the workers journaled, and the answer says so.
+/// A parallel search's first bad commit, run again alone with its parents (see [`cross_check`]), or,
+/// finding a fix, the fix verified the same way. When the serial runs disagree, the repro does not bear
+/// parallel probes: `disagreed` is called (what was started on the answer stops), and the search is done
+/// again with one worker, reusing nothing the workers journaled, and the answer says so.
 #[expect(
     clippy::too_many_arguments,
     reason = "the parts of one call, named where it is made"
@@ -115,7 +116,7 @@ pub fn cross_checked(
     fingerprint: &str,
     log_dir: &Path,
     prober: &mut WorktreeProber,
-    reporter: &mut dyn Reporter,
+    (reporter, disagreed): (&mut dyn Reporter, &dyn Fn()),
     cancel: &AtomicBool,
 ) -> SearchOutcome {
     let (SearchEnd::Found(culprit), Some(target), None) =
@@ -171,6 +172,7 @@ pub fn cross_checked(
             ..outcome
         },
         CrossCheck::Disagrees(why) => {
+            disagreed();
             reporter.event(&Event::ParallelAnswerDisagrees { why });
             let mut serial = serial_search(
                 input,

@@ -13,13 +13,16 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, Report, RunResult, FORMAT_VERSION};
 
+use super::cancel::with_cancel_passed_on;
 use super::ci::start_outputs;
 use super::journal::{self, Journal, JournaledProbe};
 use super::outputs::{bundle_root, torch_before_the_stages, write_bundle};
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker};
-use super::stages::{run_stages, StageChoice, StageContext};
+use super::stages::{
+    cross_check_beside_stages, run_stages, Early, StageChoice, StageContext, Staged,
+};
 use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
@@ -75,7 +78,11 @@ pub fn start(
     let input = search_input(&plan, opts, &gauge, places);
     let (journal, journal_path, fingerprint) =
         open_journal(&plan, opts, &state_dir, reporter, cancel);
-    let outcome = search_and_cross_check(
+    let choice = StageChoice {
+        triage: !opts.no_triage,
+        shrink: !opts.no_shrink,
+    };
+    let (outcome, staged) = search_and_cross_check(
         Searching {
             plan: &plan,
             opts,
@@ -85,6 +92,7 @@ pub fn start(
             stops: &stops,
         },
         (&mut prober, &mut others),
+        Some((choice, run_dir.as_path(), plan.config.bundle.enabled)),
         reporter,
         cancel,
     );
@@ -99,7 +107,7 @@ pub fn start(
         let beside = others.first().filter(|_| at_once >= 2);
         // A third worker runs the minimal subgraph at the parent beside the shrink's final check.
         let spare = others.get(1).filter(|_| at_once >= 3);
-        let at = (oid, at_once);
+        let at = (oid, at_once, staged.filter(|s| s.commit == oid));
         let stage = (run_dir.as_path(), cancel);
         at_the_first_bad(
             (&plan, opts),
@@ -162,7 +170,7 @@ fn at_the_first_bad(
         Option<&WorktreeProber>,
         Option<&WorktreeProber>,
     ),
-    (oid, at_once): (Oid, usize),
+    (oid, at_once, staged): (Oid, usize, Option<Staged>),
     (run_dir, cancel): (&Path, &AtomicBool),
     report: &mut Report,
     reporter: &mut dyn Reporter,
@@ -180,7 +188,7 @@ fn at_the_first_bad(
         triage: !opts.no_triage,
         shrink: !opts.no_shrink,
     };
-    stages_then_bundle(&ctx, (plan, opts), (choice, oid), report, reporter);
+    stages_then_bundle(&ctx, (plan, opts), (choice, oid, staged), report, reporter);
 }
 
 /// The user's checkout as the run found it (its stash, refs, index and files, the run's own outputs
@@ -309,9 +317,10 @@ struct Searching<'a> {
 fn search_and_cross_check<'w>(
     s: Searching,
     (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
+    early: Option<(StageChoice, &Path, bool)>,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
-) -> SearchOutcome {
+) -> (SearchOutcome, Option<Staged>) {
     let Searching {
         plan,
         opts,
@@ -355,26 +364,54 @@ fn search_and_cross_check<'w>(
         reporter.event(&Event::Warning { message });
     }
     if !parallel && !opts.find_fix {
-        return outcome;
+        return (outcome, None);
     }
     // A worker stopped because its answer no longer mattered is free again.
     for stop in stops {
         stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
     }
-    with_cancel_passed_on(cancel, stops, || {
-        super::cross_check::cross_checked(
-            outcome,
-            opts,
-            plan,
-            input,
-            journal_path,
-            fingerprint,
-            log_dir,
-            prober,
-            reporter,
-            cancel,
-        )
-    })
+    let culprit = match outcome.end {
+        SearchEnd::Found(c) if !opts.find_fix && outcome.flaky.is_none() => Some(c),
+        _ => None,
+    };
+    // The stages start at the answer while the cross-check runs, where three more workers and the GPU's
+    // room allow: one for triage, one for the shrink, one for its check at the parent.
+    let at_once = outcome.at_once;
+    let early = early
+        .filter(|_| others.len() >= 3 && at_once >= 4)
+        .zip(culprit);
+    let spec = early.map(|((_, run_dir, _), _)| report_of(outcome.clone(), plan, opts, run_dir).0);
+    let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
+        with_cancel_passed_on(cancel, stops, || {
+            super::cross_check::cross_checked(
+                outcome,
+                opts,
+                plan,
+                input,
+                journal_path,
+                fingerprint,
+                log_dir,
+                prober,
+                (reporter, disagreed),
+                cancel,
+            )
+        })
+    };
+    match (early, spec) {
+        (Some(((choice, run_dir, bundle), culprit)), Some(spec)) => {
+            let early = Early {
+                config: &plan.config,
+                choice,
+                run_dir,
+                workers: others,
+                // The cross-check's probe holds one of the GPU's places.
+                at_once: u32::try_from(at_once - 1).unwrap_or(1),
+                bundle,
+            };
+            cross_check_beside_stages(early, (culprit, spec), cross_check, reporter, cancel)
+        }
+        _ => (cross_check(reporter, &|| {}), None),
+    }
 }
 
 /// The report of a search's outcome, and the first bad commit it names (the fix, with `--find-fix`, with
@@ -411,28 +448,37 @@ fn report_of(
 fn stages_then_bundle(
     ctx: &StageContext,
     (plan, opts): (&Plan, &StartOptions),
-    (choice, oid): (StageChoice, Oid),
+    (choice, oid, staged): (StageChoice, Oid, Option<Staged>),
     report: &mut Report,
     reporter: &mut dyn Reporter,
 ) {
     let cancel = ctx.cancel;
     std::thread::scope(|s| {
-        let asked = plan.config.bundle.enabled.then(|| {
-            let torch = torch_before_the_stages(report.target.as_ref());
-            s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
-        });
-        if asked.is_some() {
-            reporter.event(&Event::EnvironmentProbe {
-                tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
-            });
-        }
-        if run_stages(ctx, choice, oid, report, reporter) {
-            report.interrupted = true;
-        }
+        let (stopped, asked) = match staged {
+            // Started at the answer while the cross-check ran (their events are passed on already).
+            Some(staged) => {
+                report.triage = staged.triage;
+                report.shrink = staged.shrink;
+                (staged.interrupted, staged.asked)
+            }
+            None => {
+                let asked = plan.config.bundle.enabled.then(|| {
+                    let torch = torch_before_the_stages(report.target.as_ref());
+                    s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
+                });
+                if asked.is_some() {
+                    reporter.event(&Event::EnvironmentProbe {
+                        tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+                    });
+                }
+                let stopped = run_stages(ctx, choice, oid, report, reporter);
+                (stopped, asked.and_then(|h| h.join().ok()))
+            }
+        };
+        report.interrupted |= stopped;
         if !plan.config.bundle.enabled || cancel.load(Ordering::SeqCst) {
             return;
         }
-        let asked = asked.and_then(|h| h.join().ok());
         let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
         match write_bundle(plan, report, (ctx.run_dir, root), asked, reporter, cancel) {
             Ok(dir) => {
@@ -622,28 +668,6 @@ fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
     if reusable > 0 || retried > 0 {
         reporter.event(&Event::Resumed { reusable, retried });
     }
-}
-
-/// Runs `f` while Ctrl-C (`cancel`) is passed on to every worker's own stop flag, so a probe on any
-/// worker (the endpoints too, before the parallel search starts) stops at once.
-fn with_cancel_passed_on<T>(cancel: &AtomicBool, stops: &[AtomicBool], f: impl FnOnce() -> T) -> T {
-    if stops.is_empty() {
-        return f();
-    }
-    let finished = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !finished.load(Ordering::SeqCst) {
-                if cancel.load(Ordering::SeqCst) {
-                    stops.iter().for_each(|s| s.store(true, Ordering::SeqCst));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        });
-        let out = f();
-        finished.store(true, Ordering::SeqCst);
-        out
-    })
 }
 
 /// Writes report.json into the run directory (and `--report` when given); failures are warnings, since

@@ -1,6 +1,7 @@
 //! Orchestration: the plan of a `start` run, the search driver and the probes it runs, the stages after
 //! the search (triage, shrink, the parent check), and the job that ties them together under a lock.
 
+pub mod cancel;
 pub mod capture;
 pub mod ci;
 pub mod cross_check;

@@ -2,7 +2,8 @@
 //! the model, and run the minimal subgraph at the parent. Each stage's failure is recorded, never fatal.
 //! With a second worker at hand (its own worktree, and room on the GPU), triage and the shrink run at
 //! the same time, each in its own worktree; neither reads the other's result, so the report is the same
-//! either way.
+//! either way. After a parallel search they start at its answer while the serial cross-check of that
+//! answer runs ([`cross_check_beside_stages`]).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,10 @@ use crate::config::ShrinkSection;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus};
 
+use super::cancel::with_cancel_passed_on;
+use super::outputs::Asked;
 use super::probe::WorktreeProber;
+use super::search::{SearchEnd, SearchOutcome};
 use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
 
 /// Which stages to run.
@@ -240,4 +244,106 @@ fn shrink_stage(
         .map(|p| (prober, p))
         .ok_or_else(|| "the first bad commit has no parent in the range".to_string());
     shrink_then_check_parent(&stage, at_parent, reporter, cancel)
+}
+
+/// The stages to start at a parallel search's answer while the cross-check of that answer runs.
+pub struct Early<'a> {
+    /// The config.
+    pub config: &'a Config,
+    /// Which stages.
+    pub choice: StageChoice,
+    /// The run's directory.
+    pub run_dir: &'a Path,
+    /// The workers the cross-check leaves free: triage's, the shrink's, the parent check's.
+    pub workers: &'a [WorktreeProber<'a>],
+    /// Runs the GPU holds at once beside the cross-check's.
+    pub at_once: u32,
+    /// Whether the bundle's environment is asked beside them.
+    pub bundle: bool,
+}
+
+/// What the stages started early gave, at the commit they ran at.
+pub struct Staged {
+    /// The commit.
+    pub commit: Oid,
+    /// Triage's result.
+    pub triage: Option<TriageResult>,
+    /// The shrink's report.
+    pub shrink: Option<ShrinkReport>,
+    /// Whether Ctrl-C stopped one of them.
+    pub interrupted: bool,
+    /// The environment, asked beside them.
+    pub asked: Option<Asked>,
+}
+
+/// Runs `cross_check` (handed the reporter and what to call when it disagrees) while the stages run at the
+/// answer it checks (`report`: the search's report of that answer, which the stages read their target
+/// and parent from). Their events are held until the cross-check agrees, then passed on in order; a
+/// cross-check that disagrees or ends otherwise stops them and drops their events and results, so what the
+/// run reports is what it would have been had they started after it. `stopped` is Ctrl-C.
+pub fn cross_check_beside_stages(
+    early: Early,
+    (culprit, mut report): (Oid, Report),
+    cross_check: impl FnOnce(&mut dyn Reporter, &dyn Fn()) -> SearchOutcome,
+    reporter: &mut dyn Reporter,
+    stopped: &AtomicBool,
+) -> (SearchOutcome, Option<Staged>) {
+    let stop = AtomicBool::new(false);
+    let [triage_at, shrink_at, parent_at, ..] = early.workers else {
+        return (cross_check(reporter, &|| {}), None);
+    };
+    with_cancel_passed_on(stopped, std::slice::from_ref(&stop), || {
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel::<Event>();
+            let stop = &stop;
+            let staged = s.spawn(move || {
+                let ctx = StageContext {
+                    config: early.config,
+                    prober: triage_at,
+                    beside: Some(shrink_at),
+                    spare: Some(parent_at),
+                    run_dir: early.run_dir,
+                    cancel: stop,
+                    at_once: early.at_once,
+                };
+                let torch = super::outputs::torch_before_the_stages(report.target.as_ref());
+                std::thread::scope(|s| {
+                    let asked = early.bundle.then(|| {
+                        s.spawn(move || {
+                            let env = crate::host::environment::collect(stop, torch, &mut |_| {});
+                            (env, torch)
+                        })
+                    });
+                    let mut events = SendingReporter(tx);
+                    if asked.is_some() {
+                        events.event(&Event::EnvironmentProbe {
+                            tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+                        });
+                    }
+                    let interrupted =
+                        run_stages(&ctx, early.choice, culprit, &mut report, &mut events);
+                    Staged {
+                        commit: culprit,
+                        triage: report.triage.take(),
+                        shrink: report.shrink.take(),
+                        interrupted,
+                        asked: asked.and_then(|h| h.join().ok()),
+                    }
+                })
+            });
+            let checked = cross_check(reporter, &|| stop.store(true, Ordering::SeqCst));
+            let agreed = matches!(checked.end, SearchEnd::Found(c) if c == culprit)
+                && !stop.load(Ordering::SeqCst);
+            if !agreed {
+                stop.store(true, Ordering::SeqCst);
+            }
+            for event in rx {
+                if agreed {
+                    reporter.event(&event);
+                }
+            }
+            let staged = staged.join().ok().filter(|_| agreed);
+            (checked, staged)
+        })
+    })
 }

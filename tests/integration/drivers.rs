@@ -968,14 +968,14 @@ fn confirmation_runs_go_together_and_one_that_ran_out_of_memory_beside_others_is
     assert_eq!(r.harness_runs, h.runs.load(Ordering::SeqCst));
 }
 
+/// What a check at the parent was handed: the kept nodes and the signature.
+type Handed = Vec<(Vec<String>, Option<Signature>)>;
+
 /// A shrink handed a check at the parent, with the places the GPU held; what the check was handed.
 fn shrink_with_parent_beside(
     h: &FakeHarness,
     confirm_jobs: u32,
-) -> (
-    cudabisect::report::record::ShrinkReport,
-    Vec<(Vec<String>, Option<Signature>)>,
-) {
+) -> (cudabisect::report::record::ShrinkReport, Handed) {
     let dir = tempfile::tempdir().unwrap();
     let policy = MatchPolicy::parse("class+kernel").unwrap();
     let handed = Mutex::new(Vec::new());
@@ -993,7 +993,12 @@ fn shrink_with_parent_beside(
         confirm_jobs,
         parent_beside: Some(ParentBeside(&at_parent)),
     };
-    let report = shrink(h, &settings, &mut Events::default(), &AtomicBool::new(false));
+    let report = shrink(
+        h,
+        &settings,
+        &mut Events::default(),
+        &AtomicBool::new(false),
+    );
     (report, handed.into_inner().unwrap())
 }
 

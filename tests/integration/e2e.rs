@@ -1864,6 +1864,130 @@ fn parallel_probes_run_in_worktrees_of_their_own_pinned_to_their_devices() {
     );
 }
 
+/// A config with the stand-in sanitizer for triage (memcheck sees nothing, racecheck the recorded race)
+/// and each run of the repro logged to `probes.log` (its commit, worker and worktree).
+fn triage_and_probe_log_config(repo: &TestRepo) -> (PathBuf, PathBuf) {
+    let dir = repo.path.parent().unwrap();
+    let fake = dir.join("compute-sanitizer");
+    std::fs::write(&fake, FAKE_SANITIZER).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let log = dir.join("probes.log");
+    let path = dir.join("early.toml");
+    let text = config("")
+        .replace("[triage]\nenabled = false\n", "")
+        .replace("env = {", &format!("env = {{ PROBE_LOG = \"{}\", ", log.display()))
+        + &format!(
+            "[triage]\nsanitizer = \"{}\"\nenv = {{ FAKE_SANITIZER_CALLS = \"{}\", FIXTURES = \"{}\", PROBE_LOG = \"{}\" }}\n",
+            fake.display(),
+            dir.join("calls.txt").display(),
+            fixtures().display(),
+            log.display()
+        );
+    std::fs::write(&path, text).unwrap();
+    (path, log)
+}
+
+/// The JSON Lines of a run's stdout, and how many of them are of `kind` (with `stage` when given).
+fn count_events(run: &Run, kind: &str, stage: Option<&str>) -> usize {
+    run.stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == kind && stage.is_none_or(|s| e["data"]["stage"]["kind"] == s))
+        .count()
+}
+
+#[test]
+fn with_four_workers_triage_starts_at_the_answer_while_it_is_cross_checked_and_ends_the_same() {
+    let repo = faulting_from(24, 18);
+    let (config_path, log) = triage_and_probe_log_config(&repo);
+    let json = ["--message-format", "json"];
+    let parallel = start_with_config(&repo, &config_path, &["--jobs", "4", json[0], json[1]]);
+    assert_eq!(parallel.code, 0, "{}", parallel.stderr);
+    let probes = std::fs::read_to_string(&log).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let serial = start_with_config(&repo, &config_path, &["--jobs", "1", json[0], json[1]]);
+    assert_eq!(serial.code, 0, "{}", serial.stderr);
+    let (p, s) = (
+        parallel.report.clone().unwrap(),
+        serial.report.clone().unwrap(),
+    );
+    assert_eq!(p["first_bad"], s["first_bad"]);
+    assert_eq!(p["first_bad"]["commit"], repo.commits[18].to_string());
+    // Triage ran beside the cross-check, in the second worker's worktree (the cross-check holds the
+    // first's): its run of the repro at the culprit (no probe: no worker number) is logged from there.
+    let culprit = repo.commits[18].to_string();
+    let triaged: Vec<&str> = probes
+        .lines()
+        .filter(|l| l.starts_with(&culprit) && l.split_whitespace().nth(1) == Some("none"))
+        .collect();
+    assert_eq!(triaged.len(), 1, "{probes}");
+    assert!(triaged[0].ends_with("/worktree-2"), "{probes}");
+    // The same triage, bundle and events as one stage after the other.
+    for key in ["status", "summary", "tools_run", "signature"] {
+        assert_eq!(p["triage"][key], s["triage"][key], "{key}");
+    }
+    let files = |r: &Value| {
+        let mut names: Vec<String> = std::fs::read_dir(r["bundle"].as_str().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(files(&p), files(&s));
+    for run in [&parallel, &serial] {
+        assert_eq!(count_events(run, "stage_began", Some("triage")), 1);
+        assert_eq!(count_events(run, "triage_finished", None), 1);
+    }
+}
+
+#[test]
+fn stages_started_at_a_parallel_answer_that_does_not_hold_alone_are_dropped_and_run_at_the_right_one(
+) {
+    // Commits 1..17 are clean alone but fault on any worker but the first: the parallel search names one
+    // of them, the cross-check (on the first worker) finds it clean, and the search runs again serially.
+    let repo = linear(&modes(24, |i| match i {
+        0 => ("clean", true),
+        i if i >= 18 => ("fault", true),
+        _ => ("crowd", true),
+    }));
+    let (config_path, _log) = triage_and_probe_log_config(&repo);
+    let run = start_with_config(
+        &repo,
+        &config_path,
+        &["--jobs", "4", "--message-format", "json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        count_events(&run, "parallel_answer_disagrees", None),
+        1,
+        "{}",
+        run.stdout
+    );
+    let report = run.report.as_ref().unwrap();
+    assert_eq!(report["first_bad"]["commit"], repo.commits[18].to_string());
+    // What was started at the answer that did not hold left no event and no result: one triage, at the
+    // right commit, and its bundle.
+    assert_eq!(
+        count_events(&run, "stage_began", Some("triage")),
+        1,
+        "{}",
+        run.stdout
+    );
+    assert_eq!(count_events(&run, "triage_finished", None), 1);
+    assert_eq!(
+        report["triage"]["status"], "found",
+        "{:#}",
+        report["triage"]
+    );
+    let short = &repo.commits[18].to_string()[..12];
+    assert!(
+        report["bundle"].as_str().unwrap().ends_with(short),
+        "{}",
+        report["bundle"]
+    );
+}
+
 #[test]
 fn a_probe_needing_more_gpus_than_listed_is_bad_input_that_writes_nothing() {
     let repo = faulting_from(6, 3);

@@ -36,6 +36,11 @@ case "$mode" in
     n=$(cat "$COIN_DIR/$CUDABISECT_COMMIT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COIN_DIR/$CUDABISECT_COMMIT"
     if [ "$n" -ge 1 ]; then show native_oob_sync.log; exit 42; fi
     echo "step ok"; exit 0 ;;
+  crowd)
+    # Clean alone, on the first worker; on any other it finds what another worker left in a path they
+    # share and faults like the target: a repro that does not bear parallel probes.
+    if [ "${CUDABISECT_WORKER:-1}" != 1 ]; then show native_oob_sync.log; exit 42; fi
+    echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
   tri-other|tri-target|tri-same-other|tri-same-target)
     case "$mode" in
