@@ -53,6 +53,16 @@ def main():
                                                   "train.py"], repo, out, san)
     timed("memcheck, the target's kernel only, caching allocator on",
           [*memcheck, "--kernel-name", f"kns={KERNEL}", "python3", "train.py"], repo, out, env)
+    # Options that may cut the sanitizer's own start (patching every module a library loads).
+    for name, extra in (("lazy patching", ["--lazy-patching", "yes"]),
+                        ("no API memory-access checks", ["--check-api-memory-access", "no"]),
+                        ("application only", ["--target-processes", "application-only"]),
+                        ("no device heap check", ["--check-device-heap", "no"])):
+        timed(f"memcheck, {name}", [*memcheck, *extra, "python3", "train.py"], repo, out, san)
+    timed("memcheck, lazy module loading", [*memcheck, "python3", "train.py"], repo, out,
+          dict(san, CUDA_MODULE_LOADING="LAZY"))
+    if os.environ.get("STAGE_COSTS") == "memcheck":
+        return
     t0 = time.time()
     proc = subprocess.Popen([bin_, "shrink", "--message-format", "json", "-C", str(repo)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
