@@ -78,21 +78,23 @@ pub fn start(
     let input = search_input(&plan, opts, &gauge, places);
     let (journal, journal_path, fingerprint) =
         open_journal(&plan, opts, &state_dir, reporter, cancel);
-    let choice = StageChoice {
-        triage: !opts.no_triage,
-        shrink: !opts.no_shrink,
-    };
     let (outcome, staged) = search_and_cross_check(
         Searching {
             plan: &plan,
             opts,
             input: &input,
-            journal: (journal, &journal_path, &fingerprint),
+            journal: Some(journal),
+            journal_path: &journal_path,
+            fingerprint: &fingerprint,
             log_dir: &log_dir,
             stops: &stops,
         },
         (&mut prober, &mut others),
-        Some((choice, run_dir.as_path(), plan.config.bundle.enabled)),
+        Some((
+            stage_choice(opts),
+            run_dir.as_path(),
+            plan.config.bundle.enabled,
+        )),
         reporter,
         cancel,
     );
@@ -102,16 +104,11 @@ pub fn start(
     save_report(&report, &run_dir, None, reporter);
     // A fix is clean at the commit found: there is nothing there to triage, shrink or hand off.
     if let Some(oid) = first_bad.filter(|_| !opts.find_fix) {
-        // Triage and the shrink side by side, each in a worktree of its own, when the search had a
-        // second worker and the GPU held two probes at once.
-        let beside = others.first().filter(|_| at_once >= 2);
-        // A third worker runs the minimal subgraph at the parent beside the shrink's final check.
-        let spare = others.get(1).filter(|_| at_once >= 3);
         let at = (oid, at_once, staged.filter(|s| s.commit == oid));
         let stage = (run_dir.as_path(), cancel);
         at_the_first_bad(
             (&plan, opts),
-            (&prober, beside, spare),
+            (&prober, &others),
             at,
             stage,
             &mut report,
@@ -160,21 +157,28 @@ fn settle_slots(
     Ok((slots, places))
 }
 
-/// Triage and the shrink at the first bad commit (`at`: it, and the probes the GPU held at once), then
-/// the bundle: in `prober`'s worktree, the shrink in `beside`'s when there is one, and its check at the
-/// parent in `spare`'s beside its final check.
+/// Which stages the options ask for.
+fn stage_choice(opts: &StartOptions) -> StageChoice {
+    StageChoice {
+        triage: !opts.no_triage,
+        shrink: !opts.no_shrink,
+    }
+}
+
+/// Triage and the shrink at the first bad commit (`at`: it, the probes the GPU held at once, and what the
+/// stages started beside the cross-check gave there), then the bundle: in `prober`'s worktree, the shrink
+/// in the second worker's when the GPU held two probes at once, and its check at the parent in the
+/// third's, beside its final check, when it held three.
 fn at_the_first_bad(
     (plan, opts): (&Plan, &StartOptions),
-    (prober, beside, spare): (
-        &WorktreeProber,
-        Option<&WorktreeProber>,
-        Option<&WorktreeProber>,
-    ),
+    (prober, others): (&WorktreeProber, &[WorktreeProber]),
     (oid, at_once, staged): (Oid, usize, Option<Staged>),
     (run_dir, cancel): (&Path, &AtomicBool),
     report: &mut Report,
     reporter: &mut dyn Reporter,
 ) {
+    let beside = others.first().filter(|_| at_once >= 2);
+    let spare = others.get(1).filter(|_| at_once >= 3);
     let ctx = StageContext {
         config: &plan.config,
         prober,
@@ -184,10 +188,7 @@ fn at_the_first_bad(
         cancel,
         at_once: u32::try_from(at_once).unwrap_or(1),
     };
-    let choice = StageChoice {
-        triage: !opts.no_triage,
-        shrink: !opts.no_shrink,
-    };
+    let choice = stage_choice(opts);
     stages_then_bundle(&ctx, (plan, opts), (choice, oid, staged), report, reporter);
 }
 
@@ -305,33 +306,50 @@ struct Searching<'a> {
     plan: &'a Plan,
     opts: &'a StartOptions,
     input: &'a SearchInput<'a>,
-    /// The journal, its path and the fingerprint of what judges a probe.
-    journal: (Journal, &'a Path, &'a str),
+    /// The journal (until the search takes it), its path and the fingerprint of what judges a probe.
+    journal: Option<Journal>,
+    journal_path: &'a Path,
+    fingerprint: &'a str,
     log_dir: &'a Path,
     /// The workers' stop flags, in worker order.
     stops: &'a [AtomicBool],
 }
 
 /// The search (or the search for a fix) over every worker, each journaled, then, when probes ran side by
-/// side or the ends were old and new, the serial cross-check of its answer on the first worker.
+/// side or the ends were old and new, the serial cross-check of its answer on the first worker (with the
+/// stages `early` names started beside it, where there is room).
 fn search_and_cross_check<'w>(
-    s: Searching,
+    mut s: Searching,
     (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
     early: Option<(StageChoice, &Path, bool)>,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> (SearchOutcome, Option<Staged>) {
-    let Searching {
-        plan,
-        opts,
-        input,
-        journal: (journal, journal_path, fingerprint),
-        log_dir,
-        stops,
-    } = s;
-    let parallel = !others.is_empty();
+    let outcome = search(&mut s, (&mut *prober, &mut *others), reporter, cancel);
+    if others.is_empty() && !s.opts.find_fix {
+        return (outcome, None);
+    }
+    // A worker stopped because its answer no longer mattered is free again.
+    for stop in s.stops {
+        stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+    cross_check_answer(&s, outcome, (prober, others), early, reporter, cancel)
+}
+
+/// The search (or the search for a fix) over every worker, each journaled; the journal's warnings said.
+fn search<'w>(
+    s: &mut Searching,
+    (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> SearchOutcome {
+    let (plan, input, stops) = (s.plan, s.input, s.stops);
+    let journal = s
+        .journal
+        .take()
+        .unwrap_or_else(|| Journal::empty(s.journal_path, s.fingerprint));
     let journal = std::sync::Mutex::new(journal);
-    let mut journaled: Vec<JournaledProbe> = std::iter::once(&mut *prober)
+    let mut journaled: Vec<JournaledProbe> = std::iter::once(prober)
         .chain(others.iter_mut())
         .map(|p| {
             let stop = p.cancel;
@@ -340,11 +358,11 @@ fn search_and_cross_check<'w>(
                 journal: &journal,
                 warnings: Vec::new(),
                 cancel: stop,
-                log_dir: Some(log_dir.to_path_buf()),
+                log_dir: Some(s.log_dir.to_path_buf()),
             }
         })
         .collect();
-    let outcome = if opts.find_fix {
+    let outcome = if s.opts.find_fix {
         with_cancel_passed_on(cancel, stops, || {
             super::find_fix::search_for_fix(plan, input, &mut journaled, reporter, cancel)
         })
@@ -363,34 +381,40 @@ fn search_and_cross_check<'w>(
     for message in journaled.into_iter().flat_map(|j| j.warnings) {
         reporter.event(&Event::Warning { message });
     }
-    if !parallel && !opts.find_fix {
-        return (outcome, None);
-    }
-    // A worker stopped because its answer no longer mattered is free again.
-    for stop in stops {
-        stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
-    }
+    outcome
+}
+
+/// The serial cross-check of the search's answer on the first worker; the stages `early` names start at
+/// that answer beside it where three more workers and the GPU's room allow (one for triage, one for the
+/// shrink, one for its check at the parent).
+fn cross_check_answer<'w>(
+    s: &Searching,
+    outcome: SearchOutcome,
+    (prober, others): (&mut WorktreeProber<'w>, &[WorktreeProber<'w>]),
+    early: Option<(StageChoice, &Path, bool)>,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> (SearchOutcome, Option<Staged>) {
+    let (plan, opts) = (s.plan, s.opts);
     let culprit = match outcome.end {
         SearchEnd::Found(c) if !opts.find_fix && outcome.flaky.is_none() => Some(c),
         _ => None,
     };
-    // The stages start at the answer while the cross-check runs, where three more workers and the GPU's
-    // room allow: one for triage, one for the shrink, one for its check at the parent.
     let at_once = outcome.at_once;
     let early = early
         .filter(|_| others.len() >= 3 && at_once >= 4)
         .zip(culprit);
     let spec = early.map(|((_, run_dir, _), _)| report_of(outcome.clone(), plan, opts, run_dir).0);
     let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
-        with_cancel_passed_on(cancel, stops, || {
+        with_cancel_passed_on(cancel, s.stops, || {
             super::cross_check::cross_checked(
                 outcome,
                 opts,
                 plan,
-                input,
-                journal_path,
-                fingerprint,
-                log_dir,
+                s.input,
+                s.journal_path,
+                s.fingerprint,
+                s.log_dir,
                 prober,
                 (reporter, disagreed),
                 cancel,

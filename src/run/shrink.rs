@@ -953,18 +953,16 @@ fn final_check(
     })
 }
 
-/// The final check of the kept nodes (`result`), the standalone repro written and run alone, and the
-/// report filled in: how many of the check's runs showed the target.
-fn check_and_hand_off(
+/// The final check, and beside it the check at the parent where the settings hand one over and the GPU
+/// has a third place: it needs only what is final now (the kept nodes, the signature, memcheck), and in a
+/// worker of its own it costs no time. Its result goes into the report.
+fn final_check_and_parent(
     oracle: &mut Oracle,
     job: &Shrinking,
-    (nodes, result): (&[GraphNode], &[usize]),
+    (nodes, result, keep): (&[GraphNode], &[usize], &[String]),
     report: &mut ShrinkReport,
     cancel: &AtomicBool,
-) -> Result<u32, Stop> {
-    let (harness, record) = (oracle.harness, job.record.as_path());
-    let keep = ids(nodes, result);
-    // The parent's check needs only what is final now; in a worker of its own it costs no time.
+) -> Result<Checked, Stop> {
     let at_parent = job
         .settings
         .parent_beside
@@ -980,16 +978,30 @@ fn check_and_hand_off(
         let beside = at_parent
             .as_ref()
             .map(|(check, snapshot)| s.spawn(move || (check.0)(snapshot)));
-        let checked = final_check(oracle, job, (nodes, result, &keep), report, cancel);
+        let checked = final_check(oracle, job, (nodes, result, keep), report, cancel);
         (checked, beside.and_then(|h| h.join().ok()))
     });
     report.parent_check = parent_check;
+    checked
+}
+
+/// The final check of the kept nodes (`result`), the standalone repro written and run alone, and the
+/// report filled in: how many of the check's runs showed the target.
+fn check_and_hand_off(
+    oracle: &mut Oracle,
+    job: &Shrinking,
+    (nodes, result): (&[GraphNode], &[usize]),
+    report: &mut ShrinkReport,
+    cancel: &AtomicBool,
+) -> Result<u32, Stop> {
+    let (harness, record) = (oracle.harness, job.record.as_path());
+    let keep = ids(nodes, result);
     let Checked {
         reproduced,
         extracted,
         exact_alone,
         tried,
-    } = checked?;
+    } = final_check_and_parent(oracle, job, (nodes, result, &keep), report, cancel)?;
     let minimal = job.minimal();
     let generated = minimal.with_file_name("minimal-generated");
     let alone_runs = job.alone_runs();
