@@ -278,21 +278,7 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
         }
     }
     if signature.class == FaultClass::Other && chosen.rank.is_none() {
-        // Nothing but the launcher's own report: say what it says of the rank that failed first (killed by
-        // a signal, or its exit code), never its banner.
-        if let (Some(code), Some(r)) = (streams.root_cause_exit, streams.root_cause) {
-            if code < 0 {
-                let name = super::patterns::signal_name(-code);
-                signature.class = FaultClass::Signal;
-                signature.detail = Some(name.clone());
-                signature.summary = format!("killed by {name} (the launcher's root cause)");
-            } else if signature.exception.is_none()
-                || signature.summary.contains("====")
-                || signature.summary.contains("ChildFailedError")
-            {
-                signature.summary = format!("exited {code} (the launcher's root cause: rank {r})");
-            }
-        }
+        said_by_the_launcher(&mut signature, &streams);
     }
     if signature.class == FaultClass::Hang {
         // What the launcher raised when it was ended is not where the job hung.
@@ -307,6 +293,25 @@ pub fn classify(exit: Exit, output: &str) -> Signature {
         }
     }
     signature
+}
+
+/// Nothing but the launcher's own report: say what it says of the rank that failed first (killed by a
+/// signal, or its exit code), never its banner.
+fn said_by_the_launcher(signature: &mut Signature, streams: &RankStreams) {
+    let (Some(code), Some(r)) = (streams.root_cause_exit, streams.root_cause) else {
+        return;
+    };
+    if code < 0 {
+        let name = super::patterns::signal_name(-code);
+        signature.class = FaultClass::Signal;
+        signature.detail = Some(name.clone());
+        signature.summary = format!("killed by {name} (the launcher's root cause)");
+    } else if signature.exception.is_none()
+        || signature.summary.contains("====")
+        || signature.summary.contains("ChildFailedError")
+    {
+        signature.summary = format!("exited {code} (the launcher's root cause: rank {r})");
+    }
 }
 
 /// Names the ranks that printed no fault before the run was killed, and where each was when a stack dump

@@ -111,38 +111,8 @@ impl Slurm {
     /// Submits an allocation and waits until it runs: its id, node and queue time, or why it never ran
     /// (stuck, cancelled, refused).
     fn allocate(&self, cancel: &AtomicBool) -> Result<Allocation, Unallocated> {
-        let refused = |message: String| {
-            Unallocated::Refused(ProcessError::Scheduler {
-                scheduler: "slurm",
-                message,
-            })
-        };
-        std::fs::create_dir_all(&self.spool)
-            .map_err(|e| refused(format!("cannot create {}: {e}", self.spool.display())))?;
         let submitted_at = Instant::now();
-        let out = Command::new("sbatch")
-            .args(self.sbatch_args(&self.spool.join("allocation-%j.out")))
-            .args(["--wrap", "exec sleep 2147483647"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| refused(format!("cannot run sbatch: {e}")))?;
-        if !out.status.success() {
-            let said = String::from_utf8_lossy(&out.stderr);
-            return Err(refused(format!("sbatch refused the job: {}", said.trim())));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let id = stdout
-            .trim()
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        if id.is_empty() {
-            return Err(refused(format!(
-                "sbatch printed no job id: {}",
-                stdout.trim()
-            )));
-        }
+        let id = self.submit()?;
         // From here on, any way out of this function that does not hand the allocation over cancels it.
         let mut held = Allocation {
             id,
@@ -190,6 +160,42 @@ impl Slurm {
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Submits the placeholder job that holds the allocation; its id.
+    fn submit(&self) -> Result<String, Unallocated> {
+        let refused = |message: String| {
+            Unallocated::Refused(ProcessError::Scheduler {
+                scheduler: "slurm",
+                message,
+            })
+        };
+        std::fs::create_dir_all(&self.spool)
+            .map_err(|e| refused(format!("cannot create {}: {e}", self.spool.display())))?;
+        let out = Command::new("sbatch")
+            .args(self.sbatch_args(&self.spool.join("allocation-%j.out")))
+            .args(["--wrap", "exec sleep 2147483647"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| refused(format!("cannot run sbatch: {e}")))?;
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr);
+            return Err(refused(format!("sbatch refused the job: {}", said.trim())));
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let id = stdout
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if id.is_empty() {
+            return Err(refused(format!(
+                "sbatch printed no job id: {}",
+                stdout.trim()
+            )));
+        }
+        Ok(id)
     }
 }
 

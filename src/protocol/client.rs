@@ -207,24 +207,7 @@ impl ProcessHarness {
             (Some(h), _, _) => (h.clone(), None),
             (None, Some(source), _) => {
                 shipped = true;
-                let script =
-                    super::torch::install(run_dir).map_err(|source| ProtocolError::Install {
-                        path: run_dir.to_path_buf(),
-                        source,
-                    })?;
-                let mut argv = vec![shrink.python.clone(), script.display().to_string()];
-                argv.extend(source);
-                if shrink.trains() {
-                    argv.push("--train".into());
-                }
-                for (flag, value) in [("--loss", &shrink.loss), ("--optimizer", &shrink.optimizer)]
-                {
-                    if let Some(v) = value {
-                        argv.extend([flag.to_string(), v.clone()]);
-                    }
-                }
-                argv.extend(["--device".into(), shrink.device_arg().to_string()]);
-                (CommandLine::Argv(argv), None)
+                (torch_command(shrink, run_dir, source)?, None)
             }
             (None, None, model) => {
                 let exe = std::env::current_exe()
@@ -751,6 +734,31 @@ impl HarnessClient for Memchecked<'_> {
     fn judge(&self, run: &RunOutput) -> Option<Signature> {
         Some(super::memcheck::memcheck_signature(run, self.as_class))
     }
+}
+
+/// The shipped PyTorch harness, installed under `run_dir`, on the model `source` names (a capture, or
+/// factories), training when the section does, with its loss, optimizer and device.
+fn torch_command(
+    shrink: &ShrinkSection,
+    run_dir: &Path,
+    source: Vec<String>,
+) -> Result<CommandLine, ProtocolError> {
+    let script = super::torch::install(run_dir).map_err(|source| ProtocolError::Install {
+        path: run_dir.to_path_buf(),
+        source,
+    })?;
+    let mut argv = vec![shrink.python.clone(), script.display().to_string()];
+    argv.extend(source);
+    if shrink.trains() {
+        argv.push("--train".into());
+    }
+    for (flag, value) in [("--loss", &shrink.loss), ("--optimizer", &shrink.optimizer)] {
+        if let Some(v) = value {
+            argv.extend([flag.to_string(), v.clone()]);
+        }
+    }
+    argv.extend(["--device".into(), shrink.device_arg().to_string()]);
+    Ok(CommandLine::Argv(argv))
 }
 
 #[cfg(test)]

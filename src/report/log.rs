@@ -50,28 +50,7 @@ pub fn git_bisect_log(report: &Report) -> String {
         let _ = writeln!(out, "git bisect {} {g}", terms.old);
     }
     if let Some(f) = &report.flaky {
-        // A flaky fault's runs contradict each other (a bad commit can run clean), so git cannot replay
-        // them: each run is a comment, and only the verified answer is marked.
-        let _ = writeln!(
-            out,
-            "# a flaky fault (about {:.0}% of runs of a bad commit): {} runs, answer with probability {:.3}",
-            f.p * 100.0,
-            f.runs,
-            f.posterior
-        );
-        for p in &report.probes {
-            let _ = writeln!(
-                out,
-                "# run at {}: {} ({})",
-                p.commit,
-                terms.word(p.verdict),
-                p.signature.short().replace('\n', " ")
-            );
-        }
-        if let (Some(v), true) = (&f.verification, f.reached) {
-            let _ = writeln!(out, "git bisect {} {}", terms.old, v.parent);
-            let _ = writeln!(out, "git bisect {} {}", terms.new, f.culprit);
-        }
+        flaky_runs(&mut out, report, f);
         return out;
     }
     for p in &report.probes {
@@ -102,6 +81,32 @@ pub fn git_bisect_log(report: &Report) -> String {
         let _ = writeln!(out, "# {}", note.replace('\n', " "));
     }
     out
+}
+
+/// A flaky fault's runs contradict each other (a bad commit can run clean), so git cannot replay them:
+/// each run is a comment, and only the verified answer is marked.
+fn flaky_runs(out: &mut String, report: &Report, f: &crate::report::record::FlakyAnswer) {
+    let terms = &report.terms;
+    let _ = writeln!(
+        out,
+        "# a flaky fault (about {:.0}% of runs of a bad commit): {} runs, answer with probability {:.3}",
+        f.p * 100.0,
+        f.runs,
+        f.posterior
+    );
+    for p in &report.probes {
+        let _ = writeln!(
+            out,
+            "# run at {}: {} ({})",
+            p.commit,
+            terms.word(p.verdict),
+            p.signature.short().replace('\n', " ")
+        );
+    }
+    if let (Some(v), true) = (&f.verification, f.reached) {
+        let _ = writeln!(out, "git bisect {} {}", terms.old, v.parent);
+        let _ = writeln!(out, "git bisect {} {}", terms.new, f.culprit);
+    }
 }
 
 fn quote_all(revs: &[String]) -> String {

@@ -77,33 +77,7 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
             dir.with_file_name(file)
         }
     };
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if out.is_dir() {
-        return Err(PackError::BadOutput(format!(
-            "{} is a directory: name the archive file",
-            out.display()
-        )));
-    }
-    match parent.canonicalize() {
-        // Inside the bundle the archive would overwrite its files or pack an earlier archive.
-        Ok(p) if p.starts_with(&dir) => {
-            return Err(PackError::BadOutput(format!(
-                "{} is inside the bundle: write the archive elsewhere",
-                out.display()
-            )))
-        }
-        Ok(_) => {}
-        Err(e) => {
-            return Err(PackError::BadOutput(format!(
-                "{}: its directory {} cannot be used ({e})",
-                out.display(),
-                parent.display()
-            )))
-        }
-    }
+    let parent = usable_output(&out, &dir)?;
     let mut files = Vec::new();
     walk(&dir, &dir, include_binary, &mut files)?;
     files.sort();
@@ -146,6 +120,33 @@ pub fn pack(dir: &Path, out: Option<&Path>, include_binary: bool) -> Result<Pack
         files: files.len(),
         binary,
     })
+}
+
+/// The directory `out` goes in, when the archive can be written there: not a directory itself, and not
+/// inside the bundle (where it would overwrite its files or pack an earlier archive).
+fn usable_output<'o>(out: &'o Path, dir: &Path) -> Result<&'o Path, PackError> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if out.is_dir() {
+        return Err(PackError::BadOutput(format!(
+            "{} is a directory: name the archive file",
+            out.display()
+        )));
+    }
+    match parent.canonicalize() {
+        Ok(p) if p.starts_with(dir) => Err(PackError::BadOutput(format!(
+            "{} is inside the bundle: write the archive elsewhere",
+            out.display()
+        ))),
+        Ok(_) => Ok(parent),
+        Err(e) => Err(PackError::BadOutput(format!(
+            "{}: its directory {} cannot be used ({e})",
+            out.display(),
+            parent.display()
+        ))),
+    }
 }
 
 fn walk(

@@ -90,11 +90,7 @@ pub fn start(
             stops: &stops,
         },
         (&mut prober, &mut others),
-        Some((
-            stage_choice(opts),
-            run_dir.as_path(),
-            plan.config.bundle.enabled,
-        )),
+        &run_dir,
         reporter,
         cancel,
     );
@@ -105,15 +101,8 @@ pub fn start(
     // A fix is clean at the commit found: there is nothing there to triage, shrink or hand off.
     if let Some(oid) = first_bad.filter(|_| !opts.find_fix) {
         let at = (oid, at_once, staged.filter(|s| s.commit == oid));
-        let stage = (run_dir.as_path(), cancel);
-        at_the_first_bad(
-            (&plan, opts),
-            (&prober, &others),
-            at,
-            stage,
-            &mut report,
-            reporter,
-        );
+        let (workers, stage) = ((&prober, others.as_slice()), (run_dir.as_path(), cancel));
+        at_the_first_bad((&plan, opts), workers, at, stage, &mut report, reporter);
     }
     report.interrupted |= cancel.load(Ordering::SeqCst);
     finish(&mut report, (&plan, opts), &before, &run_dir, reporter);
@@ -321,7 +310,7 @@ struct Searching<'a> {
 fn search_and_cross_check<'w>(
     mut s: Searching,
     (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
-    early: Option<(StageChoice, &Path, bool)>,
+    run_dir: &Path,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> (SearchOutcome, Option<Staged>) {
@@ -333,7 +322,7 @@ fn search_and_cross_check<'w>(
     for stop in s.stops {
         stop.store(cancel.load(Ordering::SeqCst), Ordering::SeqCst);
     }
-    cross_check_answer(&s, outcome, (prober, others), early, reporter, cancel)
+    cross_check_answer(&s, outcome, (prober, others), run_dir, reporter, cancel)
 }
 
 /// The search (or the search for a fix) over every worker, each journaled; the journal's warnings said.
@@ -384,14 +373,14 @@ fn search<'w>(
     outcome
 }
 
-/// The serial cross-check of the search's answer on the first worker; the stages `early` names start at
-/// that answer beside it where three more workers and the GPU's room allow (one for triage, one for the
+/// The serial cross-check of the search's answer on the first worker; the stages start at that answer
+/// beside it (in `run_dir`) where three more workers and the GPU's room allow (one for triage, one for the
 /// shrink, one for its check at the parent).
 fn cross_check_answer<'w>(
     s: &Searching,
     outcome: SearchOutcome,
     (prober, others): (&mut WorktreeProber<'w>, &[WorktreeProber<'w>]),
-    early: Option<(StageChoice, &Path, bool)>,
+    run_dir: &Path,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> (SearchOutcome, Option<Staged>) {
@@ -401,10 +390,8 @@ fn cross_check_answer<'w>(
         _ => None,
     };
     let at_once = outcome.at_once;
-    let early = early
-        .filter(|_| others.len() >= 3 && at_once >= 4)
-        .zip(culprit);
-    let spec = early.map(|((_, run_dir, _), _)| report_of(outcome.clone(), plan, opts, run_dir).0);
+    let early = culprit.filter(|_| others.len() >= 3 && at_once >= 4);
+    let spec = early.map(|_| report_of(outcome.clone(), plan, opts, run_dir).0);
     let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
         with_cancel_passed_on(cancel, s.stops, || {
             super::cross_check::cross_checked(
@@ -422,15 +409,15 @@ fn cross_check_answer<'w>(
         })
     };
     match (early, spec) {
-        (Some(((choice, run_dir, bundle), culprit)), Some(spec)) => {
+        (Some(culprit), Some(spec)) => {
             let early = Early {
                 config: &plan.config,
-                choice,
+                choice: stage_choice(opts),
                 run_dir,
                 workers: others,
                 // The cross-check's probe holds one of the GPU's places.
                 at_once: u32::try_from(at_once - 1).unwrap_or(1),
-                bundle,
+                bundle: plan.config.bundle.enabled,
             };
             cross_check_beside_stages(early, (culprit, spec), cross_check, reporter, cancel)
         }
