@@ -1454,6 +1454,62 @@ fn scripted(
 }
 
 #[test]
+fn a_prober_that_panics_ends_the_search_as_a_broken_host_instead_of_leaving_it_waiting() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let stops: Vec<&'static AtomicBool> = (0..2)
+        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The search runs on a thread of its own: a driver left waiting fails the test instead of hanging it.
+    std::thread::spawn(move || {
+        let range = linear(16);
+        let goods = vec![("v1".to_string(), oid(0))];
+        let policy = MatchPolicy::parse("class+kernel").unwrap();
+        let input = SearchInput {
+            range: &range,
+            bad: ("main", oid(16)),
+            goods: &goods,
+            merge_bases: &[],
+            policy: &policy,
+            goods_may_show_other_bugs: false,
+            flaky: Default::default(),
+            fix_of: None,
+            sharing: Sharing::NONE,
+        };
+        let mut probers: Vec<Scripted> = stops.iter().map(|_| scripted(cancel, None)).collect();
+        // The second worker's prober has a defect: it panics on every commit in the range.
+        probers[1].shows = Box::new(|i| {
+            assert!(i == 0, "a defect in the prober at commit {i}");
+            clean()
+        });
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        let outcome = search_with_workers(&input, &mut workers, &mut Events::default(), cancel);
+        let _ = tx.send(outcome);
+    });
+    let outcome = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the search never ended: the driver waits on a worker that panicked");
+    // The broken probe is a broken host: it ends the search, or, where it landed after the other worker
+    // had settled the answer (its commit no longer a candidate), it is recorded and the answer stands.
+    let broken = outcome
+        .probes
+        .iter()
+        .find(|p| p.signature.summary.contains("the probe worker failed"));
+    match &outcome.end {
+        SearchEnd::HostFailure(why) => assert!(why.contains("the probe worker failed"), "{why}"),
+        SearchEnd::Found(c) => {
+            assert_eq!(*c, oid(11));
+            assert!(broken.is_some(), "{:?}", outcome.probes);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_is_stopped() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let stops: Vec<&'static AtomicBool> = (0..3)

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use git2::Oid;
 
-use crate::classify::Signature;
+use crate::bisect::Verdict;
+use crate::classify::{FaultClass, Signature};
 use crate::report::event::{Event, Reporter};
+use crate::report::record::ProbeRecord;
 use crate::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 
 /// One worker as the search sees it: a prober of its own (its own worktree, warm build directory and
@@ -102,6 +104,67 @@ pub(super) struct Pool<'s> {
     room: Option<usize>,
 }
 
+/// One job on its worker's prober.
+fn run_task(prober: &mut dyn Probe, job: &Job, reporter: &mut dyn Reporter) -> Done {
+    match &job.task {
+        Task::Probe(target) => Done::Probed(Box::new(prober.probe(
+            job.oid,
+            &job.ctx,
+            target.as_deref(),
+            reporter,
+        ))),
+        Task::Sanitize => {
+            Done::Sanitized(prober.sanitize(job.oid, &job.ctx, reporter).map(Box::new))
+        }
+        Task::WarmUp => {
+            prober.warm_up(job.oid);
+            Done::WarmedUp
+        }
+    }
+}
+
+/// What a job whose prober panicked comes back as: a probe that says the host is broken (the search
+/// ends, saying why), no sanitizer run, a worker ready.
+fn broken(job: &Job, panic: &(dyn std::any::Any + Send)) -> Done {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    match job.task {
+        Task::Probe(_) => {
+            let signature = Signature::new(
+                FaultClass::Infra,
+                format!("the probe worker failed (a defect of cudabisect): {why}"),
+            );
+            Done::Probed(Box::new(ProbeOutcome {
+                record: ProbeRecord {
+                    commit: job.oid.to_string(),
+                    role: job.ctx.role,
+                    verdict: Verdict::Skip,
+                    signature,
+                    matched_target: false,
+                    reason: None,
+                    exit_code: None,
+                    signal: None,
+                    duration_s: 0.0,
+                    build_log: None,
+                    log: None,
+                    sanitizer: None,
+                    attempts: 0,
+                    reused: false,
+                    job: None,
+                    runner: None,
+                },
+                interrupted: false,
+                output: String::new(),
+            }))
+        }
+        Task::Sanitize => Done::Sanitized(None),
+        Task::WarmUp => Done::WarmedUp,
+    }
+}
+
 /// Runs `f` with a pool of threads, one per worker; the threads end when `f` returns.
 pub(super) fn with_pool<R>(
     workers: &mut [Worker],
@@ -122,23 +185,12 @@ pub(super) fn with_pool<R>(
             let handle = scope.spawn(move || {
                 let mut reporter = ChannelReporter { tx: tx.clone() };
                 for job in job_rx {
-                    let done = match job.task {
-                        Task::Probe(target) => Done::Probed(Box::new(prober.probe(
-                            job.oid,
-                            &job.ctx,
-                            target.as_deref(),
-                            &mut reporter,
-                        ))),
-                        Task::Sanitize => Done::Sanitized(
-                            prober
-                                .sanitize(job.oid, &job.ctx, &mut reporter)
-                                .map(Box::new),
-                        ),
-                        Task::WarmUp => {
-                            prober.warm_up(job.oid);
-                            Done::WarmedUp
-                        }
-                    };
+                    // A prober that panics (a defect) ends its job as a broken host, never a silent
+                    // worker the driver would wait on for ever.
+                    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_task(&mut *prober, &job, &mut reporter)
+                    }))
+                    .unwrap_or_else(|panic| broken(&job, panic.as_ref()));
                     let landed = Landed {
                         worker: w,
                         index: job.index,
