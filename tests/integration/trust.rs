@@ -3,7 +3,6 @@
 //! real binary on real git repositories built with the git command line.
 
 use std::os::unix::fs::FileTypeExt;
-#[allow(dead_code)] // this binary uses only `bin`
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

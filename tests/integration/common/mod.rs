@@ -86,8 +86,7 @@ pub fn start_with_report(
 }
 
 /// Fails the test, naming what to install, unless `python3 -c CODE` succeeds: these tests must never
-/// pass unrun. (Only the binaries that run Python use it.)
-#[allow(dead_code)]
+/// pass unrun.
 pub fn require_python(code: &str, install: &str) {
     let ok = Command::new("python3")
         .args(["-c", code])
@@ -96,8 +95,7 @@ pub fn require_python(code: &str, install: &str) {
     assert!(ok, "these tests need {install} (CI installs it)");
 }
 
-/// A fixture file's text: `fixtures/<dir>/<rel>`. (Only the binaries that run Python use it.)
-#[allow(dead_code)]
+/// A fixture file's text: `fixtures/<dir>/<rel>`.
 pub fn fixture_text(dir: &str, rel: &str) -> String {
     std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -110,8 +108,7 @@ pub fn fixture_text(dir: &str, rel: &str) -> String {
 
 /// Copies a shrink report's minimal repro folder into a fresh directory, away from the project, and runs
 /// its `repro.py` there with `env` added (and the project on `PYTHONPATH` only when `project` is given);
-/// its exit status and everything it printed. (Only the binaries that run Python use it.)
-#[allow(dead_code)]
+/// its exit status and everything it printed.
 pub fn run_repro_alone(
     report: &Value,
     project: Option<&Path>,
