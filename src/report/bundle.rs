@@ -503,13 +503,20 @@ pub fn render(
                         .collect::<Vec<_>>()
                         .join(", ")
                 };
+                // The node the fault was located in names the kernel that faulted there (a captured
+                // call's label is its function's name, not the kernel it launched).
+                let faulted = s
+                    .signature
+                    .as_ref()
+                    .and_then(|sig| sig.kernel.as_deref())
+                    .filter(|_| s.located_node.as_deref() == Some(n.id.as_str()));
                 let _ = writeln!(
                     md,
                     "| `{}` | {} | {} | {} | {} |",
                     n.id,
                     n.op,
-                    n.kernel
-                        .as_deref()
+                    faulted
+                        .or(n.kernel.as_deref())
                         .filter(|k| crate::marker::names_a_kernel(&n.op, k))
                         .unwrap_or("—"),
                     tensors(&n.inputs),

@@ -14,7 +14,11 @@ fn report(name: &str) -> Report {
 
 /// REPORT.md for a fixture report, with `reproduce` as the bundle writer would give it.
 fn report_md(name: &str, reproduce: &str) -> String {
-    let r = report(name);
+    report_md_of(report(name), reproduce)
+}
+
+/// REPORT.md for report `r`.
+fn report_md_of(r: Report, reproduce: &str) -> String {
     let env = Environment {
         cudabisect: "cudabisect 0.1.0".into(),
         os: Some("Linux 6.8.0 x86_64".into()),
@@ -94,4 +98,24 @@ fn a_native_bundle_names_its_kernel() {
         "{md}"
     );
     insta::assert_snapshot!("report_native", md);
+}
+
+#[test]
+fn the_node_the_fault_was_located_in_names_the_kernel_that_faulted_not_its_function() {
+    // A captured call beside the loss: its label is the function it called (`forward`), while the fault
+    // was in the Triton kernel that function launched.
+    let mut r = report("torch");
+    let shrink = r.shrink.as_mut().expect("a shrink");
+    let node = shrink.kept[0].id.clone();
+    shrink.kept[0].op = "loss_forward".into();
+    shrink.kept[0].kernel = Some("forward".into());
+    shrink.located_node = Some(node.clone());
+    shrink.signature.as_mut().expect("a signature").kernel = Some("_hash_embed_kernel".into());
+    let md = report_md_of(r, "sh reproduce.sh");
+    let row = md
+        .lines()
+        .find(|l| l.starts_with(&format!("| `{node}` |")))
+        .unwrap_or_else(|| panic!("no row for {node}:\n{md}"));
+    assert!(row.contains("| _hash_embed_kernel |"), "{row}");
+    assert!(!row.contains("| forward |"), "{row}");
 }
