@@ -36,8 +36,18 @@ def _mine():
     return rank is None or rank == os.environ.get("CUDABISECT_FAULT_RANK", "0")
 
 
-STATE = {"step": 1, "phase": "setup", "depth": 0, "call": 0, "module": None, "kernel": None,
-         "exception": None, "forward_trace": None, "saved": False, "notes": []}
+STATE = {
+    "step": 1,
+    "phase": "setup",
+    "depth": 0,
+    "call": 0,
+    "module": None,
+    "kernel": None,
+    "exception": None,
+    "forward_trace": None,
+    "saved": False,
+    "notes": [],
+}
 OPTIMIZERS = weakref.WeakSet()
 ROOT = [None]
 
@@ -92,9 +102,13 @@ def _main_module_source():
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             keep.append(node)
-        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-              and isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name)
-              and node.value.func.value.id in defined):
+        elif (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and isinstance(node.value.func.value, ast.Name)
+            and node.value.func.value.id in defined
+        ):
             # A registration on the script's own op or function (`op.register_autograd(backward)`,
             # `fn.defvjp(fwd, bwd)`): part of its definitions. A plain call (`main()`) is a statement.
             keep.append(node)
@@ -161,8 +175,9 @@ class _as_cudabisect_main:
 
     def __enter__(self):
         main = sys.modules.get("__main__")
-        self.moved = [v for v in vars(main).values() if isinstance(v, type) and v.__module__ == "__main__"] \
-            if main else []
+        self.moved = (
+            [v for v in vars(main).values() if isinstance(v, type) and v.__module__ == "__main__"] if main else []
+        )
         for cls in self.moved:
             cls.__module__ = "cudabisect_main"
 
@@ -181,8 +196,20 @@ STATE_LIMIT = 16 << 20
 def _picklable(value, torch):
     import pickle
     import types
-    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
-                          types.MethodType, classmethod, staticmethod, property)):
+
+    if isinstance(
+        value,
+        (
+            types.ModuleType,
+            types.FunctionType,
+            types.BuiltinFunctionType,
+            type,
+            types.MethodType,
+            classmethod,
+            staticmethod,
+            property,
+        ),
+    ):
         return False
     if any(c.__name__ in SKIPPED_STATE for c in type(value).__mro__):
         return False
@@ -207,8 +234,7 @@ def _project_modules():
     root = os.path.abspath(os.getcwd()) + os.sep
     for name, m in list(sys.modules.items()):
         path = getattr(m, "__file__", None) or ""
-        if name == "__main__" or (path and os.path.abspath(path).startswith(root)
-                                  and "-packages" + os.sep not in path):
+        if name == "__main__" or (path and os.path.abspath(path).startswith(root) and "-packages" + os.sep not in path):
             yield ("cudabisect_main" if name == "__main__" else name), m
 
 
@@ -227,8 +253,13 @@ def _code_values(module):
 
     def scan(body, prefix):
         for node in body:
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
             for t in targets:
                 if isinstance(t, ast.Name):
                     try:
@@ -286,12 +317,16 @@ def _program_state(torch):
 
         def changed(k, v, code=code):
             return code is None or _changed_by_the_run(k, v, code)
+
         for k, v in list(vars(m).items()):
             if k.startswith("__"):
                 continue
             if isinstance(v, type) and v.__module__ in (m.__name__, "cudabisect_main"):
-                attrs = {a: x for a, x in vars(v).items() if not a.startswith("__") and _picklable(x, torch)
-                         and changed(f"{k}.{a}", x)}
+                attrs = {
+                    a: x
+                    for a, x in vars(v).items()
+                    if not a.startswith("__") and _picklable(x, torch) and changed(f"{k}.{a}", x)
+                }
                 if attrs:
                     classes[k] = attrs
             elif _picklable(v, torch) and changed(k, v):
@@ -335,6 +370,7 @@ def _autocast_spec(torch):
 def _device_of(torch, module, args, kwargs):
     """The device the step ran on: its parameters', else its first input tensor's."""
     from torch.utils._pytree import tree_leaves
+
     for t in list(module.parameters()) + [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]:
         d = t.device
         return d.type if d.index in (None, 0) else str(d)
@@ -347,8 +383,10 @@ def _save_step(torch, module, args, kwargs):
     ROOT[0] = root
     notes = []
     if compiled:
-        notes.append("the model is torch.compile'd: the harness runs its original module eagerly, so a fault "
-                     "inside compiled code may not show")
+        notes.append(
+            "the model is torch.compile'd: the harness runs its original module eagerly, so a fault "
+            "inside compiled code may not show"
+        )
     autocast = _autocast_spec(torch)
     # The random state at the start of the step (dropout and the like draw from it).
     rng = {"cpu": torch.get_rng_state()}
@@ -358,6 +396,7 @@ def _save_step(torch, module, args, kwargs):
     _pickle_model(torch, root)
     cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
     from torch.utils._pytree import tree_map
+
     _save(torch, "batch.pt", {"args": tree_map(cpu, list(args)), "kwargs": tree_map(cpu, dict(kwargs))})
     names = {id(p): n for n, p in root.named_parameters()}
     for opt in list(OPTIMIZERS):
@@ -365,9 +404,17 @@ def _save_step(torch, module, args, kwargs):
             _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
             break
     STATE["notes"] = notes
-    _write_json("capture.json", dict(_fault(), notes=notes, model=f"{type(root).__module__}.{type(root).__qualname__}",
-                                     device=_device_of(torch, root, args, kwargs), autocast=autocast,
-                                     script=_main_script()))
+    _write_json(
+        "capture.json",
+        dict(
+            _fault(),
+            notes=notes,
+            model=f"{type(root).__module__}.{type(root).__qualname__}",
+            device=_device_of(torch, root, args, kwargs),
+            autocast=autocast,
+            script=_main_script(),
+        ),
+    )
 
 
 def _install_common():
@@ -378,9 +425,11 @@ def _install_common():
     # (no Python program started, or none imported torch or JAX).
     _mark("python")
     import random
+
     random.seed(0)
     try:
         import numpy
+
         numpy.random.seed(0)
     except ImportError:
         pass
@@ -405,6 +454,7 @@ class _AfterImport:
         if name not in self.installers:
             return None
         import importlib.machinery
+
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -439,6 +489,7 @@ def _install_torch():
         # The forward line that created a failing backward node (anomaly mode prints it as a warning).
         torch.autograd.set_detect_anomaly(True, check_nan=False)
         import warnings
+
         shown = warnings.showwarning
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
@@ -502,8 +553,12 @@ def _install_torch():
         STATE["phase"] = "optimizer"
         if MODE == "replay" and STATE["saved"] and STATE["step"] == want_step and ROOT[0] is not None:
             names = {id(p): n for n, p in ROOT[0].named_parameters()}
-            grads = {names[id(p)]: p.grad.detach().cpu() for g in opt.param_groups for p in g["params"]
-                     if id(p) in names and p.grad is not None}
+            grads = {
+                names[id(p)]: p.grad.detach().cpu()
+                for g in opt.param_groups
+                for p in g["params"]
+                if id(p) in names and p.grad is not None
+            }
             _save(torch, "param_grads.pt", grads)
             _save(torch, "optimizer.pt", _optimizer_spec(opt, names))
 
@@ -513,6 +568,7 @@ def _install_torch():
         STATE["phase"] = "data"
 
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
     _hook_triton()
@@ -521,6 +577,7 @@ def _install_torch():
 def _hook_output(torch, out):
     """Saves the gradient that reaches each of the model's outputs (what the user's loss passed back)."""
     from torch.utils._pytree import tree_leaves
+
     tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     grads = {}
 
@@ -528,6 +585,7 @@ def _hook_output(torch, out):
         def hook(g):
             grads[i] = g.detach().cpu()
             _save(torch, "output_grads.pt", [grads.get(j) for j in range(len(tensors))])
+
         return hook
 
     for i, t in enumerate(tensors):
@@ -553,6 +611,7 @@ def _watch_loss(torch, out, step_frame):
     harness runs the loss phase as a node of its own. Watched with a profile function from the model's
     return to the start of the backward pass, in this thread only."""
     from torch.utils._pytree import tree_leaves
+
     outputs = {id(t): i for i, t in enumerate(x for x in tree_leaves(out) if isinstance(x, torch.Tensor))}
     pending = {}
 
@@ -588,6 +647,7 @@ def _raised(frame):
     """Whether a frame that is returning is unwinding an exception: its last instruction is not a return
     (the profile function sees None returned either way)."""
     import dis
+
     try:
         return not dis.opname[frame.f_code.co_code[frame.f_lasti]].startswith("RETURN")
     except (IndexError, AttributeError):
@@ -598,11 +658,12 @@ def _call_spec(torch, frame, outputs):
     """The function a frame runs and the arguments it was called with, when one of them is a tensor;
     `grad`: whether one needs a gradient. None when no argument is a tensor."""
     from torch.utils._pytree import tree_leaves
+
     code, local = frame.f_code, frame.f_locals
     n, kw = code.co_argcount, code.co_kwonlyargcount
     names = code.co_varnames[:n]
     args = [local[k] for k in names]
-    kwargs = {k: local[k] for k in code.co_varnames[n:n + kw]}
+    kwargs = {k: local[k] for k in code.co_varnames[n : n + kw]}
     at = n + kw
     if code.co_flags & 0x04:  # *args
         args += list(local[code.co_varnames[at]])
@@ -701,10 +762,12 @@ class _Jitted:
 
     def __get__(self, obj, objtype=None):
         import functools
+
         return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
         import jax
+
         if JAX_CALLS["depth"]:
             return self._jitted(*args, **kwargs)
         n = JAX_CALLS["counts"][self._name] = JAX_CALLS["counts"].get(self._name, 0) + 1
@@ -730,11 +793,14 @@ def _save_jax_call(jitted, args, kwargs):
     import pickle
 
     import jax
+
     _write_main_source()
     with _as_cudabisect_main():
         with open(os.path.join(OUT, "jax_call.pkl"), "wb") as f:
-            pickle.dump({"function": jitted._name, "args": jax.device_get(list(args)),
-                         "kwargs": jax.device_get(dict(kwargs))}, f)
+            pickle.dump(
+                {"function": jitted._name, "args": jax.device_get(list(args)), "kwargs": jax.device_get(dict(kwargs))},
+                f,
+            )
         try:
             state = _program_state_plain()
             with open(os.path.join(OUT, "program_state.pkl"), "wb") as f:
@@ -743,8 +809,10 @@ def _save_jax_call(jitted, args, kwargs):
             STATE["notes"].append(f"the program's state was not saved: {type(e).__name__}: {e}")
     with open(os.path.join(OUT, "cudabisect_jax_capture.py"), "w") as f:
         f.write(JAX_CAPTURE_MODULE)
-    _write_json("capture.json", dict(_fault(), framework="jax", function=jitted._name, step=STATE.get("step", 1),
-                                     notes=STATE["notes"]))
+    _write_json(
+        "capture.json",
+        dict(_fault(), framework="jax", function=jitted._name, step=STATE.get("step", 1), notes=STATE["notes"]),
+    )
 
 
 JAX_CAPTURE_MODULE = '''"""The faulting call of a jitted function, captured by cudabisect from the training

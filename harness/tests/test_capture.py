@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK = os.path.join(HERE, "..", "capture")
 HARNESS = os.path.join(HERE, "..", "torch_harness")
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 from torch import nn
 
@@ -52,7 +52,7 @@ for step in range(1, 5):
     loss.backward()
     opt.step()
     opt.zero_grad()
-'''
+"""
 
 
 def run(cmd, cwd, **env):
@@ -69,14 +69,26 @@ def test_the_scripts_own_globals_and_class_state_are_replayed(tmp_path):
     fault = json.loads((cap / "fault.json").read_text())
     assert (fault["step"], fault["phase"]) == (3, "backward"), fault
     shutil.copy(cap / "fault.json", cap / "fault-found.json")
-    run([sys.executable, "train.py"], tmp_path, CUDABISECT_CAPTURE="replay", CUDABISECT_CAPTURE_DIR=str(cap),
-        CUDABISECT_CAPTURE_STEP=str(fault["step"]), CUDABISECT_CAPTURE_CALL=str(fault["call"]))
+    run(
+        [sys.executable, "train.py"],
+        tmp_path,
+        CUDABISECT_CAPTURE="replay",
+        CUDABISECT_CAPTURE_DIR=str(cap),
+        CUDABISECT_CAPTURE_STEP=str(fault["step"]),
+        CUDABISECT_CAPTURE_CALL=str(fault["call"]),
+    )
     assert (cap / "model.pt").exists() and (cap / "program_state.pt").exists()
     # The harness runs in a fresh process, with none of the script's statements executed.
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, os.path.abspath(HARNESS), "--capture", str(cap), "--device", "cpu", "run"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(HARNESS), "--capture", str(cap), "--device", "cpu", "run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
     assert "an illegal memory access" in text and "NameError" not in text, text

@@ -71,8 +71,12 @@ class OpOverload:
 def fake_opdef():
     arg = types.SimpleNamespace(name="x", alias_info=None)
     schema = FakeSchema("mylib::scale_rows(Tensor x, float scale) -> Tensor", [arg])
-    return types.SimpleNamespace(_init_fn=scale_rows, _opoverload=types.SimpleNamespace(_schema=schema),
-                                 _backend_fns={None: scale_rows}, _abstract_fn=scale_rows_fake)
+    return types.SimpleNamespace(
+        _init_fn=scale_rows,
+        _opoverload=types.SimpleNamespace(_schema=schema),
+        _backend_fns={None: scale_rows},
+        _abstract_fn=scale_rows_fake,
+    )
 
 
 R = h.Ref
@@ -90,8 +94,7 @@ def test_repro_has_markers_calls_and_the_models_own_kernels():
     steps = [
         h.Step("relu", "ReLU", "ReLU", (R("x", None),), {}, "layer1.relu", "call_module"),
         h.Step("copy", "faulty_copy", "faulty_copy", (R("relu", "relu"),), {}, faulty_copy, "call_function"),
-        h.Step("view", "Tensor.view", "view", (R("copy", "copy"), -1, slice(None, 4, None)), {}, "view",
-               "call_method"),
+        h.Step("view", "Tensor.view", "view", (R("copy", "copy"), -1, slice(None, 4, None)), {}, "view", "call_method"),
         h.Step("add", "add", "add", (R("view", "view"), 1.5), {"alpha": 2}, operator.add, "call_function"),
     ]
     modules = [h.ModuleSpec("layer1.relu", "torch.nn.ReLU(inplace=False)")]
@@ -103,11 +106,17 @@ def test_repro_has_markers_calls_and_the_models_own_kernels():
         "env['add'] = operator.add(env['view'], 1.5, alpha=2)",
         "env['relu'] = modules['layer1.relu'](env['x'])",
         "modules['layer1.relu'] = build('layer1.relu', torch.nn.ReLU(inplace=False))",
-        "def store_kernel(", "@triton.jit", "def faulty_copy(", "kernel = store_kernel",
+        "def store_kernel(",
+        "@triton.jit",
+        "def faulty_copy(",
+        "kernel = store_kernel",
         "BLOCK_SIZE = 1024",
-        "import triton", "import triton.language as tl", "import operator",
+        "import triton",
+        "import triton.language as tl",
+        "import operator",
         'torch.load(os.path.join(HERE, "repro_data.pt"), weights_only=True)',
-        "sync()", "sys.exit(1)",
+        "sync()",
+        "sys.exit(1)",
     ]:
         assert want in text, (want, text)
     assert "weights_only=False" not in text and "NOT STANDALONE" not in text, text
@@ -116,6 +125,7 @@ def test_repro_has_markers_calls_and_the_models_own_kernels():
 
 def test_imports_inside_copied_code_are_carried_and_what_they_need_is_said():
     import tempfile
+
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         pkg = os.path.join(tmp, "projmod_cb")
         os.makedirs(pkg)
@@ -124,16 +134,23 @@ def test_imports_inside_copied_code_are_carried_and_what_they_need_is_said():
         with open(os.path.join(pkg, "ops.py"), "w") as f:
             f.write("def fused(x):\n    return x\n")
         with open(os.path.join(pkg, "model.py"), "w") as f:
-            f.write("import json as js\n\n\ndef forward(x):\n"
-                    "    from projmod_cb.ops import fused\n    from . import ops\n"
-                    "    return ops.fused(fused(x)), js.dumps(1)\n")
+            f.write(
+                "import json as js\n\n\ndef forward(x):\n"
+                "    from projmod_cb.ops import fused\n    from . import ops\n"
+                "    return ops.fused(fused(x)), js.dumps(1)\n"
+            )
         sys.path.insert(0, tmp)
         try:
             model = importlib.import_module("projmod_cb.model")
             steps = [h.Step("f", "forward", "forward", (R("x", None),), {}, model.forward, "call_function")]
             text = h.render_repro(steps, ["x"], [], "t")
-            for want in ["from projmod_cb.ops import fused", "from projmod_cb import ops", "import json as js",
-                         "# cudabisect-needs-project: projmod_cb", "the project under test at the culprit commit"]:
+            for want in [
+                "from projmod_cb.ops import fused",
+                "from projmod_cb import ops",
+                "import json as js",
+                "# cudabisect-needs-project: projmod_cb",
+                "the project under test at the culprit commit",
+            ]:
                 assert want in text, (want, text)
             assert h.requirement("json") is None and h.requirement("projmod_cb") == "project"
         finally:
@@ -153,8 +170,17 @@ def test_a_python_custom_op_is_called_by_name_and_carried_with_its_registration(
     saved = repro.python_custom_op
     repro.python_custom_op = lambda qual: fake_opdef() if qual == "mylib::scale_rows" else None
     try:
-        steps = [h.Step("scaled", "scale_rows", "scale_rows", (R("x", None), 2.0), {},
-                        OpOverload("mylib::scale_rows"), "call_function")]
+        steps = [
+            h.Step(
+                "scaled",
+                "scale_rows",
+                "scale_rows",
+                (R("x", None), 2.0),
+                {},
+                OpOverload("mylib::scale_rows"),
+                "call_function",
+            )
+        ]
         text = h.render_repro(steps, ["x"], [], "t")
     finally:
         repro.python_custom_op = saved
@@ -164,7 +190,9 @@ def test_a_python_custom_op_is_called_by_name_and_carried_with_its_registration(
         "scale_rows = torch.library.custom_op('mylib::scale_rows', mutates_args=(), device_types=None, "
         "schema='(Tensor x, float scale) -> Tensor')(scale_rows)",
         "scale_rows.register_fake(scale_rows_fake)",
-        "def store_kernel(", "kernel = store_kernel", "from __future__ import annotations",
+        "def store_kernel(",
+        "kernel = store_kernel",
+        "from __future__ import annotations",
     ]:
         assert want in text, (want, text)
     assert "torch._ops" not in text, text
@@ -216,7 +244,8 @@ def test_torch_nn_constructors_are_rebuilt_from_repr_only_for_torch_nn_classes()
     assert h.module_ctor(Linear(), nn) == "torch.nn.Linear(in_features=4, out_features=8, bias=True)"
     assert h.module_ctor(Sequential(Linear(), Linear()), nn) == (
         "torch.nn.Sequential(torch.nn.Linear(in_features=4, out_features=8, bias=True), "
-        "torch.nn.Linear(in_features=4, out_features=8, bias=True))")
+        "torch.nn.Linear(in_features=4, out_features=8, bias=True))"
+    )
 
     class Mine(Linear):
         pass
@@ -242,12 +271,18 @@ class GatedRelu(nn.Module):
 
 
 def test_a_users_own_module_class_is_revived_from_its_source():
-    spec = h.ModuleSpec("layer3.1.relu", "revive(GatedRelu, {'flag': True}, [], [], data['states']['layer3.1.relu'])",
-                        GatedRelu)
+    spec = h.ModuleSpec(
+        "layer3.1.relu", "revive(GatedRelu, {'flag': True}, [], [], data['states']['layer3.1.relu'])", GatedRelu
+    )
     steps = [h.Step("g", "GatedRelu", "GatedRelu", (R("x", None),), {}, "layer3.1.relu", "call_module")]
     text = h.render_repro(steps, ["x"], [spec], "t")
-    for want in ["class GatedRelu(nn.Module):", "def faulty_copy(", "def store_kernel(", "def revive(",
-                 "modules['layer3.1.relu'] = build('layer3.1.relu', revive(GatedRelu, {'flag': True}"]:
+    for want in [
+        "class GatedRelu(nn.Module):",
+        "def faulty_copy(",
+        "def store_kernel(",
+        "def revive(",
+        "modules['layer3.1.relu'] = build('layer3.1.relu', revive(GatedRelu, {'flag': True}",
+    ]:
         assert want in text, (want, text)
     assert "NOT STANDALONE" not in text and "weights_only=False" not in text, text
 
@@ -267,6 +302,7 @@ def test_recorded_calls_are_saved_as_plain_containers():
         pass
 
     import collections
+
     Point = collections.namedtuple("Point", "x y")
     v = h.plain(((1, FrozenList([2, Frozen(a=3)])), Frozen(b=Point(4, 5))))
     assert v == ((1, [2, {"a": 3}]), {"b": Point(4, 5)})
@@ -277,15 +313,18 @@ def test_recorded_calls_are_saved_as_plain_containers():
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     from standalone import run_all
+
     run_all(globals())
 
 
 def test_a_title_of_several_lines_quotes_and_backslashes_still_compiles():
     # The NOT STANDALONE note made the title two paragraphs; docstrings of real models carry quotes,
     # backslashes and their own indentation.
-    title = ('Minimal repro: 1 of 4 nodes of a captured training step (model__backward)\n\n'
-             'NOT STANDALONE: it unpickles the model\'s own module classes (train.Net) from repro_modules.pt.\n'
-             '        indented """ quoted """ C:\\path\\to\\it')
+    title = (
+        "Minimal repro: 1 of 4 nodes of a captured training step (model__backward)\n\n"
+        "NOT STANDALONE: it unpickles the model's own module classes (train.Net) from repro_modules.pt.\n"
+        '        indented """ quoted """ C:\\path\\to\\it'
+    )
     steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, "relu", "call_method")]
     text = h.render_repro(steps, ["x"], [], title)
     compile(text, "repro.py", "exec")

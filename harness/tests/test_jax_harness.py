@@ -35,8 +35,14 @@ def project(tmp_path, source):
 
 
 def harness(cwd, *args, env=None):
-    run = subprocess.run([sys.executable, HARNESS, *args], cwd=cwd, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    run = subprocess.run(
+        [sys.executable, HARNESS, *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
     return run.returncode, run.stdout
 
 
@@ -94,7 +100,9 @@ def test_kept_equations_run_on_recorded_values_and_a_missing_one_is_the_harness(
 def test_a_fault_only_the_jitted_function_shows_is_reported_with_its_xla_dump(tmp_path):
     # The planted fault raises only in a process that dumps XLA: the harness's jitted check, never the
     # equation-by-equation run.
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import os
         import jax
         import jax.numpy as jnp
@@ -114,23 +122,37 @@ def test_a_fault_only_the_jitted_function_shows_is_reported_with_its_xla_dump(tm
 
         def inputs():
             return (jnp.ones(3),)
-    """)
+    """,
+    )
     rec = tmp_path / "rec"
-    code, out = harness(pkg, "--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu",
-                        "run", "--record", str(rec))
+    code, out = harness(
+        pkg, "--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu", "run", "--record", str(rec)
+    )
     assert code != 0, out
     assert h.JIT_ONLY.format(dump=rec / "xla_dump") in out, out
     assert "illegal memory access" in out
     assert any((rec / "xla_dump").iterdir()), "the XLA dump is written"
     # A function without the fault passes both ways and says nothing of jit.
-    code, out = harness(pkg, "--function", "mod:g", "--example-inputs", "mod:inputs", "--device", "cpu",
-                        "run", "--record", str(tmp_path / "rec2"))
+    code, out = harness(
+        pkg,
+        "--function",
+        "mod:g",
+        "--example-inputs",
+        "mod:inputs",
+        "--device",
+        "cpu",
+        "run",
+        "--record",
+        str(tmp_path / "rec2"),
+    )
     assert code == 0, out
     assert "jit-only" not in out, out
 
 
 def test_a_subclassed_keras_model_falls_back_to_its_stateless_calls_jaxpr(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import keras
         import numpy as np
 
@@ -150,10 +172,21 @@ def test_a_subclassed_keras_model_falls_back_to_its_stateless_calls_jaxpr(tmp_pa
 
         def inputs():
             return np.ones((2, 3), "float32")
-    """)
+    """,
+    )
     out_file = tmp_path / "d.json"
-    code, out = harness(pkg, "--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu",
-                        "describe", "--out", str(out_file))
+    code, out = harness(
+        pkg,
+        "--model",
+        "mod:build",
+        "--example-inputs",
+        "mod:inputs",
+        "--device",
+        "cpu",
+        "describe",
+        "--out",
+        str(out_file),
+    )
     assert code == 0, out
     d = json.loads(out_file.read_text())
     assert "subclassed" in d["graph"] and "stateless call" in d["graph"], d["graph"]
@@ -161,15 +194,28 @@ def test_a_subclassed_keras_model_falls_back_to_its_stateless_calls_jaxpr(tmp_pa
 
 
 def test_factories_that_fail_are_the_harness_failure_not_the_models(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         def f(x):
             return x
 
         def inputs():
             raise ValueError("no data")
-    """)
-    code, out = harness(pkg, "--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu",
-                        "describe", "--out", str(tmp_path / "d.json"))
+    """,
+    )
+    code, out = harness(
+        pkg,
+        "--function",
+        "mod:f",
+        "--example-inputs",
+        "mod:inputs",
+        "--device",
+        "cpu",
+        "describe",
+        "--out",
+        str(tmp_path / "d.json"),
+    )
     assert code == h.HARNESS_ERROR_EXIT, out
     assert f"{h.HARNESS_ERROR}: could not build the program: ValueError: no data" in out, out
 
@@ -183,6 +229,7 @@ def test_a_short_scan_is_unrolled_into_its_iterations_with_the_same_values(tmp_p
     def f(w, xs, cfg):
         def body(c, x):
             return jnp.tanh(c @ w + x) * cfg.scale, (c * 2).sum()
+
         return jax.lax.scan(body, jnp.zeros(4), xs)
 
     args = (jnp.full((4, 4), 0.1), jnp.ones((3, 4)), Config())
@@ -202,7 +249,9 @@ def test_a_short_scan_is_unrolled_into_its_iterations_with_the_same_values(tmp_p
 
 
 def test_an_equation_on_a_prng_key_is_extracted_into_a_repro_that_runs(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import jax
         import jax.numpy as jnp
 
@@ -212,7 +261,8 @@ def test_an_equation_on_a_prng_key_is_extracted_into_a_repro_that_runs(tmp_path)
 
         def inputs():
             return jnp.ones(4), jax.random.key(7)
-    """)
+    """,
+    )
     args = ["--function", "mod:f", "--example-inputs", "mod:inputs", "--device", "cpu"]
     rec = tmp_path / "rec"
     code, out = harness(pkg, *args, "run", "--record", str(rec))
@@ -221,17 +271,23 @@ def test_an_equation_on_a_prng_key_is_extracted_into_a_repro_that_runs(tmp_path)
     harness(pkg, *args, "describe", "--out", str(d))
     nodes = [n["id"] for n in json.loads(d.read_text())["nodes"]]
     keep = ",".join(nodes[:4])  # the split and the first draws: keys in, keys and bits out
-    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out",
-                        str(tmp_path / "min"))
+    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out", str(tmp_path / "min"))
     assert code == 0, out
-    run = subprocess.run([sys.executable, str(tmp_path / "min" / "repro.py")], cwd=tmp_path, text=True,
-                         capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "min" / "repro.py")],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "repro: finished without a fault" in run.stdout
 
 
 def test_a_keras_model_with_named_inputs_is_split_and_written_standalone(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import keras
         import numpy as np
 
@@ -243,7 +299,8 @@ def test_a_keras_model_with_named_inputs_is_split_and_written_standalone(tmp_pat
 
         def inputs():
             return {"a": np.ones((3, 8), "float32"), "b": np.ones((3, 4), "float32")}
-    """)
+    """,
+    )
     args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
     d = tmp_path / "d.json"
     code, out = harness(pkg, *args, "describe", "--out", str(d))
@@ -254,18 +311,24 @@ def test_a_keras_model_with_named_inputs_is_split_and_written_standalone(tmp_pat
     rec = tmp_path / "rec"
     assert harness(pkg, *args, "run", "--record", str(rec))[0] == 0
     keep = ",".join(n["id"] for n in nodes[1:])
-    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out",
-                        str(tmp_path / "min"))
+    code, out = harness(pkg, *args, "extract", "--keep", keep, "--recording", str(rec), "--out", str(tmp_path / "min"))
     assert code == 0, out
     repro = (tmp_path / "min" / "repro.py").read_text()
     assert "cudabisect-needs-project" not in repro
-    run = subprocess.run([sys.executable, str(tmp_path / "min" / "repro.py")], cwd=tmp_path, text=True,
-                         capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    run = subprocess.run(
+        [sys.executable, str(tmp_path / "min" / "repro.py")],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_a_keras_layer_that_launches_one_pallas_kernel_names_it(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import jax
         import keras
         import numpy as np
@@ -285,7 +348,8 @@ def test_a_keras_layer_that_launches_one_pallas_kernel_names_it(tmp_path):
 
         def inputs():
             return np.ones((2, 8), "float32")
-    """)
+    """,
+    )
     args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
     rec = tmp_path / "rec"
     code, out = harness(pkg, *args, "run", "--record", str(rec))
@@ -296,15 +360,18 @@ def test_a_keras_layer_that_launches_one_pallas_kernel_names_it(tmp_path):
     # The Dense layer launches no Pallas kernel: no launch line names one for it.
     dense = lines.index("@@cudabisect node=l01_dense op=Dense kernel=Dense begin")
     assert not lines[dense + 1].startswith("@@cudabisect launch"), out
-    code, out = harness(pkg, *args, "extract", "--keep", "l00_double", "--recording", str(rec), "--out",
-                        str(tmp_path / "min"))
+    code, out = harness(
+        pkg, *args, "extract", "--keep", "l00_double", "--recording", str(rec), "--out", str(tmp_path / "min")
+    )
     assert code == 0, out
     repro = (tmp_path / "min" / "repro.py").read_text()
     assert "#     def double_kernel(x_ref, o_ref):" in repro, repro
 
 
 def test_a_keras_model_on_the_torch_backend_is_split_and_run_on_recorded_values(tmp_path):
-    pkg = project(tmp_path, """
+    pkg = project(
+        tmp_path,
+        """
         import keras
         import numpy as np
 
@@ -314,7 +381,8 @@ def test_a_keras_model_on_the_torch_backend_is_split_and_run_on_recorded_values(
 
         def inputs():
             return np.ones((3, 8), "float32")
-    """)
+    """,
+    )
     args = ["--model", "mod:build", "--example-inputs", "mod:inputs", "--device", "cpu"]
     env = {"KERAS_BACKEND": "torch"}
     d = tmp_path / "d.json"
@@ -326,7 +394,8 @@ def test_a_keras_model_on_the_torch_backend_is_split_and_run_on_recorded_values(
     code, out = harness(pkg, *args, "run", "--keep", "l01_dense_1", "--recording", str(rec), env=env)
     assert code == 0, out
     assert "@@cudabisect node=l01_dense_1 op=Dense kernel=Dense end" in out
-    code, out = harness(pkg, *args, "extract", "--keep", "l01_dense_1", "--recording", str(rec), "--out",
-                        str(tmp_path / "min"), env=env)
+    code, out = harness(
+        pkg, *args, "extract", "--keep", "l01_dense_1", "--recording", str(rec), "--out", str(tmp_path / "min"), env=env
+    )
     assert code == 0, out
     assert "'torch'" in (tmp_path / "min" / "repro.py").read_text()

@@ -21,7 +21,7 @@ ZOO = "cudabisect_zoo"
 
 class Inner(torch.nn.Module):
     """A block with a docstring that would break a naive generator: \"\"\"quotes\"\"\", a backslash \\ and
-        indentation that does not match the rest.
+    indentation that does not match the rest.
     """
 
     def __init__(self, dim):
@@ -76,6 +76,7 @@ def nested_bf16_inputs():
 
 def gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2))
 
@@ -135,8 +136,9 @@ def extract_every_node(tmp_path, model, inputs, train):
     written = 0
     for node in nodes:
         out = tmp_path / "x" / node["id"]
-        code = h.main(argv + ["extract", "--keep", node["id"], "--recording", str(record), "--out", str(out)],
-                      warm=warm)
+        code = h.main(
+            argv + ["extract", "--keep", node["id"], "--recording", str(record), "--out", str(out)], warm=warm
+        )
         rejected = out / "repro.py.rejected"
         assert not rejected.exists(), rejected.read_text()
         if code == 0:
@@ -153,13 +155,16 @@ def describe(argv, warm, tmp_path):
     return path.read_text()
 
 
-@pytest.mark.parametrize("model,inputs,train", [
-    ("nested", "nested_inputs", False),
-    ("nested", "nested_inputs", True),
-    ("nested_bf16", "nested_bf16_inputs", True),
-    ("gpt2", "gpt2_inputs", False),
-    ("gpt2", "gpt2_inputs", True),
-])
+@pytest.mark.parametrize(
+    "model,inputs,train",
+    [
+        ("nested", "nested_inputs", False),
+        ("nested", "nested_inputs", True),
+        ("nested_bf16", "nested_bf16_inputs", True),
+        ("gpt2", "gpt2_inputs", False),
+        ("gpt2", "gpt2_inputs", True),
+    ],
+)
 def test_every_node_of_a_real_model_extracts_to_a_repro_that_compiles(tmp_path, model, inputs, train):
     pytest.importorskip("transformers") if model == "gpt2" else None
     nodes, written = extract_every_node(tmp_path, model, inputs, train)

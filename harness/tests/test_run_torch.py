@@ -11,12 +11,14 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from torch_harness_modules import h, node, run as run_module  # noqa: E402
+
 R = h.Ref
 
 
 def test_an_op_in_c_that_raises_is_the_models_failure(capsys):
-    steps = [h.Step("pick", "getitem", "getitem", (R("x", None), (slice(None), 99)), {}, operator.getitem,
-                    "call_function")]
+    steps = [
+        h.Step("pick", "getitem", "getitem", (R("x", None), (slice(None), 99)), {}, operator.getitem, "call_function")
+    ]
     code = h.run(steps, torch.nn.Module(), {"x": torch.zeros(2, 4)}, "cpu")
     out = capsys.readouterr().out
     assert code == 1, out

@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from torch_harness_modules import h  # noqa: E402
 
-KERNELS = '''
+KERNELS = """
 import triton
 import triton.language as tl
 
@@ -32,7 +32,7 @@ def add_one_tuned(x_ptr, n, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
     m = i < n
     tl.store(x_ptr + i, tl.load(x_ptr + i, mask=m) + 1, mask=m)
-'''
+"""
 
 
 def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_triton():
@@ -70,6 +70,7 @@ def test_a_forward_that_launches_a_triton_kernel_is_kept_whole_without_entering_
         def run(self, *args, **kwargs):
             entered.append(cls.__name__)
             raise RuntimeError("Triton was entered")
+
         return run
 
     try:

@@ -65,8 +65,15 @@ def test_kernels_in_user_modules_are_hashed_once_and_installed_packages_are_left
         try:
             h.hash_triton_kernels()
         finally:
-            for name in ("user_kernels", "vendor_kernels", "triton", "triton.runtime", "triton.runtime.cache",
-                         "triton.runtime.jit", "triton.runtime.autotuner"):
+            for name in (
+                "user_kernels",
+                "vendor_kernels",
+                "triton",
+                "triton.runtime",
+                "triton.runtime.cache",
+                "triton.runtime.jit",
+                "triton.runtime.autotuner",
+            ):
                 sys.modules.pop(name, None)
     assert calls["triton_key"] == 1, calls
     assert sorted(calls["keys"]) == ["plain", "tuned"], calls
@@ -80,4 +87,5 @@ def test_nothing_happens_without_triton():
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     from standalone import run_all
+
     run_all(globals())

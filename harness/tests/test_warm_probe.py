@@ -68,8 +68,7 @@ CASES = {
     "exception": ("def f():\n    raise ValueError('boom')\n\nf()\n", ()),
     "syntax error": ("def f(:\n", ()),
     "argv, name and cwd": (
-        "import os, sys\n"
-        "print(sys.argv, __name__, os.path.basename(os.getcwd()), sys.path[0].endswith('work'))\n",
+        "import os, sys\nprint(sys.argv, __name__, os.path.basename(os.getcwd()), sys.path[0].endswith('work'))\n",
         ("a", "--b", "c d"),
     ),
     "the interpreter's own argv": ("import sys\nprint(sys.orig_argv)\n", ("x", "--y")),
@@ -165,8 +164,9 @@ def test_the_learning_file_is_the_runners_not_a_variable_the_repro_sees(server):
     (work / "env.py").write_text("import os\nprint(sorted(k for k in os.environ if 'WARM' in k))\n")
     status = work.parent / "status"
     client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "env.py"]
-    run = subprocess.run(client, cwd=work, env=dict(env, CUDABISECT_WARM_LEARN=str(learn)),
-                         capture_output=True, timeout=60)
+    run = subprocess.run(
+        client, cwd=work, env=dict(env, CUDABISECT_WARM_LEARN=str(learn)), capture_output=True, timeout=60
+    )
     assert status.read_text().strip() == "warm"
     assert run.stdout == b"[]\n", run
     assert learn.exists(), "the child still wrote what it imported"
@@ -199,10 +199,7 @@ def test_a_learned_module_a_run_rewrote_is_never_served_warm(server):
 def test_a_learned_preload_is_imported_into_the_running_server_not_handed_to_the_repro(server):
     _, site, _, _ = server
     (site / "otherlib.py").write_text("VALUE = 'other'\n")
-    script = (
-        "import os, sys\n"
-        "print('otherlib' in sys.modules, os.environ.get('CUDABISECT_WARM_PRELOAD'))\n"
-    )
+    script = "import os, sys\nprint('otherlib' in sys.modules, os.environ.get('CUDABISECT_WARM_PRELOAD'))\n"
     cold, warm, status = both(server, script, extra_env={"CUDABISECT_WARM_PRELOAD": "otherlib,json"})
     assert status == "warm"
     # Warm, the server imported it before forking; the repro never sees the variable. Cold (a fresh
@@ -294,9 +291,11 @@ def fake_cuda_site(tmp_path):
 def test_a_preload_that_starts_cuda_is_named_instead_of_listening(tmp_path):
     site = fake_cuda_site(tmp_path)
     out = subprocess.run(
-        [sys.executable, str(RUNNER), "--preload", "json,torch,devlib", "serve", "--socket",
-         str(tmp_path / "s.sock")],
-        stdin=subprocess.PIPE, capture_output=True, env=dict(os.environ, PYTHONPATH=str(site)), timeout=60,
+        [sys.executable, str(RUNNER), "--preload", "json,torch,devlib", "serve", "--socket", str(tmp_path / "s.sock")],
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=str(site)),
+        timeout=60,
     )
     assert out.returncode == 3, out
     assert out.stdout.decode().strip() == "harness: CUDA initialised by preloading devlib", out
@@ -306,8 +305,13 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
     site = fake_cuda_site(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(site))
     sock = tmp_path / "s.sock"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), "--preload", "torch", "serve", "--socket", str(sock)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), "--preload", "torch", "serve", "--socket", str(sock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         assert proc.stdout.readline().decode().strip() == "harness: listening"
         work = tmp_path / "work"
@@ -316,7 +320,10 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
         status = tmp_path / "status"
         run = subprocess.run(
             [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "repro.py"],
-            cwd=work, env=dict(env, CUDABISECT_WARM_PRELOAD="devlib"), capture_output=True, timeout=60,
+            cwd=work,
+            env=dict(env, CUDABISECT_WARM_PRELOAD="devlib"),
+            capture_output=True,
+            timeout=60,
         )
         # The run itself still happens (cold), and says why; the server, unusable now, has gone.
         assert run.stdout == b"ran\n", run
@@ -359,8 +366,17 @@ def test_a_client_gone_before_its_child_is_announced_leaves_the_server_serving(s
     for _ in range(3):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(str(sock))
-        req = {"mode": "script", "target": "slow.py", "args": [], "argv": ["python3", "slow.py"], "learn": None,
-               "cwd": str(work), "env": env, "interpreter": "python3", "preload": []}
+        req = {
+            "mode": "script",
+            "target": "slow.py",
+            "args": [],
+            "argv": ["python3", "slow.py"],
+            "learn": None,
+            "cwd": str(work),
+            "env": env,
+            "interpreter": "python3",
+            "preload": [],
+        }
         with open(os.devnull, "rb") as i, open(os.devnull, "wb") as o:
             socket.send_fds(conn, [json.dumps(req).encode() + b"\n"], [i.fileno(), o.fileno(), o.fileno()])
         conn.close()

@@ -78,16 +78,25 @@ class Server:
             f.write(DRIVER)
         self.socket = os.path.join(tmp, "h.sock")
         self.log = open(os.path.join(tmp, "server.log"), "w+")
-        self.proc = subprocess.Popen([sys.executable, self.driver, *self.base, "serve", "--socket", self.socket],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     process_group=0)
+        self.proc = subprocess.Popen(
+            [sys.executable, self.driver, *self.base, "serve", "--socket", self.socket],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            process_group=0,
+        )
         first = self.proc.stdout.readline().decode()
         assert first.strip() == "harness: listening", first
 
     def client(self, verb_args, via=None, **kw):
         via = self.socket if via is None else via
-        return subprocess.Popen([sys.executable, self.driver, *self.base, "--via", via, "run", *verb_args],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, **kw)
+        return subprocess.Popen(
+            [sys.executable, self.driver, *self.base, "--via", via, "run", *verb_args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            **kw,
+        )
 
     def stop(self):
         self.proc.stdin.close()
@@ -189,8 +198,7 @@ def test_a_server_that_dies_before_a_call_started_leaves_the_call_to_run_cold():
         os.environ["WARM_TEST_DIE_BUILDING"] = "1"
         try:
             s = Server(tmp)
-            c = s.client(["--keep", "ok"], env={k: v for k, v in os.environ.items()
-                                                if k != "WARM_TEST_DIE_BUILDING"})
+            c = s.client(["--keep", "ok"], env={k: v for k, v in os.environ.items() if k != "WARM_TEST_DIE_BUILDING"})
             out = c.communicate(timeout=60)[0].decode()
         finally:
             del os.environ["WARM_TEST_DIE_BUILDING"]
@@ -267,4 +275,5 @@ def test_the_server_ends_with_its_driver_and_takes_running_children_along():
 if __name__ == "__main__":
     sys.path.insert(0, HERE)
     from standalone import run_all
+
     run_all(globals())

@@ -228,8 +228,11 @@ def handle(conn, listener, files, preloaded):
         # imported from that bytecode, which Python still takes for current when the size and the second
         # match: such a module is never served, not even once.
         rewritten = next((p for p in files if p not in known and newer_than_bytecode(p)), None)
-    reason = (f"CUDA was initialised in the warm interpreter by preloading {tainted}" if tainted else
-              cuda_initialised() or other_interpreter(req.get("interpreter", "")))
+    reason = (
+        f"CUDA was initialised in the warm interpreter by preloading {tainted}"
+        if tainted
+        else cuda_initialised() or other_interpreter(req.get("interpreter", ""))
+    )
     stale = None if reason else (rewritten or changed(files))
     if reason or stale or len(fds) != 3:
         why = reason or (f"{stale} changed since it was preloaded" if stale else "no streams")
@@ -401,8 +404,10 @@ def print_as_fresh(e):
 
     def ours(filename):
         # runpy is frozen in recent interpreters (`<frozen runpy>`).
-        return filename == "<frozen runpy>" or filename.endswith("runpy.py") or (
-            os.path.realpath(filename) == os.path.realpath(__file__)
+        return (
+            filename == "<frozen runpy>"
+            or filename.endswith("runpy.py")
+            or (os.path.realpath(filename) == os.path.realpath(__file__))
         )
 
     tb = e.__traceback__

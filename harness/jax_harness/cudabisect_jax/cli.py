@@ -63,6 +63,7 @@ def main(argv=None):
         return describe(prog, a.out)
     if a.verb == "jitted":
         import jax
+
         jax.block_until_ready(prog.jitted())
         return 0
     if a.verb == "run":

@@ -11,32 +11,33 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 class Step:
     """One node the shrinker can keep or cut: `call(*inputs) -> list of outputs`."""
 
-    def __init__(self, name, op, kernel, ins, outs, call, source=None, phase=None, launches=None,
-                 eqn=None, kernel_source=None):
+    def __init__(
+        self, name, op, kernel, ins, outs, call, source=None, phase=None, launches=None, eqn=None, kernel_source=None
+    ):
         self.name = name
         self.op = op
         self.kernel = kernel
-        self.ins = ins          # ("var", name) or ("lit", value)
-        self.outs = outs        # names (None for an output nothing reads)
+        self.ins = ins  # ("var", name) or ("lit", value)
+        self.outs = outs  # names (None for an output nothing reads)
         self.call = call
         self.source = source
         self.phase = phase
         self.launches = launches  # the kernel a Pallas node launches
-        self.eqn = eqn            # the jaxpr equation, for extract
+        self.eqn = eqn  # the jaxpr equation, for extract
         self.kernel_source = kernel_source  # "file:line" of a Pallas kernel's Python function
-        self.layer = None       # the Keras layer a layer node calls
-        self.layer_path = ()    # its names from the model down (nested models)
+        self.layer = None  # the Keras layer a layer node calls
+        self.layer_path = ()  # its names from the model down (nested models)
 
 
 class Program:
     def __init__(self):
         self.steps = []
-        self.values = {}     # name -> value known before running (inputs, constants)
-        self.avals = {}      # name -> (shape, dtype name)
+        self.values = {}  # name -> value known before running (inputs, constants)
+        self.avals = {}  # name -> (shape, dtype name)
         self.graph = ""
-        self.jitted = None   # () -> outputs, the whole function jitted (for the jit-only check)
+        self.jitted = None  # () -> outputs, the whole function jitted (for the jit-only check)
         self.factory = None  # the Keras model factory (pkg.mod:build)
-        self.unrolled = 0    # scans unrolled into their iterations
+        self.unrolled = 0  # scans unrolled into their iterations
 
     def inputs(self, values):
         """Names the program's input values `in0`, `in1`, … and returns their atoms."""
@@ -60,6 +61,7 @@ def user_source(eqn):
     """The user's line that made an equation, as file:line."""
     try:
         from jax._src import source_info_util as si
+
         for frame in si.user_frames(eqn.source_info.traceback):
             # The first frame of the user's own code: not this harness, not an installed package.
             if not frame.file_name.startswith(PACKAGE_DIR) and "-packages/" not in frame.file_name:
@@ -94,6 +96,7 @@ def eqn_call(eqn):
         subfuns, params = bind_params(eqn)
         out = eqn.primitive.bind(*subfuns, *ins, **params)
         return list(out) if eqn.primitive.multiple_results else [out]
+
     return call
 
 
@@ -125,6 +128,7 @@ def synthetic(prog, op, ins, out_avals, fn, scope):
     def call(*vals):
         out = fn(*vals)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
     prog.steps.append(Step(name=f"e{index:03d}_{scope}{op}", op=op, kernel=op, ins=ins, outs=outs, call=call))
     return [("var", n) for n in outs]
 
@@ -138,9 +142,10 @@ def unroll_scan(prog, eqn, ins, scope, phase):
     """The scan's iterations as steps: each iteration's slice of the scanned inputs, its body's
     equations, and at the end the stacked outputs. Returns the atoms of the scan's outputs."""
     import jax.numpy as jnp
+
     p = eqn.params
     body, nc, ncarry, length = p["jaxpr"], p["num_consts"], p["num_carry"], p["length"]
-    consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+    consts, carry, xs = ins[:nc], ins[nc : nc + ncarry], ins[nc + ncarry :]
     order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
     ys_parts = {}
     for i in order:
@@ -157,8 +162,7 @@ def unroll_scan(prog, eqn, ins, scope, phase):
     for k in range(n_ys):
         parts = [ys_parts[i][k] for i in range(length)]
         shape, dtype = atom_aval(prog, parts[0])
-        ys += synthetic(prog, "stack", parts, [((length, *shape), dtype)],
-                        lambda *v: jnp.stack(v), scope)
+        ys += synthetic(prog, "stack", parts, [((length, *shape), dtype)], lambda *v: jnp.stack(v), scope)
     return carry + ys
 
 
@@ -167,6 +171,7 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
     scans) to `prog.steps`; returns the atoms of its outputs. `scope` prefixes the names of the steps
     (a scan's iteration: `s3.`)."""
     from jax.extend.core import Literal
+
     env = {}
     for var, c in zip(jaxpr.constvars, consts):
         name = f"c{len(prog.values)}"
@@ -193,8 +198,11 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
             for var, atom in zip(eqn.outvars, outs):
                 env[var] = atom
             continue
-        if (prim == "scan" and eqn.params["length"] <= UNROLL_LENGTH
-                and eqn.params["length"] * count_eqns(eqn.params["jaxpr"].jaxpr) <= UNROLL_STEPS):
+        if (
+            prim == "scan"
+            and eqn.params["length"] <= UNROLL_LENGTH
+            and eqn.params["length"] * count_eqns(eqn.params["jaxpr"].jaxpr) <= UNROLL_STEPS
+        ):
             prog.unrolled += 1
             outs = unroll_scan(prog, eqn, ins, scope, phase)
             for var, atom in zip(eqn.outvars, outs):
@@ -215,15 +223,27 @@ def flatten_jaxpr(prog, jaxpr, consts, in_names, scope, phase=None):
         if prim == "pallas_call":
             launches, ksrc = pallas_kernel(eqn)
             kernel = launches
-        prog.steps.append(Step(
-            name=f"e{index:03d}_{scope}{prim}", op=prim, kernel=kernel, ins=ins, outs=out_names,
-            call=eqn_call(eqn), source=user_source(eqn), phase=phase, launches=launches, eqn=eqn,
-            kernel_source=ksrc))
+        prog.steps.append(
+            Step(
+                name=f"e{index:03d}_{scope}{prim}",
+                op=prim,
+                kernel=kernel,
+                ins=ins,
+                outs=out_names,
+                call=eqn_call(eqn),
+                source=user_source(eqn),
+                phase=phase,
+                launches=launches,
+                eqn=eqn,
+                kernel_source=ksrc,
+            )
+        )
     return [read(v) for v in jaxpr.outvars]
 
 
 def jax_program(fn, args, graph):
     import jax
+
     leaves, tree = jax.tree_util.tree_flatten(args)
     # Arrays are the function's inputs; anything else (a config object, a Python flag) is closed over,
     # as a static argument of a jitted function would be.

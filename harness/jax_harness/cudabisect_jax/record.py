@@ -6,14 +6,17 @@ import os
 
 def to_numpy(v):
     import numpy as np
+
     try:
         import jax
+
         if isinstance(v, jax.Array) and jax.dtypes.issubdtype(v.dtype, jax.dtypes.extended):
             return np.asarray(jax.random.key_data(v)), {"key_impl": str(jax.random.key_impl(v))}
     except Exception:  # noqa: BLE001 - not a JAX value
         pass
     try:
         import keras
+
         arr = keras.ops.convert_to_numpy(v)
     except Exception:  # noqa: BLE001 - keras absent: a JAX or numpy value
         arr = np.asarray(v)
@@ -27,10 +30,12 @@ def to_numpy(v):
 def from_numpy(arr, meta):
     import jax
     import jax.numpy as jnp
+
     if "key_impl" in meta:
         return jax.random.wrap_key_data(arr, impl=meta["key_impl"])
     if "bits" in meta:
         import ml_dtypes  # noqa: F401 - registers bfloat16 and friends with numpy
+
         arr = arr.view(jnp.dtype(meta["dtype"]))
     return jnp.asarray(arr)
 
@@ -48,6 +53,7 @@ class Recording:
         """Saves a value; one numpy cannot hold as itself (bfloat16, a PRNG key) is written to
         values.json at once, so a run that dies right after still leaves it readable."""
         import numpy as np
+
         arr, meta = to_numpy(value)
         np.save(os.path.join(self.path, f"{name}.npy"), arr, allow_pickle=False)
         if set(meta) != {"dtype"}:
@@ -56,6 +62,7 @@ class Recording:
 
     def load(self, name):
         import numpy as np
+
         file = os.path.join(self.path, f"{name}.npy")
         if not os.path.exists(file):
             raise MissingValue(name)

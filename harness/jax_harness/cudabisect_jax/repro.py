@@ -17,6 +17,7 @@ class ExtractError(Exception):
 def literal_source(v):
     """Python source for a literal operand: a plain scalar as itself, an array as `np.array(…)`."""
     import numpy as np
+
     if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):
         return repr(v)
     arr = np.asarray(v)
@@ -26,6 +27,7 @@ def literal_source(v):
 def key_impl_of(dtype):
     """The PRNG implementation's name of a key dtype (`key<fry>` -> `threefry2x32`), else None."""
     import jax
+
     try:
         if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
             return dtype._impl.name  # internal, like the jaxpr API itself; checked by the tests
@@ -39,6 +41,7 @@ def export_step(s, prog, env_avals):
     Pallas kernel's, allowed): bytes, or None with why."""
     import jax
     from jax import export
+
     ins = [a for a in s.ins if a[0] == "var"]
     specs, key_impls = [], []
     for _, name in ins:
@@ -70,6 +73,7 @@ def export_step(s, prog, env_avals):
         else:
             outs = s.call(*full)
         return [jax.random.key_data(o) if k else o for o, k in zip(outs, out_keys)]
+
     disabled = []
     for _ in range(2):
         try:
@@ -175,6 +179,7 @@ def step(node, op, kernel, launches, fn, *args):
 
 def extract(prog, keep, recording, out_dir, title):
     import numpy as np
+
     kept = [s for s in prog.steps if s.name in keep]
     if len(kept) != len(set(keep)):
         raise ExtractError("unknown nodes in --keep")
@@ -239,8 +244,9 @@ def extract(prog, keep, recording, out_dir, title):
             mod, qual = cb
             needs.add(mod)
             shapes = ", ".join(f"jax.ShapeDtypeStruct({avals[o][0]!r}, {str(avals[o][1])!r})" for o in s.outs if o)
-            call = (f"lambda *a: jax.pure_callback(__import__('importlib').import_module({mod!r}).{qual}, "
-                    f"[{shapes}], *a)")
+            call = (
+                f"lambda *a: jax.pure_callback(__import__('importlib').import_module({mod!r}).{qual}, [{shapes}], *a)"
+            )
             lines.append(f"# {s.name} calls back into the project ({mod}.{qual}): it is imported, not carried")
             lines.append(step_line(s, outs, call, args))
         lines.append("    v[k] = o")
@@ -251,8 +257,10 @@ def extract(prog, keep, recording, out_dir, title):
     backend = keras_backend() if prog.factory else "jax"
     text = REPRO_HEAD.format(title=title, what=what, backend=backend)
     if needs:
-        note = ("# cudabisect-needs-project: " + " ".join(sorted(needs)) + "\n"
-                "# NOT STANDALONE: it imports the project (a host callback, or a layer JAX cannot serialize).\n")
+        note = (
+            "# cudabisect-needs-project: " + " ".join(sorted(needs)) + "\n"
+            "# NOT STANDALONE: it imports the project (a host callback, or a layer JAX cannot serialize).\n"
+        )
         text = text.replace('"""\nimport json', '"""\n' + note + "import json", 1)
     for name, loc, body in kernels:
         text += f"# The Pallas kernel {name} ({loc}), as written; the steps below run it as compiled:\n"

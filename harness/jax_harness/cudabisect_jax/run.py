@@ -22,13 +22,22 @@ def describe(prog, out):
     def tensor(name):
         shape, dtype = prog.avals.get(name, ((), ""))
         known = dtype is not None and str(dtype) != ""
-        return {"name": name, "shape": list(shape) if known else None, "dtype": str(dtype) if known else None,
-                "producer": producer.get(name)}
+        return {
+            "name": name,
+            "shape": list(shape) if known else None,
+            "dtype": str(dtype) if known else None,
+            "producer": producer.get(name),
+        }
+
     nodes = []
     for s in prog.steps:
-        node = {"id": s.name, "op": s.op, "kernel": s.launches or s.kernel,
-                "inputs": [tensor(a[1]) for a in s.ins if a[0] == "var"],
-                "outputs": [tensor(o) for o in s.outs if o]}
+        node = {
+            "id": s.name,
+            "op": s.op,
+            "kernel": s.launches or s.kernel,
+            "inputs": [tensor(a[1]) for a in s.ins if a[0] == "var"],
+            "outputs": [tensor(o) for o in s.outs if o],
+        }
         if s.source:
             node["source"] = s.source
         if s.phase:
@@ -59,6 +68,7 @@ def layer_kernel(s, ins):
     source's place. "" when none or several, or when the layer cannot be traced."""
     try:
         import jax
+
         found = pallas_kernels(jax.make_jaxpr(lambda *v: s.call(*v))(*ins).jaxpr, set())
     except Exception:  # noqa: BLE001 - another backend, or a layer JAX cannot trace: no name
         return ""
@@ -151,8 +161,13 @@ def jit_check(a, record):
 
 def without_verb(a):
     argv = []
-    for flag, v in (("--function", a.function), ("--model", a.model), ("--example-inputs", a.example_inputs),
-                    ("--loss", a.loss), ("--device", a.device)):
+    for flag, v in (
+        ("--function", a.function),
+        ("--model", a.model),
+        ("--example-inputs", a.example_inputs),
+        ("--loss", a.loss),
+        ("--device", a.device),
+    ):
         if v:
             argv += [flag, v]
     if a.train:

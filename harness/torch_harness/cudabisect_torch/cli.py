@@ -45,22 +45,36 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="torch_harness")
     p.add_argument("--model", help="module:factory returning the nn.Module")
     p.add_argument("--example-inputs", dest="example", help="module:factory returning the model's example inputs")
-    p.add_argument("--capture", help="a captured training step (model, optimizer, batch, gradients) instead of "
-                                     "factories: the directory the capture wrote")
-    p.add_argument("--train", action="store_true", help="the whole training step: forward, loss, backward "
-                                                        "and (with --optimizer) the update")
-    p.add_argument("--loss", help="module:function, the model's output -> a scalar loss (default: the sum of "
-                                  "the outputs)")
+    p.add_argument(
+        "--capture",
+        help="a captured training step (model, optimizer, batch, gradients) instead of "
+        "factories: the directory the capture wrote",
+    )
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="the whole training step: forward, loss, backward and (with --optimizer) the update",
+    )
+    p.add_argument(
+        "--loss", help="module:function, the model's output -> a scalar loss (default: the sum of the outputs)"
+    )
     p.add_argument("--optimizer", help="module:factory, the model -> its optimizer")
-    p.add_argument("--device", default="auto", help="cuda, cpu, cuda:N, or auto (default): a captured step's "
-                                                     "own device, else cuda when a GPU is usable")
-    p.add_argument("--via", help="a warm server's socket: run there (forked from the built model); "
-                                 "run cold here when it cannot be reached")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="cuda, cpu, cuda:N, or auto (default): a captured step's own device, else cuda when a GPU is usable",
+    )
+    p.add_argument(
+        "--via",
+        help="a warm server's socket: run there (forked from the built model); run cold here when it cannot be reached",
+    )
     sub = p.add_subparsers(dest="verb", required=True)
     d = sub.add_parser("describe")
     d.add_argument("--out", help="write the description here (the protocol's channel) instead of stdout")
-    d.add_argument("--recording", help="describe the graph as this recording saw it (descended into "
-                                       "modules kept whole, along the fault)")
+    d.add_argument(
+        "--recording",
+        help="describe the graph as this recording saw it (descended into modules kept whole, along the fault)",
+    )
     r = sub.add_parser("run")
     r.add_argument("--keep")
     r.add_argument("--recording", help="the recording boundary inputs come from")
@@ -69,8 +83,12 @@ def parse_args(argv):
     x.add_argument("--keep", required=True)
     x.add_argument("--recording")
     x.add_argument("--out", required=True)
-    x.add_argument("--generate-over", type=int, help="repro.py generates the values over this many bytes "
-                                                     "from their shape, dtype and range instead of shipping them")
+    x.add_argument(
+        "--generate-over",
+        type=int,
+        help="repro.py generates the values over this many bytes "
+        "from their shape, dtype and range instead of shipping them",
+    )
     s = sub.add_parser("serve")
     s.add_argument("--socket", required=True, help="the Unix socket to listen on")
     a = p.parse_args(argv)
@@ -91,6 +109,7 @@ def load_script_definitions(d, script):
     if "cudabisect_main" in sys.modules or not os.path.exists(path):
         return
     import types
+
     with open(path) as f:
         text = f.read()
     name = script if script and os.path.exists(script) else path
@@ -125,8 +144,12 @@ def load_capture(d):
     restore_program_state(load("program_state.pt") or {})
     batch = load("batch.pt") or {"args": [], "kwargs": {}}
     call = (tuple(batch["args"]), dict(batch["kwargs"]))
-    training = Training(out_grads=load("output_grads.pt"), optimizer=load("optimizer.pt"),
-                        param_grads=load("param_grads.pt"), loss_call=load("loss_call.pt"))
+    training = Training(
+        out_grads=load("output_grads.pt"),
+        optimizer=load("optimizer.pt"),
+        param_grads=load("param_grads.pt"),
+        loss_call=load("loss_call.pt"),
+    )
     meta["rng"] = load("rng.pt")
     return model, call, training, meta
 
@@ -162,12 +185,16 @@ def restore_program_state(state):
     values of the script (as cudabisect_main) and of the project's modules, and their classes' plain
     attributes. A module that no longer imports is said, not fatal: the replay may not need it."""
     import importlib
+
     for name, saved in state.items():
         try:
             module = importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - the replay goes on; a node that needs it fails and says so
-            print(f"harness: the captured state of {name} is not restored ({type(e).__name__}: {e})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"harness: the captured state of {name} is not restored ({type(e).__name__}: {e})",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         for k, v in saved.get("globals", {}).items():
             setattr(module, k, v)
@@ -182,6 +209,7 @@ def prepare(a):
     """Imports torch and the user's package and builds the model, its inputs and its graph on the CPU.
     CUDA is not touched here, so a warm server can fork children that each initialise it afresh."""
     import torch
+
     torch.manual_seed(0)
     training, rng, device, meta = None, None, None, {}
     if a.capture:
@@ -193,8 +221,9 @@ def prepare(a):
         model = load_attr(a.model)()
         call = inputs_call(load_attr(a.example)())
         if a.train or a.optimizer or a.loss:
-            training = Training(loss_fn=load_attr(a.loss) if a.loss else None,
-                                optimizer=load_attr(a.optimizer) if a.optimizer else None)
+            training = Training(
+                loss_fn=load_attr(a.loss) if a.loss else None, optimizer=load_attr(a.optimizer) if a.optimizer else None
+            )
         model = model.train() if training else model.eval()
     example = bound_example(model, call)
     steps, placeholders, attrs, (traced_by, root, opaque) = build_graph(model, example)
@@ -209,15 +238,30 @@ def prepare(a):
         steps = training_steps(forward_steps, training)
         traced_by += "; the training step: forward, loss, backward" + (", optimizer" if training.optimizer else "")
     sources = {s.name: src for s in forward_steps if (src := step_source(s, root))}
-    return Prepared(prepare_key(a), tuple(example), steps, placeholders, attrs, traced_by, root, opaque,
-                    training, forward_steps, getattr(root, "_cudabisect_attr_targets", {}), sources, rng, device,
-                    meta.get("autocast"))
+    return Prepared(
+        prepare_key(a),
+        tuple(example),
+        steps,
+        placeholders,
+        attrs,
+        traced_by,
+        root,
+        opaque,
+        training,
+        forward_steps,
+        getattr(root, "_cudabisect_attr_targets", {}),
+        sources,
+        rng,
+        device,
+        meta.get("autocast"),
+    )
 
 
 def execute(a, w):
     """Runs one verb on a prepared model: moves what the verb needs to the device, then describes, runs
     or extracts."""
     import torch
+
     torch.manual_seed(0)
     announce_triton_launches()
     a.device = resolve_device(a.device, w.device)
@@ -270,8 +314,18 @@ def execute(a, w):
             source = "a captured training step" if a.capture else a.model
             title = f"Minimal repro: {len(kept)} of {len(steps)} nodes of {source} ({', '.join(s.name for s in kept)})"
             try:
-                written = extract(kept, w.root, env, a.out, title, a.device, w if training else None,
-                                  getattr(a, "recording", None), over, w.autocast)
+                written = extract(
+                    kept,
+                    w.root,
+                    env,
+                    a.out,
+                    title,
+                    a.device,
+                    w if training else None,
+                    getattr(a, "recording", None),
+                    over,
+                    w.autocast,
+                )
             except ExtractError as e:
                 print(f"error: extract: {e}", file=sys.stderr, flush=True)
                 return 2

@@ -9,13 +9,13 @@ class Step:
     """One unit the shrinker can keep or cut."""
 
     def __init__(self, name, op, kernel, args, kwargs, target, kind, via=None):
-        self.name = name      # node id
-        self.op = op          # what it is, for humans
+        self.name = name  # node id
+        self.op = op  # what it is, for humans
         self.kernel = kernel  # a short name for the marker
-        self.args = args      # with Ref(...) where a value comes from another step or an input
+        self.args = args  # with Ref(...) where a value comes from another step or an input
         self.kwargs = kwargs
         self.target = target  # module path, function, or method name
-        self.kind = kind      # call_module | call_function | call_method | call_recorded
+        self.kind = kind  # call_module | call_function | call_method | call_recorded
         # call_recorded (a call found by descending into a module kept whole): how `target` is called,
         # call_module | call_function | call_method, on the (args, kwargs) recorded as the only argument.
         self.via = via
@@ -70,8 +70,12 @@ def build_graph(model, example):
         try:
             gm = torch.fx.GraphModule(model, LeafTracer(opaque).trace(model))
         except Exception as e:  # noqa: BLE001 - any tracing failure means: keep the model whole
-            print(f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
-                  "keeping it whole: the recorded run descends into it through hooks", file=sys.stderr, flush=True)
+            print(
+                f"harness: torch.fx could not trace the model ({type(e).__name__}: {e}); "
+                "keeping it whole: the recorded run descends into it through hooks",
+                file=sys.stderr,
+                flush=True,
+            )
             return whole_graph(model, len(example), opaque)
     traced_by = "fx"
     if opaque:
@@ -149,6 +153,7 @@ def wrap_function_apply(around):
     **kwargs)`, where `apply(*args, **kwargs)` is the real one bound to `cls` (torch defines it in Python
     in some versions and in C in others); returns the undo."""
     import torch
+
     original = torch.autograd.Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
@@ -158,6 +163,7 @@ def wrap_function_apply(around):
 
     def undo():
         torch.autograd.Function.apply = original
+
     return undo
 
 
@@ -166,13 +172,17 @@ class DeviceUse(Exception):
 
 
 # Triton's launchers: `kernel[grid](...)` and `kernel.run(...)` of a plain, autotuned or heuristic kernel.
-TRITON_LAUNCHERS = (("triton.runtime.jit", "JITFunction"), ("triton.runtime.autotuner", "Autotuner"),
-                    ("triton.runtime.autotuner", "Heuristics"))
+TRITON_LAUNCHERS = (
+    ("triton.runtime.jit", "JITFunction"),
+    ("triton.runtime.autotuner", "Autotuner"),
+    ("triton.runtime.autotuner", "Heuristics"),
+)
 
 
 def _raising(what):
     def raise_instead(*args, **kwargs):
         raise DeviceUse(f"{what} while tracing")
+
     return raise_instead
 
 
@@ -305,8 +315,9 @@ def whole_call_graph(model, call):
     args, kwargs = call
     names = [f"input_{i}" for i in range(len(args))]
     name = type(model).__name__
-    step = Step("model", name, name, tuple(Ref(n, None) for n in names), {k: Ref(k, None) for k in kwargs}, "",
-                "call_module")
+    step = Step(
+        "model", name, name, tuple(Ref(n, None) for n in names), {k: Ref(k, None) for k in kwargs}, "", "call_module"
+    )
     return [step], names + list(kwargs), tuple(args) + tuple(kwargs.values())
 
 
@@ -332,9 +343,14 @@ def describe(steps, placeholders, graph=None, sources=None):
     sources = sources or {}
 
     def node(s):
-        n = {"id": s.name, "op": s.op, "kernel": s.kernel, "phase": phase_of(s),
-             "inputs": tensors((s.args, s.kwargs)),
-             "outputs": [{"name": s.name, "shape": None, "producer": s.name}]}
+        n = {
+            "id": s.name,
+            "op": s.op,
+            "kernel": s.kernel,
+            "phase": phase_of(s),
+            "inputs": tensors((s.args, s.kwargs)),
+            "outputs": [{"name": s.name, "shape": None, "producer": s.name}],
+        }
         if s.kind == "backward":
             n["forward"] = s.target
         where = sources.get(s.target if s.kind == "backward" else s.name)

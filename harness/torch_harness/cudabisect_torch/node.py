@@ -23,6 +23,7 @@ def resolve(a, env):
         if x.name not in env:
             raise MissingValue(x.name)
         return env[x.name]
+
     return map_aggregate(a, value)
 
 
@@ -44,9 +45,8 @@ def call(step, root, env):
     args, kwargs = resolve(step.args, env), resolve(step.kwargs, env)
     if step.kind == "call_recorded":
         # The one argument is the (args, kwargs) the call got on the recorded run.
-        (args, kwargs), = args
-        return call(Step(step.name, step.op, step.kernel, tuple(args), dict(kwargs), step.target, step.via),
-                    root, {})
+        ((args, kwargs),) = args
+        return call(Step(step.name, step.op, step.kernel, tuple(args), dict(kwargs), step.target, step.via), root, {})
     if step.kind == "call_module":
         return model_call(root.get_submodule(step.target), *args, **kwargs)
     if step.kind == "call_function":
@@ -64,12 +64,14 @@ def resolve_device(requested, captured=None):
     if captured:
         return captured
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def to_device(v, device):
     import torch
     from torch.utils._pytree import tree_map
+
     return tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, v)
 
 
@@ -80,7 +82,7 @@ def needed_refs(steps):
 def shape_of(v):
     """{"shape", "dtype"} of a tensor value (of the first tensor in a container), else None."""
     if isinstance(v, (tuple, list, dict)):
-        for x in (v.values() if isinstance(v, dict) else v):
+        for x in v.values() if isinstance(v, dict) else v:
             sh = shape_of(x)
             if sh:
                 return sh
@@ -107,8 +109,17 @@ HARNESS_ERROR_EXIT = 4
 # Printed inside a node before every Triton launch: the kernel a node launched last is the one that
 # faulted (launches are synchronous under CUDA_LAUNCH_BLOCKING=1), whatever the node is called.
 LAUNCH = "@@cudabisect launch kernel={kernel}"
-DEVICE_ERROR_WORDS = ("CUDA", "CUBLAS", "CUDNN", "cuda", "device-side", "Triton Error", "illegal memory",
-                      "misaligned address", "AcceleratorError")
+DEVICE_ERROR_WORDS = (
+    "CUDA",
+    "CUBLAS",
+    "CUDNN",
+    "cuda",
+    "device-side",
+    "Triton Error",
+    "illegal memory",
+    "misaligned address",
+    "AcceleratorError",
+)
 
 
 def harness_error(text):
@@ -151,8 +162,7 @@ def announce_triton_launches():
     original = JITFunction.run
 
     def launch(self, *args, **kwargs):
-        print(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"),
-              flush=True)
+        print(LAUNCH.format(kernel=getattr(getattr(self, "fn", None), "__name__", None) or "triton_kernel"), flush=True)
         return original(self, *args, **kwargs)
 
     launch._cudabisect = True
@@ -162,5 +172,7 @@ def announce_triton_launches():
 def markers(s):
     """The begin and end marker lines of step `s`."""
     op = s.op.replace(" ", "_")
-    return (MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"),
-            MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"))
+    return (
+        MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="begin"),
+        MARKER.format(node=s.name, op=op, kernel=s.kernel, phase="end"),
+    )

@@ -20,6 +20,7 @@ def timing(label):
     millisecond, comparable across the client and the server's child), on stderr."""
     if os.environ.get("CUDABISECT_HARNESS_TIMING") == "1":
         import time
+
         print(f"harness timing: {label} {time.time():.3f}", file=sys.stderr, flush=True)
 
 

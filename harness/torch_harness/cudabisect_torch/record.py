@@ -101,6 +101,7 @@ class Recorder:
         output is recorded, as `<call>__grad`, for that call's backward node alone."""
         import torch
         from torch.utils._pytree import tree_leaves
+
         inputs = self.inputs.pop(cid, None)
         if not torch.is_grad_enabled():
             return
@@ -123,6 +124,7 @@ class Recorder:
             entry = [t, [], []]
             self.watched[id(t)] = entry
             from torch.utils.hooks import unserializable_hook
+
             # A recording saves tensors that carry this hook: it is not part of what they hold.
             t.register_hook(unserializable_hook(lambda g, e=entry: self.on_grad(e, g)))
         return entry
@@ -170,6 +172,7 @@ class Recorder:
         this a Function applied in a forward FX cannot trace was charged to the module around it. Only a
         class repro.py can name again (`module:qualname`, not a local one) is recorded. Returns the undo."""
         import torch
+
         recorder = self
 
         def record(cls, apply, *args, **kwargs):
@@ -178,8 +181,9 @@ class Recorder:
             if not recorder.stack or name is None or compiling:
                 return apply(*args, **kwargs)
             op = cls.__name__
-            cid = recorder.new_call(op, {"via": "call_function", "function": name, "target": "", "op": op,
-                                         "kernel": op}, (args, kwargs))
+            cid = recorder.new_call(
+                op, {"via": "call_function", "function": name, "target": "", "op": op, "kernel": op}, (args, kwargs)
+            )
             recorder.begin(cid, op, op)
             out = apply(*args, **kwargs)
             recorder.end(cid, op, op, out)
@@ -196,6 +200,7 @@ class Recorder:
         import types
 
         import torch.fx
+
         try:
             signature = inspect.signature(module.forward)
         except (TypeError, ValueError):
@@ -222,8 +227,14 @@ class Recorder:
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
                 op = short_name(n.target) if n.op == "call_function" else f"Tensor.{n.target}"
                 kernel = short_name(n.target)
-                entry = {"via": n.op, "target": path, "fx": n.name, "op": op, "kernel": kernel,
-                         "none_args": list(self.nones)}
+                entry = {
+                    "via": n.op,
+                    "target": path,
+                    "fx": n.name,
+                    "op": op,
+                    "kernel": kernel,
+                    "none_args": list(self.nones),
+                }
                 if n.op == "call_method":
                     entry["method"] = n.target
                 cid = recorder.new_call(n.name, entry, (args, kwargs))
@@ -320,6 +331,7 @@ def chain_links(children, recording):
     """True when each recorded call got exactly the previous call's output as its only input: then the
     calls are a chain and each is fed its predecessor's live output (checked on the recorded run)."""
     import torch
+
     for prev, cur in zip(children, children[1:]):
         try:
             (args, kwargs) = load_recorded(os.path.join(recording, cur["id"] + "__in.pt"))

@@ -57,9 +57,26 @@ def literal(a, names):
 
 
 # Where torch itself defines ops: nothing to carry for these.
-TORCH_NAMESPACES = {"aten", "prims", "prim", "quantized", "_quantized", "c10d", "_c10d_functional",
-                    "_c10d_functional_autograd", "_dtensor", "higher_order", "profiler", "rngprims",
-                    "debugprims", "inductor", "_inductor_test", "mkldnn", "onednn", "_test"}
+TORCH_NAMESPACES = {
+    "aten",
+    "prims",
+    "prim",
+    "quantized",
+    "_quantized",
+    "c10d",
+    "_c10d_functional",
+    "_c10d_functional_autograd",
+    "_dtensor",
+    "higher_order",
+    "profiler",
+    "rngprims",
+    "debugprims",
+    "inductor",
+    "_inductor_test",
+    "mkldnn",
+    "onednn",
+    "_test",
+}
 # Packages a repro may import by name: torch and triton are its only requirements.
 IMPORTABLE = ("torch", "triton", "math", "operator", "builtins", "_operator")
 
@@ -76,17 +93,18 @@ class ExtractError(Exception):
 @dataclass
 class Needs:
     """What the kept steps call beyond torch: gathered while writing the calls, rendered after."""
-    user_fns: list = field(default_factory=list)     # the user's Python functions, copied as source
-    custom_ops: dict = field(default_factory=dict)   # "ns::op" -> the op's Python definition (a CustomOpDef)
-    imports: set = field(default_factory=set)        # extra import lines
-    notes: list = field(default_factory=list)        # what the repro needs beyond torch and triton
-    missing: list = field(default_factory=list)      # what could not be carried, for the extract error
-    optimizer_ref: str = "None"                      # how repro.py names the optimizer's class
-    requires: list = field(default_factory=list)     # what must be installed: torch, triton, packages
-    project: list = field(default_factory=list)      # the project's own modules the copied code imports
-    generated: int = 0                               # recorded values repro.py generates instead of loading
-    loss_ref: Optional[str] = None                   # how repro.py names the user's own loss, when captured
-    autocast: Optional[dict] = None                  # the autocast the captured step ran under
+
+    user_fns: list = field(default_factory=list)  # the user's Python functions, copied as source
+    custom_ops: dict = field(default_factory=dict)  # "ns::op" -> the op's Python definition (a CustomOpDef)
+    imports: set = field(default_factory=set)  # extra import lines
+    notes: list = field(default_factory=list)  # what the repro needs beyond torch and triton
+    missing: list = field(default_factory=list)  # what could not be carried, for the extract error
+    optimizer_ref: str = "None"  # how repro.py names the optimizer's class
+    requires: list = field(default_factory=list)  # what must be installed: torch, triton, packages
+    project: list = field(default_factory=list)  # the project's own modules the copied code imports
+    generated: int = 0  # recorded values repro.py generates instead of loading
+    loss_ref: Optional[str] = None  # how repro.py names the user's own loss, when captured
+    autocast: Optional[dict] = None  # the autocast the captured step ran under
 
 
 def op_path(fn):
@@ -118,6 +136,7 @@ def extension_for(ns):
     libs = []
     try:
         import torch
+
         libs = [os.path.realpath(p) for p in getattr(torch.ops, "loaded_libraries", ())]
     except ImportError:
         pass
@@ -151,11 +170,15 @@ def function_ref(fn, needs):
                 lines = extension_for(ns)
                 if lines:
                     needs.imports.update(lines)
-                    needs.notes.append(f"{qual} comes from a compiled extension: "
-                                       f"{', '.join(line.split()[-1] for line in lines)} must be importable")
+                    needs.notes.append(
+                        f"{qual} comes from a compiled extension: "
+                        f"{', '.join(line.split()[-1] for line in lines)} must be importable"
+                    )
                 else:
-                    needs.missing.append(f"custom op {qual}: neither a torch.library.custom_op defined in "
-                                         "Python nor a loaded compiled extension that defines it")
+                    needs.missing.append(
+                        f"custom op {qual}: neither a torch.library.custom_op defined in "
+                        "Python nor a loaded compiled extension that defines it"
+                    )
         return f"torch.ops.{ns}.{op}" + (f".{overload}" if overload else "")
     owner = getattr(fn, "__self__", None)
     if inspect.isclass(owner) and getattr(fn, "__name__", "") == "apply" and owner.__module__.split(".")[0] != "torch":
@@ -188,7 +211,7 @@ def strip_decorators(code):
     except (SyntaxError, IndexError):
         return code
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.decorator_list:
-        return "".join(code.splitlines(keepends=True)[node.lineno - 1:])
+        return "".join(code.splitlines(keepends=True)[node.lineno - 1 :])
     return code
 
 
@@ -235,8 +258,10 @@ def user_source(fns, missing=None, carried_ops=None):
         target = getattr(fn, "fn", fn)
         code = source_of(fn)
         if code is None:
-            missing.append(f"function {getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}: "
-                           "its source cannot be read")
+            missing.append(
+                f"function {getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}: "
+                "its source cannot be read"
+            )
             continue
         if is_triton_kernel(fn):
             imports.update({"import triton", "import triton.language as tl"})
@@ -248,8 +273,11 @@ def user_source(fns, missing=None, carried_ops=None):
         if inspect.isclass(target):
             # State the program kept on the class (a step counter, a flag) as it was in the captured step,
             # not as the class body first set it.
-            state = [f"{target.__name__}.{k} = {v!r}" for k, v in vars(target).items()
-                     if not k.startswith("_") and plain_literal(v)]
+            state = [
+                f"{target.__name__}.{k} = {v!r}"
+                for k, v in vars(target).items()
+                if not k.startswith("_") and plain_literal(v)
+            ]
             if state:
                 code += "\n\n" + "\n".join(state) + "\n"
         out.append(code)
@@ -275,7 +303,7 @@ def body_imports(code, module):
             base = node.module or ""
             if node.level:
                 parts = package.split(".") if package else []
-                parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
                 base = ".".join(p for p in parts + ([node.module] if node.module else []) if p)
             if base and base != "__future__":
                 names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
@@ -396,15 +424,18 @@ def custom_op_source(qual, opdef, missing):
         return None, []
     var = init.__name__
     schema = str(opdef._opoverload._schema)
-    schema = schema[schema.index("("):]
-    mutates = tuple(a.name for a in opdef._opoverload._schema.arguments
-                    if a.alias_info is not None and a.alias_info.is_write)
+    schema = schema[schema.index("(") :]
+    mutates = tuple(
+        a.name for a in opdef._opoverload._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    )
     backends = dict(getattr(opdef, "_backend_fns", {}) or {})
     devices = sorted((d for d, f in backends.items() if f is init and d is not None), key=str)
     device_types = None if not backends or None in backends else (devices or None)
-    parts = [strip_decorators(code),
-             f"{var} = torch.library.custom_op({qual!r}, mutates_args={mutates!r}, "
-             f"device_types={device_types!r}, schema={schema!r})({var})"]
+    parts = [
+        strip_decorators(code),
+        f"{var} = torch.library.custom_op({qual!r}, mutates_args={mutates!r}, "
+        f"device_types={device_types!r}, schema={schema!r})({var})",
+    ]
     deps = [init]
     for device, fn in sorted(backends.items(), key=lambda kv: str(kv[0])):
         if fn is init or device is None:
@@ -428,8 +459,10 @@ def custom_op_source(qual, opdef, missing):
                 continue
             src = source_of(fn)
             if src is None:
-                missing.append(f"custom op {qual}: the source of its autograd function "
-                               f"{getattr(fn, '__qualname__', fn)} cannot be read")
+                missing.append(
+                    f"custom op {qual}: the source of its autograd function "
+                    f"{getattr(fn, '__qualname__', fn)} cannot be read"
+                )
                 continue
             parts.append(strip_decorators(src))
             deps.append(fn)
@@ -443,6 +476,7 @@ class ModuleSpec:
     """A module the kept steps call: built from code (`ctor`) with its state dict, or pickled whole. For a
     module of the user's own class, `cls` is that class (or the classes of it and its children), whose
     source repro.py carries."""
+
     name: str
     ctor: Optional[str]
     cls: Optional[type] = None
@@ -460,14 +494,16 @@ def revived_ctor(name, m, prefix="", classes=None):
     if source_of(type(m)) is None:
         return None
     attrs = {k: v for k, v in vars(m).items() if not k.startswith("_") and k != "training"}
-    plain = all(isinstance(v, PLAIN) or (isinstance(v, tuple) and all(isinstance(x, PLAIN) for x in v))
-                for v in attrs.values())
+    plain = all(
+        isinstance(v, PLAIN) or (isinstance(v, tuple) and all(isinstance(x, PLAIN) for x in v)) for v in attrs.values()
+    )
     if not plain:
         return None
     found = [] if classes is None else classes
     children = []
     for child_name, child in m.named_children():
         import torch
+
         ctor = checked_ctor(child, torch) or revived_ctor(name, child, f"{prefix}{child_name}.", found)
         if ctor is None:
             return None
@@ -476,8 +512,7 @@ def revived_ctor(name, m, prefix="", classes=None):
     params = [k for k, v in m._parameters.items() if v is not None]
     buffers = [k for k, v in m._buffers.items() if v is not None]
     more = f", {prefix!r}, {{{', '.join(children)}}}" if prefix or children else ""
-    return (f"revive({type(m).__name__}, {attrs!r}, {params!r}, {buffers!r}, "
-            f"data['states'][{name!r}]{more})")
+    return f"revive({type(m).__name__}, {attrs!r}, {params!r}, {buffers!r}, data['states'][{name!r}]{more})"
 
 
 def module_ctor(m, nn):
@@ -528,7 +563,7 @@ def checked_ctor(m, torch):
 # repro.py's training runtime when it keeps backward or optimizer nodes: the harness's own arithmetic
 # (cut, add_grads, node_backward, optimizer_from_spec: copied from their source, so repro.py computes
 # exactly what the harness did) and the state it keeps between nodes.
-TRAINING_GLUE = '''\
+TRAINING_GLUE = """\
 LEAVES, GRAPHS, GRADS, CONTRIBUTED = [], {}, {}, set()
 
 
@@ -559,7 +594,7 @@ def update(optimizer_class, spec, params_state, grads):
         g = grads.get(n)
         p.grad = None if g is None else g.to(device=DEVICE, dtype=p.dtype)
     optimizer_from_spec(optimizer_class, spec, params).step()
-'''
+"""
 
 
 def launch_helpers():
@@ -591,15 +626,19 @@ def training_call(s, needs):
         body = ""
         if needs.loss_ref:
             # The user's own loss, forward and backward, on the inputs it had in the captured step.
-            body = (f"    with autocast():\n"
-                    f"        run_loss_call({needs.loss_ref}, data['loss_call']['args'], data['loss_call']['kwargs'], "
-                    "DEVICE)\n")
-        body += ("    for name, g in data['output_grads'].items():\n"
-                 "        give_grad(name, {i: x.to(DEVICE) for i, x in g.items()})\n")
+            body = (
+                f"    with autocast():\n"
+                f"        run_loss_call({needs.loss_ref}, data['loss_call']['args'], data['loss_call']['kwargs'], "
+                "DEVICE)\n"
+            )
+        body += (
+            "    for name, g in data['output_grads'].items():\n"
+            "        give_grad(name, {i: x.to(DEVICE) for i, x in g.items()})\n"
+        )
     elif s.kind == "backward":
         body = f"    backward({s.target!r}, data['grads'].get({s.target!r}))\n"
     else:
-        body = (f"    update({needs.optimizer_ref}, data['optimizer'], data['params'], data['param_grads'])\n")
+        body = f"    update({needs.optimizer_ref}, data['optimizer'], data['params'], data['param_grads'])\n"
     return f"    print({begin!r}, flush=True)\n{body}    sync()\n    print({end!r}, flush=True)"
 
 
@@ -614,8 +653,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
     """repro.py's text: markers and a synchronise around every node, like the harness, so the classifier
     reads it the same way. Raises ExtractError naming what it could not carry."""
     needs = needs or Needs()
-    needs.imports.update({"import contextlib", "import os", "import sys", "import torch",
-                          "import torch.utils._pytree"})
+    needs.imports.update({"import contextlib", "import os", "import sys", "import torch", "import torch.utils._pytree"})
     lines = []
     differentiated = {s.target for s in kept if s.kind == "backward"}
     for s in kept:
@@ -626,8 +664,10 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         if s.name in differentiated:
             # Its inputs become fresh leaves, so its backward is its own alone.
             fmt = "cut(env[{name!r}], {name!r}, LEAVES" + (", clone=True)" if s.inplace else ")")
-        args = ", ".join([literal(a, fmt) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
-                         + [f"{k}={literal(v, fmt)}" for k, v in s.kwargs.items()])
+        args = ", ".join(
+            [literal(a, fmt) for a in (s.args[1:] if s.kind == "call_method" else s.args)]
+            + [f"{k}={literal(v, fmt)}" for k, v in s.kwargs.items()]
+        )
         prelude = ""
         if s.kind == "call_recorded":
             # A call found by descending into a module kept whole: its recorded (args, kwargs), cut into
@@ -651,13 +691,15 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
         if s.name in differentiated:
             module = f"modules[{s.module!r}]" if s.module is not None else "None"
             done = f"    forward_done({s.name!r}, env[{s.name!r}], {module})\n"
-        lines.append(f"    print({begin!r}, flush=True)\n"
-                     f"{prelude}"
-                     f"    with autocast():\n"
-                     f"        env[{s.name!r}] = {expr}\n"
-                     f"{done}"
-                     f"    sync()\n"
-                     f"    print({end!r}, flush=True)")
+        lines.append(
+            f"    print({begin!r}, flush=True)\n"
+            f"{prelude}"
+            f"    with autocast():\n"
+            f"        env[{s.name!r}] = {expr}\n"
+            f"{done}"
+            f"    sync()\n"
+            f"    print({end!r}, flush=True)"
+        )
     # The user's own module classes that repro.py revives from code.
     for spec in modules:
         if spec.ctor and spec.cls is not None:
@@ -687,27 +729,35 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
     if packages:
         needs.notes.append(f"these installed packages: {', '.join(packages)}")
     if project:
-        needs.notes.append(f"the project under test at the culprit commit on PYTHONPATH (the copied code imports "
-                           f"{', '.join(project)}); reproduce.sh checks it out")
+        needs.notes.append(
+            f"the project under test at the culprit commit on PYTHONPATH (the copied code imports "
+            f"{', '.join(project)}); reproduce.sh checks it out"
+        )
     notes = "".join(f"\nNeeds: {n}." for n in needs.notes)
     if needs.generated:
-        values_text = (f"{needs.generated} large recorded values are generated from their recorded shape, dtype\n"
-                       "and range (extremes in place: the fault was checked to show that way); the rest of\n"
-                       "repro_data.pt is exact;")
+        values_text = (
+            f"{needs.generated} large recorded values are generated from their recorded shape, dtype\n"
+            "and range (extremes in place: the fault was checked to show that way); the rest of\n"
+            "repro_data.pt is exact;"
+        )
     else:
         values_text = "The tensors in repro_data.pt are the exact values the full model produced, not random stand-ins;"
     base = "torch and triton" if triton else "torch"
     needs_text = f"{base}, and what follows" if packages or project else f"only {base}"
     # The template is dedented before anything is put in it: a title or note of several lines (at any
     # indentation) can never change how the rest is indented.
-    doc = docstring_text(f"{title}\n\nGenerated by cudabisect. Needs {needs_text}.{notes}\n"
-                         "Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it "
-                         f"reproduced)\n{values_text}\n"
-                         "it loads with weights_only=True (no code runs when it is opened).")
-    head = ('#!/usr/bin/env python3\n'
-            f'"""{doc}\n"""\n'
-            'from __future__ import annotations\n'
-            f'# cudabisect-needs-project: {", ".join(project)}\n')
+    doc = docstring_text(
+        f"{title}\n\nGenerated by cudabisect. Needs {needs_text}.{notes}\n"
+        "Run: CUDA_LAUNCH_BLOCKING=1 python repro.py   (exit status 1 and the CUDA error mean it "
+        f"reproduced)\n{values_text}\n"
+        "it loads with weights_only=True (no code runs when it is opened)."
+    )
+    head = (
+        "#!/usr/bin/env python3\n"
+        f'"""{doc}\n"""\n'
+        "from __future__ import annotations\n"
+        f"# cudabisect-needs-project: {', '.join(project)}\n"
+    )
     plain = sorted(i for i in needs.imports if i.startswith(("import ", "from ")))
     consts = sorted(i for i in needs.imports if not i.startswith(("import ", "from ")))
     body = "\n".join(plain) + "\n\n"
@@ -716,7 +766,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
     if sources or op_sources:
         body += "# --- the model's own code that the kept nodes call, copied from its source ---\n\n"
         body += "\n\n".join(sources + op_sources) + "\n\n"
-    body += textwrap.dedent(f'''\
+    body += textwrap.dedent(f"""\
         DEVICE = os.environ.get("REPRO_DEVICE", {device!r})
         HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -773,18 +823,20 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                 return module.train(data["training"][name]).to(DEVICE)
 
             modules = {{}}
-        ''')
+        """)
     for spec in modules:
         if spec.ctor:
             body += f"    modules[{spec.name!r}] = build({spec.name!r}, {spec.ctor})\n"
     if pickled:
-        body += ("    # NOT STANDALONE: the model's own module classes, pickled whole; opening this file runs\n"
-                 "    # code from their package, which must be importable.\n"
-                 "    pickled = torch.load(os.path.join(HERE, \"repro_modules.pt\"), weights_only=False)\n")
+        body += (
+            "    # NOT STANDALONE: the model's own module classes, pickled whole; opening this file runs\n"
+            "    # code from their package, which must be importable.\n"
+            '    pickled = torch.load(os.path.join(HERE, "repro_modules.pt"), weights_only=False)\n'
+        )
         for name in pickled:
             body += f"    modules[{name!r}] = pickled[{name!r}].to(DEVICE)\n"
     body += "\n".join(lines) + "\n"
-    body += textwrap.dedent('''\
+    body += textwrap.dedent("""\
             print("repro: ran clean", flush=True)
 
 
@@ -795,12 +847,11 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                 import traceback
                 traceback.print_exc(file=sys.stdout)
                 sys.exit(1)
-        ''')
+        """)
     text = head + body
     problem = lint(text)
     if problem:
-        raise ExtractError(f"a defect of cudabisect's code generator: the repro.py it generated {problem}",
-                           text)
+        raise ExtractError(f"a defect of cudabisect's code generator: the repro.py it generated {problem}", text)
     return text
 
 
@@ -816,6 +867,7 @@ def lint(text):
     except ImportError:
         return None
     import io
+
     out = io.StringIO()
     api.check(text, "repro.py", reporter.Reporter(out, out))
     undefined = [line for line in out.getvalue().splitlines() if "undefined name" in line]
@@ -853,6 +905,7 @@ def safe_value(v):
     (a `ModelOutput`, a dataclass, any dict subclass) as a plain dict of its fields, recursively, and
     objects of other types left out."""
     import dataclasses
+
     if isinstance(v, dict):
         return {k: safe_value(x) for k, x in v.items()}
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -862,8 +915,25 @@ def safe_value(v):
     if isinstance(v, tuple):
         return tuple(safe_value(x) for x in v)
     import torch
-    if v is None or isinstance(v, (bool, int, float, complex, str, bytes, slice, torch.Tensor, torch.dtype,
-                                   torch.device, torch.Size, torch.memory_format, torch.layout)):
+
+    if v is None or isinstance(
+        v,
+        (
+            bool,
+            int,
+            float,
+            complex,
+            str,
+            bytes,
+            slice,
+            torch.Tensor,
+            torch.dtype,
+            torch.device,
+            torch.Size,
+            torch.memory_format,
+            torch.layout,
+        ),
+    ):
         return v
     return None  # an object of the library's own (a key-value cache): no kept node reads it from here
 
@@ -884,8 +954,10 @@ def loss_reference(spec, needs):
     ctor = checked_ctor(owner, importlib.import_module("torch")) if hasattr(owner, "state_dict") else None
     if ctor:
         return f"{ctor}.{fn['method']}"
-    raise ExtractError(f"the loss is the {fn['method']} of a {type(owner).__qualname__} object, which repro.py "
-                       "cannot rebuild from code")
+    raise ExtractError(
+        f"the loss is the {fn['method']} of a {type(owner).__qualname__} object, which repro.py "
+        "cannot rebuild from code"
+    )
 
 
 def training_data(kept, w, env, recording, needs):
@@ -905,8 +977,10 @@ def training_data(kept, w, env, recording, needs):
             spec = w.training.loss_call
             if spec is not None:
                 needs.loss_ref = loss_reference(spec, needs)
-                data["loss_call"] = {"args": to_device(list(spec["args"]), "cpu"),
-                                     "kwargs": to_device(dict(spec["kwargs"]), "cpu")}
+                data["loss_call"] = {
+                    "args": to_device(list(spec["args"]), "cpu"),
+                    "kwargs": to_device(dict(spec["kwargs"]), "cpu"),
+                }
             for r in refs_in(s.args):
                 g = recorded(grad_name(r.name))
                 if g is not None:
@@ -926,8 +1000,11 @@ def training_data(kept, w, env, recording, needs):
                 needs.optimizer_ref = cls.__name__
             data["optimizer"] = to_device(spec, "cpu")
             data["params"] = {n: p.detach().cpu() for n, p in w.root.named_parameters()}
-            grads = w.training.param_grads if w.training.param_grads is not None else \
-                (env.get(GRADS_VALUE) or recorded(GRADS_VALUE) or {})
+            grads = (
+                w.training.param_grads
+                if w.training.param_grads is not None
+                else (env.get(GRADS_VALUE) or recorded(GRADS_VALUE) or {})
+            )
             data["param_grads"] = to_device(grads, "cpu")
     return data
 
@@ -937,6 +1014,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
     repro_modules.pt (a full pickle); returns what it wrote, for the protocol's answer. With `w` (a
     training graph) it also writes the backward and update nodes it keeps."""
     import torch
+
     specs, states, training, pickled = [], {}, {}, {}
     needs = Needs(autocast=autocast)
     extra = {}
@@ -963,12 +1041,13 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
             pickled[s.module] = m
     foreign = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in pickled.values()})
     if foreign:
-        title += ("\n\nNOT STANDALONE: it unpickles the model's own module classes "
-                  f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable.")
+        title += (
+            "\n\nNOT STANDALONE: it unpickles the model's own module classes "
+            f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable."
+        )
         print(f"harness: repro.py needs the model's package for {', '.join(foreign)}", file=sys.stderr)
     names = sorted(env)
-    data = {"values": {k: safe_value(to_device(env[k], "cpu")) for k in names}, "states": states,
-            "training": training}
+    data = {"values": {k: safe_value(to_device(env[k], "cpu")) for k in names}, "states": states, "training": training}
     data.update(extra)
     generated = 0
     if generate_over is not None:
@@ -999,6 +1078,13 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
     path = os.path.join(out_dir, "repro.py")
     with open(path, "w") as f:
         f.write(text)
-    return {"repro": path, "nodes": [s.name for s in kept], "standalone": not pickled and not needs.project,
-            "pickled_modules": sorted(pickled), "requires": needs.requires, "project": needs.project,
-            "generated": generated, "bytes": os.path.getsize(data_path)}
+    return {
+        "repro": path,
+        "nodes": [s.name for s in kept],
+        "standalone": not pickled and not needs.project,
+        "pickled_modules": sorted(pickled),
+        "requires": needs.requires,
+        "project": needs.project,
+        "generated": generated,
+        "bytes": os.path.getsize(data_path),
+    }

@@ -17,6 +17,7 @@ def run(steps, root, env, device, record=None, prepared=None):
     forward steps run on fresh leaves so that each backward step is its node's own (see `TrainRun`); a
     kept backward step whose forward is not kept runs that forward first."""
     import torch
+
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     recorder = Recorder(root, steps, prepared.opaque if prepared else set(), record, sync) if record else None
     tr = None

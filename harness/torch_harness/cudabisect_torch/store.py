@@ -9,6 +9,7 @@ import os
 def save(value, path):
     """torch.save without checksums where this torch can leave them out."""
     import torch
+
     ser = torch.serialization
     if not hasattr(ser, "set_crc32_options"):
         torch.save(value, path)
@@ -25,6 +26,7 @@ def load(path, weights_only):
     """torch.load on the CPU, memory-mapped (copy on write: a value changed in place never changes the
     file) where this torch and the file allow it."""
     import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
     except TypeError:  # a torch without mmap

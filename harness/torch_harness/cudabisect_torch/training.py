@@ -29,13 +29,13 @@ GRADS_VALUE = "optimizer_step__grads"
 class Training:
     """What the training step needs besides the forward graph."""
 
-    output: object = None          # the model output's structure: Refs (what `loss` differentiates)
-    out_grads: object = None       # the gradient of the output recorded in the user's own step (a list)
-    loss_fn: object = None         # else: output -> scalar loss (default: the sum of every float output)
-    optimizer: object = None       # a spec {"cls", "groups", "state"} or a factory model -> optimizer
-    param_grads: object = None     # name -> the gradient the optimizer saw (captured; covers clipping)
-    loss_call: object = None       # the user's own loss as captured: {"fn", "args", "kwargs"} (see run_loss_call)
-    autocast: object = None        # the autocast the captured step ran under: {"device_type", "dtype"}
+    output: object = None  # the model output's structure: Refs (what `loss` differentiates)
+    out_grads: object = None  # the gradient of the output recorded in the user's own step (a list)
+    loss_fn: object = None  # else: output -> scalar loss (default: the sum of every float output)
+    optimizer: object = None  # a spec {"cls", "groups", "state"} or a factory model -> optimizer
+    param_grads: object = None  # name -> the gradient the optimizer saw (captured; covers clipping)
+    loss_call: object = None  # the user's own loss as captured: {"fn", "args", "kwargs"} (see run_loss_call)
+    autocast: object = None  # the autocast the captured step ran under: {"device_type", "dtype"}
 
 
 def grad_name(step_name):
@@ -46,6 +46,7 @@ def flat_tensors(v):
     """The tensors inside a value, in pytree order."""
     import torch
     from torch.utils._pytree import tree_leaves
+
     return [x for x in tree_leaves(v) if isinstance(x, torch.Tensor)]
 
 
@@ -61,20 +62,33 @@ def training_steps(steps, training):
                 consumers[r.producer].append(s.name)
     outputs = {r.producer for r in refs_in(training.output) if r.producer}
     loss_op = loss_name(training.loss_call)
-    out.append(Step(LOSS_NODE, f"loss {loss_op}" if loss_op else "loss", loss_op or "loss", (training.output,), {},
-                    None, "loss"))
+    out.append(
+        Step(
+            LOSS_NODE, f"loss {loss_op}" if loss_op else "loss", loss_op or "loss", (training.output,), {}, None, "loss"
+        )
+    )
     for s in reversed(steps):
         producers = [c + BACKWARD for c in consumers[s.name]]
         if s.name in outputs:
             producers.append(LOSS_NODE)
         grad_producer = producers[0] if producers else None  # the earliest consumer's backward runs last
         grad = Ref(grad_name(s.name), grad_producer)
-        out.append(Step(s.name + BACKWARD, f"backward of {s.op}", s.kernel, (s.args, s.kwargs, grad), {},
-                        s.name, "backward"))
+        out.append(
+            Step(s.name + BACKWARD, f"backward of {s.op}", s.kernel, (s.args, s.kwargs, grad), {}, s.name, "backward")
+        )
     if training.optimizer is not None:
         last = steps[0].name + BACKWARD if steps else None
-        out.append(Step(OPTIMIZER_NODE, f"{optimizer_class_name(training.optimizer)}.step", "optimizer",
-                        (Ref(GRADS_VALUE, last),), {}, None, "optimizer"))
+        out.append(
+            Step(
+                OPTIMIZER_NODE,
+                f"{optimizer_class_name(training.optimizer)}.step",
+                "optimizer",
+                (Ref(GRADS_VALUE, last),),
+                {},
+                None,
+                "optimizer",
+            )
+        )
     return out
 
 
@@ -107,8 +121,6 @@ def optimizer_class_name(spec):
     return getattr(spec, "__name__", "optimizer")
 
 
-
-
 def step_source(step, root):
     """file:line of the user's code that made a forward step (where FX saw the call), else of the code it
     runs: where the inputs of that step's backward were created."""
@@ -136,6 +148,7 @@ def cut(v, name, leaves, clone=False):
     """`v` with its differentiable tensors made fresh leaves (noted in `leaves` as (name, index, leaf)):
     a backward stops at them. A step that works in place gets a copy, which a leaf cannot be."""
     import torch
+
     flat, spec = torch.utils._pytree.tree_flatten(v)
     out, i = [], 0  # i: the tensor's position among the value's tensors, as gradients are indexed
     for x in flat:
@@ -154,6 +167,7 @@ def run_loss_call(fn, args, kwargs, device):
     the loss phase's own kernels, forward and backward. Its differentiable inputs are fresh leaves; the
     gradients that reached those taken from the model's output are returned as {output index: grad}."""
     import torch
+
     leaves, outputs = [], []
 
     def walk(x):
@@ -203,6 +217,7 @@ def node_backward(leaves, params, out, grads):
     """One node's own backward, given the gradients {index: grad} of its output's tensors: the gradients
     of its leaves as [(name, index, grad)] and of its parameters as [grad]."""
     import torch
+
     tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     outs, gos = [], []
     for i, x in enumerate(tensors):
@@ -213,7 +228,7 @@ def node_backward(leaves, params, out, grads):
     if not outs or not targets:
         return [], []
     got = torch.autograd.grad(outs, targets, grad_outputs=gos, allow_unused=True)
-    return [(name, i, g) for (name, i, _), g in zip(leaves, got)], list(got[len(leaves):])
+    return [(name, i, g) for (name, i, _), g in zip(leaves, got)], list(got[len(leaves) :])
 
 
 def optimizer_from_spec(optimizer_class, spec, params):
@@ -238,18 +253,21 @@ def optimizer_from_spec(optimizer_class, spec, params):
 def generated_spec(t):
     """A tensor as its shape, dtype, range and where its extremes are."""
     import torch
+
     flat = t.detach().reshape(-1)
     spec = {"__generated__": True, "shape": [int(d) for d in t.shape], "dtype": str(t.dtype).replace("torch.", "")}
     if flat.numel():
         values = flat.to(torch.int8) if t.dtype == torch.bool else flat
-        spec.update(min=values.min().item(), max=values.max().item(), argmin=int(values.argmin()),
-                    argmax=int(values.argmax()))
+        spec.update(
+            min=values.min().item(), max=values.max().item(), argmin=int(values.argmin()), argmax=int(values.argmax())
+        )
     return spec
 
 
 def regenerate(v, device):
     """`v` with every generated spec in it made a tensor again (seeded: the same values every time)."""
     import torch
+
     if isinstance(v, dict) and v.get("__generated__"):
         dtype, shape = getattr(torch, v["dtype"]), v["shape"]
         gen = torch.Generator(device=device).manual_seed(0)
@@ -282,6 +300,7 @@ def regenerate(v, device):
 def with_generated(v, over):
     """`v` with every tensor of more than `over` bytes (finite, real) replaced by its spec."""
     import torch
+
     if isinstance(v, torch.Tensor):
         big = v.numel() * v.element_size() > over and not v.is_complex()
         finite = not v.is_floating_point() or bool(torch.isfinite(v).all())
@@ -311,10 +330,10 @@ class TrainRun:
         self.root, self.env, self.training, self.device, self.record = root, env, training, device, record
         self.forward = {s.name: s for s in forward_steps}
         self.attr_targets = attr_targets  # get_attr value -> the parameter's name
-        self.graphs = {}          # forward step -> (leaves [(ref name, index, leaf)], params [(name, p)], out)
-        self.grads = {}           # value name -> {tensor index: grad}
+        self.graphs = {}  # forward step -> (leaves [(ref name, index, leaf)], params [(name, p)], out)
+        self.grads = {}  # value name -> {tensor index: grad}
         self.contributed = set()  # values that got a live contribution in this run
-        self.param_grads = {}     # parameter name -> accumulated gradient
+        self.param_grads = {}  # parameter name -> accumulated gradient
 
     def forward_step(self, step):
         with autocast(self.training.autocast, self.device):
@@ -324,6 +343,7 @@ class TrainRun:
         """Runs a forward step on fresh leaves and keeps what its backward needs."""
         import torch
         from torch.fx.node import map_aggregate
+
         inplace, leaves = step_is_inplace(step, self.root), []
 
         def value(x):
@@ -333,14 +353,25 @@ class TrainRun:
                 raise MissingValue(x.name)
             return cut(self.env[x.name], x.name, leaves, inplace)
 
-        cut_step = Step(step.name, step.op, step.kernel, map_aggregate(step.args, value),
-                        map_aggregate(step.kwargs, value), step.target, step.kind, step.via)
+        cut_step = Step(
+            step.name,
+            step.op,
+            step.kernel,
+            map_aggregate(step.args, value),
+            map_aggregate(step.kwargs, value),
+            step.target,
+            step.kind,
+            step.via,
+        )
         with torch.enable_grad():
             out = call(cut_step, self.root, {})
         params = []
         if step.module is not None:
-            params = [(f"{step.module}.{n}" if step.module else n, p)
-                      for n, p in self.root.get_submodule(step.module).named_parameters() if p.requires_grad]
+            params = [
+                (f"{step.module}.{n}" if step.module else n, p)
+                for n, p in self.root.get_submodule(step.module).named_parameters()
+                if p.requires_grad
+            ]
         self.graphs[step.name] = (leaves, params, out)
         self.env[step.name] = out
 
@@ -352,6 +383,7 @@ class TrainRun:
         """The gradient of every model output: recorded from the user's loss, or from the loss function.
         A captured loss of the user's own runs first, forward and backward, on its captured inputs."""
         import torch
+
         live = None
         if self.training.loss_call is not None:
             spec = self.training.loss_call
@@ -365,8 +397,11 @@ class TrainRun:
             leaves = []
             out = cut(resolve(self.training.output, self.env), "output", leaves)
             with torch.enable_grad():
-                value = (model_call(self.training.loss_fn, out) if self.training.loss_fn
-                         else sum(leaf.float().sum() for _, _, leaf in leaves))
+                value = (
+                    model_call(self.training.loss_fn, out)
+                    if self.training.loss_fn
+                    else sum(leaf.float().sum() for _, _, leaf in leaves)
+                )
             got = torch.autograd.grad(value, [leaf for _, _, leaf in leaves], allow_unused=True) if leaves else ()
             by_index = {i: g for (_, i, _), g in zip(leaves, got)}
             grads = [by_index.get(i) for i in range(len(flat_tensors(out)))]
@@ -375,18 +410,23 @@ class TrainRun:
         for r in refs_in(step.args):
             if r.name in self.env:
                 n = len(flat_tensors(self.env[r.name]))
-                self.give_grad(r.name, dict(enumerate(grads[at:at + n])))
+                self.give_grad(r.name, dict(enumerate(grads[at : at + n])))
                 at += n
 
     def backward_step(self, step):
         """The backward of forward node `step.target`, on what the later nodes passed back (else the
         recording's, loaded with the boundary values)."""
         leaves, params, out = self.graphs[step.target]
-        grads = (self.grads.get(step.target, {}) if step.target in self.contributed
-                 else self.env.get(grad_name(step.target)) or {})
+        grads = (
+            self.grads.get(step.target, {})
+            if step.target in self.contributed
+            else self.env.get(grad_name(step.target)) or {}
+        )
         if self.record:
-            store.save({i: g.detach().cpu() for i, g in grads.items()},
-                       os.path.join(self.record, f"{grad_name(step.target)}.pt"))
+            store.save(
+                {i: g.detach().cpu() for i, g in grads.items()},
+                os.path.join(self.record, f"{grad_name(step.target)}.pt"),
+            )
         leaf_grads, param_grads = model_call(node_backward, leaves, [p for _, p in params], out, grads)
         for name, i, g in leaf_grads:
             if g is None:
@@ -411,8 +451,7 @@ class TrainRun:
         else:
             grads = self.env.get(GRADS_VALUE) or {}
         if self.record:
-            store.save({k: v.detach().cpu() for k, v in grads.items()},
-                       os.path.join(self.record, f"{GRADS_VALUE}.pt"))
+            store.save({k: v.detach().cpu() for k, v in grads.items()}, os.path.join(self.record, f"{GRADS_VALUE}.pt"))
         for name, p in params.items():
             g = grads.get(name)
             p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype)
@@ -425,6 +464,7 @@ def autocast(spec, device):
     import contextlib
 
     import torch
+
     if not spec:
         return contextlib.nullcontext()
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -438,8 +478,9 @@ def step_is_inplace(step, root):
         except AttributeError:
             return False
     name = step.target if isinstance(step.target, str) else getattr(step.target, "__name__", "")
-    return bool(step.kwargs.get("inplace")) or (isinstance(name, str) and name.endswith("_")
-                                                 and not name.endswith("__"))
+    return bool(step.kwargs.get("inplace")) or (
+        isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+    )
 
 
 def build_optimizer(spec, root):

@@ -28,6 +28,7 @@ def forward(path, argv):
     """Runs `argv` in the warm server at `path`; its exit status, or None when it must run cold here."""
     import signal
     import socket
+
     timing("client started")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -73,6 +74,7 @@ def send_request(sock, req, fds):
     """A request on the wire: its length, its JSON, and the caller's stdin, stdout and stderr."""
     import socket
     import struct
+
     payload = json.dumps(req).encode()
     data = struct.pack("!Q", len(payload)) + payload
     sent = socket.send_fds(sock, [data], fds)
@@ -84,6 +86,7 @@ def send_request(sock, req, fds):
 def recv_request(conn, timeout=30):
     import socket
     import struct
+
     conn.settimeout(timeout)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     while len(data) < 8:
@@ -149,6 +152,7 @@ def warm_device(a, root=None, captured=None):
     imported Triton), so the run it serves does not wait for them. A spare serves one run only, so
     nothing it warms can leak into another."""
     import torch
+
     nn = torch.nn
     device = resolve_device(a.device, captured)
     if not device.startswith("cuda"):
@@ -212,6 +216,7 @@ def child(req, fds, warm, inherited, app):
         os.environ.clear()
         os.environ.update(req["env"])
         import signal
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         code = app.main(req["argv"], warm=warm)
@@ -243,6 +248,7 @@ def cuda_initialised():
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was initialised in the server (torch)"
     import ctypes
+
     try:
         lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4))
     except OSError:
@@ -274,6 +280,7 @@ def serve(a, app):
     import selectors
     import signal
     import socket
+
     try:
         os.unlink(a.socket)
     except FileNotFoundError:
@@ -457,4 +464,3 @@ def serve(a, app):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-
