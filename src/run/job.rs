@@ -22,6 +22,7 @@ use super::probe::WorktreeProber;
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker};
 use super::stages::{
     cross_check_beside_stages, run_stages, Early, StageChoice, StageContext, Staged,
+    ENVIRONMENT_BESIDE,
 };
 use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
@@ -479,7 +480,7 @@ fn stages_then_bundle(
                 });
                 if asked.is_some() {
                     reporter.event(&Event::EnvironmentProbe {
-                        tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+                        tool: ENVIRONMENT_BESIDE.into(),
                     });
                 }
                 let stopped = run_stages(ctx, choice, oid, report, reporter);

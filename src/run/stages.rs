@@ -23,6 +23,10 @@ use super::probe::WorktreeProber;
 use super::search::{SearchEnd, SearchOutcome};
 use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
 
+/// What the environment probe beside the stages asks.
+pub const ENVIRONMENT_BESIDE: &str =
+    "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)";
+
 /// Which stages to run.
 #[derive(Clone, Copy, Debug)]
 pub struct StageChoice {
@@ -317,7 +321,7 @@ pub fn cross_check_beside_stages(
                     let mut events = SendingReporter(tx);
                     if asked.is_some() {
                         events.event(&Event::EnvironmentProbe {
-                            tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)".into(),
+                            tool: ENVIRONMENT_BESIDE.into(),
                         });
                     }
                     let interrupted =
