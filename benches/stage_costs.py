@@ -34,6 +34,21 @@ def timed(name, cmd, cwd, out, env=None):
     return wall
 
 
+def contention(repo, out, env, memcheck, san):
+    """Triage's memcheck run alone, beside CPU-only load, and beside training runs on the GPU (what the
+    capture does while triage runs): which of the two slows it."""
+    timed("memcheck alone", memcheck, repo, out, san)
+    spin = [subprocess.Popen(["python3", "-c", "while True: pass"]) for _ in range(4)]
+    timed("memcheck beside 4 busy CPU processes", memcheck, repo, out, san)
+    for p in spin:
+        p.kill()
+    loop = "for i in $(seq 30); do python3 train.py >/dev/null 2>&1; done"
+    gpu = [subprocess.Popen(["sh", "-c", loop], cwd=repo, env=env) for _ in range(2)]
+    timed("memcheck beside 2 training loops on the GPU", memcheck, repo, out, san)
+    for p in gpu:
+        p.kill()
+
+
 def main():
     bin_ = os.path.abspath(sys.argv[1])
     out = Path(sys.argv[2] if len(sys.argv) > 2 else "stage-costs").resolve()
@@ -48,6 +63,9 @@ def main():
     timed("plain, warm", ["python3", "train.py"], repo, out, env)
     san = dict(env, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     memcheck = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "1000", "--error-exitcode", "86"]
+    if os.environ.get("STAGE_COSTS") == "contention":
+        contention(repo, out, env, [*memcheck, "python3", "train.py"], san)
+        return
     timed("memcheck, every kernel", [*memcheck, "python3", "train.py"], repo, out, san)
     timed("memcheck, the target's kernel only", [*memcheck, "--kernel-name", f"kns={KERNEL}", "python3",
                                                   "train.py"], repo, out, san)
