@@ -321,6 +321,20 @@ impl Probe for WorktreeProber<'_> {
     }
 }
 
+impl ProbeOutcome {
+    /// A probe of `commit` that ran nothing, `signature` saying why: its record as any prober leaves it
+    /// for the judge.
+    pub fn without_run(commit: Oid, ctx: &ProbeContext, signature: Signature) -> Self {
+        let commit = commit.to_string();
+        let mut finished = Finished {
+            ctx,
+            commit: &commit,
+            started: Instant::now(),
+        };
+        finished.done(signature, None, None, None, 0)
+    }
+}
+
 /// Everything a record needs besides the run itself.
 struct Finished<'r> {
     ctx: &'r ProbeContext,

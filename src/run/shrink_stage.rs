@@ -365,17 +365,7 @@ fn shrink_with(
     };
     let at_parent = |snapshot: &ShrinkReport| match stage.parent_beside {
         None => ParentCheck::NotRun("no worker for the parent".into()),
-        Some((prober, parent)) => match prober.prepare(parent, "parent") {
-            Err(e) => ParentCheck::NotRun(e.to_string()),
-            Ok(()) => parent_check(
-                stage,
-                &way,
-                prober.worktree.path(),
-                &parent.to_string(),
-                snapshot,
-                cancel,
-            ),
-        },
+        Some(at) => parent_check_at(stage, &way, at, snapshot, cancel),
     };
     let settings = ShrinkSettings {
         policy: &stage.config.match_policy,
@@ -442,19 +432,30 @@ pub fn shrink_then_check_parent(
     };
     report.parent_check = Some(match at_parent {
         Err(why) => ParentCheck::NotRun(why),
-        Ok((prober, parent)) => match prober.prepare(parent, "parent") {
-            Err(e) => ParentCheck::NotRun(e.to_string()),
-            Ok(()) => parent_check(
-                stage,
-                &way,
-                prober.worktree.path(),
-                &parent.to_string(),
-                &report,
-                cancel,
-            ),
-        },
+        Ok(at) => parent_check_at(stage, &way, at, &report, cancel),
     });
     report
+}
+
+/// The parent built in `prober`'s worktree, then the minimal subgraph of `report` run there.
+fn parent_check_at(
+    stage: &ShrinkStage,
+    way: &ShrinkWay,
+    (prober, parent): (&WorktreeProber, Oid),
+    report: &ShrinkReport,
+    cancel: &AtomicBool,
+) -> ParentCheck {
+    match prober.prepare(parent, "parent") {
+        Err(e) => ParentCheck::NotRun(e.to_string()),
+        Ok(()) => parent_check(
+            stage,
+            way,
+            prober.worktree.path(),
+            &parent.to_string(),
+            report,
+            cancel,
+        ),
+    }
 }
 
 /// The minimal subgraph once more at `parent_cwd` (the parent commit, built there), through the way

@@ -9,10 +9,8 @@ use std::time::Duration;
 
 use git2::Oid;
 
-use crate::bisect::Verdict;
 use crate::classify::{FaultClass, Signature};
 use crate::report::event::{Event, Reporter};
-use crate::report::record::ProbeRecord;
 use crate::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 
 /// One worker as the search sees it: a prober of its own (its own worktree, warm build directory and
@@ -137,28 +135,9 @@ fn broken(job: &Job, panic: &(dyn std::any::Any + Send)) -> Done {
                 FaultClass::Infra,
                 format!("the probe worker failed (a defect of cudabisect): {why}"),
             );
-            Done::Probed(Box::new(ProbeOutcome {
-                record: ProbeRecord {
-                    commit: job.oid.to_string(),
-                    role: job.ctx.role,
-                    verdict: Verdict::Skip,
-                    signature,
-                    matched_target: false,
-                    reason: None,
-                    exit_code: None,
-                    signal: None,
-                    duration_s: 0.0,
-                    build_log: None,
-                    log: None,
-                    sanitizer: None,
-                    attempts: 0,
-                    reused: false,
-                    job: None,
-                    runner: None,
-                },
-                interrupted: false,
-                output: String::new(),
-            }))
+            Done::Probed(Box::new(ProbeOutcome::without_run(
+                job.oid, &job.ctx, signature,
+            )))
         }
         Task::Sanitize => Done::Sanitized(None),
         Task::WarmUp => Done::WarmedUp,
