@@ -1456,38 +1456,17 @@ fn scripted(
 #[test]
 fn a_prober_that_panics_ends_the_search_as_a_broken_host_instead_of_leaving_it_waiting() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let stops: Vec<&'static AtomicBool> = (0..2)
-        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
-        .collect();
+    let stops = stop_flags(2);
     let (tx, rx) = std::sync::mpsc::channel();
     // The search runs on a thread of its own: a driver left waiting fails the test instead of hanging it.
     std::thread::spawn(move || {
-        let range = linear(16);
-        let goods = vec![("v1".to_string(), oid(0))];
-        let policy = MatchPolicy::parse("class+kernel").unwrap();
-        let input = SearchInput {
-            range: &range,
-            bad: ("main", oid(16)),
-            goods: &goods,
-            merge_bases: &[],
-            policy: &policy,
-            goods_may_show_other_bugs: false,
-            flaky: Default::default(),
-            fix_of: None,
-            sharing: Sharing::NONE,
-        };
         let mut probers: Vec<Scripted> = stops.iter().map(|_| scripted(cancel, None)).collect();
         // The second worker's prober has a defect: it panics on every commit in the range.
         probers[1].shows = Box::new(|i| {
             assert!(i == 0, "a defect in the prober at commit {i}");
             clean()
         });
-        let mut workers: Vec<Worker> = probers
-            .iter_mut()
-            .zip(&stops)
-            .map(|(p, &stop)| Worker { probe: p, stop })
-            .collect();
-        let outcome = search_with_workers(&input, &mut workers, &mut Events::default(), cancel);
+        let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
         let _ = tx.send(outcome);
     });
     let outcome = rx
@@ -1512,38 +1491,14 @@ fn a_prober_that_panics_ends_the_search_as_a_broken_host_instead_of_leaving_it_w
 #[test]
 fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_is_stopped() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let stops: Vec<&'static AtomicBool> = (0..3)
-        .map(|_| &*Box::leak(Box::new(AtomicBool::new(false))))
-        .collect();
-    let range = linear(16);
-    let goods = vec![("v1".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        fix_of: None,
-        sharing: Sharing::NONE,
-    };
+    let stops = stop_flags(3);
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.
     let mut probers: Vec<Scripted> = stops
         .iter()
         .map(|&stop| scripted(cancel, Some((8, stop))))
         .collect();
-    let mut events = Events::default();
-    let outcome = {
-        let mut workers: Vec<Worker> = probers
-            .iter_mut()
-            .zip(&stops)
-            .map(|(p, &stop)| Worker { probe: p, stop })
-            .collect();
-        search_with_workers(&input, &mut workers, &mut events, cancel)
-    };
+    let (outcome, events) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
     assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
     // The endpoints on the first worker, the search spread over all three, each probe naming its worker.
     assert_eq!(probers[0].asked[0], (16, ProbeRole::BadEndpoint));
@@ -1580,7 +1535,6 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
     assert!(first_round.len() >= 2, "{first_round:?}");
     // A stopped probe is neither recorded nor learned from, and the run says so.
     let stopped: Vec<&String> = events
-        .0
         .iter()
         .filter_map(|e| match e {
             Event::ProbeAbandoned { commit, .. } => Some(commit),
@@ -1594,7 +1548,6 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         .all(|r| r.signature.summary != "stopped by the driver"));
     // Every probe's number is distinct.
     let mut steps: Vec<usize> = events
-        .0
         .iter()
         .filter_map(|e| match e {
             Event::ProbeFinished { step, .. } => Some(*step),
