@@ -16,13 +16,12 @@ use crate::report::record::{CommitRef, Report, RunResult, FORMAT_VERSION};
 use super::cancel::with_cancel_passed_on;
 use super::ci::start_outputs;
 use super::journal::{self, Journal, JournaledProbe};
-use super::outputs::{bundle_root, torch_before_the_stages, write_bundle};
+use super::outputs::{bundle_root, write_bundle};
 use super::plan::{plan, Plan, RunError, StartOptions};
 use super::probe::WorktreeProber;
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker};
 use super::stages::{
-    cross_check_beside_stages, run_stages, Early, StageChoice, StageContext, Staged,
-    ENVIRONMENT_BESIDE,
+    cross_check_beside_stages, stages_beside_environment, Early, StageChoice, StageContext, Staged,
 };
 use super::workers::plan_slots;
 use super::workspace::{Opening, Workspace};
@@ -454,9 +453,8 @@ fn report_of(
     (report, first_bad)
 }
 
-/// The stages at the first bad commit, then the bundle, with the environment asked beside the stages (it
-/// does not depend on them; PyTorch's report too when the fault already speaks of torch, or of Triton,
-/// which runs under it), so the bundle does not wait for it after.
+/// The stages at the first bad commit (or what they gave when they started beside the cross-check), then
+/// the bundle, with the environment asked beside the stages so the bundle does not wait for it after.
 fn stages_then_bundle(
     ctx: &StageContext,
     (plan, opts): (&Plan, &StartOptions),
@@ -464,48 +462,34 @@ fn stages_then_bundle(
     report: &mut Report,
     reporter: &mut dyn Reporter,
 ) {
-    let cancel = ctx.cancel;
-    std::thread::scope(|s| {
-        let (stopped, asked) = match staged {
-            // Started at the answer while the cross-check ran (their events are passed on already).
-            Some(staged) => {
-                report.triage = staged.triage;
-                report.shrink = staged.shrink;
-                (staged.interrupted, staged.asked)
-            }
-            None => {
-                let asked = plan.config.bundle.enabled.then(|| {
-                    let torch = torch_before_the_stages(report.target.as_ref());
-                    s.spawn(move || (environment::collect(cancel, torch, &mut |_| {}), torch))
-                });
-                if asked.is_some() {
-                    reporter.event(&Event::EnvironmentProbe {
-                        tool: ENVIRONMENT_BESIDE.into(),
-                    });
-                }
-                let stopped = run_stages(ctx, choice, oid, report, reporter);
-                (stopped, asked.and_then(|h| h.join().ok()))
-            }
-        };
-        report.interrupted |= stopped;
-        if !plan.config.bundle.enabled || cancel.load(Ordering::SeqCst) {
-            return;
+    let (cancel, bundle) = (ctx.cancel, plan.config.bundle.enabled);
+    let (stopped, asked) = match staged {
+        // Started at the answer while the cross-check ran (their events are passed on already).
+        Some(staged) => {
+            report.triage = staged.triage;
+            report.shrink = staged.shrink;
+            (staged.interrupted, staged.asked)
         }
-        let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
-        match write_bundle(plan, report, (ctx.run_dir, root), asked, reporter, cancel) {
-            Ok(dir) => {
-                // What a maintainer is handed, and its size (attachable or not).
-                reporter.event(&Event::BundleWritten {
-                    bytes: crate::report::bundle::dir_bytes(&dir),
-                    path: dir.display().to_string(),
-                });
-                report.bundle = Some(dir.display().to_string());
-            }
-            Err(e) => reporter.event(&Event::Warning {
-                message: e.to_string(),
-            }),
+        None => stages_beside_environment(ctx, (choice, oid, bundle), report, reporter),
+    };
+    report.interrupted |= stopped;
+    if !bundle || cancel.load(Ordering::SeqCst) {
+        return;
+    }
+    let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
+    match write_bundle(plan, report, (ctx.run_dir, root), asked, reporter, cancel) {
+        Ok(dir) => {
+            // What a maintainer is handed, and its size (attachable or not).
+            reporter.event(&Event::BundleWritten {
+                bytes: crate::report::bundle::dir_bytes(&dir),
+                path: dir.display().to_string(),
+            });
+            report.bundle = Some(dir.display().to_string());
         }
-    });
+        Err(e) => reporter.event(&Event::Warning {
+            message: e.to_string(),
+        }),
+    }
 }
 
 /// The command line's layer over the config: `--clean` and `--jobs`.

@@ -23,10 +23,6 @@ use super::probe::WorktreeProber;
 use super::search::{SearchEnd, SearchOutcome};
 use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
 
-/// What the environment probe beside the stages asks.
-pub const ENVIRONMENT_BESIDE: &str =
-    "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)";
-
 /// Which stages to run.
 #[derive(Clone, Copy, Debug)]
 pub struct StageChoice {
@@ -92,6 +88,35 @@ pub fn run_stages(
         (section, _) => one_after_the_other(ctx, triage, section.as_ref(), oid, report, reporter),
     };
     stopped || cancel.load(Ordering::SeqCst)
+}
+
+/// The chosen stages at `oid` ([`run_stages`]), with the bundle's environment asked beside them when
+/// `bundle` (it does not depend on them; PyTorch's report too when the fault already speaks of torch, or
+/// of Triton, which runs under it): whether Ctrl-C stopped one, and the environment.
+pub fn stages_beside_environment(
+    ctx: &StageContext,
+    (choice, oid, bundle): (StageChoice, Oid, bool),
+    report: &mut Report,
+    reporter: &mut dyn Reporter,
+) -> (bool, Option<Asked>) {
+    let cancel = ctx.cancel;
+    let torch = super::outputs::torch_before_the_stages(report.target.as_ref());
+    std::thread::scope(|s| {
+        let asked = bundle.then(|| {
+            s.spawn(move || {
+                let env = crate::host::environment::collect(cancel, torch, &mut |_| {});
+                (env, torch)
+            })
+        });
+        if asked.is_some() {
+            reporter.event(&Event::EnvironmentProbe {
+                tool: "nvidia-smi, the CUDA driver, nvcc, compute-sanitizer and python (beside the stages)"
+                    .into(),
+            });
+        }
+        let stopped = run_stages(ctx, choice, oid, report, reporter);
+        (stopped, asked.and_then(|h| h.join().ok()))
+    })
 }
 
 /// Triage in `prober`'s worktree and the shrink in `beside`'s, at once, their events rendered here as
@@ -310,30 +335,20 @@ pub fn cross_check_beside_stages(
                     cancel: stop,
                     at_once: early.at_once,
                 };
-                let torch = super::outputs::torch_before_the_stages(report.target.as_ref());
-                std::thread::scope(|s| {
-                    let asked = early.bundle.then(|| {
-                        s.spawn(move || {
-                            let env = crate::host::environment::collect(stop, torch, &mut |_| {});
-                            (env, torch)
-                        })
-                    });
-                    let mut events = SendingReporter(tx);
-                    if asked.is_some() {
-                        events.event(&Event::EnvironmentProbe {
-                            tool: ENVIRONMENT_BESIDE.into(),
-                        });
-                    }
-                    let interrupted =
-                        run_stages(&ctx, early.choice, culprit, &mut report, &mut events);
-                    Staged {
-                        commit: culprit,
-                        triage: report.triage.take(),
-                        shrink: report.shrink.take(),
-                        interrupted,
-                        asked: asked.and_then(|h| h.join().ok()),
-                    }
-                })
+                let mut events = SendingReporter(tx);
+                let (interrupted, asked) = stages_beside_environment(
+                    &ctx,
+                    (early.choice, culprit, early.bundle),
+                    &mut report,
+                    &mut events,
+                );
+                Staged {
+                    commit: culprit,
+                    triage: report.triage.take(),
+                    shrink: report.shrink.take(),
+                    interrupted,
+                    asked,
+                }
             });
             let checked = cross_check(reporter, &|| stop.store(true, Ordering::SeqCst));
             let agreed = matches!(checked.end, SearchEnd::Found(c) if c == culprit)
