@@ -6,6 +6,9 @@ events timed as they arrive.
 
     python3 benches/stage_costs.py CUDABISECT [OUT_DIR]
 
+`STAGE_COSTS=memcheck` stops after the sanitizer options, `STAGE_COSTS=contention` measures memcheck beside
+CPU and GPU load, `STAGE_COSTS=report` measures the XML report and host backtraces triage's run asks for.
+
 Needs a CUDA GPU, compute-sanitizer, torch and triton. Prints one line per measurement and writes the
 logs and events to OUT_DIR.
 """
@@ -49,6 +52,19 @@ def contention(repo, out, env, memcheck, san):
         p.kill()
 
 
+def report(bin_, repo, out, san, memcheck):
+    """Triage's memcheck run as `cudabisect triage` runs it (an XML report saved beside the text) against
+    the plain run, with and without the host backtraces compute-sanitizer collects for every error, and
+    the whole `cudabisect triage` at the same commit: where the triage stage's time beyond memcheck goes."""
+    xml = ["--xml", "--save", str(out / "report.xml")]
+    timed("memcheck, text only", [*memcheck, "python3", "train.py"], repo, out, san)
+    timed("memcheck, text and XML report", [*memcheck, *xml, "python3", "train.py"], repo, out, san)
+    for shown in ("device", "no"):
+        timed(f"memcheck, text and XML report, backtraces {shown}",
+              [*memcheck, *xml, "--show-backtrace", shown, "python3", "train.py"], repo, out, san)
+    timed("cudabisect triage", [bin_, "triage", "-C", str(repo)], repo, out)
+
+
 def main():
     bin_ = os.path.abspath(sys.argv[1])
     out = Path(sys.argv[2] if len(sys.argv) > 2 else "stage-costs").resolve()
@@ -65,6 +81,9 @@ def main():
     memcheck = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "1000", "--error-exitcode", "86"]
     if os.environ.get("STAGE_COSTS") == "contention":
         contention(repo, out, env, [*memcheck, "python3", "train.py"], san)
+        return
+    if os.environ.get("STAGE_COSTS") == "report":
+        report(bin_, repo, out, san, memcheck)
         return
     timed("memcheck, every kernel", [*memcheck, "python3", "train.py"], repo, out, san)
     timed("memcheck, the target's kernel only", [*memcheck, "--kernel-name", f"kns={KERNEL}", "python3",
