@@ -16,6 +16,16 @@ import pytest
 RUNNER = Path(__file__).resolve().parents[1] / "warm" / "warm_probe.py"
 
 
+def fork_server():
+    """The fork server module the runner uses, loaded from beside it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fork_server", RUNNER.parent / "fork_server.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture()
 def server(tmp_path):
     """A warm server preloading `json` and a module `sharedlib` from a site directory outside the
@@ -335,12 +345,9 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
 
 def test_two_messages_in_one_read_are_both_read():
     # A child that exits at once: the server's `pid` and `status` can reach the client in one read.
-    import importlib.util
     import socket
 
-    spec = importlib.util.spec_from_file_location("warm_probe", RUNNER)
-    w = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(w)
+    w = fork_server()
     a, b = socket.socketpair()
     try:
         a.sendall(b'{"pid": 7}\n{"status": 0}\n{"par')
@@ -358,7 +365,6 @@ def test_two_messages_in_one_read_are_both_read():
 def test_a_client_gone_before_its_child_is_announced_leaves_the_server_serving(server):
     """A probe the search stops while its child is being forked (its answer no longer mattered) closes
     the connection before the server says the child's pid: the server kills that child and serves on."""
-    import json
     import socket
 
     sock, _, work, env = server
@@ -378,7 +384,7 @@ def test_a_client_gone_before_its_child_is_announced_leaves_the_server_serving(s
             "preload": [],
         }
         with open(os.devnull, "rb") as i, open(os.devnull, "wb") as o:
-            socket.send_fds(conn, [json.dumps(req).encode() + b"\n"], [i.fileno(), o.fileno(), o.fileno()])
+            fork_server().send_request(conn, req, [i.fileno(), o.fileno(), o.fileno()])
         conn.close()
     cold, warm, status = both(server, "print('still serving')\n")
     assert warm == cold

@@ -6,7 +6,9 @@ and exits the way the child did. The child runs the repro as a fresh interpreter
 
 Whatever the server cannot serve (another interpreter, a command it does not know, CUDA initialised in the
 server, a preloaded module's files changed) the client runs cold, by exec'ing the command itself, and says
-so in the status file. Shipped inside cudabisect; stdlib only.
+so in the status file. The forking, the wire and the client's side are `fork_server.py`'s, the one fork
+server cudabisect has; this file says what a request runs. Shipped inside cudabisect, beside
+`fork_server.py`; stdlib only.
 
     python warm_probe.py serve [--preload a,b] --socket SOCKET   (ends when its stdin closes)
     python -S -E warm_probe.py client SOCKET STATUS_FILE -- python script.py args...
@@ -14,43 +16,10 @@ so in the status file. Shipped inside cudabisect; stdlib only.
 
 import json
 import os
-import selectors
 import signal
-import socket
 import sys
-import time
 
-MAX_MSG = 1 << 20
-READY = "harness: listening"
-
-
-def send_json(conn, obj, fds=()):
-    data = json.dumps(obj).encode() + b"\n"
-    if fds:
-        socket.send_fds(conn, [data], list(fds))
-    else:
-        conn.sendall(data)
-
-
-class Messages:
-    """The JSON messages on a socket, one per line. One read can hold the end of a message and the next
-    one whole (a child that exits at once: the server's `pid` and `status` arrive together), so what is
-    read past a message is kept for the next."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.buf = b""
-
-    def next(self):
-        """The next message, or None when the peer closed the connection."""
-        while b"\n" not in self.buf:
-            chunk = self.conn.recv(MAX_MSG)
-            if not chunk:
-                return None
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
+import fork_server
 
 # ---------------------------------------------------------------------------------------------- parsing
 
@@ -78,26 +47,6 @@ def parse_command(argv):
 
 
 # ----------------------------------------------------------------------------------------------- server
-
-
-def cuda_initialised():
-    """Why this server can no longer fork children that use CUDA, or None."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return "CUDA was initialised in the warm interpreter (torch)"
-    except Exception:  # noqa: BLE001 - a torch without CUDA support: nothing initialised
-        pass
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4))
-    except OSError:
-        return None
-    ctx = ctypes.c_void_p()
-    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3:  # 3: CUDA_ERROR_NOT_INITIALIZED
-        return "CUDA was initialised in the warm interpreter (the driver)"
-    return None
 
 
 def other_interpreter(name):
@@ -157,7 +106,7 @@ def import_all(names):
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - a module that does not import is not preloaded
             failed.append(f"{name}: {type(e).__name__}")
-        if cuda_initialised():
+        if fork_server.cuda_initialised():
             return name
     if failed:
         sys.stderr.write("not preloaded: " + ", ".join(failed) + "\n")
@@ -177,148 +126,59 @@ def serve(sock_path, preload):
         sys.exit(3)
     files = module_files()
     preloaded = sorted({m.split(".")[0] for m in sys.modules})
-    try:
-        os.unlink(sock_path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    listener.listen(4)
-    # The driver waits for this line; it comes once the preloads are in.
-    sys.stdout.write(READY + "\n")
-    sys.stdout.flush()
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "listener")
-    sel.register(sys.stdin, selectors.EVENT_READ, "lifeline")
-    while True:
-        for key, _ in sel.select():
-            if key.data == "lifeline":
-                if not sys.stdin.buffer.read1(1024):
-                    sys.exit(0)  # the driver is gone
-                continue
-            conn, _ = listener.accept()
-            with conn:
-                try:
-                    handle(conn, listener, files, preloaded)
-                except OSError as e:
-                    # A client gone mid-request never takes the server down with it.
-                    print(f"warm: a request ended early: {e}", file=sys.stderr, flush=True)
+    # The driver waits for the listening line; it comes once the preloads are in.
+    fork_server.serve(fork_server.listen(sock_path), Repros(files, preloaded))
 
 
-def handle(conn, listener, files, preloaded):
-    msg, fds, _, _ = socket.recv_fds(conn, MAX_MSG, 3)
-    try:
-        req = json.loads(msg)
-    except ValueError:
-        for fd in fds:
-            os.close(fd)
-        return
-    more = [n for n in req.get("preload", []) if n not in sys.modules]
-    tainted, rewritten = None, None
-    if more:
-        # What an earlier run taught: imported here once, instead of starting another server.
-        known = set(files)
-        tainted = import_all(more)
-        # Only the new modules' files are recorded now: a preloaded module's record stays what it was
-        # when it was imported, so a file rewritten since is still seen as changed.
-        for path, mtime in module_files().items():
-            files.setdefault(path, mtime)
-        preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
-        # A source written after its bytecode (by a run: the one that taught it, say) may have been
-        # imported from that bytecode, which Python still takes for current when the size and the second
-        # match: such a module is never served, not even once.
-        rewritten = next((p for p in files if p not in known and newer_than_bytecode(p)), None)
-    reason = (
-        f"CUDA was initialised in the warm interpreter by preloading {tainted}"
-        if tainted
-        else cuda_initialised() or other_interpreter(req.get("interpreter", ""))
-    )
-    stale = None if reason else (rewritten or changed(files))
-    if reason or stale or len(fds) != 3:
-        why = reason or (f"{stale} changed since it was preloaded" if stale else "no streams")
-        send_json(conn, {"cold": why})
-        for fd in fds:
-            os.close(fd)
-        if stale or (reason and reason.startswith("CUDA")):
-            sys.exit(0)  # this interpreter can serve no one any more; cudabisect starts another
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        listener.close()
-        conn.close()
-        run_child(req, fds, preloaded)  # never returns
-    for fd in fds:
-        os.close(fd)
-    try:
-        send_json(conn, {"pid": pid})
-    except OSError:
-        # The client was stopped while the child was forked (its answer no longer mattered): the child
-        # goes with it, and the server serves the next one.
-        kill_group(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return
-    supervise(conn, pid)
+class Repros(fork_server.Service):
+    """Serves repro runs: each request is a `python` command run as a fresh interpreter would."""
 
+    def __init__(self, files, preloaded):
+        self.files = files  # the preloaded modules' files, as they were when imported
+        self.preloaded = preloaded  # their top-level names
 
-def supervise(conn, pid):
-    """Waits for the child, passing on the client's signals; a client that is gone takes the child along."""
-    pidfd = os.pidfd_open(pid)
-    sel = selectors.DefaultSelector()
-    sel.register(conn, selectors.EVENT_READ, "client")
-    sel.register(pidfd, selectors.EVENT_READ, "child")
-    try:
-        while True:
-            for key, _ in sel.select():
-                if key.data == "child":
-                    _, status = os.waitpid(pid, 0)
-                    try:
-                        send_json(conn, {"status": status})
-                    except OSError:
-                        pass
-                    return
-                data = conn.recv(64)
-                if not data:
-                    # The client was killed (SIGKILL, a timeout's last resort): so is the child's group.
-                    kill_group(pid, signal.SIGKILL)
-                    sel.unregister(conn)
-                    continue
-                for word in data.decode(errors="replace").split():
-                    if word.startswith("signal:"):
-                        kill_group(pid, int(word[7:]))
-    finally:
-        os.close(pidfd)
+    def admit(self, req):
+        files, preloaded = self.files, self.preloaded
+        more = [n for n in req.get("preload", []) if n not in sys.modules]
+        tainted, rewritten = None, None
+        if more:
+            # What an earlier run taught: imported here once, instead of starting another server.
+            known = set(files)
+            tainted = import_all(more)
+            # Only the new modules' files are recorded now: a preloaded module's record stays what it
+            # was when it was imported, so a file rewritten since is still seen as changed.
+            for path, mtime in module_files().items():
+                files.setdefault(path, mtime)
+            preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
+            # A source written after its bytecode (by a run: the one that taught it, say) may have been
+            # imported from that bytecode, which Python still takes for current when the size and the
+            # second match: such a module is never served, not even once.
+            rewritten = next((p for p in files if p not in known and newer_than_bytecode(p)), None)
+        reason = (
+            f"CUDA was initialised in the warm interpreter by preloading {tainted}"
+            if tainted
+            else fork_server.cuda_initialised() or other_interpreter(req.get("interpreter", ""))
+        )
+        stale = None if reason else (rewritten or changed(files))
+        if not reason and not stale:
+            return None
+        # This interpreter can serve no one any more when a file changed or CUDA started in it;
+        # cudabisect starts another.
+        ends = bool(stale) or reason.startswith("CUDA")
+        return (reason or f"{stale} changed since it was preloaded", ends)
 
-
-def kill_group(pid, sig):
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        # A child just forked may not lead its own group yet (its setsid comes first thing): the child
-        # itself then.
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    def run(self, req):
+        run_child(req, self.preloaded)
 
 
 # ------------------------------------------------------------------------------------------------ child
 
 
-def run_child(req, fds, preloaded):
+def run_child(req, preloaded):
+    """In the forked child, once it is the client's process (its own session, which the server signals
+    as a whole): runs the repro as `python` would, and ends the way it would."""
     code = 1
     try:
-        os.setsid()  # its own group, which the server signals as a whole
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
         if os.environ.get("PYTHONUNBUFFERED"):
             sys.stdout.reconfigure(write_through=True)
         mode, target, args = req["mode"], req["target"], req["args"]
@@ -407,7 +267,7 @@ def print_as_fresh(e):
         return (
             filename == "<frozen runpy>"
             or filename.endswith("runpy.py")
-            or (os.path.realpath(filename) == os.path.realpath(__file__))
+            or os.path.realpath(filename) in (os.path.realpath(__file__), os.path.realpath(fork_server.__file__))
         )
 
     tb = e.__traceback__
@@ -538,16 +398,6 @@ def client(sock_path, status_path, argv):
     interpreter, mode, target, args = parsed
     if mode == "script" and not os.path.isfile(target):
         cold("no such script (the interpreter says so itself)")
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    deadline = time.monotonic() + float(os.environ.get("CUDABISECT_WARM_WAIT", "0.5"))
-    while True:
-        try:
-            conn.connect(sock_path)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                cold("no warm interpreter listening")
-            time.sleep(0.01)
     env = dict(os.environ)
     # What the server should have imported, as cudabisect learned it: for the server, not the repro.
     preload = [n for n in env.pop("CUDABISECT_WARM_PRELOAD", "").split(",") if n]
@@ -564,45 +414,19 @@ def client(sock_path, status_path, argv):
         "interpreter": interpreter,
         "preload": preload,
     }
-    try:
-        send_json(conn, req, fds=(0, 1, 2))
-        messages = Messages(conn)
-        first = messages.next()
-    except OSError as e:
-        first = {"cold": f"the warm interpreter did not answer ({e})"}
-    if not first or "cold" in first:
-        conn.close()
-        cold((first or {}).get("cold", "the warm interpreter closed the connection"))
-    with open(status_path, "w") as f:
-        f.write("warm\n")
 
-    def forward(sig, _frame):
-        try:
-            conn.sendall(f"signal:{sig} ".encode())
-        except OSError:
-            pass
+    def forked():
+        with open(status_path, "w") as f:
+            f.write("warm\n")
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, forward)
-    while True:
-        try:
-            done = messages.next()
-            break
-        except InterruptedError:
-            continue
-    if done is None:
+    wait = float(os.environ.get("CUDABISECT_WARM_WAIT", "0.5"))
+    # The child runs in a session of its own: this client passes its signals on.
+    outcome, detail = fork_server.forward(sock_path, req, wait=wait, pass_signals=True, forked=forked)
+    if outcome == "cold":
+        cold(detail)
+    if outcome == "gone":
         os._exit(1)
-    status = done["status"]
-    if os.WIFSIGNALED(status):
-        # End as the child did. SIGKILL and SIGSTOP take no handler (and need none): the kill alone does.
-        sig = os.WTERMSIG(status)
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.waitstatus_to_exitcode(status))
+    fork_server.end_as(detail)
 
 
 def main():

@@ -69,6 +69,10 @@ pub const TORCH_HARNESS: &[(&str, &str)] = &[
         include_str!("../../harness/torch_harness/cudabisect_torch/warm.py"),
     ),
     (
+        "cudabisect_torch/fork_server.py",
+        include_str!("../../harness/warm/fork_server.py"),
+    ),
+    (
         "cudabisect_torch/cli.py",
         include_str!("../../harness/torch_harness/cudabisect_torch/cli.py"),
     ),
@@ -81,8 +85,13 @@ pub const CAPTURE_HOOK: &str = include_str!("../../harness/capture/sitecustomize
 /// client that stands where the repro's command would have run.
 pub const WARM_PROBE: &str = include_str!("../../harness/warm/warm_probe.py");
 
-/// Writes the warm probe runner into `dir` and returns its path.
+/// The one fork server (its wire, its forking, its client's side): the warm probe runner imports it from
+/// beside itself, and the PyTorch harness ships it in its package.
+pub const FORK_SERVER: &str = include_str!("../../harness/warm/fork_server.py");
+
+/// Writes the warm probe runner, and the fork server beside it, into `dir` and returns the runner's path.
 pub fn install_warm_probe(dir: &Path) -> std::io::Result<PathBuf> {
+    super::shipped::write_atomically(dir, "fork_server.py", FORK_SERVER)?;
     super::shipped::write_atomically(dir, "warm_probe.py", WARM_PROBE)
 }
 

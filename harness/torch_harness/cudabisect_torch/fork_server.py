@@ -1,0 +1,1 @@
+../../warm/fork_server.py
