@@ -7,7 +7,8 @@ events timed as they arrive.
     python3 benches/stage_costs.py CUDABISECT [OUT_DIR]
 
 `STAGE_COSTS=memcheck` stops after the sanitizer options, `STAGE_COSTS=contention` measures memcheck beside
-CPU and GPU load, `STAGE_COSTS=report` measures the XML report and host backtraces triage's run asks for.
+CPU and GPU load, `STAGE_COSTS=report` measures the XML report and host backtraces triage's run asks for,
+`STAGE_COSTS=first` whether a machine's first sanitizer run costs more than the next.
 
 Needs a CUDA GPU, compute-sanitizer, torch and triton. Prints one line per measurement and writes the
 logs and events to OUT_DIR.
@@ -65,6 +66,20 @@ def report(bin_, repo, out, san, memcheck):
     timed("cudabisect triage", [bin_, "triage", "-C", str(repo)], repo, out)
 
 
+def first_run(repo, out, san, memcheck):
+    """Whether a machine's first compute-sanitizer run pays a start-up of its own: memcheck on a program
+    that only starts CUDA through torch, then triage's memcheck run twice (`STAGE_COSTS_EXTRA`: more
+    sanitizer options for the last run)."""
+    start_cuda = ["python3", "-c", "import torch; torch.ones(1, device='cuda'); torch.cuda.synchronize()"]
+    timed("memcheck, a program that only starts CUDA", [*memcheck, *start_cuda], repo, out, san)
+    timed("memcheck, the same again", [*memcheck, *start_cuda], repo, out, san)
+    timed("memcheck, every kernel", [*memcheck, "python3", "train.py"], repo, out, san)
+    timed("memcheck, every kernel, again", [*memcheck, "python3", "train.py"], repo, out, san)
+    extra = os.environ.get("STAGE_COSTS_EXTRA", "").split()
+    if extra:
+        timed(f"memcheck, {' '.join(extra)}", [*memcheck, *extra, "python3", "train.py"], repo, out, san)
+
+
 def main():
     bin_ = os.path.abspath(sys.argv[1])
     out = Path(sys.argv[2] if len(sys.argv) > 2 else "stage-costs").resolve()
@@ -81,6 +96,9 @@ def main():
     memcheck = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "1000", "--error-exitcode", "86"]
     if os.environ.get("STAGE_COSTS") == "contention":
         contention(repo, out, env, [*memcheck, "python3", "train.py"], san)
+        return
+    if os.environ.get("STAGE_COSTS") == "first":
+        first_run(repo, out, san, memcheck)
         return
     if os.environ.get("STAGE_COSTS") == "report":
         report(bin_, repo, out, san, memcheck)
