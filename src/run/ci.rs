@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::classify::Exit;
 use crate::config::Config;
+use crate::exec::executor::Executor;
 use crate::exec::process::CommandSpec;
 use crate::report::event::{Event, Reporter};
 use crate::report::junit::{junit_case, junit_xml, probe_time, Outcome};
@@ -74,7 +75,7 @@ pub fn append_step_summary(text: &str) -> std::io::Result<()> {
 pub fn nightly_outputs(
     night: &NightlyReport,
     config: &Config,
-    (workdir, state_dir): (&Path, &Path),
+    (workdir, executor): (&Path, &dyn Executor),
     opts: &NightlyOptions,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
@@ -127,7 +128,7 @@ pub fn nightly_outputs(
             format!("cannot append to $GITHUB_STEP_SUMMARY: {e}"),
         );
     }
-    if let Some(message) = notify(night, config, (workdir, state_dir), opts, cancel) {
+    if let Some(message) = notify(night, config, (workdir, executor), opts, cancel) {
         warn(reporter, message);
     }
 }
@@ -177,7 +178,7 @@ fn notify_env(night: &NightlyReport, opts: &NightlyOptions) -> Vec<(String, Stri
 fn notify(
     night: &NightlyReport,
     config: &Config,
-    (workdir, state_dir): (&Path, &Path),
+    (workdir, executor): (&Path, &dyn Executor),
     opts: &NightlyOptions,
     cancel: &AtomicBool,
 ) -> Option<String> {
@@ -195,8 +196,8 @@ fn notify(
         grace: std::time::Duration::from_secs(2),
         stack_dump: None,
     };
-    // Through the job's executor, like every command of the user's (with a scheduler, a step of its own).
-    let executor = super::workspace::executor_for(config, state_dir);
+    // Through the night's executor, like every command of the user's (with a scheduler, a step of its
+    // own).
     let result = executor.session().run(&spec, cancel);
     match result {
         Ok(run) if run.exit == Exit::Code(0) => None,

@@ -25,6 +25,8 @@ use super::probe::{Probe, ProbeContext};
 use super::search::judge::is_host_problem;
 use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
+use crate::exec::executor::Executor;
+use std::sync::Arc;
 
 pub use super::nightly_state::*;
 
@@ -251,7 +253,7 @@ fn night(
             commit: head.to_string(),
         },
     });
-    let record = probe_head(
+    let (record, executor) = probe_head(
         &repo,
         &config,
         head,
@@ -270,7 +272,11 @@ fn night(
         cancel,
     )?;
     Ok(finish_night(
-        night, &state, head_s, sig, &of, reporter, cancel,
+        night,
+        (&state, head_s, sig),
+        (&of, executor.as_ref()),
+        reporter,
+        cancel,
     ))
 }
 
@@ -580,7 +586,8 @@ fn say_new_state(path: &Path, state_dir: &Path, branch: &str, reporter: &mut dyn
 
 /// The head, probed on its own and judged with no target (its signature decides the night), through the
 /// journal: a night killed after this probe does not redo it, and the bisection that follows reuses it
-/// as its bad end. `Err` when Ctrl-C stopped it: nothing is decided, the state is left as it was.
+/// as its bad end; with it, the executor of the night's workspace, which the notify hook runs through.
+/// `Err` when Ctrl-C stopped it: nothing is decided, the state is left as it was.
 fn probe_head(
     repo: &Repo,
     config: &crate::config::Config,
@@ -588,7 +595,7 @@ fn probe_head(
     (journal_file, fingerprint): (&Path, &str),
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
-) -> Result<ProbeRecord, RunError> {
+) -> Result<(ProbeRecord, Arc<dyn Executor>), RunError> {
     // The night holds the state lock already.
     let ws = Workspace::open(
         repo,
@@ -627,6 +634,7 @@ fn probe_head(
     }
     drop(journaled);
     drop(prober);
+    let executor = ws.executor.clone();
     ws.close(reporter);
     if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
         // A stopped head says nothing: nothing is decided and the state is left as it was.
@@ -652,7 +660,7 @@ fn probe_head(
         step: 1,
         record: Box::new(record.clone()),
     });
-    Ok(record)
+    Ok((record, executor))
 }
 
 /// The night's journal beside its state (one that cannot be read is said, and the night starts it
@@ -691,10 +699,8 @@ struct NightOf<'a> {
 /// writes what CI reads.
 fn finish_night(
     night: Night,
-    state: &NightlyState,
-    head: String,
-    sig: crate::classify::Signature,
-    of: &NightOf,
+    (state, head, sig): (&NightlyState, String, crate::classify::Signature),
+    (of, executor): (&NightOf, &dyn Executor),
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> NightlyReport {
@@ -739,7 +745,7 @@ fn finish_night(
     nightly_outputs(
         &report,
         config,
-        (&repo.workdir(), &repo.state_dir()),
+        (&repo.workdir(), executor),
         opts,
         reporter,
         cancel,

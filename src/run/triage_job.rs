@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::config::{CommandLine, Config};
+use crate::exec::executor::{Executor, Local};
 use crate::git::Repo;
 use crate::report::bundle::BundleInput;
 use crate::report::event::Reporter;
@@ -52,17 +53,36 @@ pub fn triage_job(
     }
     let out_dir = out_dir(repo.as_ref())?;
     let result = match (at, &repo) {
-        (None, _) => {
-            let cwd = repo
-                .as_ref()
-                .map(|r| r.workdir())
-                .unwrap_or_else(|| dir.to_path_buf());
-            let executor = super::workspace::executor_for(&config, &out_dir);
-            let mut session = executor.session();
-            triage::run(
-                session.as_mut(),
+        (None, Some(repo)) => {
+            // In the checkout, through the executor of a workspace (which makes no worktree here).
+            let ws = Workspace::open(
+                repo,
                 &config,
-                &cwd,
+                Opening {
+                    lock: None,
+                    prefix: "triage-",
+                    log_dir: Some(out_dir.clone()),
+                },
+            )?;
+            let result = triage::run(
+                ws.executor.session().as_mut(),
+                &config,
+                &repo.workdir(),
+                &command,
+                "",
+                &out_dir,
+                cancel,
+            );
+            ws.close(reporter);
+            result
+        }
+        (None, None) => {
+            // A bare `-- command` outside any repository: no workspace, and a config of that command
+            // alone (no `[executor]`), so it runs here.
+            triage::run(
+                Local.session().as_mut(),
+                &config,
+                dir,
                 &command,
                 "",
                 &out_dir,

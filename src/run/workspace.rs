@@ -18,9 +18,9 @@ use super::error::RunError;
 use super::lock::{alive_cudabisect, lock_state_dir, StateLock};
 use super::probe::WorktreeProber;
 
-/// The configured executor. `spool` is where a scheduler's job files go when `[executor] workdir` is not
-/// set (the run's log directory).
-pub fn executor_for(config: &Config, spool: &Path) -> Arc<dyn Executor> {
+/// The configured executor, built here only: every job's commands go through its workspace's. `spool`
+/// is where a scheduler's job files go when `[executor] workdir` is not set (the run's log directory).
+fn executor_for(config: &Config, spool: &Path) -> Arc<dyn Executor> {
     match config.executor.kind {
         ExecutorKind::Local => Arc::new(Local),
         ExecutorKind::Slurm => Arc::new(Slurm::new(config, spool)),
