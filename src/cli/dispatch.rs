@@ -244,7 +244,7 @@ fn nightly(args: NightlyArgs, cancel: &AtomicBool) -> CommandResult {
         exit_codes,
         message_format,
     } = args;
-    let opts = cudabisect::run::nightly::NightlyOptions {
+    let opts = cudabisect::run::jobs::nightly::NightlyOptions {
         dir,
         config,
         branch,

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::json::JsonReporter;
-use cudabisect::run::init::{init, InitOptions};
+use cudabisect::run::jobs::init::{init, InitOptions};
 
 use super::common::print_stdout;
 use super::error::CommandResult;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudabisect::report::event::Reporter;
-use cudabisect::run::nightly::{nightly, NightlyOptions, NightlyStatus};
+use cudabisect::run::jobs::nightly::{nightly, NightlyOptions, NightlyStatus};
 
 use super::args::NightlyExitCodes;
 use super::error::CommandResult;

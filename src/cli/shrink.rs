@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 
 use cudabisect::report::event::Reporter;
 use cudabisect::report::record::ShrinkStatus;
-use cudabisect::run::shrink_job::shrink_job;
+use cudabisect::run::jobs::shrink::shrink_job;
 
 use super::error::CommandResult;
 use super::exit_codes;

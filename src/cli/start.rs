@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudabisect::report::event::Reporter;
 use cudabisect::report::record::RunResult;
-use cudabisect::run::job::start;
+use cudabisect::run::jobs::start::start;
 use cudabisect::run::plan::StartOptions;
 
 use super::error::CommandResult;

@@ -8,7 +8,7 @@ use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::human::HumanReporter;
 use cudabisect::report::json::JsonReporter;
 use cudabisect::report::record::TriageStatus;
-use cudabisect::run::triage_job::triage_job;
+use cudabisect::run::jobs::triage::triage_job;
 
 use super::common::print_stdout;
 use super::error::CommandResult;

@@ -1,6 +1,6 @@
 //! The device memory a probe uses, as the driver reports it: `nvidia-smi` samples the memory in use on
 //! the probe's GPUs every 100 ms while it runs. This is how the search learns how many probes one GPU
-//! holds at once; the decision itself is pure (`run::workers::probes_at_once`).
+//! holds at once; the decision itself is pure (`run::probe::workers::probes_at_once`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::journal::{Journal, JournaledProbe};
 use super::plan::{Plan, StartOptions};
-use super::probe::{Probe, ProbeContext, WorktreeProber};
+use super::probe::prober::{Probe, ProbeContext, WorktreeProber};
 use super::search::judge::{judge, swapped, Kernel, Terms};
 use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
 

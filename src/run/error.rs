@@ -7,7 +7,7 @@ use crate::git::GitError;
 use crate::protocol::client::ProtocolError;
 
 use super::lock::LockError;
-use super::probe::PrepareError;
+use super::probe::prober::PrepareError;
 
 /// Problems that stop a run (`start`, `shrink`, `triage`) before it has a result to report.
 #[derive(Debug, thiserror::Error)]

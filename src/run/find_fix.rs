@@ -13,7 +13,7 @@ use crate::report::event::Reporter;
 
 use super::journal::JournaledProbe;
 use super::plan::Plan;
-use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use super::probe::prober::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use super::search::judge::{judge, swapped, Kernel, Terms};
 use super::search::{
     search_with_workers, EndpointProblem, SearchEnd, SearchInput, SearchOutcome, Worker,
@@ -204,13 +204,13 @@ fn probe_old_ends(
     first: &mut JournaledProbe,
     (probes, known): (
         &mut Vec<crate::report::record::ProbeRecord>,
-        &mut std::collections::HashMap<git2::Oid, super::probe::ProbeOutcome>,
+        &mut std::collections::HashMap<git2::Oid, super::probe::prober::ProbeOutcome>,
     ),
     reporter: &mut dyn Reporter,
 ) -> Result<crate::classify::Signature, Box<(SearchEnd, Option<crate::classify::Signature>)>> {
     let mut fault: Option<crate::classify::Signature> = None;
     for (k, (name, oid)) in plan.goods.iter().enumerate() {
-        let ctx = super::probe::ProbeContext {
+        let ctx = super::probe::prober::ProbeContext {
             step: k + 1,
             role: ProbeRole::GoodEndpoint,
             remaining: plan.range.len(),
@@ -219,7 +219,7 @@ fn probe_old_ends(
             repeat: None,
             crowded: false,
         };
-        let out = super::probe::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
+        let out = super::probe::prober::Probe::probe(first, *oid, &ctx, fault.as_ref(), reporter);
         if out.interrupted {
             return Err(Box::new((SearchEnd::Interrupted, fault)));
         }
@@ -287,7 +287,7 @@ fn kernel_from_the_old_end(
     reporter: &mut dyn Reporter,
 ) {
     let old = plan.goods[0].1;
-    let ctx = super::probe::ProbeContext {
+    let ctx = super::probe::prober::ProbeContext {
         step: 1,
         role: ProbeRole::EndpointSanitizer,
         remaining: plan.range.len(),
@@ -296,7 +296,7 @@ fn kernel_from_the_old_end(
         repeat: None,
         crowded: false,
     };
-    if let Some(s) = super::probe::Probe::sanitize(first, old, &ctx, reporter) {
+    if let Some(s) = super::probe::prober::Probe::sanitize(first, old, &ctx, reporter) {
         let kernel = s.finding.as_ref().and_then(|f| f.kernel.clone());
         probes.push(s.endpoint_record(old, fault, crate::bisect::Verdict::Good));
         if kernel.is_some() {

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::classify::Signature;
 use crate::report::event::Reporter;
 
-use super::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use super::probe::prober::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use crate::report::record::ProbeRecord;
 
 const VERSION: u32 = 1;

@@ -16,7 +16,7 @@ use crate::report::event::{Event, Reporter};
 
 use super::error::RunError;
 use super::lock::{alive_cudabisect, lock_state_dir, StateLock};
-use super::probe::WorktreeProber;
+use super::probe::prober::WorktreeProber;
 
 /// The configured executor, built here only: every job's commands go through its workspace's. `spool`
 /// is where a scheduler's job files go when `[executor] workdir` is not set (the run's log directory).

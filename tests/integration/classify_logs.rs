@@ -285,11 +285,14 @@ fn a_log_saved_as_utf16_or_gzipped_is_read_as_its_text() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
 
-fn triage_fixture(name: &str, tool: SanitizerTool) -> cudabisect::run::triage::Interpretation {
+fn triage_fixture(
+    name: &str,
+    tool: SanitizerTool,
+) -> cudabisect::run::probe::sanitizer::Interpretation {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/logs");
     let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap();
     let xml = std::fs::read_to_string(dir.join(format!("{name}.xml"))).unwrap();
-    cudabisect::run::triage::interpret(tool, Exit::Code(86), &log, Some(&xml))
+    cudabisect::run::probe::sanitizer::interpret(tool, Exit::Code(86), &log, Some(&xml))
 }
 
 #[test]

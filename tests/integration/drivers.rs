@@ -15,11 +15,11 @@ use cudabisect::protocol::client::{HarnessClient, ProtocolError, RunRequest};
 use cudabisect::protocol::types::{Description, GraphNode, GraphTensor, PROTOCOL_VERSION};
 use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ParentCheck, ProbeRecord, ProbeRole, ShrinkStatus};
-use cudabisect::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use cudabisect::run::probe::prober::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{
     search, search_with_workers, SearchEnd, SearchInput, Sharing, Worker,
 };
-use cudabisect::run::shrink::{shrink, ParentBeside, ShrinkSettings};
+use cudabisect::run::stages::reducer::{shrink, ParentBeside, ShrinkSettings};
 use git2::Oid;
 
 /// Collects events.

@@ -36,7 +36,7 @@ pub struct SearchInput<'a> {
 
 /// How the search learns how many probes one GPU holds at once, when several workers share it: the first
 /// fresh probe that runs alone on the first shared GPU is watched by `gauge`, and
-/// [`crate::run::workers::probes_at_once`] turns what it used into the number. Until then, one probe per
+/// [`crate::run::probe::workers::probes_at_once`] turns what it used into the number. Until then, one probe per
 /// shared GPU runs at a time.
 #[derive(Clone, Copy, Debug)]
 pub struct Sharing<'a> {

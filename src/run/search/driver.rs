@@ -12,8 +12,8 @@ use crate::bisect::{BayesResult, BayesSearch, SearchResult, Verdict};
 use crate::classify::{FaultClass, Signature};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{short_sha, FlakyAnswer, OtherBug, ProbeRecord, ProbeRole};
-use crate::run::probe::{ProbeContext, ProbeOutcome, Sanitized};
-use crate::run::workers::probes_at_once;
+use crate::run::probe::prober::{ProbeContext, ProbeOutcome, Sanitized};
+use crate::run::probe::workers::probes_at_once;
 
 use super::contract::{SearchEnd, SearchInput, SearchOutcome};
 use super::end_check::{self, EndCheck};

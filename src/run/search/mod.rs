@@ -1,7 +1,7 @@
 //! The search: probes the bad endpoint (its signature becomes the target), the good endpoints and any
 //! merge bases, then runs one loop over a strategy (plain bisection, or the Bayesian search for a flaky
 //! fault) that keeps every worker busy, one worker or many. It sees the world only through the
-//! [`crate::run::probe::Probe`] trait, so it is tested in-process with scripted fakes, and one pure
+//! [`crate::run::probe::prober::Probe`] trait, so it is tested in-process with scripted fakes, and one pure
 //! function, [`judge::judge`], decides every verdict.
 
 mod contract;
@@ -29,7 +29,7 @@ use settled::{SettledStacks, REMEMBERED};
 /// Runs the whole search with one prober, one probe at a time.
 pub fn search(
     input: &SearchInput,
-    prober: &mut dyn crate::run::probe::Probe,
+    prober: &mut dyn crate::run::probe::prober::Probe,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> SearchOutcome {

@@ -11,7 +11,7 @@ use git2::Oid;
 
 use crate::classify::{FaultClass, Signature};
 use crate::report::event::{Event, Reporter};
-use crate::run::probe::{Probe, ProbeContext, ProbeOutcome, Sanitized};
+use crate::run::probe::prober::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 
 /// One worker as the search sees it: a prober of its own (its own worktree, warm build directory and
 /// devices) and the flag that stops its probe (set on Ctrl-C, or when its answer no longer matters).

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use crate::config::{has_tool_section, Config};
 use crate::git::Repo;
 
-use super::error::RunError;
+use crate::run::error::RunError;
 
 /// What `init` is asked for.
 #[derive(Clone, Debug)]

@@ -13,22 +13,24 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::short_sha;
 use crate::report::record::{CommitRef, Report, RunResult, FORMAT_VERSION};
 
-use super::cancel::with_cancel_passed_on;
-use super::ci::start_outputs;
-use super::journal::{self, Journal, JournaledProbe};
-use super::outputs::{bundle_root, write_bundle};
-use super::plan::{plan, Plan, RunError, StartOptions};
-use super::probe::WorktreeProber;
-use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker};
-use super::stages::{
-    cross_check_beside_stages, stages_beside_environment, Early, StageChoice, StageContext, Staged,
-};
-use super::workers::plan_slots;
-use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 use crate::config::{ExecutorKind, Jobs};
 use crate::exec::child_env::WorkerSlot;
 use crate::host::devices::visible_devices;
+use crate::run::cancel::with_cancel_passed_on;
+use crate::run::ci::start_outputs;
+use crate::run::journal::{self, Journal, JournaledProbe};
+use crate::run::outputs::{bundle_root, write_bundle};
+use crate::run::plan::{plan, Plan, RunError, StartOptions};
+use crate::run::probe::prober::WorktreeProber;
+use crate::run::probe::workers::plan_slots;
+use crate::run::search::{
+    search_with_workers, SearchEnd, SearchInput, SearchOutcome, Sharing, Worker,
+};
+use crate::run::stages::pipeline::{
+    cross_check_beside_stages, stages_beside_environment, Early, StageChoice, StageContext, Staged,
+};
+use crate::run::workspace::{Opening, Workspace};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io {
@@ -237,12 +239,12 @@ fn finish(
 
 /// Warm interpreters for a Python repro, one per worker, ended with the run (a pool that cannot be set
 /// up means cold runs, as before).
-fn warm_pool_for(plan: &Plan, run_dir: &Path) -> Option<super::warm_probes::WarmPool> {
+fn warm_pool_for(plan: &Plan, run_dir: &Path) -> Option<crate::run::probe::warm::WarmPool> {
     plan.config
         .repro
         .warm
         .then(|| {
-            super::warm_probes::WarmPool::new(
+            crate::run::probe::warm::WarmPool::new(
                 &run_dir.join("warm"),
                 plan.config.repro.preload.clone(),
             )
@@ -353,7 +355,7 @@ fn search<'w>(
         .collect();
     let outcome = if s.opts.find_fix {
         with_cancel_passed_on(cancel, stops, || {
-            super::find_fix::search_for_fix(plan, input, &mut journaled, reporter, cancel)
+            crate::run::find_fix::search_for_fix(plan, input, &mut journaled, reporter, cancel)
         })
     } else {
         let mut workers: Vec<Worker> = journaled
@@ -394,7 +396,7 @@ fn cross_check_answer<'w>(
     let spec = early.map(|_| report_of(outcome.clone(), plan, opts, run_dir).0);
     let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
         with_cancel_passed_on(cancel, s.stops, || {
-            super::cross_check::cross_checked(
+            crate::run::cross_check::cross_checked(
                 outcome,
                 opts,
                 plan,
@@ -446,9 +448,11 @@ fn report_of(
         }
     }
     if let Some(oid) = first_bad.filter(|_| opts.find_fix) {
-        report
-            .notes
-            .extend(super::find_fix::fix_caveats(plan, oid, opts.first_parent));
+        report.notes.extend(crate::run::find_fix::fix_caveats(
+            plan,
+            oid,
+            opts.first_parent,
+        ));
     }
     (report, first_bad)
 }

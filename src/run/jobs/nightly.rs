@@ -16,19 +16,19 @@ use crate::host::environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ProbeRole, RunResult};
 
-use super::ci::nightly_outputs;
-use super::job::start;
-use super::journal::{self, journal_path, Journal, JournaledProbe};
-use super::lock::lock_state_dir;
-use super::plan::{RunError, StartOptions};
-use super::probe::{Probe, ProbeContext};
-use super::search::judge::is_host_problem;
-use super::workspace::{Opening, Workspace};
 use crate::atomic_file::write_atomic;
 use crate::exec::executor::Executor;
+use crate::run::ci::nightly_outputs;
+use crate::run::jobs::start::start;
+use crate::run::journal::{self, journal_path, Journal, JournaledProbe};
+use crate::run::lock::lock_state_dir;
+use crate::run::plan::{RunError, StartOptions};
+use crate::run::probe::prober::{Probe, ProbeContext};
+use crate::run::search::judge::is_host_problem;
+use crate::run::workspace::{Opening, Workspace};
 use std::sync::Arc;
 
-pub use super::nightly_state::*;
+pub use crate::run::nightly_state::*;
 
 /// The state file of one repository, branch and config. The branch is escaped injectively (`feature/x`
 /// and `feature_x` stay apart); the key holds only what changes verdicts: the repository, and the
@@ -217,7 +217,7 @@ fn night(
     let repo = Repo::open(&opts.dir)?;
     let (branch, head) = branch_and_head(&repo, opts)?;
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
-    let config = super::plan::load_config(&repo, opts.config.as_deref())?;
+    let config = crate::run::plan::load_config(&repo, opts.config.as_deref())?;
     check_notify(&config, &repo)?;
     let state_dir = state_dir_of(opts, &repo)?;
     let path = state_file(&state_dir, &repo_key(&repo), &branch, &config.text);
@@ -328,7 +328,7 @@ fn judge_the_night(
 
 /// The open regression shows again tonight: one more night of it. The night's status and message.
 fn still_failing(
-    open: &mut super::nightly_state::OpenRegression,
+    open: &mut crate::run::nightly_state::OpenRegression,
     sig: &crate::classify::Signature,
     head: &str,
 ) -> (NightlyStatus, String, Option<String>) {
@@ -641,16 +641,16 @@ fn probe_head(
         return Err(RunError::Interrupted);
     }
     // The head is judged on its own (no target yet): what it shows is tonight's fault.
-    let terms = super::search::judge::Terms {
+    let terms = crate::run::search::judge::Terms {
         target: None,
         policy: &config.match_policy,
         swapped: false,
     };
-    let j = super::search::judge::judge(
+    let j = crate::run::search::judge::judge(
         &out.record.signature,
         &out.output,
         terms,
-        super::search::judge::Kernel::Unknown,
+        crate::run::search::judge::Kernel::Unknown,
     );
     let mut record = out.record;
     record.verdict = j.verdict;

@@ -190,7 +190,7 @@ pub struct WorktreeProber<'a> {
     /// Processes of the previous run found after it ended: the next run waits until they left the GPU.
     pub lingering: Vec<i32>,
     /// The warm interpreters Python repros run in (`[repro] warm`); `None`: every run is a fresh process.
-    pub warm: Option<&'a super::warm_probes::WarmPool>,
+    pub warm: Option<&'a crate::run::probe::warm::WarmPool>,
     /// Where its commands run, handed in by the job's workspace.
     pub executor: std::sync::Arc<dyn Executor>,
 }
@@ -277,7 +277,7 @@ impl Probe for WorktreeProber<'_> {
             .command
             .clone()
             .unwrap_or_else(|| config.repro.command.clone());
-        let result = super::triage::run_tools(
+        let result = crate::run::probe::sanitizer::run_tools(
             self.executor.session().as_mut(),
             config,
             (self.worktree.path(), &oid.to_string()),
@@ -552,7 +552,7 @@ impl<'a> WorktreeProber<'a> {
     }
 
     /// The warm interpreters its repro runs in: `[repro] warm`, on this machine only.
-    fn warm_pool(&self) -> Option<&'a super::warm_probes::WarmPool> {
+    fn warm_pool(&self) -> Option<&'a crate::run::probe::warm::WarmPool> {
         self.warm
             .filter(|_| self.config.repro.warm && self.executor.is_local())
     }

@@ -17,7 +17,7 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{
     AloneRuns, Confirmation, ParentCheck, Rejected, ReproData, ShrinkReport, ShrinkStatus,
 };
-use crate::run::places::Places;
+use crate::run::stages::places::Places;
 use crate::shrink::{Reducer, Reduction, Step};
 
 /// What a shrink needs to know besides the harness.

@@ -5,19 +5,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use crate::config::{CommandLine, Config};
-use crate::exec::executor::{Executor, Local};
+use crate::exec::executor::{Executor, Local, Session};
 use crate::git::Repo;
 use crate::report::bundle::BundleInput;
 use crate::report::event::Reporter;
 use crate::report::record::{TriageResult, TriageStatus};
 
-use super::error::RunError;
-use super::outputs::{bundle_root, write_bundle_reporting};
-use super::workspace::run_id;
-use super::workspace::{Opening, Workspace};
+use crate::run::error::RunError;
+use crate::run::outputs::{bundle_root, write_bundle_reporting};
+use crate::run::workspace::run_id;
+use crate::run::workspace::{Opening, Workspace};
 
-use super::plan::load;
-use super::triage;
+use crate::run::plan::load;
+use crate::run::probe::sanitizer;
 
 /// Writes a command back as TOML, for the built-in config of a bare `triage -- cmd`.
 fn toml_command(cmd: &CommandLine) -> String {
@@ -48,81 +48,102 @@ pub fn triage_job(
             .unwrap_or_else(|| config.repro.command.clone())
     });
     let configured = config.triage.sanitizer.as_deref();
-    if triage::find_sanitizer(configured).is_none() {
-        return Err(RunError::Unavailable(triage::missing_message(configured)));
+    if sanitizer::find_sanitizer(configured).is_none() {
+        return Err(RunError::Unavailable(sanitizer::missing_message(
+            configured,
+        )));
     }
     let out_dir = out_dir(repo.as_ref())?;
+    let runs = Runs {
+        config: &config,
+        command: &command,
+        out_dir: &out_dir,
+        cancel,
+    };
     let result = match (at, &repo) {
-        (None, Some(repo)) => {
-            // In the checkout, through the executor of a workspace (which makes no worktree here).
-            let ws = Workspace::open(
-                repo,
-                &config,
-                Opening {
-                    lock: None,
-                    prefix: "triage-",
-                    log_dir: Some(out_dir.clone()),
-                },
-            )?;
-            let result = triage::run(
-                ws.executor.session().as_mut(),
-                &config,
-                &repo.workdir(),
-                &command,
-                "",
-                &out_dir,
-                cancel,
-            );
-            ws.close(reporter);
-            result
-        }
+        (None, Some(repo)) => runs.in_checkout(repo, reporter)?,
         (None, None) => {
             // A bare `-- command` outside any repository: no workspace, and a config of that command
             // alone (no `[executor]`), so it runs here.
-            triage::run(
-                Local.session().as_mut(),
-                &config,
-                dir,
-                &command,
-                "",
-                &out_dir,
-                cancel,
-            )
+            runs.run(Local.session().as_mut(), dir, "")
         }
         (Some(_), None) => return Err(RunError::Usage("--at needs a git repository".into())),
-        (Some(rev), Some(repo)) => {
-            let oid = repo.resolve(rev)?;
-            let lock_name = format!("triage --at {rev}");
-            let ws = Workspace::open(
-                repo,
-                &config,
-                Opening {
-                    lock: Some(&lock_name),
-                    prefix: "triage-",
-                    log_dir: Some(out_dir.clone()),
-                },
-            )?;
-            let worktree = ws.worktree("worktree")?;
-            let prober = ws.prober(&worktree, &config, cancel);
-            let result = prober.prepare(oid, "triage").map(|()| {
-                triage::run(
-                    ws.executor.session().as_mut(),
-                    &config,
-                    worktree.path(),
-                    &command,
-                    &oid.to_string(),
-                    &out_dir,
-                    cancel,
-                )
-            });
-            ws.close(reporter);
-            result?
-        }
+        (Some(rev), Some(repo)) => runs.at_revision(repo, rev, reporter)?,
     };
     if let (Some(repo), TriageStatus::Found, true) = (&repo, result.status, config.bundle.enabled) {
         bundle_the_triage(repo, &config, (at, own_repro), &result, reporter, cancel);
     }
     Ok(result)
+}
+
+/// What every triage run of the job shares: the config, the command, where the logs go, Ctrl-C.
+struct Runs<'a> {
+    config: &'a Config,
+    command: &'a CommandLine,
+    out_dir: &'a Path,
+    cancel: &'a AtomicBool,
+}
+
+impl Runs<'_> {
+    /// The escalation in `cwd`, through `session`.
+    fn run(&self, session: &mut dyn Session, cwd: &Path, commit: &str) -> TriageResult {
+        sanitizer::run(
+            session,
+            self.config,
+            cwd,
+            self.command,
+            commit,
+            self.out_dir,
+            self.cancel,
+        )
+    }
+
+    /// In the checkout as it is, through the executor of a workspace (which makes no worktree here).
+    fn in_checkout(
+        &self,
+        repo: &Repo,
+        reporter: &mut dyn Reporter,
+    ) -> Result<TriageResult, RunError> {
+        let ws = self.workspace(repo, None)?;
+        let result = self.run(ws.executor.session().as_mut(), &repo.workdir(), "");
+        ws.close(reporter);
+        Ok(result)
+    }
+
+    /// At `rev`, built in a probe worktree under the state lock.
+    fn at_revision(
+        &self,
+        repo: &Repo,
+        rev: &str,
+        reporter: &mut dyn Reporter,
+    ) -> Result<TriageResult, RunError> {
+        let oid = repo.resolve(rev)?;
+        let lock_name = format!("triage --at {rev}");
+        let ws = self.workspace(repo, Some(&lock_name))?;
+        let worktree = ws.worktree("worktree")?;
+        let prober = ws.prober(&worktree, self.config, self.cancel);
+        let result = prober.prepare(oid, "triage").map(|()| {
+            self.run(
+                ws.executor.session().as_mut(),
+                worktree.path(),
+                &oid.to_string(),
+            )
+        });
+        ws.close(reporter);
+        Ok(result?)
+    }
+
+    fn workspace<'r>(&self, repo: &'r Repo, lock: Option<&str>) -> Result<Workspace<'r>, RunError> {
+        Workspace::open(
+            repo,
+            self.config,
+            Opening {
+                lock,
+                prefix: "triage-",
+                log_dir: Some(self.out_dir.to_path_buf()),
+            },
+        )
+    }
 }
 
 /// The repository (when there is one) and the config: bisect.toml's, or (with `-- command` and no config

@@ -11,13 +11,13 @@ use crate::report::event::{Event, Reporter};
 use crate::report::record::{ShrinkReport, ShrinkStatus};
 use git2::Oid;
 
-use super::error::RunError;
-use super::outputs::{bundle_root, write_bundle_reporting};
-use super::plan::load;
-use super::probe::WorktreeProber;
-use super::workspace::{Opening, Workspace};
+use crate::run::error::RunError;
+use crate::run::outputs::{bundle_root, write_bundle_reporting};
+use crate::run::plan::load;
+use crate::run::probe::prober::WorktreeProber;
+use crate::run::workspace::{Opening, Workspace};
 
-use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
+use crate::run::stages::shrink::{shrink_then_check_parent, ShrinkStage};
 
 /// Runs the shrink and returns its report (also written to the run directory and as a `shrink_done`
 /// event); `Err` only for problems before the harness ran.

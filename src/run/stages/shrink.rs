@@ -17,8 +17,10 @@ use crate::protocol::client::ProcessHarness;
 use crate::report::event::{Event, Reporter, Stage};
 use crate::report::record::{ParentCheck, ShrinkPathTried, ShrinkReport, ShrinkStatus};
 
-use super::probe::WorktreeProber;
-use super::shrink::{check_parent, not_started, shrink, ParentBeside, ShrinkSettings};
+use crate::run::probe::prober::WorktreeProber;
+use crate::run::stages::reducer::{
+    check_parent, not_started, shrink, ParentBeside, ShrinkSettings,
+};
 
 /// Where the shrink runs and what it keeps.
 pub struct ShrinkStage<'a> {
@@ -313,7 +315,7 @@ fn run_way(
     reporter.event(&Event::StageBegan {
         stage: Stage::ShrinkCapture,
     });
-    match super::capture::capture(
+    match crate::run::stages::capture::capture(
         stage.executor.as_ref(),
         stage.config,
         &section,
@@ -325,13 +327,16 @@ fn run_way(
         Ok((dir, fault)) => {
             // A jitted JAX call runs through the JAX harness on the module the capture wrote.
             let way = if fault.framework.as_deref() == Some("jax") {
-                ShrinkWay::Capture(super::capture::jax_section(&section, &dir), None)
+                ShrinkWay::Capture(
+                    crate::run::stages::capture::jax_section(&section, &dir),
+                    None,
+                )
             } else {
                 ShrinkWay::Capture(section, Some(dir))
             };
             let (mut report, way) = shrink_with(stage, way, out_dir, reporter, cancel);
             report.captured = Some(fault);
-            super::capture::explain(&mut report);
+            crate::run::stages::capture::explain(&mut report);
             (report, way)
         }
         Err(e) => {

@@ -17,11 +17,11 @@ use crate::config::ShrinkSection;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus};
 
-use super::cancel::with_cancel_passed_on;
-use super::outputs::Asked;
-use super::probe::WorktreeProber;
-use super::search::{SearchEnd, SearchOutcome};
-use super::shrink_stage::{shrink_then_check_parent, ShrinkStage};
+use crate::run::cancel::with_cancel_passed_on;
+use crate::run::outputs::Asked;
+use crate::run::probe::prober::WorktreeProber;
+use crate::run::search::{SearchEnd, SearchOutcome};
+use crate::run::stages::shrink::{shrink_then_check_parent, ShrinkStage};
 
 /// Which stages to run.
 #[derive(Clone, Copy, Debug)]
@@ -100,7 +100,7 @@ pub fn stages_beside_environment(
     reporter: &mut dyn Reporter,
 ) -> (bool, Option<Asked>) {
     let cancel = ctx.cancel;
-    let torch = super::outputs::torch_before_the_stages(report.target.as_ref());
+    let torch = crate::run::outputs::torch_before_the_stages(report.target.as_ref());
     std::thread::scope(|s| {
         let asked = bundle.then(|| {
             s.spawn(move || {
@@ -228,7 +228,7 @@ fn triage_stage(
     reporter.event(&Event::StageBegan {
         stage: crate::report::event::Stage::Triage,
     });
-    super::triage::at_commit(
+    crate::run::probe::sanitizer::at_commit(
         prober.executor.session().as_mut(),
         ctx.config,
         prober.worktree,
