@@ -389,3 +389,40 @@ def test_a_client_gone_before_its_child_is_announced_leaves_the_server_serving(s
     cold, warm, status = both(server, "print('still serving')\n")
     assert warm == cold
     assert status == "warm"
+
+
+def test_a_server_stopped_with_sigterm_takes_its_running_children_along(tmp_path):
+    """A child runs in a session of its own, so a signal to the server's group does not reach it: the
+    server kills its running children itself before it ends, and their clients end too."""
+    import select
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hang.py").write_text("import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n")
+    sock = tmp_path / "s.sock"
+    server = subprocess.Popen(
+        [sys.executable, str(RUNNER), "--preload", "json", "serve", "--socket", str(sock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout.readline().decode().strip() == "harness: listening"
+        status = tmp_path / "status"
+        client = subprocess.Popen(
+            [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "hang.py"],
+            cwd=work,
+            stdout=subprocess.PIPE,
+        )
+        child = int(client.stdout.readline())  # the child runs: it said its pid
+        assert status.read_text().strip() == "warm"
+        pidfd = os.pidfd_open(child)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+        ready, _, _ = select.select([pidfd], [], [], 30)
+        os.close(pidfd)
+        assert ready, "the child outlived its server"
+        assert client.wait(timeout=30) != 0  # its run did not end: the client does not say it passed
+        client.stdout.close()
+    finally:
+        server.kill()
+        server.wait()
