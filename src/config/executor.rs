@@ -1,20 +1,37 @@
-//! `[executor]`: where probes' builds and repros run (this machine, or Slurm allocations).
+//! `[executor]`: where probes' builds and repros run (this machine, or Slurm allocations), read into a
+//! closed type: the settings of the kind written, and a key of another kind refused.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::values::{duration, opt_duration};
+use super::values::opt_duration;
 
-/// `[executor]`: where probes' builds and repros run.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+/// `[executor]`, checked: where probes run, with that kind's settings only.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(try_from = "RawExecutor")]
 pub struct ExecutorSection {
-    /// `local` (the default: processes on this machine) or `slurm` (a Slurm allocation per probe, its
-    /// build and repro run in it as job steps).
-    #[serde(default)]
+    /// Where builds and repros run, and how.
     pub kind: ExecutorKind,
+    /// A directory the compute nodes see (a shared filesystem): probe worktrees and the allocations'
+    /// output files go there instead of the repository's `.git/cudabisect/`. Any kind may set it.
+    pub workdir: Option<PathBuf>,
+}
+
+/// `[executor] kind`, with the settings of that kind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ExecutorKind {
+    /// Processes on this machine (the default).
+    #[default]
+    Local,
+    /// A Slurm allocation per probe, its build and repro run in it as job steps.
+    Slurm(SlurmSettings),
+}
+
+/// `[executor]` with `kind = "slurm"`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlurmSettings {
     /// Slurm partition (`--partition`).
     pub partition: Option<String>,
     /// Slurm account (`--account`).
@@ -25,37 +42,81 @@ pub struct ExecutorSection {
     /// Slurm's own time limit per allocation (`--time`); default: the probe's build and repro runs
     /// (retries included) plus 5 minutes. Queue time never counts toward the repro's timeout, which
     /// cudabisect keeps itself.
-    #[serde(default, deserialize_with = "opt_duration")]
     pub time: Option<Duration>,
     /// Extra `sbatch` arguments, as given.
-    #[serde(default)]
     pub sbatch_args: Vec<String>,
-    /// A directory the compute nodes see (a shared filesystem): probe worktrees and the allocations'
-    /// output files go there instead of the repository's `.git/cudabisect/`.
-    pub workdir: Option<PathBuf>,
     /// How long an allocation may wait in the queue for a reason that means it cannot start (its nodes
     /// down or drained, a partition down) before the probe is an infrastructure failure. Default 1 hour.
-    #[serde(
-        default = "default_stuck_timeout",
-        deserialize_with = "duration",
-        rename = "stuck-timeout"
-    )]
     pub stuck_timeout: Duration,
+}
+
+/// `[executor]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawExecutor {
+    #[serde(default)]
+    kind: KindName,
+    partition: Option<String>,
+    account: Option<String>,
+    gres: Option<String>,
+    #[serde(default, deserialize_with = "opt_duration")]
+    time: Option<Duration>,
+    sbatch_args: Option<Vec<String>>,
+    workdir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "opt_duration")]
+    stuck_timeout: Option<Duration>,
+}
+
+/// `kind = "local" | "slurm"`.
+#[derive(Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum KindName {
+    #[default]
+    Local,
+    Slurm,
 }
 
 fn default_stuck_timeout() -> Duration {
     Duration::from_secs(60 * 60)
 }
 
-/// `[executor] kind`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExecutorKind {
-    /// Processes on this machine.
-    #[default]
-    Local,
-    /// Slurm jobs.
-    Slurm,
+impl TryFrom<RawExecutor> for ExecutorSection {
+    type Error = String;
+
+    fn try_from(raw: RawExecutor) -> Result<Self, String> {
+        let kind = match raw.kind {
+            KindName::Local => {
+                // A Slurm key under the local executor would be ignored: a config that says one thing
+                // and does another.
+                let slurm_keys = [
+                    ("partition", raw.partition.is_some()),
+                    ("account", raw.account.is_some()),
+                    ("gres", raw.gres.is_some()),
+                    ("time", raw.time.is_some()),
+                    ("sbatch-args", raw.sbatch_args.is_some()),
+                    ("stuck-timeout", raw.stuck_timeout.is_some()),
+                ];
+                if let Some((key, _)) = slurm_keys.iter().find(|(_, set)| *set) {
+                    return Err(format!(
+                        "[executor] {key} is for kind = \"slurm\", and probes run on this machine: set kind = \"slurm\", or remove {key}"
+                    ));
+                }
+                ExecutorKind::Local
+            }
+            KindName::Slurm => ExecutorKind::Slurm(SlurmSettings {
+                partition: raw.partition,
+                account: raw.account,
+                gres: raw.gres,
+                time: raw.time,
+                sbatch_args: raw.sbatch_args.unwrap_or_default(),
+                stuck_timeout: raw.stuck_timeout.unwrap_or_else(default_stuck_timeout),
+            }),
+        };
+        Ok(Self {
+            kind,
+            workdir: raw.workdir,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -63,6 +124,7 @@ mod tests {
     /// What `[executor]` accepts and refuses.
     const ACCEPTED: &[&str] = &[
         "[executor]\nkind = \"local\"",
+        "[executor]\nworkdir = \"/fast/scratch\"",
         "[executor]\nkind = \"slurm\"\npartition = \"gpu\"\naccount = \"ml\"\ntime = \"2h\"\nsbatch-args = [\"--qos=high\"]",
         "[executor]\nkind = \"slurm\"\ngres = \"\"\nworkdir = \"/shared/scratch\"\nstuck-timeout = \"10m\"",
     ];
@@ -75,7 +137,15 @@ mod tests {
             "[executor]\nkind = \"slurm\"\ntime = \"soon\"",
             "invalid duration",
         ),
-        ("[executor]\ngres = 2", "invalid type"),
+        ("[executor]\nkind = \"slurm\"\ngres = 2", "invalid type"),
+        (
+            "[executor]\npartition = \"gpu\"",
+            "[executor] partition is for kind = \"slurm\"",
+        ),
+        (
+            "[executor]\nkind = \"local\"\nsbatch-args = []",
+            "[executor] sbatch-args is for kind = \"slurm\"",
+        ),
         ("[executor]\nnodes = 2", "unknown field `nodes`"),
     ];
 

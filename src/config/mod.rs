@@ -20,7 +20,7 @@ use error::line_column;
 
 pub use build::{installs_into_python, BuildSection};
 pub use error::ConfigError;
-pub use executor::{ExecutorKind, ExecutorSection};
+pub use executor::{ExecutorKind, ExecutorSection, SlurmSettings};
 pub use repro::{ReproSection, MAX_ATTEMPTS};
 pub use search::{
     runs_for_confidence, DeviceId, FlakySettings, Jobs, SearchSection, WorkerSettings,

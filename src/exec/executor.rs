@@ -17,6 +17,12 @@ pub trait Executor: Send + Sync {
 
     /// True when commands run on this machine (so its GPUs are theirs, and worth checking after a run).
     fn is_local(&self) -> bool;
+
+    /// Checks, before anything is written, that commands can run where this executor sends them: a
+    /// refusal is bad input (one line), not a skipped probe per commit.
+    fn preflight(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// One probe's place to run commands. Dropping it releases whatever it holds.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::classify::Exit;
-use crate::config::{CommandLine, Config, ExecutorSection};
+use crate::config::{CommandLine, Config, SlurmSettings};
 use crate::exec::executor::{Executor, Session};
 use crate::exec::process::{CommandSpec, HostEnd, JobInfo, ProcessError, RunOutput};
 
@@ -51,7 +51,7 @@ const STUCK_REASONS: &[&str] = &[
 /// Builds and repros as steps of a Slurm allocation per probe.
 #[derive(Clone)]
 pub struct Slurm {
-    settings: ExecutorSection,
+    settings: SlurmSettings,
     gpus_per_probe: u32,
     /// Slurm's time limit for an allocation when `[executor] time` is not set: a probe's build and
     /// repro runs, with retries, plus a margin.
@@ -60,11 +60,12 @@ pub struct Slurm {
 }
 
 impl Slurm {
-    /// An executor for `config`; the allocation's output file goes to `[executor] workdir`/jobs, else to
-    /// `spool`.
-    pub fn new(config: &Config, spool: &Path) -> Self {
-        let settings = config.executor.clone();
-        let spool = settings
+    /// An executor with `settings` for `config`'s probes; the allocation's output file goes to
+    /// `[executor] workdir`/jobs, else to `spool`.
+    pub fn new(settings: &SlurmSettings, config: &Config, spool: &Path) -> Self {
+        let settings = settings.clone();
+        let spool = config
+            .executor
             .workdir
             .as_ref()
             .map_or_else(|| spool.to_path_buf(), |w| w.join("jobs"));
@@ -256,6 +257,10 @@ impl Executor for Slurm {
     fn is_local(&self) -> bool {
         false
     }
+
+    fn preflight(&self) -> Result<(), String> {
+        preflight(self)
+    }
 }
 
 /// A run that never started, with what to say about it.
@@ -362,8 +367,7 @@ impl Session for SlurmSession {
 /// Checks before a run that Slurm can be reached and would take a probe's allocation with these
 /// settings (`sbatch --test-only`), so a wrong partition or account is one line of bad input, not a skipped
 /// probe per commit.
-pub fn preflight(config: &Config) -> Result<(), String> {
-    let slurm = Slurm::new(config, &std::env::temp_dir());
+fn preflight(slurm: &Slurm) -> Result<(), String> {
     let mut args = slurm.sbatch_args(&std::env::temp_dir().join("cudabisect-test-only.out"));
     args.retain(|a| a != "--parsable");
     let out = Command::new("sbatch")
@@ -437,6 +441,7 @@ fn is_terminal(state: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ExecutorKind;
 
     fn config(extra: &str) -> Config {
         let text = format!(
@@ -445,12 +450,18 @@ mod tests {
         Config::parse(Path::new("bisect.toml"), &text).unwrap()
     }
 
+    fn slurm_with(extra: &str) -> Slurm {
+        let config = config(extra);
+        let ExecutorKind::Slurm(settings) = &config.executor.kind else {
+            panic!("a Slurm config");
+        };
+        Slurm::new(settings, &config, Path::new("/tmp"))
+    }
+
     #[test]
     fn an_allocation_asks_for_partition_account_gres_and_a_limit_covering_the_probe() {
-        let slurm = Slurm::new(
-            &config("partition = \"gpu\"\naccount = \"ml\"\nsbatch-args = [\"--qos=high\"]\n"),
-            Path::new("/tmp"),
-        );
+        let slurm =
+            slurm_with("partition = \"gpu\"\naccount = \"ml\"\nsbatch-args = [\"--qos=high\"]\n");
         let args = slurm.sbatch_args(Path::new("/tmp/o.out"));
         // 10 m build + 2 × 5 m repro runs (one retry) + 5 m margin.
         for want in [
@@ -464,7 +475,7 @@ mod tests {
         ] {
             assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
         }
-        let none = Slurm::new(&config("gres = \"\"\ntime = \"2h\"\n"), Path::new("/tmp"));
+        let none = slurm_with("gres = \"\"\ntime = \"2h\"\n");
         let args = none.sbatch_args(Path::new("/tmp/o.out"));
         assert!(!args.iter().any(|a| a.starts_with("--gres")), "{args:?}");
         assert!(args.iter().any(|a| a == "--time=120"), "{args:?}");

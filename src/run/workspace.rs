@@ -21,9 +21,9 @@ use super::probe::prober::WorktreeProber;
 /// The configured executor, built here only: every job's commands go through its workspace's. `spool`
 /// is where a scheduler's job files go when `[executor] workdir` is not set (the run's log directory).
 fn executor_for(config: &Config, spool: &Path) -> Arc<dyn Executor> {
-    match config.executor.kind {
+    match &config.executor.kind {
         ExecutorKind::Local => Arc::new(Local),
-        ExecutorKind::Slurm => Arc::new(Slurm::new(config, spool)),
+        ExecutorKind::Slurm(settings) => Arc::new(Slurm::new(settings, config, spool)),
     }
 }
 
@@ -68,24 +68,28 @@ pub struct Workspace<'r> {
 }
 
 impl<'r> Workspace<'r> {
-    /// Sets the job up: the lock (first, so a second run writes nothing), the run directory with the
-    /// config's text, the worktree base and the executor.
+    /// Sets the job up: the executor, asked whether it can run anything (before anything is written),
+    /// the lock (so a second run writes nothing), the run directory with the config's text and the
+    /// worktree base.
     pub fn open(repo: &'r Repo, config: &Config, opening: Opening) -> Result<Self, RunError> {
         let state_dir = repo.state_dir();
-        let lock = opening
-            .lock
-            .map(|what| lock_state_dir(&state_dir, what))
-            .transpose()?;
         let run_dir = state_dir
             .join("runs")
             .join(format!("{}{}", opening.prefix, run_id()));
         let log_dir = opening.log_dir.unwrap_or_else(|| run_dir.join("logs"));
+        // The executor is asked first, before anything is written: a cluster that would refuse every
+        // probe (an unknown partition, no sbatch) is bad input.
+        let executor = executor_for(config, &log_dir);
+        executor.preflight().map_err(RunError::Usage)?;
+        let lock = opening
+            .lock
+            .map(|what| lock_state_dir(&state_dir, what))
+            .transpose()?;
         std::fs::create_dir_all(&log_dir).map_err(RunError::io(&log_dir))?;
         std::fs::create_dir_all(&run_dir).map_err(RunError::io(&run_dir))?;
         std::fs::write(run_dir.join("bisect.toml"), &config.text)
             .map_err(RunError::io(&run_dir))?;
         let worktree_base = worktree_base(repo, &state_dir, config.executor.workdir.as_deref());
-        let executor = executor_for(config, &log_dir);
         Ok(Workspace {
             repo,
             state_dir,

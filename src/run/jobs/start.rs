@@ -508,13 +508,9 @@ fn apply_options(plan: &mut Plan, opts: &StartOptions) {
     }
 }
 
-/// The parallel workers, checked before anything is written (`None`: probes one at a time); a Slurm
-/// config is checked against the cluster first.
+/// The parallel workers, checked before anything is written (`None`: probes one at a time).
 fn worker_slots(plan: &Plan, cancel: &AtomicBool) -> Result<Option<Vec<WorkerSlot>>, RunError> {
-    let slurm = plan.config.executor.kind == ExecutorKind::Slurm;
-    if slurm {
-        crate::exec::slurm::preflight(&plan.config).map_err(RunError::Usage)?;
-    }
+    let slurm = matches!(plan.config.executor.kind, ExecutorKind::Slurm(_));
     if plan.config.workers.jobs == Jobs::One {
         return Ok(None);
     }
