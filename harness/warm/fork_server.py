@@ -59,13 +59,25 @@ def recv_request(conn, timeout=30):
             raise OSError(f"expected 3 file descriptors, got {len(fds)}")
         return json.loads(body), fds
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         raise
 
 
 def send_json(conn, obj):
     conn.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def tell(conn, obj):
+    """Sends `obj` to a client that may be gone already (killed by a timeout): then nobody is waiting."""
+    try:
+        send_json(conn, obj)
+    except OSError:
+        pass
+
+
+def close_all(fds):
+    for fd in fds:
+        os.close(fd)
 
 
 class Messages:
@@ -300,12 +312,8 @@ class _Server:
         refused = self.service.admit(req)
         if refused is not None:
             why, ends = refused
-            for fd in fds:
-                os.close(fd)
-            try:
-                send_json(conn, {"cold": why})
-            except OSError:
-                pass
+            close_all(fds)
+            tell(conn, {"cold": why})
             conn.close()
             if ends:
                 # Nobody is served from here on: cudabisect starts another server.
@@ -319,12 +327,8 @@ class _Server:
             pidfd = os.pidfd_open(pid)
         else:
             pid, pidfd = pid
-        for fd in fds:
-            os.close(fd)
-        try:
-            send_json(conn, {"pid": pid})
-        except OSError:
-            pass  # the client is gone already; its hang-up is seen below
+        close_all(fds)
+        tell(conn, {"pid": pid})  # a client gone already: its hang-up is seen below
         self.jobs[pid] = (conn, pidfd)
         self.sel.register(pidfd, selectors.EVENT_READ, ("child", pid))
         self.sel.register(conn, selectors.EVENT_READ, ("client", pid))
@@ -367,10 +371,7 @@ class _Server:
         if pid in self.watching:
             self.watching.discard(pid)
             self.sel.unregister(conn)
-        try:
-            send_json(conn, {"status": status})
-        except OSError:
-            pass  # the client was killed (a timeout): nobody is waiting
+        tell(conn, {"status": status})
         conn.close()
 
     def client_data(self, pid):
