@@ -6,8 +6,25 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use crate::common::repo_builder::{put, Files, RepoBuilder};
+use cudabisect::classify::FaultClass;
+use cudabisect::report::record::{NightlyRecord, NightlyStatus, ProbeRole, Report, RunResult};
+use cudabisect::run::nightly_state::{NightlyReport, NightlyState};
 use git2::Oid;
-use serde_json::Value;
+
+/// A night's report, when it wrote one.
+type Night = Option<NightlyReport>;
+
+/// The night's record.
+fn rec(r: &Night) -> &NightlyRecord {
+    &r.as_ref().expect("a nightly report").nightly
+}
+
+/// The night's bisection.
+fn bis(r: &Night) -> &Report {
+    r.as_ref()
+        .and_then(|n| n.bisect.as_ref())
+        .expect("a bisection")
+}
 
 const REPRO: &str = "#!/bin/sh\nif [ \"$(cat mode.txt)\" = fault ]; then echo 'RuntimeError: CUDA error: an illegal memory access was encountered'; echo 'CUDA kernel errors might be asynchronously reported'; exit 1; fi\nif [ \"$(cat mode.txt)\" = assert ]; then echo 'RuntimeError: CUDA error: device-side assert triggered'; exit 1; fi\necho ok\n";
 /// The notify hook writes what it was told next to the repository.
@@ -59,12 +76,12 @@ impl Grower {
     }
 
     /// One night: (exit code, report, JUnit (failures, errors), stderr).
-    fn night(&self, extra: &[&str]) -> (i32, Value, (String, String), String) {
+    fn night(&self, extra: &[&str]) -> (i32, Night, (String, String), String) {
         self.night_in(extra, None)
     }
 
     /// A night with `CI` set to `ci` (unset when `None`).
-    fn night_in(&self, extra: &[&str], ci: Option<&str>) -> (i32, Value, (String, String), String) {
+    fn night_in(&self, extra: &[&str], ci: Option<&str>) -> (i32, Night, (String, String), String) {
         let dir = self.path.parent().unwrap();
         let report = dir.join("night.json");
         let junit = dir.join("night.xml");
@@ -88,10 +105,10 @@ impl Grower {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let report: Value = std::fs::read_to_string(&report)
+        // A report that does not read as the crate's own type fails the test.
+        let report: Night = std::fs::read_to_string(&report)
             .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
+            .map(|t| serde_json::from_str(&t).expect("a nightly report"));
         let counts = std::fs::read_to_string(&junit)
             .ok()
             .map(|t| {
@@ -121,32 +138,24 @@ fn under_ci_a_good_night_exits_zero_and_a_regression_fails_the_step() {
     g.grow(&["clean", "clean"]);
     let (code, r, _, err) = g.night_in(&[], Some("true"));
     assert_eq!(code, 0, "{err}");
-    assert_eq!(r["nightly"]["status"], "baseline");
+    assert_eq!(rec(&r).status, NightlyStatus::Baseline);
     // The head is named as what it is, not as an endpoint of a range.
     assert!(err.contains("step 1 (head) · "), "{err}");
     assert!(!err.contains("candidates left"), "{err}");
     g.grow(&["fault"]);
     let (code, r, _, err) = g.night_in(&[], Some("true"));
     assert_eq!(code, 12, "{err}");
-    assert_eq!(r["nightly"]["status"], "regression");
+    assert_eq!(rec(&r).status, NightlyStatus::Regression);
     g.grow(&["clean"]);
     // The style asked for wins over the environment's, both ways.
     let (code, r, _, err) = g.night_in(&["--exit-codes", "detailed"], Some("true"));
-    assert_eq!(
-        (code, r["nightly"]["status"].as_str()),
-        (11, Some("fixed")),
-        "{err}"
-    );
+    assert_eq!((code, rec(&r).status.as_str()), (11, "fixed"), "{err}");
     g.grow(&["fault"]);
     let (code, _, _, err) = g.night_in(&["--exit-codes", "ci"], Some("false"));
     assert_eq!(code, 12, "{err}");
     g.grow(&["clean"]);
     let (code, r, _, err) = g.night_in(&["--exit-codes", "ci"], None);
-    assert_eq!(
-        (code, r["nightly"]["status"].as_str()),
-        (0, Some("fixed")),
-        "{err}"
-    );
+    assert_eq!((code, rec(&r).status.as_str()), (0, "fixed"), "{err}");
 }
 
 #[test]
@@ -155,38 +164,41 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     g.grow(&["clean", "clean", "clean"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 10, "{err}");
-    assert_eq!(r["nightly"]["status"], "baseline");
-    assert_eq!(r["nightly"]["last_good"], g.sha(2).as_str());
+    assert_eq!(rec(&r).status, NightlyStatus::Baseline);
+    assert_eq!(rec(&r).last_good.as_deref(), Some(g.sha(2).as_str()));
     assert_eq!(junit, zero());
 
     g.grow(&["clean", "clean"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(r["nightly"]["status"], "clean");
-    assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
+    assert_eq!(rec(&r).status, NightlyStatus::Clean);
+    assert_eq!(rec(&r).last_good.as_deref(), Some(g.sha(4).as_str()));
     assert_eq!(junit, zero());
 
     g.grow(&["clean", "fault", "fault"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 12, "{err}");
-    assert_eq!(r["nightly"]["status"], "regression");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(6).as_str(), "{r:#}");
-    assert_eq!(r["nightly"]["open_since"], g.sha(7).as_str());
-    assert_eq!(r["nightly"]["last_good"], g.sha(4).as_str());
-    assert_eq!(r["bisect"]["result"], "found");
+    assert_eq!(rec(&r).status, NightlyStatus::Regression);
+    assert_eq!(
+        rec(&r).first_bad.as_deref(),
+        Some(g.sha(6).as_str()),
+        "{r:#?}"
+    );
+    assert_eq!(rec(&r).open_since.as_deref(), Some(g.sha(7).as_str()));
+    assert_eq!(rec(&r).last_good.as_deref(), Some(g.sha(4).as_str()));
+    assert_eq!(bis(&r).result, RunResult::Found);
     // The night's own probe of the head is the bisection's bad endpoint, taken from the journal.
-    assert_eq!(r["bisect"]["probes"][0]["role"], "bad_endpoint");
-    assert_eq!(r["bisect"]["probes"][0]["reused"], true, "{r:#}");
+    assert_eq!(bis(&r).probes[0].role, ProbeRole::BadEndpoint);
+    assert!(bis(&r).probes[0].reused, "{r:#?}");
     // And the last night's clean head is its good end, from the journal too: a clean run is clean
     // whatever the target.
-    let good_end = r["bisect"]["probes"]
-        .as_array()
-        .unwrap()
+    let good_end = bis(&r)
+        .probes
         .iter()
-        .find(|p| p["role"] == "good_endpoint")
+        .find(|p| p.role == ProbeRole::GoodEndpoint)
         .unwrap();
-    assert_eq!(good_end["commit"], g.sha(4).as_str());
-    assert_eq!(good_end["reused"], true, "{r:#}");
+    assert_eq!(good_end.commit, g.sha(4));
+    assert!(good_end.reused, "{r:#?}");
     assert_eq!(junit, ("1".into(), "0".into()));
     let notes = g.path.parent().unwrap().join("notified.txt");
     let notified = || std::fs::read_to_string(&notes).unwrap_or_default();
@@ -200,10 +212,13 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     g.grow(&["fault", "fault"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 13, "{err}");
-    assert_eq!(r["nightly"]["status"], "still_failing");
-    assert_eq!(r["nightly"]["nights_failing"], 2);
-    assert_eq!(r["nightly"]["first_bad"], g.sha(6).as_str());
-    assert!(r["bisect"].is_null(), "no new bisection: {r:#}");
+    assert_eq!(rec(&r).status, NightlyStatus::StillFailing);
+    assert_eq!(rec(&r).nights_failing, 2);
+    assert_eq!(rec(&r).first_bad.as_deref(), Some(g.sha(6).as_str()));
+    assert!(
+        r.as_ref().unwrap().bisect.is_none(),
+        "no new bisection: {r:#?}"
+    );
     assert_eq!(junit, ("1".into(), "0".into()));
     assert_eq!(
         notified().lines().count(),
@@ -214,13 +229,13 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     g.grow(&["clean"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 11, "{err}");
-    assert_eq!(r["nightly"]["status"], "fixed");
+    assert_eq!(rec(&r).status, NightlyStatus::Fixed);
     assert_eq!(
-        r["nightly"]["fixed_range"],
-        format!("{}..{}", g.sha(9), g.sha(10)).as_str()
+        rec(&r).fixed_range,
+        Some(format!("{}..{}", g.sha(9), g.sha(10)))
     );
-    assert!(r["nightly"]["first_bad"].is_null());
-    assert_eq!(r["nightly"]["last_good"], g.sha(10).as_str());
+    assert!(rec(&r).first_bad.is_none());
+    assert_eq!(rec(&r).last_good.as_deref(), Some(g.sha(10).as_str()));
     assert_eq!(junit, zero());
     let fixed_line = format!("fixed  {}", report_path.display());
     assert_eq!(notified().lines().last(), Some(fixed_line.as_str()));
@@ -228,7 +243,7 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     g.grow(&["clean"]);
     let (code, r, _, err) = g.night(&[]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(r["nightly"]["status"], "clean");
+    assert_eq!(rec(&r).status, NightlyStatus::Clean);
     // The state is one JSON file per branch, config and machine, in the directory CI caches.
     let files: Vec<PathBuf> = std::fs::read_dir(&g.state)
         .unwrap()
@@ -239,9 +254,10 @@ fn five_nights_baseline_clean_regression_still_failing_fixed() {
     // The probe journal lives in the same cached directory, not in the clone.
     assert!(g.state.join("journal.jsonl").is_file());
     assert!(!g.path.join(".git/cudabisect/journal.jsonl").exists());
-    let state: Value = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
-    assert_eq!(state["last_good"], g.sha(11).as_str());
-    assert!(state["open"].is_null());
+    let state: NightlyState =
+        serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    assert_eq!(state.last_good, Some(g.sha(11)));
+    assert!(state.open.is_none());
 }
 
 #[test]
@@ -267,7 +283,7 @@ fn a_first_night_that_faults_needs_since_and_then_bisects_from_it() {
     let since = g.sha(0);
     let (code, r, _, err) = g.night(&["--since", &since]);
     assert_eq!(code, 12, "{err}");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(2).as_str());
+    assert_eq!(rec(&r).first_bad.as_deref(), Some(g.sha(2).as_str()));
 }
 
 #[test]
@@ -278,16 +294,20 @@ fn another_bug_on_top_of_an_open_one_is_bisected_from_the_last_head_that_showed_
     g.grow(&["clean", "fault", "fault"]);
     let (code, r, _, err) = g.night(&[]);
     assert_eq!(code, 12, "{err}");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(3).as_str());
+    assert_eq!(rec(&r).first_bad.as_deref(), Some(g.sha(3).as_str()));
     // Night 3: a device-side assert now fires before the illegal access.
     g.grow(&["assert", "assert"]);
     let (code, r, junit, err) = g.night(&[]);
     assert_eq!(code, 12, "a different bug is a new regression: {err}");
-    assert_eq!(r["nightly"]["status"], "regression");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str(), "{r:#}");
-    assert_eq!(r["nightly"]["signature"]["class"], "device_assert");
+    assert_eq!(rec(&r).status, NightlyStatus::Regression);
     assert_eq!(
-        r["bisect"]["good"][0],
+        rec(&r).first_bad.as_deref(),
+        Some(g.sha(5).as_str()),
+        "{r:#?}"
+    );
+    assert_eq!(rec(&r).signature.class, FaultClass::DeviceAssert);
+    assert_eq!(
+        bis(&r).good[0],
         g.sha(4).as_str(),
         "bisected from the last head with only the older bug"
     );
@@ -296,7 +316,7 @@ fn another_bug_on_top_of_an_open_one_is_bisected_from_the_last_head_that_showed_
     g.grow(&["assert"]);
     let (code, r, _, err) = g.night(&[]);
     assert_eq!(code, 13, "{err}");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str());
+    assert_eq!(rec(&r).first_bad.as_deref(), Some(g.sha(5).as_str()));
 }
 
 /// A repro wrapper that counts its runs and SIGKILLs cudabisect (its parent) on the run named in
@@ -345,8 +365,8 @@ fn a_night_killed_at_any_run_resumes_with_at_most_that_run_redone() {
     let before = count(&dir);
     let (code, r, _, err) = g.night(&["--config", &cfg]);
     assert_eq!(code, 12, "{err}");
-    let expected = r["nightly"]["first_bad"].clone();
-    assert_eq!(expected, g.sha(5).as_str());
+    let expected = rec(&r).first_bad.clone();
+    assert_eq!(expected, Some(g.sha(5)));
     let total = count(&dir) - before;
     assert!(total >= 3, "{total}");
 
@@ -360,7 +380,7 @@ fn a_night_killed_at_any_run_resumes_with_at_most_that_run_redone() {
         assert_eq!(code, -1, "killed at run {k} of the night");
         let (code, r, junit, err) = g.night(&["--config", &cfg]);
         assert_eq!(code, 12, "resumed after a kill at run {k}: {err}");
-        assert_eq!(r["nightly"]["first_bad"], expected, "kill at {k}");
+        assert_eq!(rec(&r).first_bad, expected, "kill at {k}");
         assert_eq!(junit, ("1".into(), "0".into()));
         let runs = count(&dir) - before;
         assert!(
@@ -407,17 +427,12 @@ fn a_night_cut_short_resumes_in_a_fresh_clone_from_the_cached_state() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert_eq!(r["nightly"]["first_bad"], g.sha(5).as_str());
-    let reused = r["bisect"]["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["reused"] == true)
-        .count();
+    let r: Night = Some(serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap());
+    assert_eq!(rec(&r).first_bad.as_deref(), Some(g.sha(5).as_str()));
+    let reused = bis(&r).probes.iter().filter(|p| p.reused).count();
     assert!(
         reused >= 2,
-        "the killed night's probes are reused in the fresh clone: {r:#}"
+        "the killed night's probes are reused in the fresh clone: {r:#?}"
     );
 }
 
@@ -432,7 +447,11 @@ fn a_force_push_without_gc_is_bisected_from_the_merge_base_and_branch_takes_only
     g.grow(&["clean", "fault"]);
     let (code, r, _, err) = g.night(&[]);
     assert_eq!(code, 12, "{err}");
-    assert_eq!(r["nightly"]["first_bad"], g.sha(2).as_str(), "{err}");
+    assert_eq!(
+        rec(&r).first_bad.as_deref(),
+        Some(g.sha(2).as_str()),
+        "{err}"
+    );
     assert!(err.contains("merge base"), "{err}");
     // `--branch` is a branch name or a full ref name of one, never a revision or a tag.
     for revision in ["main~1", "HEAD", &g.sha(1)] {
@@ -442,7 +461,7 @@ fn a_force_push_without_gc_is_bisected_from_the_merge_base_and_branch_takes_only
     }
     let (code, r, _, err) = g.night(&["--branch", "refs/heads/main"]);
     assert_eq!(code, 13, "the same state as `main`: {err}");
-    assert_eq!(r["nightly"]["branch"], "main", "{r}");
+    assert_eq!(rec(&r).branch, "main", "{r:?}");
 }
 
 /// Runs the GitHub Action's script (action/run.sh) as the action runs it: inputs as `INPUT_*`, the real
@@ -633,7 +652,7 @@ fn ctrl_c_during_the_heads_probe_says_interrupted_once_and_the_next_night_leaves
     std::fs::remove_file(dir.join("slow.flag")).unwrap();
     let (code, r, _, stderr) = g.night(&["--config", cfg.to_str().unwrap()]);
     assert_eq!(code, 10, "{stderr}");
-    assert_eq!(r["nightly"]["status"], "baseline", "{stderr}");
+    assert_eq!(rec(&r).status, NightlyStatus::Baseline, "{stderr}");
     let left = run_dirs(&state);
     assert_eq!(left.len(), 1, "{left:?}");
     assert_ne!(left, stopped, "the stopped night's directory is gone");
