@@ -25,7 +25,7 @@ pub use repro::{ReproSection, MAX_ATTEMPTS};
 pub use search::{
     runs_for_confidence, DeviceId, FlakySettings, Jobs, SearchSection, WorkerSettings,
 };
-pub use shrink::{ShrinkFramework, ShrinkSection};
+pub use shrink::{Harness, ShrinkFramework, ShrinkSection};
 pub use stages::{BundleSection, NightlySection, TriageSection};
 pub use values::CommandLine;
 

@@ -117,7 +117,61 @@ pub enum ShrinkFramework {
     Keras,
 }
 
+/// The harness a `[shrink]` section names, resolved from its keys (which the config's check keeps to
+/// exactly one of these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Harness<'a> {
+    /// A command of the user's own that speaks the harness protocol (`harness`).
+    Own(&'a CommandLine),
+    /// The native harness on a model file (`model` without `inputs`).
+    Native(&'a str),
+    /// The shipped PyTorch harness on the model's factories (`model` and `inputs`).
+    Torch {
+        /// The model's factory.
+        model: &'a str,
+        /// The example inputs' factory.
+        inputs: &'a str,
+    },
+    /// The shipped JAX harness on a function (`framework = "jax"`).
+    Jax {
+        /// The function.
+        function: &'a str,
+        /// Its arguments' factory.
+        inputs: &'a str,
+    },
+    /// The shipped JAX harness on a Keras 3 model (`framework = "keras"`).
+    Keras {
+        /// The model's factory.
+        model: &'a str,
+        /// Its inputs' factory.
+        inputs: &'a str,
+    },
+    /// The shipped PyTorch harness on what a capture of the repro command (or of `step`) records.
+    Capture,
+}
+
 impl ShrinkSection {
+    /// The harness this section names.
+    pub fn named_harness(&self) -> Harness<'_> {
+        let (model, inputs) = (self.model.as_deref(), self.inputs.as_deref());
+        match (self.framework, &self.harness) {
+            (ShrinkFramework::Jax, _) => Harness::Jax {
+                function: self.function.as_deref().unwrap_or_default(),
+                inputs: inputs.unwrap_or_default(),
+            },
+            (ShrinkFramework::Keras, _) => Harness::Keras {
+                model: model.unwrap_or_default(),
+                inputs: inputs.unwrap_or_default(),
+            },
+            (ShrinkFramework::Torch, Some(command)) => Harness::Own(command),
+            (ShrinkFramework::Torch, None) => match (model, inputs) {
+                (Some(model), Some(inputs)) => Harness::Torch { model, inputs },
+                (Some(model), None) => Harness::Native(model),
+                (None, _) => Harness::Capture,
+            },
+        }
+    }
+
     /// The model comes from a capture of the repro command (or of `step`), not from factories, a model
     /// file or a harness of the user's own.
     pub fn captures(&self) -> bool {
@@ -142,7 +196,7 @@ impl ShrinkSection {
     /// Factories, a model file or a harness of the user's own name the model (a `step` with factories
     /// names its `model` too: the config requires it).
     pub fn has_factories(&self) -> bool {
-        self.harness.is_some() || self.model.is_some() || self.function.is_some()
+        self.named_harness() != Harness::Capture
     }
 
     /// The device argument of the shipped harnesses (`auto`: the fault's own device).
@@ -291,5 +345,45 @@ mod tests {
     #[test]
     fn the_shrink_section_accepts_and_refuses_these_inputs() {
         super::super::assert_table(ACCEPTED, REFUSED);
+    }
+
+    #[test]
+    fn each_accepted_section_names_exactly_the_harness_its_keys_say() {
+        use super::Harness;
+        let cases: &[(&str, &str)] = &[
+            ("", "capture"),
+            ("capture = true", "capture"),
+            ("step = \"pkg.train:step\"", "capture"),
+            ("model = \"models/net.json\"", "native"),
+            ("model = \"pkg.m:build\"\ninputs = \"pkg.m:x\"", "torch"),
+            (
+                "model = \"pkg.m:build\"\ninputs = \"pkg.m:x\"\nstep = \"pkg.t:s\"",
+                "torch",
+            ),
+            ("harness = \"python3 harness.py\"", "own"),
+            (
+                "framework = \"jax\"\nfunction = \"pkg.m:f\"\ninputs = \"pkg.m:a\"",
+                "jax",
+            ),
+            (
+                "framework = \"keras\"\nmodel = \"pkg.m:b\"\ninputs = \"pkg.m:a\"",
+                "keras",
+            ),
+        ];
+        for (keys, want) in cases {
+            let text = format!("[repro]\ncommand = \"x\"\n[shrink]\n{keys}\n");
+            let config = crate::config::Config::parse(std::path::Path::new("bisect.toml"), &text)
+                .expect("accepted");
+            let section = config.shrink.expect("a [shrink] section");
+            let got = match section.named_harness() {
+                Harness::Own(_) => "own",
+                Harness::Native(_) => "native",
+                Harness::Torch { .. } => "torch",
+                Harness::Jax { .. } => "jax",
+                Harness::Keras { .. } => "keras",
+                Harness::Capture => "capture",
+            };
+            assert_eq!(got, *want, "{keys}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::backend::BackendChoice;
 use crate::classify::{Exit, FaultClass, Signature};
-use crate::config::{CommandLine, Config, ShrinkFramework, ShrinkSection};
+use crate::config::{CommandLine, Config, Harness, ShrinkSection};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::exec::process::{self, ProcessError, RunOutput};
 
@@ -185,45 +185,50 @@ impl ProcessHarness {
         fault_rank: Option<u32>,
         capture: Option<&Path>,
     ) -> Result<Self, ProtocolError> {
-        let mut shipped = false;
-        if let Some(prefix) = jax_command(shrink, run_dir)? {
-            let mut harness = Self::new(
-                config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
-            );
-            harness.python = Some(shrink.python.clone());
-            return Ok(harness);
-        }
-        let torch_source = match (capture, &shrink.model, &shrink.inputs) {
-            (Some(dir), _, _) => Some(vec!["--capture".into(), dir.display().to_string()]),
-            (None, Some(model), Some(inputs)) if shrink.harness.is_none() => Some(vec![
-                "--model".into(),
-                model.clone(),
-                "--example-inputs".into(),
-                inputs.clone(),
-            ]),
-            _ => None,
-        };
-        let (prefix, native) = match (&shrink.harness, torch_source, &shrink.model) {
-            (Some(h), _, _) => (h.clone(), None),
-            (None, Some(source), _) => {
-                shipped = true;
-                (torch_command(shrink, run_dir, source)?, None)
+        let torch = |source: Vec<String>| torch_command(shrink, run_dir, source);
+        // A capture's recording goes to the PyTorch harness, unless the user's own harness is named.
+        let (prefix, native, shipped) = match (shrink.named_harness(), capture) {
+            (Harness::Jax { function, inputs }, _) => {
+                let prefix = jax_command(shrink, run_dir, ("--function", function), inputs)?;
+                let mut harness = Self::new(
+                    config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
+                );
+                harness.python = Some(shrink.python.clone());
+                return Ok(harness);
             }
-            (None, None, model) => {
-                let exe = std::env::current_exe()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|_| "cudabisect".into());
-                (
-                    CommandLine::Argv(vec![
-                        exe,
-                        "harness".into(),
-                        "--model".into(),
-                        model.clone().unwrap_or_default(),
-                        "--backend".into(),
-                        shrink.backend.as_str().into(),
-                    ]),
-                    Some(shrink.backend),
-                )
+            (Harness::Keras { model, inputs }, _) => {
+                let prefix = jax_command(shrink, run_dir, ("--model", model), inputs)?;
+                let mut harness = Self::new(
+                    config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
+                );
+                harness.python = Some(shrink.python.clone());
+                return Ok(harness);
+            }
+            (Harness::Own(command), _) => (command.clone(), None, false),
+            (_, Some(dir)) => (
+                torch(vec!["--capture".into(), dir.display().to_string()])?,
+                None,
+                true,
+            ),
+            (Harness::Torch { model, inputs }, None) => (
+                torch(vec![
+                    "--model".into(),
+                    model.into(),
+                    "--example-inputs".into(),
+                    inputs.into(),
+                ])?,
+                None,
+                true,
+            ),
+            (Harness::Native(model), None) => (
+                native_command(model, shrink.backend),
+                Some(shrink.backend),
+                false,
+            ),
+            (Harness::Capture, None) => {
+                return Err(ProtocolError::Extract(
+                    "the capture's recording is needed before its harness can run".into(),
+                ))
             }
         };
         let mut harness = Self::new(
@@ -442,27 +447,21 @@ impl ProcessHarness {
     }
 }
 
-/// The shipped JAX harness's command for `framework = "jax"` or `"keras"`, installed into `run_dir`;
-/// `None` for the PyTorch harness and harnesses of the user's own.
+/// The shipped JAX harness's command for `framework = "jax"` (`--function`) or `"keras"` (`--model`),
+/// installed into `run_dir`.
 fn jax_command(
     shrink: &ShrinkSection,
     run_dir: &Path,
-) -> Result<Option<CommandLine>, ProtocolError> {
-    let (flag, what) = match shrink.framework {
-        ShrinkFramework::Torch => return Ok(None),
-        ShrinkFramework::Jax => ("--function", &shrink.function),
-        ShrinkFramework::Keras => ("--model", &shrink.model),
-    };
+    (flag, what): (&str, &str),
+    inputs: &str,
+) -> Result<CommandLine, ProtocolError> {
     let script = super::jax::install(run_dir).map_err(|source| ProtocolError::Install {
         path: run_dir.to_path_buf(),
         source,
     })?;
     let mut argv = vec![shrink.python.clone(), script.display().to_string()];
-    argv.extend([flag.into(), what.clone().unwrap_or_default()]);
-    argv.extend([
-        "--example-inputs".into(),
-        shrink.inputs.clone().unwrap_or_default(),
-    ]);
+    argv.extend([flag.into(), what.into()]);
+    argv.extend(["--example-inputs".into(), inputs.into()]);
     if shrink.trains() {
         argv.push("--train".into());
     }
@@ -470,7 +469,22 @@ fn jax_command(
         argv.extend(["--loss".into(), loss.clone()]);
     }
     argv.extend(["--device".into(), shrink.device_arg().to_string()]);
-    Ok(Some(CommandLine::Argv(argv)))
+    Ok(CommandLine::Argv(argv))
+}
+
+/// The native harness (this binary's `harness` command) on a model file.
+fn native_command(model: &str, backend: BackendChoice) -> CommandLine {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "cudabisect".into());
+    CommandLine::Argv(vec![
+        exe,
+        "harness".into(),
+        "--model".into(),
+        model.into(),
+        "--backend".into(),
+        backend.as_str().into(),
+    ])
 }
 
 /// Shell-quotes one argument (for shell-line harnesses and the reproduce line).

@@ -320,7 +320,7 @@ fn check_options(
         .as_ref()
         .filter(|s| s.enabled && !opts.no_shrink)
     {
-        if let (None, Some(model), None) = (&shrink.harness, &shrink.model, &shrink.inputs) {
+        if let crate::config::Harness::Native(model) = shrink.named_harness() {
             if repo.executable_at(bad, model).is_none() {
                 return Err(RunError::Usage(format!(
                     "[shrink] model `{model}` does not exist at the bad commit (or pass --no-shrink)"

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use git2::Oid;
 
 use crate::classify::{FaultClass, Signature};
-use crate::config::{Config, ShrinkFramework, ShrinkSection};
+use crate::config::{Config, Harness, ShrinkFramework, ShrinkSection};
 use crate::exec::child_env::WorkerSlot;
 use crate::exec::executor::Executor;
 use crate::protocol::client::ProcessHarness;
@@ -159,15 +159,15 @@ pub fn ways(section: &ShrinkSection, target: Option<&Signature>) -> Result<Vec<S
         }
         out.push(ShrinkWay::Factories(factories));
     }
-    let torch_harness = section.framework == ShrinkFramework::Torch && section.harness.is_none();
-    let native_model = section.harness.is_none()
-        && section.inputs.is_none()
-        && section.model.is_some()
-        && section.step.is_none();
+    // A capture feeds the PyTorch harness: after its factories (a `step` beside them), or alone.
+    let capturable = matches!(
+        section.named_harness(),
+        Harness::Torch { .. } | Harness::Capture
+    );
     // Asked for in bisect.toml (`capture = true`, or a `step`), a capture is tried whatever the failure
     // looked like; otherwise (no section, or one that only tunes the shrink) only for a Python program.
     let asked = (section.capture || section.step.is_some()) && !section.implicit;
-    if torch_harness && !native_model && (asked || capture_refusal(target).is_none()) {
+    if capturable && (asked || capture_refusal(target).is_none()) {
         let mut capture = section.clone();
         capture.model = None;
         capture.inputs = None;
