@@ -208,6 +208,7 @@ class _Server:
 
     def __init__(self, listener, service, lifeline):
         self.listener, self.service, self.lifeline = listener, service, lifeline
+        self.path = listener.getsockname()  # kept: a server that stops listening still removes it
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lifeline, selectors.EVENT_READ, ("lifeline", None))
@@ -276,7 +277,7 @@ class _Server:
         for pid in list(self.jobs) + ([self.spare[0]] if self.spare else []):
             kill_group(pid, signal.SIGKILL)
         try:
-            os.unlink(self.listener.getsockname())
+            os.unlink(self.path)
         except (OSError, TypeError):
             pass
         os._exit(0)
