@@ -6,6 +6,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use cudabisect::classify::FaultClass;
+use cudabisect::report::record::{ProbeRole, Report, Verdict};
 use serde_json::Value;
 
 /// A linear repository: commit i (from 1) has `version.txt` = i and `repro.sh` from `template`, in which
@@ -92,8 +94,17 @@ fn run(repo: &Repo, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A run's report, when it wrote one (read as the crate's own type: one that does not read as it fails
+/// the test).
+type Ran = Option<Report>;
+
+/// The report a run wrote.
+fn rep(ran: &Ran) -> &Report {
+    ran.as_ref().expect("a report")
+}
+
 /// `start` with the scratch config and a report; exit status, report, stderr.
-fn start(repo: &Repo, args: &[&str]) -> (i32, Value, String) {
+fn start(repo: &Repo, args: &[&str]) -> (i32, Ran, String) {
     let config = repo.scratch.join("bisect.toml");
     let report = repo.scratch.join("report.json");
     let _ = std::fs::remove_file(&report);
@@ -103,8 +114,7 @@ fn start(repo: &Repo, args: &[&str]) -> (i32, Value, String) {
     let (code, _, err) = run(repo, &all);
     let report = std::fs::read_to_string(&report)
         .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+        .map(|t| serde_json::from_str(&t).expect("a report"));
     (code, report, err)
 }
 
@@ -112,11 +122,9 @@ fn subject_of(repo: &Repo, commit: &str) -> String {
     git(&repo.path, &["log", "-1", "--format=%s", commit])
 }
 
-fn first_bad_subject(repo: &Repo, report: &Value) -> String {
-    subject_of(
-        repo,
-        report["first_bad"]["commit"].as_str().unwrap_or("HEAD"),
-    )
+fn first_bad_subject(repo: &Repo, report: &Ran) -> String {
+    let first_bad = report.as_ref().and_then(|r| r.first_bad.as_ref());
+    subject_of(repo, first_bad.map_or("HEAD", |f| f.commit.as_str()))
 }
 
 #[test]
@@ -189,8 +197,8 @@ fn a_journal_that_is_a_fifo_is_never_opened_and_the_run_goes_on_from_scratch() {
 #[test]
 fn a_rerun_keeps_the_logs_of_every_probe_it_reports_in_its_bundle() {
     let repo = linear(40, 23, &default_repro(), CONFIG);
-    let logs = |report: &Value| -> usize {
-        let bundle = PathBuf::from(report["bundle"].as_str().expect("a bundle"));
+    let logs = |report: &Ran| -> usize {
+        let bundle = PathBuf::from(rep(report).bundle.as_deref().expect("a bundle"));
         std::fs::read_dir(bundle.join("logs/probes"))
             .map(|d| d.count())
             .unwrap_or(0)
@@ -202,11 +210,7 @@ fn a_rerun_keeps_the_logs_of_every_probe_it_reports_in_its_bundle() {
     let (code, second, err) = start(&repo, &["v1..main"]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        second["probes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|p| p["reused"] == true),
+        rep(&second).probes.iter().all(|p| p.reused),
         "every probe reused"
     );
     assert_eq!(
@@ -214,12 +218,12 @@ fn a_rerun_keeps_the_logs_of_every_probe_it_reports_in_its_bundle() {
         before,
         "the reused probes' logs travel with the rerun"
     );
-    for p in second["probes"].as_array().unwrap() {
-        let Some(log) = p["log"].as_str() else {
+    for p in &rep(&second).probes {
+        let Some(log) = &p.log else {
             continue;
         };
         assert!(
-            log.starts_with(second["run_dir"].as_str().unwrap()),
+            log.starts_with(&rep(&second).run_dir),
             "{log} is outside this run's directory"
         );
     }
@@ -266,9 +270,7 @@ fn a_written_confidence_alone_never_gives_a_silent_wrong_answer_on_a_flaky_fault
     match code {
         0 => {
             assert_eq!(first_bad_subject(&repo, &report), "commit 17", "{err}");
-            let reached = report["confidence"]
-                .as_f64()
-                .expect("the confidence reached");
+            let reached = rep(&report).confidence.expect("the confidence reached");
             assert!(reached >= 0.99, "{reached}");
         }
         3 | 4 => {} // the bad end never faulted, or the budget ran out: said, not a wrong commit
@@ -312,27 +314,23 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
     let (code, report, err) = start(&repo, &["--find-fix", &format!("{old}..main")]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "commit 20");
-    assert_eq!(report["terms"]["new"], "fixed");
-    assert!(report["message"]
-        .as_str()
-        .unwrap()
-        .starts_with("first fixed commit"));
+    assert_eq!(rep(&report).terms.new, "fixed");
+    assert!(rep(&report).message.starts_with("first fixed commit"));
     // The fix verified alone: it runs clean, its parent still faults.
-    let verify: Vec<&Value> = report["probes"]
-        .as_array()
-        .unwrap()
+    let verify: Vec<_> = rep(&report)
+        .probes
         .iter()
-        .filter(|p| p["role"] == "verify")
+        .filter(|p| p.role == ProbeRole::Verify)
         .collect();
-    assert_eq!(verify.len(), 2, "{report}");
-    assert_eq!(verify[1]["signature"]["class"], "illegal_address");
+    assert_eq!(verify.len(), 2, "{report:#?}");
+    assert_eq!(verify[1].signature.class, FaultClass::IllegalAddress);
     let (_, log, _) = run(&repo, &["log", "--format", "git"]);
     assert!(
         log.contains("'--term-old=broken' '--term-new=fixed'"),
         "{log}"
     );
     let replayed = replay(&repo, &log);
-    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    let fix = rep(&report).first_bad.as_ref().unwrap().commit.as_str();
     assert!(
         replayed.contains(&format!("{fix} is the first fixed commit")),
         "{replayed}"
@@ -340,7 +338,7 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
     // A NEW end that still faults is refused with what --find-fix needs.
     let (code, report, err) = start(&repo, &["--find-fix", &format!("{old}..main~15")]);
     assert_eq!(code, 3, "{err}");
-    let message = report["message"].as_str().unwrap();
+    let message = rep(&report).message.as_str();
     assert!(message.contains("not gone at new commit"), "{message}");
     // Refusals speak the run's terms (FF04): a reversed range of a fix search names broken and fixed.
     let (code, _, err) = start(&repo, &["--find-fix", &format!("main..{old}")]);
@@ -368,7 +366,7 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
             "{err}"
         );
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert_eq!(report, Value::Null);
+        assert!(report.is_none(), "{report:#?}");
     }
     assert_eq!(std::fs::read_dir(&runs).map_or(0, |d| d.count()), before);
 }
@@ -416,10 +414,10 @@ fn find_fix_on_a_merge_heavy_history_names_the_side_commit_and_replays_in_git() 
     let (code, report, err) = start(&repo, &["--find-fix", &format!("{broken}..main")]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "side fix");
-    let notes = report["notes"].to_string();
+    let notes = rep(&report).notes.join("\n");
     assert!(notes.contains("side branch"), "{notes}");
     let (_, log, _) = run(&repo, &["log", "--format", "git"]);
-    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    let fix = rep(&report).first_bad.as_ref().unwrap().commit.as_str();
     assert!(
         replay(&repo, &log).contains(&format!("{fix} is the first fixed commit")),
         "{log}"
@@ -433,7 +431,7 @@ fn find_fix_on_a_merge_heavy_history_names_the_side_commit_and_replays_in_git() 
     assert_eq!(first_bad_subject(&repo, &report), "merge fix");
     let (_, log, _) = run(&repo, &["log", "--format", "git"]);
     assert!(log.contains("'--first-parent'"), "{log}");
-    let fix = report["first_bad"]["commit"].as_str().unwrap();
+    let fix = rep(&report).first_bad.as_ref().unwrap().commit.as_str();
     assert!(
         replay(&repo, &log).contains(&format!("{fix} is the first fixed commit")),
         "{log}"
@@ -449,7 +447,7 @@ fn a_first_parent_bug_search_replays_in_git_to_the_same_merge() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "merge c");
     let (_, log, _) = run(&repo, &["log", "--format", "git"]);
-    let culprit = report["first_bad"]["commit"].as_str().unwrap();
+    let culprit = rep(&report).first_bad.as_ref().unwrap().commit.as_str();
     let replayed = replay(&repo, &log);
     assert!(
         replayed.contains(&format!("{culprit} is the first bad commit")),
@@ -611,11 +609,10 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
     let (code, warm, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &warm), "commit 23");
-    let runners: Vec<String> = warm["probes"]
-        .as_array()
-        .unwrap()
+    let runners: Vec<String> = rep(&warm)
+        .probes
         .iter()
-        .map(|p| p["runner"].as_str().unwrap_or("").to_string())
+        .map(|p| p.runner.clone().unwrap_or_default())
         .collect();
     assert!(runners.iter().all(|r| r == "warm"), "{runners:?}");
     // Three workers: the two that wait while the bad end runs alone start their warm interpreters then
@@ -623,10 +620,10 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
     let (code, three, err) = start(&repo, &["v1..main", "--fresh", "--jobs", "3"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &three), "commit 23");
-    for p in three["probes"].as_array().unwrap() {
-        assert_eq!(p["runner"], "warm", "{p}");
+    for p in &rep(&three).probes {
+        assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
     }
-    let warm_dir = Path::new(three["run_dir"].as_str().unwrap()).join("warm");
+    let warm_dir = Path::new(&rep(&three).run_dir).join("warm");
     for w in 1..=3 {
         assert!(
             warm_dir.join(format!("server-{w}.log")).is_file(),
@@ -642,12 +639,11 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
     .unwrap();
     let (code, cold, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
-    let verdicts = |r: &Value| -> Vec<(String, String)> {
-        r["probes"]
-            .as_array()
-            .unwrap()
+    let verdicts = |r: &Ran| -> Vec<(String, Verdict)> {
+        rep(r)
+            .probes
             .iter()
-            .map(|p| (p["commit"].to_string(), p["verdict"].to_string()))
+            .map(|p| (p.commit.clone(), p.verdict))
             .collect()
     };
     assert_eq!(
@@ -655,7 +651,7 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
         verdicts(&cold),
         "the same probes, the same verdicts"
     );
-    assert!(cold["probes"][0]["runner"].is_null());
+    assert!(rep(&cold).probes[0].runner.is_none());
 }
 
 #[test]
@@ -664,7 +660,10 @@ fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
     let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "commit 23");
-    assert_eq!(report["target"]["class"], "hang");
+    assert_eq!(
+        rep(&report).target.as_ref().unwrap().class,
+        FaultClass::Hang
+    );
     for entry in std::fs::read_dir(&repo.scratch).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -709,25 +708,22 @@ fn warm_probes_name_the_triton_kernel_that_faulted_so_a_lookalike_bug_needs_no_s
     let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "commit 24", "{err}");
-    assert_eq!(
-        report["target"]["kernel"], "embed",
-        "{:#}",
-        report["target"]
-    );
+    let target = rep(&report).target.as_ref().unwrap();
+    assert_eq!(target.kernel.as_deref(), Some("embed"), "{target:#?}");
     let mut lookalikes = 0;
-    for p in report["probes"].as_array().unwrap() {
-        let v: usize = subject_of(&repo, p["commit"].as_str().unwrap())
+    for p in &rep(&report).probes {
+        let v: usize = subject_of(&repo, &p.commit)
             .trim_start_matches("commit ")
             .parse()
             .unwrap();
         if (18..=21).contains(&v) {
             lookalikes += 1;
-            assert_eq!(p["verdict"], "skip", "commit {v}: {p:#}");
-            assert_eq!(p["signature"]["kernel"], "bias");
+            assert_eq!(p.verdict, Verdict::Skip, "commit {v}: {p:#?}");
+            assert_eq!(p.signature.kernel.as_deref(), Some("bias"));
         }
-        assert!(p["sanitizer"].is_null(), "no sanitizer run: {p:#}");
+        assert!(p.sanitizer.is_none(), "no sanitizer run: {p:#?}");
     }
-    assert!(lookalikes > 0, "the other bug was never met: {report:#}");
+    assert!(lookalikes > 0, "the other bug was never met: {report:#?}");
 }
 
 #[test]
@@ -753,11 +749,10 @@ fn a_library_that_starts_cuda_at_import_is_left_out_of_the_preload_and_probes_st
     let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(first_bad_subject(&repo, &report), "commit 24", "{err}");
-    let runners: Vec<String> = report["probes"]
-        .as_array()
-        .unwrap()
+    let runners: Vec<String> = rep(&report)
+        .probes
         .iter()
-        .map(|p| p["runner"].as_str().unwrap_or("").to_string())
+        .map(|p| p.runner.clone().unwrap_or_default())
         .collect();
     // Every probe ran warm: the server preloads torch, and each child imports devlib itself.
     assert!(runners.iter().all(|r| r == "warm"), "{runners:?}\n{err}");
@@ -844,10 +839,10 @@ fn a_repro_whose_interpreter_is_missing_is_the_machines_failure_not_the_commits(
     );
     let (code, report, err) = start(&repo, &["v1..main", "--no-shrink"]);
     assert_eq!(code, 8, "{err}");
-    let text = format!("{err}{report}");
+    let text = format!("{err}{}", serde_json::to_string(&report).unwrap());
     assert!(text.contains("could not start"), "{text}");
     assert!(!text.contains("does not pass"), "{text}");
-    assert!(report["first_bad"].is_null(), "{report}");
+    assert!(rep(&report).first_bad.is_none(), "{report:#?}");
 }
 
 /// The user's Python environment as pip sees it, and whether `mylib` imports from it.
@@ -1024,7 +1019,7 @@ fn what_cannot_work_is_refused_up_front_with_a_line_that_names_the_real_problem(
         assert_eq!(code, 2, "{text}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(says), "{text}: {err}");
-        assert_eq!(report, Value::Null);
+        assert!(report.is_none(), "{report:#?}");
     };
     // Scripts left untracked in the checkout: the commits do not have them (C27, C28).
     let untracked = "it is in your checkout but not in the commit";
@@ -1091,12 +1086,12 @@ fn a_repro_that_writes_into_the_users_checkout_or_tags_is_noticed_and_said() {
     );
     assert!(err.contains("refs/tags/probe-"), "{err}");
     assert!(err.contains("notes.txt"), "{err}");
-    let notes = report["notes"].as_array().unwrap();
     assert!(
-        notes
+        rep(&report)
+            .notes
             .iter()
-            .any(|n| n.as_str().unwrap().contains("refs/tags/probe-")),
-        "{report}"
+            .any(|n| n.contains("refs/tags/probe-")),
+        "{report:#?}"
     );
     // A run whose repro stays in its worktree says nothing of the kind.
     let clean = linear(8, 5, &default_repro(), CONFIG);
