@@ -186,24 +186,19 @@ impl ProcessHarness {
         capture: Option<&Path>,
     ) -> Result<Self, ProtocolError> {
         let torch = |source: Vec<String>| torch_command(shrink, run_dir, source);
+        // The shipped JAX harness: no warm server, its `repro.py` run alone with the section's Python.
+        let jax = |named: (&str, &str), inputs: &str| -> Result<Self, ProtocolError> {
+            let prefix = jax_command(shrink, run_dir, named, inputs)?;
+            let mut harness = Self::new(
+                config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
+            );
+            harness.python = Some(shrink.python.clone());
+            Ok(harness)
+        };
         // A capture's recording goes to the PyTorch harness, unless the user's own harness is named.
         let (prefix, native, shipped) = match (shrink.named_harness(), capture) {
-            (Harness::Jax { function, inputs }, _) => {
-                let prefix = jax_command(shrink, run_dir, ("--function", function), inputs)?;
-                let mut harness = Self::new(
-                    config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
-                );
-                harness.python = Some(shrink.python.clone());
-                return Ok(harness);
-            }
-            (Harness::Keras { model, inputs }, _) => {
-                let prefix = jax_command(shrink, run_dir, ("--model", model), inputs)?;
-                let mut harness = Self::new(
-                    config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
-                );
-                harness.python = Some(shrink.python.clone());
-                return Ok(harness);
-            }
+            (Harness::Jax { function, inputs }, _) => return jax(("--function", function), inputs),
+            (Harness::Keras { model, inputs }, _) => return jax(("--model", model), inputs),
             (Harness::Own(command), _) => (command.clone(), None, false),
             (_, Some(dir)) => (
                 torch(vec!["--capture".into(), dir.display().to_string()])?,
