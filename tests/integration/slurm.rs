@@ -441,6 +441,19 @@ fn a_partition_slurm_does_not_have_is_one_line_of_bad_input() {
         "{stderr}"
     );
     assert!(!repo.path.join(".git/cudabisect/runs").exists());
+    // Every job that runs user code asks the same before it writes anything: `shrink --at` too.
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["shrink", "--at", "main", "-C"])
+        .arg(&repo.path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("Slurm would not take a probe job"),
+        "{stderr}"
+    );
+    assert!(!repo.path.join(".git/cudabisect/runs").exists());
 }
 
 #[test]

@@ -165,19 +165,18 @@ fn repo_and_config(
     }
 }
 
-/// Where a triage's logs go: the repository's state directory, else (outside a repository) a directory of
-/// their own under the temporary directory, kept after the run (the result names them).
+/// Where a triage's logs go: the repository's state directory (made by the workspace, once its executor
+/// has said it can run anything), else (outside a repository) a directory of their own under the
+/// temporary directory, kept after the run (the result names them).
 fn out_dir(repo: Option<&Repo>) -> Result<PathBuf, RunError> {
-    let out_dir = match repo {
-        Some(r) => r.state_dir().join("triage").join(run_id()),
-        None => tempfile::Builder::new()
+    match repo {
+        Some(r) => Ok(r.state_dir().join("triage").join(run_id())),
+        None => Ok(tempfile::Builder::new()
             .prefix("cudabisect-triage-")
             .tempdir()
             .map_err(RunError::io(Path::new("<temp dir>")))?
-            .keep(),
-    };
-    std::fs::create_dir_all(&out_dir).map_err(RunError::io(&out_dir))?;
-    Ok(out_dir)
+            .keep()),
+    }
 }
 
 /// The bundle of a triage on its own, at `--at`'s commit (else HEAD); `own_repro`: the project's own
