@@ -322,12 +322,11 @@ class _Server:
                 self.sel.unregister(self.listener)
                 self.listener.close()
             return
-        pid = self.to_spare(req, fds)
-        if pid is None:
+        taken = self.to_spare(req, fds)
+        if taken is None:
             pid = self.fork(req, fds, self.own_fds() + [conn.fileno()])
-            pidfd = os.pidfd_open(pid)
-        else:
-            pid, pidfd = pid
+            taken = (pid, os.pidfd_open(pid))
+        pid, pidfd = taken
         close_all(fds)
         tell(conn, {"pid": pid})  # a client gone already: its hang-up is seen below
         self.jobs[pid] = (conn, pidfd)
