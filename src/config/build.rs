@@ -31,6 +31,16 @@ pub struct BuildSection {
     /// Default: on when the build command installs a Python package into the running interpreter.
     #[serde(default)]
     pub venv: Option<bool>,
+    /// Run a Python build command (`python3 setup.py build_ext --inplace`, `python3 -m pkg.build`) in a
+    /// child of a warm interpreter of its own, as Python repros are (`[repro] warm`): what it imports
+    /// from outside the worktree (torch, its extension builder) is imported once per worker, not once
+    /// per commit. Other commands run as they are.
+    #[serde(default = "yes")]
+    pub warm: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl BuildSection {
@@ -65,10 +75,12 @@ mod tests {
         "[build]\ncommand = \"make -j8\"",
         "[build]\ncommand = \"pip install -e .\"\nvenv = false\nclean = true\ntimeout = \"30m\"",
         "[build]\ncommand = [\"cmake\", \"--build\", \"build\"]\nenv = { CC = \"gcc\" }",
+        "[build]\ncommand = \"python3 setup.py build_ext --inplace\"\nwarm = false",
     ];
     const REFUSED: &[(&str, &str)] = &[
         ("[build]\ntimeout = \"1m\"", "missing field `command`"),
         ("[build]\ncommand = \"make\"\nenv = 3", "invalid type"),
+        ("[build]\ncommand = \"make\"\nwarm = 1", "invalid type"),
         (
             "[build]\ncommand = \"make\"\njobs = 4",
             "unknown field `jobs`",

@@ -74,6 +74,9 @@ pub struct ProbeRecord {
     /// For a Python repro: `warm` (a child of the warm interpreter) or `cold: <why>` (a fresh process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner: Option<String>,
+    /// For a Python build command (`[build] warm`): `warm` or `cold: <why>`, as for the repro.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_runner: Option<String>,
 }
 
 pub use crate::exec::process::JobInfo;

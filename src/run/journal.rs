@@ -635,6 +635,7 @@ mod tests {
                     reused: false,
                     job: None,
                     runner: None,
+                    build_runner: None,
                 },
                 interrupted: false,
                 output: String::new(),

@@ -1,7 +1,8 @@
-//! Orchestration: the jobs (`jobs/`), the search and the probes it runs (`search/`, `probe/`), the stages
-//! at a commit once it is known (`stages/`), and what every job shares: its workspace, lock, journal,
-//! plan, outputs and errors.
+//! Orchestration: the jobs (`jobs/`), the bisection `start` and `nightly` share (`bisection`), the search
+//! and the probes it runs (`search/`, `probe/`), the stages at a commit once it is known (`stages/`), and
+//! what every job shares: its workspace, lock, journal, plan, outputs and errors.
 
+pub mod bisection;
 pub mod cancel;
 pub mod ci;
 pub mod cross_check;

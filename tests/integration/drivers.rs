@@ -102,6 +102,7 @@ impl Probe for Scripted {
                 reused: false,
                 job: None,
                 runner: None,
+                build_runner: None,
             };
             record.reason = Some("stopped".into());
             return ProbeOutcome {
@@ -135,6 +136,7 @@ impl Probe for Scripted {
                 reused: false,
                 job: None,
                 runner: None,
+                build_runner: None,
             },
             interrupted,
             output: String::new(),

@@ -654,6 +654,67 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
     assert!(rep(&cold).probes[0].runner.is_none());
 }
 
+/// A Python build step: it writes `built.txt` (the commit's version), which the repro refuses to run
+/// without, so an answer is only right when every probe built its own commit; and it notes whether its
+/// parent is a warm interpreter, as the process table says, not as the record does.
+const PY_BUILD: &str = "import os\nv = open('version.txt').read()\nopen('built.txt', 'w').write(v)\nparent = open(f'/proc/{os.getppid()}/cmdline', 'rb').read()\nopen(os.path.join('@SCRATCH@', 'build-parents'), 'a').write('warm\\n' if b'warm_probe' in parent else 'cold\\n')\n";
+
+#[test]
+fn a_python_build_runs_in_a_warm_interpreter_of_its_own_and_gives_the_answers_of_a_cold_one() {
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\ngrace-period = \"1s\"\ntimeout = \"3s\"\nenv = { SCRATCH = \"@SCRATCH@\" }\n[build]\ncommand = \"python3 @SCRATCH@/build.py\"\n[triage]\nenabled = false\n";
+    let repro = PY_REPRO.replace(
+        "v = int(open('version.txt').read())\n",
+        "v = int(open('version.txt').read())\nassert open('built.txt').read() == open('version.txt').read(), 'not built'\n",
+    );
+    let repo = linear(40, 23, &repro, config);
+    let scratch = repo.scratch.display().to_string();
+    std::fs::write(
+        repo.scratch.join("build.py"),
+        PY_BUILD.replace("@SCRATCH@", &scratch),
+    )
+    .unwrap();
+    let (code, warm, err) = start(&repo, &["v1..main", "--fresh", "--jobs", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &warm), "commit 23");
+    for p in &rep(&warm).probes {
+        assert_eq!(p.build_runner.as_deref(), Some("warm"), "{p:?}");
+        assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
+    }
+    // Each build was a child of a warm interpreter, as the process table says.
+    let parents = repo.scratch.join("build-parents");
+    let said = std::fs::read_to_string(&parents).unwrap();
+    assert!(said.lines().count() >= rep(&warm).probes.len());
+    assert!(said.lines().all(|l| l == "warm"), "{said}");
+    std::fs::remove_file(&parents).unwrap();
+    let warm_dir = Path::new(&rep(&warm).run_dir).join("warm");
+    assert!(warm_dir.join("build-server-1.log").is_file());
+    assert!(warm_dir.join("server-1.log").is_file());
+    let config_path = repo.scratch.join("bisect.toml");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(
+        &config_path,
+        text.replace("[build]\n", "[build]\nwarm = false\n"),
+    )
+    .unwrap();
+    let (code, cold, err) = start(&repo, &["v1..main", "--fresh", "--jobs", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let verdicts = |r: &Ran| -> Vec<(String, Verdict)> {
+        let mut v: Vec<_> = rep(r)
+            .probes
+            .iter()
+            .map(|p| (p.commit.clone(), p.verdict))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    assert_eq!(verdicts(&warm), verdicts(&cold));
+    for p in &rep(&cold).probes {
+        assert_eq!(p.build_runner, None, "{p:?}");
+    }
+    let said = std::fs::read_to_string(&parents).unwrap();
+    assert!(said.lines().all(|l| l == "cold"), "{said}");
+}
+
 #[test]
 fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
     let repo = python_repo(", HANG = \"1\"");

@@ -1,6 +1,6 @@
 //! The jobs the binary runs, each a short pipeline over a workspace: `start`, `nightly`, `shrink` and
-//! `triage` on their own, and `init`. A job uses the search, the probes and the stages; no job uses
-//! another's helpers (`nightly` runs `start` whole, as its bisection).
+//! `triage` on their own, and `init`. A job uses the search, the probes and the stages; no job imports
+//! another (`start` and `nightly` share the bisection, `run::bisection`).
 
 pub mod init;
 pub mod nightly;

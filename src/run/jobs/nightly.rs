@@ -18,8 +18,8 @@ use crate::report::record::{ProbeRole, RunResult};
 
 use crate::atomic_file::write_atomic;
 use crate::exec::executor::Executor;
+use crate::run::bisection::bisect;
 use crate::run::ci::nightly_outputs;
-use crate::run::jobs::start::start;
 use crate::run::journal::{self, journal_path, Journal, JournaledProbe};
 use crate::run::lock::lock_state_dir;
 use crate::run::plan::{RunError, StartOptions};
@@ -432,7 +432,7 @@ fn bisect_tonight(
         state_locked: true,
         ..StartOptions::default()
     };
-    let report = start(&start_opts, reporter, cancel)?;
+    let report = bisect(&start_opts, reporter, cancel)?;
     let status = match report.result {
         RunResult::Found | RunResult::Ambiguous => NightlyStatus::Regression,
         _ => NightlyStatus::Inconclusive,

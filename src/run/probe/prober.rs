@@ -18,6 +18,7 @@ use crate::exec::process::{self, RunOutput};
 use crate::git::{CheckoutError, ProbeWorktree};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
+use crate::run::probe::warm::Serves;
 
 use crate::host::gpu_idle::{wait_idle, Devices, NvidiaSmi};
 
@@ -83,6 +84,7 @@ impl Sanitized {
             reused: false,
             job: None,
             runner: None,
+            build_runner: None,
         }
     }
 }
@@ -209,6 +211,7 @@ impl Probe for WorktreeProber<'_> {
             ctx,
             commit: &commit,
             started,
+            build_runner: None,
         };
         let phase = |reporter: &mut dyn Reporter, phase| {
             reporter.event(&Event::PhaseStarted {
@@ -305,7 +308,7 @@ impl Probe for WorktreeProber<'_> {
     }
 
     fn warm_up(&mut self, oid: Oid) {
-        let Some(pool) = self.warm_pool() else {
+        let Some(pool) = self.warm_pool(Serves::Repro) else {
             return;
         };
         // The worktree holds the commit, so what its script imports can be guessed as a probe would.
@@ -330,6 +333,7 @@ impl ProbeOutcome {
             ctx,
             commit: &commit,
             started: Instant::now(),
+            build_runner: None,
         };
         finished.done(signature, None, None, None, 0)
     }
@@ -340,6 +344,16 @@ struct Finished<'r> {
     ctx: &'r ProbeContext,
     commit: &'r str,
     started: Instant,
+    /// How the build ran, when it is a Python command (warm, or why cold).
+    build_runner: Option<String>,
+}
+
+/// A finished build: its run, its log, and how it ran (warm, or why cold; `None` when the warm
+/// interpreters do not serve builds).
+struct Built {
+    run: RunOutput,
+    log: Option<String>,
+    runner: Option<String>,
 }
 
 impl Finished<'_> {
@@ -374,6 +388,7 @@ impl Finished<'_> {
                 reused: false,
                 job: run.and_then(|r| r.job.clone()),
                 runner: None,
+                build_runner: self.build_runner.clone(),
             },
             interrupted: run.is_some_and(|r| r.interrupted),
             output: run.map(|r| r.output.clone()).unwrap_or_default(),
@@ -407,7 +422,8 @@ impl<'a> WorktreeProber<'a> {
                     }
                     return Err(Box::new(record.done(sig, None, None, None, 0)));
                 }
-                Some(Ok((run, log))) if run.exit != Exit::Code(0) => {
+                Some(Ok(Built { run, log, runner })) if run.exit != Exit::Code(0) => {
+                    record.build_runner = runner;
                     let seen = run.signature();
                     if seen.class == FaultClass::Infra && !run.interrupted {
                         if infra_retried < self.config.repro.infra_retries {
@@ -419,32 +435,33 @@ impl<'a> WorktreeProber<'a> {
                     let sig = build_failure(&run);
                     return Err(Box::new(record.done(sig, Some(&run), log.clone(), log, 0)));
                 }
-                Some(Ok((_, log))) => return Ok(log),
+                Some(Ok(Built { log, runner, .. })) => {
+                    record.build_runner = runner;
+                    return Ok(log);
+                }
             }
             break;
         }
         Ok(None)
     }
 
-    /// One run of `spec` in `session`: a Python repro in a child of the worker's warm interpreter (the
-    /// same process group, timeout and streams: only the imports are already done). The run, and how it
-    /// ran (warm, or why cold).
+    /// One run of `spec` in `session`: a Python repro or build in a child of the worker's warm
+    /// interpreter for it (the same process group, timeout and streams: only the imports are already
+    /// done). The run, and how it ran (warm, or why cold).
     fn run_warm_or_cold(
         &self,
         session: &mut dyn Session,
         spec: &mut process::CommandSpec,
+        serves: Serves,
     ) -> (Result<RunOutput, process::ProcessError>, Option<String>) {
-        let worker = self.worker();
-        let pool = self.warm_pool();
-        let warm = pool.and_then(|pool| {
-            pool.prepare(worker, spec, self.cancel)
-                .map(|run| (pool, run))
-        });
+        let at = (self.worker(), serves);
+        let pool = self.warm_pool(serves);
+        let warm = pool.and_then(|pool| pool.prepare(at, spec, self.cancel).map(|run| (pool, run)));
         let result = session.run(spec, self.cancel);
         let runner = match warm {
             Some((pool, run)) => Some(pool.finish(run).describe()),
             None => pool
-                .and_then(|p| p.off(worker))
+                .and_then(|p| p.off(at))
                 .map(|why| format!("cold: warm probes are off for this run: {why}")),
         };
         (result, runner)
@@ -481,7 +498,7 @@ impl<'a> WorktreeProber<'a> {
                     return record.done(sig, None, build_log, None, attempt);
                 }
             }
-            let (result, runner) = self.run_warm_or_cold(session, &mut spec);
+            let (result, runner) = self.run_warm_or_cold(session, &mut spec, Serves::Repro);
             let run = match result {
                 Ok(mut run) => {
                     crate::classify::append_rank_logs(&rank_dir, &mut run.output);
@@ -551,10 +568,14 @@ impl<'a> WorktreeProber<'a> {
         self.slot.as_ref().map_or(1, |s| s.worker)
     }
 
-    /// The warm interpreters its repro runs in: `[repro] warm`, on this machine only.
-    fn warm_pool(&self) -> Option<&'a crate::run::probe::warm::WarmPool> {
-        self.warm
-            .filter(|_| self.config.repro.warm && self.executor.is_local())
+    /// The warm interpreters its repro (`[repro] warm`) or its build (`[build] warm`) runs in, on this
+    /// machine only.
+    fn warm_pool(&self, serves: Serves) -> Option<&'a crate::run::probe::warm::WarmPool> {
+        let wanted = match serves {
+            Serves::Repro => self.config.repro.warm,
+            Serves::Build => self.config.build.as_ref().is_some_and(|b| b.warm),
+        };
+        self.warm.filter(|_| wanted && self.executor.is_local())
     }
 
     fn clean(&self) -> bool {
@@ -579,10 +600,12 @@ impl<'a> WorktreeProber<'a> {
                 commit: short_sha(&commit).to_string(),
                 source,
             }),
-            Some(Ok((run, log))) if run.exit != Exit::Code(0) => Err(PrepareError::Build {
-                commit: short_sha(&commit).to_string(),
-                log: log.unwrap_or_else(|| "no log".into()),
-            }),
+            Some(Ok(Built { run, log, .. })) if run.exit != Exit::Code(0) => {
+                Err(PrepareError::Build {
+                    commit: short_sha(&commit).to_string(),
+                    log: log.unwrap_or_else(|| "no log".into()),
+                })
+            }
             Some(Ok(_)) => Ok(()),
         }
     }
@@ -632,7 +655,7 @@ impl<'a> WorktreeProber<'a> {
         commit: &str,
         step_no: usize,
         log_name: &str,
-    ) -> Option<Result<(RunOutput, Option<String>), process::ProcessError>> {
+    ) -> Option<Result<Built, process::ProcessError>> {
         // `$1` the environment, `$2` the pip shim. When the user's `python3` is itself a virtual
         // environment's (a venv, `uv venv`), `--system-site-packages` would layer over the base interpreter
         // and hide the user's packages: a `.pth` adds the user's environment after the worktree's own.
@@ -670,13 +693,17 @@ impl<'a> WorktreeProber<'a> {
                     other => {
                         return Some(other.map(|run| {
                             let log = self.write_log(step_no, commit, log_name, &run);
-                            (run, log)
+                            Built {
+                                run,
+                                log,
+                                runner: None,
+                            }
                         }))
                     }
                 }
             }
         }
-        let spec = command_spec(
+        let mut spec = command_spec(
             self.config,
             ChildCommand {
                 command: &build.command,
@@ -691,9 +718,10 @@ impl<'a> WorktreeProber<'a> {
                 slot: self.slot.as_ref(),
             },
         );
-        Some(session.run(&spec, self.cancel).map(|run| {
+        let (result, runner) = self.run_warm_or_cold(session, &mut spec, Serves::Build);
+        Some(result.map(|run| {
             let log = self.write_log(step_no, commit, log_name, &run);
-            (run, log)
+            Built { run, log, runner }
         }))
     }
 

@@ -1,10 +1,12 @@
-//! Warm probes for Python repros. Each worker keeps a warm interpreter (the shipped `warm_probe.py`
-//! server) that has imported the heavy modules living outside the worktree and never touched CUDA; a repro
-//! run is handed to it by a small client that stands where the command would have run, so the process
-//! group, timeout, output capture and signals of the ordinary runner still apply. What to preload is
-//! guessed from the script's imports, then learned from the first warm run's (or `[repro] preload`), and
-//! what was learned is imported into the running server; a different interpreter or environment
-//! starts another server; whatever the server cannot serve runs cold, and the probe record says which.
+//! Warm probes for Python repros and builds. Each worker keeps a warm interpreter (the shipped
+//! `warm_probe.py` server) for its repro, and another for its build when that is a Python command
+//! (`python3 setup.py build_ext`, `python3 -m mypkg.build`): each has imported the heavy modules living
+//! outside the worktree and never touched CUDA. A run is handed to it by a small client that stands where
+//! the command would have run, so the process group, timeout, output capture and signals of the
+//! ordinary runner still apply. What to preload is guessed from the script's imports, then learned from
+//! the first warm run's (or `[repro] preload`), and what was learned is imported into the running
+//! server; a different interpreter or environment starts another server; whatever the server cannot
+//! serve runs cold, and the probe record says which.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,10 +38,33 @@ impl Runner {
     }
 }
 
+/// Which of a probe's commands a warm interpreter serves. Each has one of its own per worker: a build
+/// script and the repro import different modules, and one server's preload would not serve the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Serves {
+    /// The repro (`[repro] command`).
+    Repro,
+    /// The build (`[build] command`), when it is a Python command.
+    Build,
+}
+
+/// A worker's warm interpreter for one of its commands.
+pub type WarmSlot = (usize, Serves);
+
+/// The name of a file of `slot`'s server in the pool's directory: `server-2.log` for worker 2's repro,
+/// `build-server-2.log` for its build.
+fn slot_file((worker, serves): WarmSlot, stem: &str, ext: &str) -> String {
+    let prefix = match serves {
+        Serves::Repro => "",
+        Serves::Build => "build-",
+    };
+    format!("{prefix}{stem}-{worker}{ext}")
+}
+
 /// One run handed to the warm interpreter: where the client says how it went, and where a learning run
 /// lists its imports.
 pub struct WarmRun {
-    worker: usize,
+    slot: WarmSlot,
     status: PathBuf,
     learn: Option<PathBuf>,
 }
@@ -72,7 +97,7 @@ pub struct WarmPool {
     dir: PathBuf,
     script: PathBuf,
     configured: Option<Vec<String>>,
-    slots: Mutex<HashMap<usize, Slot>>,
+    slots: Mutex<HashMap<WarmSlot, Slot>>,
 }
 
 /// The argv of a command, when it is one without shell syntax (a shell line like `python3 train.py` is
@@ -173,11 +198,12 @@ impl WarmPool {
         })
     }
 
-    /// Turns `spec` into a run through `worker`'s warm interpreter (starting it when needed), or leaves it
-    /// alone (`None`) when the command is not one the warm interpreter serves or no server would start.
+    /// Turns `spec` into a run through the warm interpreter of `at` (a worker, for its repro or its build;
+    /// starting it when needed), or leaves it alone (`None`) when the command is not one the warm
+    /// interpreter serves or no server would start.
     pub fn prepare(
         &self,
-        worker: usize,
+        at: WarmSlot,
         spec: &mut CommandSpec,
         cancel: &AtomicBool,
     ) -> Option<WarmRun> {
@@ -217,19 +243,23 @@ impl WarmPool {
             .slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&worker);
+            .remove(&at);
         let mut slot = taken.unwrap_or_else(|| Slot {
             server: None,
             key: key.clone(),
-            preload: self.configured.clone(),
+            // `[repro] preload` names the repro's imports; a build's are learned from its first run.
+            preload: match at.1 {
+                Serves::Repro => self.configured.clone(),
+                Serves::Build => None,
+            },
             off: None,
             never: Vec::new(),
         });
-        let out = self.prepare_slot(&mut slot, (worker, key, cancel), argv, resolved, env, spec);
+        let out = self.prepare_slot(&mut slot, (at, key, cancel), argv, resolved, env, spec);
         self.slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(worker, slot);
+            .insert(at, slot);
         out
     }
 
@@ -240,7 +270,7 @@ impl WarmPool {
     fn start_server(
         &self,
         slot: &mut Slot,
-        worker: usize,
+        at: WarmSlot,
         (argv, resolved, env): (&[String], &Path, &[(String, String)]),
         spec: &CommandSpec,
         cancel: &AtomicBool,
@@ -249,7 +279,7 @@ impl WarmPool {
             .preload
             .clone()
             .unwrap_or_else(|| guess_preload(argv, &spec.cwd));
-        let log = self.dir.join(format!("server-{worker}.log"));
+        let log = self.dir.join(slot_file(at, "server", ".log"));
         for _ in 0..=preload.len() {
             preload.retain(|m| !slot.never.contains(m));
             let argv = vec![
@@ -282,7 +312,7 @@ impl WarmPool {
     fn prepare_slot(
         &self,
         slot: &mut Slot,
-        (worker, key, cancel): (usize, String, &AtomicBool),
+        (at, key, cancel): (WarmSlot, String, &AtomicBool),
         argv: Vec<String>,
         resolved: PathBuf,
         env: Vec<(String, String)>,
@@ -298,7 +328,7 @@ impl WarmPool {
         }
         let learning = slot.preload.is_none();
         if slot.server.is_none() {
-            self.start_server(slot, worker, (&argv, &resolved, &env), spec, cancel);
+            self.start_server(slot, at, (&argv, &resolved, &env), spec, cancel);
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
         let preload_now = slot.preload.clone().map(|p| {
@@ -306,9 +336,9 @@ impl WarmPool {
                 .filter(|m| !slot.never.contains(m))
                 .collect::<Vec<_>>()
         });
-        let status = self.dir.join(format!("status-{worker}"));
+        let status = self.dir.join(slot_file(at, "status", ""));
         let _ = std::fs::remove_file(&status);
-        let learn = learning.then(|| self.dir.join(format!("learned-{worker}.json")));
+        let learn = learning.then(|| self.dir.join(slot_file(at, "learned", ".json")));
         if let Some(l) = &learn {
             let _ = std::fs::remove_file(l);
             spec.env
@@ -332,7 +362,7 @@ impl WarmPool {
         client.extend(argv);
         spec.command = CommandLine::Argv(client);
         Some(WarmRun {
-            worker,
+            slot: at,
             status,
             learn,
         })
@@ -343,13 +373,13 @@ impl WarmPool {
     /// the first round. Nothing runs in it.
     pub fn warm_up(&self, worker: usize, spec: &CommandSpec, cancel: &AtomicBool) {
         let mut spec = spec.clone();
-        let _ = self.prepare(worker, &mut spec, cancel);
+        let _ = self.prepare((worker, Serves::Repro), &mut spec, cancel);
     }
 
-    /// Why `worker`'s runs go cold for the rest of the run, when they do.
-    pub fn off(&self, worker: usize) -> Option<String> {
+    /// Why the runs of `at` go cold for the rest of the run, when they do.
+    pub fn off(&self, at: WarmSlot) -> Option<String> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.get(&worker).and_then(|s| s.off.clone())
+        slots.get(&at).and_then(|s| s.off.clone())
     }
 
     /// How the run went, and what it taught: a learning run's imports are what the server preloads from
@@ -366,7 +396,7 @@ impl WarmPool {
             Err(_) => Runner::Cold("the warm client did not report".into()),
         };
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = slots.get_mut(&run.worker) {
+        if let Some(slot) = slots.get_mut(&run.slot) {
             let learned: Option<Vec<String>> = run
                 .learn
                 .as_ref()
