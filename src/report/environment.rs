@@ -9,6 +9,11 @@ use serde::Serialize;
 pub struct Environment {
     /// cudabisect's version.
     pub cudabisect: String,
+    /// `uname -n` of the machine asked.
+    pub host: Option<String>,
+    /// Asked on a scheduler's node through the run's executor (as the probes ran), not on the machine
+    /// cudabisect ran on.
+    pub elsewhere: bool,
     /// `uname -srm`.
     pub os: Option<String>,
     /// `nvidia-smi --query-gpu` lines: name, driver version, memory.
@@ -31,11 +36,22 @@ impl Environment {
     /// The environment as Markdown lines for REPORT.md.
     pub fn markdown(&self) -> String {
         let mut out = format!("- {}\n", self.cudabisect);
+        if let Some(host) = &self.host {
+            let how = if self.elsewhere {
+                " (a node the scheduler gave, as it gave the probes)"
+            } else {
+                ""
+            };
+            out.push_str(&format!("- Machine: {host}{how}\n"));
+        }
         let mut line = |k: &str, v: &Option<String>| {
             out.push_str(&format!("- {k}: {}\n", v.as_deref().unwrap_or("not found")));
         };
         line("OS", &self.os);
-        line("CUDA (driver API)", &self.driver_api);
+        // cudabisect asks the driver API in its own process: of no use for a node's driver.
+        if !self.elsewhere {
+            line("CUDA (driver API)", &self.driver_api);
+        }
         line("CUDA version supported by the driver", &self.cuda_driver);
         line("nvcc", &self.nvcc);
         line("compute-sanitizer", &self.compute_sanitizer);

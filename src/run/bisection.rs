@@ -480,7 +480,15 @@ fn stages_then_bundle(
         return;
     }
     let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
-    match write_bundle(plan, report, (ctx.run_dir, root), asked, reporter, cancel) {
+    let at = ctx.prober.executor.as_ref();
+    match write_bundle(
+        plan,
+        report,
+        (ctx.run_dir, root),
+        (asked, at),
+        reporter,
+        cancel,
+    ) {
         Ok(dir) => {
             // What a maintainer is handed, and its size (attachable or not).
             reporter.event(&Event::BundleWritten {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::Config;
+use crate::exec::executor::Executor;
 use crate::git::Repo;
 use crate::host::environment;
 use crate::report::bundle::{self, BundleInput};
@@ -27,10 +28,11 @@ pub fn bundle_root(repo: &Repo, config: &Config, given: Option<&Path>) -> PathBu
 /// Writes the bundle and says where (a note) or why not (a warning): a bundle is never worth failing for.
 pub fn write_bundle_reporting(
     input: &BundleInput,
+    at: &dyn Executor,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) {
-    match write_bundle_with_env(input, reporter, cancel) {
+    match write_bundle_with_env(input, at, reporter, cancel) {
         Ok(dir) => reporter.event(&Event::BundleWritten {
             bytes: crate::report::bundle::dir_bytes(&dir),
             path: dir.display().to_string(),
@@ -41,13 +43,15 @@ pub fn write_bundle_reporting(
     }
 }
 
-/// Collects the environment (announcing each probe as a stage, stopping on Ctrl-C) and writes the bundle.
+/// Collects the environment where the run's commands run (`at`; announcing each probe as a stage,
+/// stopping on Ctrl-C) and writes the bundle.
 pub fn write_bundle_with_env(
     input: &BundleInput,
+    at: &dyn Executor,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
-    write_bundle_asked(input, None, reporter, cancel)
+    write_bundle_asked(input, (None, at), reporter, cancel)
 }
 
 /// The environment, asked while the stages ran (it does not depend on them), and whether PyTorch's
@@ -55,10 +59,10 @@ pub fn write_bundle_with_env(
 pub(super) type Asked = (Environment, bool);
 
 /// Writes the bundle with the environment `asked` beside the stages (PyTorch's report added now if the
-/// run turned out to use torch), or asked now.
+/// run turned out to use torch), or asked now; either asked where the run's commands run (`at`).
 pub(super) fn write_bundle_asked(
     input: &BundleInput,
-    asked: Option<Asked>,
+    (asked, at): (Option<Asked>, &dyn Executor),
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {
@@ -69,11 +73,11 @@ pub(super) fn write_bundle_asked(
                 reporter.event(&Event::EnvironmentProbe {
                     tool: "torch.utils.collect_env".into(),
                 });
-                environment::add_torch_report(&mut env, cancel);
+                environment::add_torch_report(&mut env, at, cancel);
             }
             env
         }
-        None => environment::collect(cancel, torch, &mut |what| {
+        None => environment::collect(at, cancel, torch, &mut |what| {
             reporter.event(&Event::EnvironmentProbe {
                 tool: what.to_string(),
             })
@@ -104,7 +108,7 @@ pub(super) fn write_bundle(
     plan: &Plan,
     report: &Report,
     (run_dir, root): (&Path, PathBuf),
-    asked: Option<Asked>,
+    asked: (Option<Asked>, &dyn Executor),
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<PathBuf, bundle::BundleError> {

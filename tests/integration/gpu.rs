@@ -1334,6 +1334,72 @@ fn start_on_a_custom_op_package_names_the_culprit_and_keeps_its_minimal_training
     );
 }
 
+/// A Python build step on the GPU machine: it imports torch, triton and the commit's kernels, and asks
+/// for the device (a build's child may: its warm interpreter never does).
+const GPU_BUILD: &str = "import torch\nimport triton\nimport trainpkg.kernels\nassert torch.cuda.is_available()\nopen('built.txt', 'w').write(triton.__version__)\n";
+
+#[test]
+#[ignore = "needs an NVIDIA GPU, torch and triton: run with --include-ignored on the GPU machine"]
+fn a_python_build_of_a_training_package_runs_warm_and_the_culprit_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let config = "[build]\ncommand = \"python3 build.py\"\n\n[repro]\ncommand = [\"python3\", \"train.py\", \"--emb\", \"op\"]\ntimeout = \"5m\"\n\n[triage]\nenabled = false\n";
+    let clean = [("BUG_OP_BWD_STRIDE = 1 << 22\n", "BUG_OP_BWD_STRIDE = 1\n")];
+    let commits = linear_history(
+        &dir,
+        (0..8).map(|i| {
+            let mut f = trainpkg_files(if i < 5 { &clean[..] } else { &[] }, config);
+            put(&mut f, "build.py", GPU_BUILD.to_string(), false);
+            f
+        }),
+    )
+    .unwrap();
+    let report_path = tmp.path().join("report.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(bin())
+        .args([
+            "start",
+            &format!("{}..main", commits[0]),
+            "--no-shrink",
+            "-C",
+        ])
+        .arg(&dir)
+        .arg("--report")
+        .arg(&report_path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
+            .unwrap_or_default();
+    let probes = r["probes"].as_array().cloned().unwrap_or_default();
+    for p in &probes {
+        println!(
+            "  {} {}: build {} ({}), repro {}, {:.1}s",
+            p["role"],
+            p["commit"],
+            p["build_runner"],
+            p["verdict"],
+            p["runner"],
+            p["duration_s"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!(
+        "start: culprit {} (want {}), {} probes, {:.1}s",
+        r["first_bad"]["commit"],
+        commits[5],
+        probes.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r["first_bad"]["commit"], commits[5].to_string(), "{text}");
+    assert!(!probes.is_empty(), "{text}");
+    for p in &probes {
+        assert_eq!(p["build_runner"], "warm", "{p}");
+    }
+}
+
 /// The GPU JAX fixture (a Pallas kernel reading a window at an offset from memory) with `offset` and
 /// `config` as bisect.toml.
 fn jax_gpu_files(offset: i64, config: &str) -> Files {

@@ -200,6 +200,19 @@ fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_f
     );
     assert!(runs.contains("devices=0"), "{runs}");
     assert!(text.contains("[slurm job "), "{text}");
+    // The bundle's environment was asked as steps of an allocation, and names the node.
+    let bundle = report["bundle"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no bundle: {text}"));
+    let env: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(bundle).join("environment.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(env["elsewhere"], true, "{env:#}");
+    assert!(
+        env["host"].as_str().is_some_and(|h| !h.is_empty()),
+        "{env:#}"
+    );
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }
 

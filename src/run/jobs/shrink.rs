@@ -62,6 +62,8 @@ pub fn shrink_job(
         cancel,
     );
     drop(prober);
+    // The bundle asks for the environment where the shrink ran.
+    let ran_at = ws.executor.clone();
     ws.close(reporter);
     let report = result?;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -73,7 +75,7 @@ pub fn shrink_job(
     if report.status == ShrinkStatus::Minimal && config.bundle.enabled {
         bundle_the_shrink(
             (&repo, &config, &section),
-            (oid, at.is_some()),
+            (oid, at.is_some(), ran_at.as_ref()),
             &report,
             &log_dir,
             reporter,
@@ -84,10 +86,10 @@ pub fn shrink_job(
 }
 
 /// The bundle of a shrink on its own: the shrunk commit (`oid`, else HEAD; `at_rev`: it was given with
-/// `--at`), its minimal repro and logs.
+/// `--at`), its minimal repro and logs, and the environment where it ran (`ran_at`).
 fn bundle_the_shrink(
     (repo, config, section): (&Repo, &Config, &ShrinkSection),
-    (oid, at_rev): (Option<Oid>, bool),
+    (oid, at_rev, ran_at): (Option<Oid>, bool, &dyn crate::exec::executor::Executor),
     report: &ShrinkReport,
     log_dir: &Path,
     reporter: &mut dyn Reporter,
@@ -125,7 +127,7 @@ fn bundle_the_shrink(
             repro: &config.repro,
         }),
     };
-    write_bundle_reporting(&input, reporter, cancel);
+    write_bundle_reporting(&input, ran_at, reporter, cancel);
 }
 
 /// The shrink in the checkout as it is, or (with `oid`) at that commit in `prober`'s worktree, then at

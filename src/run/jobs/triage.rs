@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use crate::config::{CommandLine, Config};
 use crate::exec::executor::{Executor, Local, Session};
@@ -60,21 +61,27 @@ pub fn triage_job(
         out_dir: &out_dir,
         cancel,
     };
-    let result = match (at, &repo) {
+    // The executor the triage ran through: the bundle asks for the environment where it ran.
+    let (result, ran_at) = match (at, &repo) {
         (None, Some(repo)) => runs.in_checkout(repo, reporter)?,
         (None, None) => {
             // A bare `-- command` outside any repository: no workspace, and a config of that command
             // alone (no `[executor]`), so it runs here.
-            runs.run(Local.session().as_mut(), dir, "")
+            let here: Arc<dyn Executor> = Arc::new(Local);
+            (runs.run(here.session().as_mut(), dir, ""), here)
         }
         (Some(_), None) => return Err(RunError::Usage("--at needs a git repository".into())),
         (Some(rev), Some(repo)) => runs.at_revision(repo, rev, reporter)?,
     };
     if let (Some(repo), TriageStatus::Found, true) = (&repo, result.status, config.bundle.enabled) {
-        bundle_the_triage(repo, &config, (at, own_repro), &result, reporter, cancel);
+        let how = (at, own_repro, ran_at.as_ref());
+        bundle_the_triage(repo, &config, how, &result, reporter, cancel);
     }
     Ok(result)
 }
+
+/// A triage's result, and the executor it ran through.
+type Ran = (TriageResult, Arc<dyn Executor>);
 
 /// What every triage run of the job shares: the config, the command, where the logs go, Ctrl-C.
 struct Runs<'a> {
@@ -98,16 +105,14 @@ impl Runs<'_> {
         )
     }
 
-    /// In the checkout as it is, through the executor of a workspace (which makes no worktree here).
-    fn in_checkout(
-        &self,
-        repo: &Repo,
-        reporter: &mut dyn Reporter,
-    ) -> Result<TriageResult, RunError> {
+    /// In the checkout as it is, through the executor of a workspace (which makes no worktree here): the
+    /// result, and that executor.
+    fn in_checkout(&self, repo: &Repo, reporter: &mut dyn Reporter) -> Result<Ran, RunError> {
         let ws = self.workspace(repo, None)?;
         let result = self.run(ws.executor.session().as_mut(), &repo.workdir(), "");
+        let at = ws.executor.clone();
         ws.close(reporter);
-        Ok(result)
+        Ok((result, at))
     }
 
     /// At `rev`, built in a probe worktree under the state lock.
@@ -116,7 +121,7 @@ impl Runs<'_> {
         repo: &Repo,
         rev: &str,
         reporter: &mut dyn Reporter,
-    ) -> Result<TriageResult, RunError> {
+    ) -> Result<Ran, RunError> {
         let oid = repo.resolve(rev)?;
         let lock_name = format!("triage --at {rev}");
         let ws = self.workspace(repo, Some(&lock_name))?;
@@ -129,8 +134,9 @@ impl Runs<'_> {
                 &oid.to_string(),
             )
         });
+        let at = ws.executor.clone();
         ws.close(reporter);
-        Ok(result?)
+        Ok((result?, at))
     }
 
     fn workspace<'r>(&self, repo: &'r Repo, lock: Option<&str>) -> Result<Workspace<'r>, RunError> {
@@ -180,11 +186,11 @@ fn out_dir(repo: Option<&Repo>) -> Result<PathBuf, RunError> {
 }
 
 /// The bundle of a triage on its own, at `--at`'s commit (else HEAD); `own_repro`: the project's own
-/// repro was triaged, so the bundle carries it.
+/// repro was triaged, so the bundle carries it; its environment asked where the triage ran (`ran_at`).
 fn bundle_the_triage(
     repo: &Repo,
     config: &Config,
-    (at, own_repro): (Option<&str>, bool),
+    (at, own_repro, ran_at): (Option<&str>, bool, &dyn Executor),
     result: &TriageResult,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
@@ -212,5 +218,5 @@ fn bundle_the_triage(
             repro: &config.repro,
         }),
     };
-    write_bundle_reporting(&input, reporter, cancel);
+    write_bundle_reporting(&input, ran_at, reporter, cancel);
 }

@@ -101,10 +101,13 @@ pub fn stages_beside_environment(
 ) -> (bool, Option<Asked>) {
     let cancel = ctx.cancel;
     let torch = crate::run::outputs::torch_before_the_stages(report.target.as_ref());
+    // Asked where the probes ran: through their executor (a scheduler's node), not necessarily here.
+    let at = ctx.prober.executor.clone();
     std::thread::scope(|s| {
         let asked = bundle.then(|| {
             s.spawn(move || {
-                let env = crate::host::environment::collect(cancel, torch, &mut |_| {});
+                let env =
+                    crate::host::environment::collect(at.as_ref(), cancel, torch, &mut |_| {});
                 (env, torch)
             })
         });
