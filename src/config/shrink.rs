@@ -104,7 +104,8 @@ pub struct ShrinkSection {
     pub implicit: bool,
 }
 
-/// Which shipped harness `[shrink]`'s factories are for.
+/// Which shipped harness `[shrink]`'s factories are for. Every framework but PyTorch's (which also takes
+/// captures, a harness of the user's own and native models) is one row of `protocol::SHIPPED`.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ShrinkFramework {
@@ -115,6 +116,25 @@ pub enum ShrinkFramework {
     Jax,
     /// The JAX harness on a Keras 3 model: its layers (or, with `train`, its training step's jaxpr).
     Keras,
+}
+
+impl ShrinkFramework {
+    /// Its name in bisect.toml.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShrinkFramework::Torch => "torch",
+            ShrinkFramework::Jax => "jax",
+            ShrinkFramework::Keras => "keras",
+        }
+    }
+
+    /// The key of `[shrink]` that names what its harness shrinks (a `package.module:name` factory).
+    pub fn factory_key(self) -> &'static str {
+        match self {
+            ShrinkFramework::Jax => "function",
+            ShrinkFramework::Torch | ShrinkFramework::Keras => "model",
+        }
+    }
 }
 
 /// The harness a `[shrink]` section names, resolved from its keys (which the config's check keeps to
@@ -132,18 +152,14 @@ pub enum Harness<'a> {
         /// The example inputs' factory.
         inputs: &'a str,
     },
-    /// The shipped JAX harness on a function (`framework = "jax"`).
-    Jax {
-        /// The function.
-        function: &'a str,
-        /// Its arguments' factory.
-        inputs: &'a str,
-    },
-    /// The shipped JAX harness on a Keras 3 model (`framework = "keras"`).
-    Keras {
-        /// The model's factory.
-        model: &'a str,
-        /// Its inputs' factory.
+    /// A shipped harness other than PyTorch's (`framework = "jax"`, `"keras"`): the factory its
+    /// framework's key names (`function`, `model`) and the inputs' factory.
+    Shipped {
+        /// Which.
+        framework: ShrinkFramework,
+        /// What it shrinks: the factory named by [`ShrinkFramework::factory_key`].
+        factory: &'a str,
+        /// The example inputs' factory.
         inputs: &'a str,
     },
     /// The shipped PyTorch harness on what a capture of the repro command (or of `step`) records.
@@ -155,20 +171,25 @@ impl ShrinkSection {
     pub fn named_harness(&self) -> Harness<'_> {
         let (model, inputs) = (self.model.as_deref(), self.inputs.as_deref());
         match (self.framework, &self.harness) {
-            (ShrinkFramework::Jax, _) => Harness::Jax {
-                function: self.function.as_deref().unwrap_or_default(),
-                inputs: inputs.unwrap_or_default(),
-            },
-            (ShrinkFramework::Keras, _) => Harness::Keras {
-                model: model.unwrap_or_default(),
-                inputs: inputs.unwrap_or_default(),
-            },
             (ShrinkFramework::Torch, Some(command)) => Harness::Own(command),
             (ShrinkFramework::Torch, None) => match (model, inputs) {
                 (Some(model), Some(inputs)) => Harness::Torch { model, inputs },
                 (Some(model), None) => Harness::Native(model),
                 (None, _) => Harness::Capture,
             },
+            (framework, _) => Harness::Shipped {
+                framework,
+                factory: self.factory(framework).unwrap_or_default(),
+                inputs: inputs.unwrap_or_default(),
+            },
+        }
+    }
+
+    /// The factory `framework`'s key names in this section.
+    fn factory(&self, framework: ShrinkFramework) -> Option<&str> {
+        match framework.factory_key() {
+            "function" => self.function.as_deref(),
+            _ => self.model.as_deref(),
         }
     }
 
@@ -272,23 +293,24 @@ pub(super) fn check(shrink: &ShrinkSection) -> Result<(), String> {
     Ok(())
 }
 
-/// The shipped JAX harness first: its own words for keys that belong to the PyTorch one.
+/// A shipped harness other than PyTorch's first: its own words for keys that belong to the PyTorch one.
 fn check_framework(shrink: &ShrinkSection) -> Result<(), String> {
-    let (name, field, what) = match shrink.framework {
-        ShrinkFramework::Torch if shrink.function.is_some() => {
-            return Err("function is for framework = \"jax\": set it, or name a model".into())
+    let framework = shrink.framework;
+    if framework == ShrinkFramework::Torch {
+        if shrink.function.is_some() {
+            return Err("function is for framework = \"jax\": set it, or name a model".into());
         }
-        ShrinkFramework::Torch => return Ok(()),
-        ShrinkFramework::Jax => ("jax", "function", &shrink.function),
-        ShrinkFramework::Keras => ("keras", "model", &shrink.model),
-    };
-    let jax = shrink.framework == ShrinkFramework::Jax;
+        return Ok(());
+    }
+    let (name, field) = (framework.name(), framework.factory_key());
+    let what = shrink.factory(framework);
+    let jax = framework == ShrinkFramework::Jax;
     if shrink.harness.is_some() || shrink.capture || shrink.step.is_some() {
         return Err(format!(
-            "framework = \"{name}\" uses the shipped JAX harness: leave harness, capture and step out"
+            "framework = \"{name}\" uses its shipped harness: leave harness, capture and step out"
         ));
     }
-    if !what.as_deref().is_some_and(|f| f.contains(':')) || shrink.inputs.is_none() {
+    if !what.is_some_and(|f| f.contains(':')) || shrink.inputs.is_none() {
         return Err(format!(
             "framework = \"{name}\" needs {field} = \"package.module:name\" and inputs = \"package.module:example_inputs\""
         ));
@@ -326,7 +348,7 @@ mod tests {
     ];
     const REFUSED: &[(&str, &str)] = &[
         ("[shrink]\nfunction = \"pkg.m:step\"", "[shrink] function is for framework = \"jax\""),
-        ("[shrink]\nframework = \"jax\"\nfunction = \"a:b\"\ninputs = \"a:c\"\nharness = \"h\"", "uses the shipped JAX harness"),
+        ("[shrink]\nframework = \"jax\"\nfunction = \"a:b\"\ninputs = \"a:c\"\nharness = \"h\"", "uses its shipped harness"),
         ("[shrink]\nframework = \"jax\"\ninputs = \"a:c\"", "framework = \"jax\" needs function = "),
         ("[shrink]\nframework = \"keras\"\nmodel = \"nocolon\"\ninputs = \"a:c\"", "framework = \"keras\" needs model = "),
         ("[shrink]\nframework = \"jax\"\nfunction = \"a:b\"\ninputs = \"a:c\"\nmodel = \"a:m\"", "shrinks a function"),
@@ -379,8 +401,7 @@ mod tests {
                 Harness::Own(_) => "own",
                 Harness::Native(_) => "native",
                 Harness::Torch { .. } => "torch",
-                Harness::Jax { .. } => "jax",
-                Harness::Keras { .. } => "keras",
+                Harness::Shipped { framework, .. } => framework.name(),
                 Harness::Capture => "capture",
             };
             assert_eq!(got, *want, "{keys}");

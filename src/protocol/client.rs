@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::backend::BackendChoice;
 use crate::classify::{Exit, FaultClass, Signature};
-use crate::config::{CommandLine, Config, Harness, ShrinkSection};
+use crate::config::{CommandLine, Config, Harness, ShrinkFramework, ShrinkSection};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext};
 use crate::exec::process::{self, ProcessError, RunOutput};
 
@@ -186,9 +186,10 @@ impl ProcessHarness {
         capture: Option<&Path>,
     ) -> Result<Self, ProtocolError> {
         let torch = |source: Vec<String>| torch_command(shrink, run_dir, source);
-        // The shipped JAX harness: no warm server, its `repro.py` run alone with the section's Python.
-        let jax = |named: (&str, &str), inputs: &str| -> Result<Self, ProtocolError> {
-            let prefix = jax_command(shrink, run_dir, named, inputs)?;
+        // Another framework's shipped harness: no warm server, its `repro.py` run alone with the
+        // section's Python.
+        let shipped = |framework, factory: &str, inputs: &str| -> Result<Self, ProtocolError> {
+            let prefix = shipped_command(shrink, run_dir, framework, (factory, inputs))?;
             let mut harness = Self::new(
                 config, shrink, cwd, commit, run_dir, fault_rank, prefix, None, false,
             );
@@ -197,8 +198,14 @@ impl ProcessHarness {
         };
         // A capture's recording goes to the PyTorch harness, unless the user's own harness is named.
         let (prefix, native, shipped) = match (shrink.named_harness(), capture) {
-            (Harness::Jax { function, inputs }, _) => return jax(("--function", function), inputs),
-            (Harness::Keras { model, inputs }, _) => return jax(("--model", model), inputs),
+            (
+                Harness::Shipped {
+                    framework,
+                    factory,
+                    inputs,
+                },
+                _,
+            ) => return shipped(framework, factory, inputs),
             (Harness::Own(command), _) => (command.clone(), None, false),
             (_, Some(dir)) => (
                 torch(vec!["--capture".into(), dir.display().to_string()])?,
@@ -442,20 +449,28 @@ impl ProcessHarness {
     }
 }
 
-/// The shipped JAX harness's command for `framework = "jax"` (`--function`) or `"keras"` (`--model`),
-/// installed into `run_dir`.
-fn jax_command(
+/// The command of `framework`'s shipped harness (a row of `protocol::SHIPPED`) on `factory` and
+/// `inputs`, installed into `run_dir`.
+fn shipped_command(
     shrink: &ShrinkSection,
     run_dir: &Path,
-    (flag, what): (&str, &str),
-    inputs: &str,
+    framework: ShrinkFramework,
+    (factory, inputs): (&str, &str),
 ) -> Result<CommandLine, ProtocolError> {
-    let script = super::jax::install(run_dir).map_err(|source| ProtocolError::Install {
-        path: run_dir.to_path_buf(),
-        source,
+    let harness = super::shipped_for(framework).ok_or_else(|| {
+        ProtocolError::Extract(format!(
+            "no harness is shipped for framework = \"{}\"",
+            framework.name()
+        ))
     })?;
+    let script = harness
+        .install(run_dir)
+        .map_err(|source| ProtocolError::Install {
+            path: run_dir.to_path_buf(),
+            source,
+        })?;
     let mut argv = vec![shrink.python.clone(), script.display().to_string()];
-    argv.extend([flag.into(), what.into()]);
+    argv.extend([harness.factory_flag.into(), factory.into()]);
     argv.extend(["--example-inputs".into(), inputs.into()]);
     if shrink.trains() {
         argv.push("--train".into());

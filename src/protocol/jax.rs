@@ -2,7 +2,8 @@
 //! recording, running, repro generation, the command line), installed into the run's own directory when a
 //! shrink needs it, like the PyTorch one, and run as `python <dir>/jax_harness ...`.
 
-use std::path::{Path, PathBuf};
+use super::shipped::ShippedHarness;
+use crate::config::ShrinkFramework;
 
 /// The folder the harness is installed as.
 pub const JAX_HARNESS_DIR: &str = "jax_harness";
@@ -50,17 +51,21 @@ pub const JAX_HARNESS: &[(&str, &str)] = &[
     ),
 ];
 
-/// Writes the harness into `dir/jax_harness/` (each file atomically) and returns that folder, the path
-/// to give Python.
-pub fn install(dir: &Path) -> std::io::Result<PathBuf> {
-    super::shipped::install_package(&dir.join(JAX_HARNESS_DIR), JAX_HARNESS)
-}
+/// `framework = "jax"`: the harness on a function.
+pub const JAX: ShippedHarness = ShippedHarness {
+    framework: ShrinkFramework::Jax,
+    dir: JAX_HARNESS_DIR,
+    package: JAX_PACKAGE,
+    files: JAX_HARNESS,
+    factory_flag: "--function",
+};
 
-/// Whether `path` (a frame's file, a launch site) is inside one of the shipped harnesses: a frame of
-/// the harness is never the user's launch site.
-pub fn is_shipped_harness(path: &str) -> bool {
-    path.contains(JAX_PACKAGE) || path.contains(super::torch::TORCH_PACKAGE)
-}
+/// `framework = "keras"`: the same package on a Keras 3 model.
+pub const KERAS: ShippedHarness = ShippedHarness {
+    framework: ShrinkFramework::Keras,
+    factory_flag: "--model",
+    ..JAX
+};
 
 #[cfg(test)]
 mod tests {
@@ -69,7 +74,7 @@ mod tests {
 
     #[test]
     fn the_harness_is_installed_and_says_which_protocol_it_speaks() {
-        assert_installs(install, JAX_HARNESS_DIR, JAX_HARNESS);
+        assert_installs(|dir| JAX.install(dir), JAX_HARNESS_DIR, JAX_HARNESS);
         let protocol = source_of(JAX_HARNESS, "cudabisect_jax/protocol.py");
         assert!(protocol.contains(&format!(
             "PROTOCOL_VERSION = {}",
@@ -79,6 +84,7 @@ mod tests {
             "LAUNCH = \"{}{{kernel}}\"",
             crate::marker::LAUNCH_PREFIX
         )));
+        use super::super::is_shipped_harness;
         assert!(is_shipped_harness(
             "/run/jax_harness/cudabisect_jax/run.py:call"
         ));

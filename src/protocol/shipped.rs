@@ -5,6 +5,32 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::config::ShrinkFramework;
+
+/// A Python harness shipped inside the binary for one `[shrink] framework` (all but PyTorch's, which also
+/// takes captures and has a warm start of its own): one row of [`super::SHIPPED`]. Each speaks the same
+/// command line: `<dir> <factory-flag> <factory> --example-inputs <factory> [--train] [--loss <fn>]
+/// --device <cpu|cuda>`, then the protocol's verbs.
+pub struct ShippedHarness {
+    /// The `[shrink] framework` it serves.
+    pub framework: ShrinkFramework,
+    /// The folder it is installed as in the run's directory, and run as (`python <dir>`).
+    pub dir: &'static str,
+    /// Its Python package: a frame in it is the harness's own, never the user's launch site.
+    pub package: &'static str,
+    /// Its files: paths inside [`ShippedHarness::dir`], and their text.
+    pub files: &'static [(&'static str, &'static str)],
+    /// The flag that hands it the factory the framework's key names (`--function`, `--model`).
+    pub factory_flag: &'static str,
+}
+
+impl ShippedHarness {
+    /// Writes it into `run_dir` (each file atomically) and returns the folder to give Python.
+    pub fn install(&self, run_dir: &Path) -> std::io::Result<PathBuf> {
+        install_package(&run_dir.join(self.dir), self.files)
+    }
+}
+
 /// Writes `text` to `dir/name` in one step (a temporary file renamed over it).
 pub(crate) fn write_atomically(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;

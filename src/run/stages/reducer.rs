@@ -624,7 +624,7 @@ pub fn same_bug_across_stages(
     if relaxed
         .launch
         .as_deref()
-        .is_some_and(crate::protocol::jax::is_shipped_harness)
+        .is_some_and(crate::protocol::is_shipped_harness)
     {
         relaxed.launch = None;
     }
