@@ -95,6 +95,9 @@ def changed(files):
 # What the server says, instead of listening, when a preload started CUDA: the module to leave out.
 TAINTED = "harness: CUDA initialised by preloading "
 
+# Where the server started: `site` made sys.path absolute against it (PYTHONPATH's relative entries too).
+SERVER_CWD = os.getcwd()
+
 
 def import_all(names):
     """Imports `names` into the server one by one; one that does not import is left out and said on
@@ -184,6 +187,7 @@ def run_child(req, preloaded):
         mode, target, args = req["mode"], req["target"], req["args"]
         first = os.path.dirname(os.path.abspath(target)) if mode == "script" else os.getcwd()
         sys.path[0] = first
+        place_pythonpath(os.getcwd())
         forget_shadowed(preloaded, first)
         announce_triton_launches()
         # The interpreter's own command line, as a fresh `python …` of this command has it (a repro
@@ -219,6 +223,23 @@ def run_child(req, preloaded):
     global CHILD_EXIT
     CHILD_EXIT = code
     raise SystemExit(code)
+
+
+def place_pythonpath(here):
+    """Puts PYTHONPATH's entries where a fresh `python` started in `here` has them, right after the
+    script's directory: the server resolved the relative ones (`PYTHONPATH=.`, `src`) in its own
+    directory when it started, and `site` dropped those that matched its own script's directory."""
+    entries = [e for e in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if e]
+    if not entries:
+        return
+    was = {os.path.abspath(os.path.join(SERVER_CWD, e)) for e in entries}
+    now = []
+    for entry in entries:
+        path = os.path.abspath(os.path.join(here, entry))
+        if path not in now and path != sys.path[0]:
+            now.append(path)
+    rest = [p for p in sys.path[1:] if p not in was and p not in now]
+    sys.path[:] = [sys.path[0], *now, *rest]
 
 
 # The status a forked child leaves with, once its repro has run; None in the server.

@@ -40,12 +40,28 @@ fn commit_version(dir: &Path, i: usize) {
 }
 
 fn linear(n: usize, bad: usize, template: &str, config: &str) -> Repo {
+    linear_with(n, bad, &[], template, config)
+}
+
+/// [`linear`], with `files` (path, text) in every commit too.
+fn linear_with(
+    n: usize,
+    bad: usize,
+    files: &[(&str, &str)],
+    template: &str,
+    config: &str,
+) -> Repo {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("repo");
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&path).unwrap();
     std::fs::create_dir_all(&scratch).unwrap();
     git(&path, &["init", "-q", "-b", "main", "."]);
+    for (file, text) in files {
+        let at = path.join(file);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::write(at, text).unwrap();
+    }
     let script = template
         .replace("@BAD@", &bad.to_string())
         .replace("@SCRATCH@", &scratch.display().to_string());
@@ -713,6 +729,26 @@ fn a_python_build_runs_in_a_warm_interpreter_of_its_own_and_gives_the_answers_of
     }
     let said = std::fs::read_to_string(&parents).unwrap();
     assert!(said.lines().all(|l| l == "cold"), "{said}");
+}
+
+/// A training script outside the repository that imports the project through a relative PYTHONPATH
+/// (`src`, `.`), as many jobs are set up: a fresh `python` in the worktree finds the worktree's package
+/// there, and so must a warm probe, whose interpreter started elsewhere.
+#[test]
+fn a_warm_probe_finds_the_worktrees_package_through_a_relative_pythonpath() {
+    let train = "import sys\nimport verpkg\nif verpkg.V >= 17:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\n";
+    let package = "V = int(open('version.txt').read())\n";
+    for (pythonpath, at) in [("src", "src/verpkg/__init__.py"), (".", "verpkg/__init__.py")] {
+        let config = format!("[repro]\ncommand = \"python3 @SCRATCH@/train.py\"\ngrace-period = \"1s\"\ntimeout = \"5s\"\nenv = {{ PYTHONPATH = \"{pythonpath}\" }}\n[triage]\nenabled = false\n");
+        let repo = linear_with(24, 17, &[(at, package)], "#!/bin/sh\nexit 0\n", &config);
+        std::fs::write(repo.scratch.join("train.py"), train).unwrap();
+        let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+        assert_eq!(code, 0, "PYTHONPATH={pythonpath}: {err}");
+        assert_eq!(first_bad_subject(&repo, &report), "commit 17", "{err}");
+        for p in &rep(&report).probes {
+            assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
+        }
+    }
 }
 
 #[test]
