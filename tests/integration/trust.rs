@@ -44,13 +44,7 @@ fn linear(n: usize, bad: usize, template: &str, config: &str) -> Repo {
 }
 
 /// [`linear`], with `files` (path, text) in every commit too.
-fn linear_with(
-    n: usize,
-    bad: usize,
-    files: &[(&str, &str)],
-    template: &str,
-    config: &str,
-) -> Repo {
+fn linear_with(n: usize, bad: usize, files: &[(&str, &str)], template: &str, config: &str) -> Repo {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("repo");
     let scratch = tmp.path().join("scratch");
@@ -738,7 +732,10 @@ fn a_python_build_runs_in_a_warm_interpreter_of_its_own_and_gives_the_answers_of
 fn a_warm_probe_finds_the_worktrees_package_through_a_relative_pythonpath() {
     let train = "import sys\nimport verpkg\nif verpkg.V >= 17:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\n";
     let package = "V = int(open('version.txt').read())\n";
-    for (pythonpath, at) in [("src", "src/verpkg/__init__.py"), (".", "verpkg/__init__.py")] {
+    for (pythonpath, at) in [
+        ("src", "src/verpkg/__init__.py"),
+        (".", "verpkg/__init__.py"),
+    ] {
         let config = format!("[repro]\ncommand = \"python3 @SCRATCH@/train.py\"\ngrace-period = \"1s\"\ntimeout = \"5s\"\nenv = {{ PYTHONPATH = \"{pythonpath}\" }}\n[triage]\nenabled = false\n");
         let repo = linear_with(24, 17, &[(at, package)], "#!/bin/sh\nexit 0\n", &config);
         std::fs::write(repo.scratch.join("train.py"), train).unwrap();

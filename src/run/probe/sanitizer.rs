@@ -157,7 +157,7 @@ fn run_tool(
     let log = out_dir.join(format!("sanitizer-{tool}.log"));
     let _ = std::fs::remove_file(&xml);
     let wrapped = wrap(sanitizer, tool, &xml, command);
-    let env = sanitizer_env(&config.triage.env);
+    let env = sanitizer_env(&triage_env(config));
     let spec = command_spec(
         config,
         ChildCommand {
@@ -257,6 +257,15 @@ fn refine(mut finding: Signature, program: &Signature) -> Signature {
         finding.detail = program.detail.clone().or(finding.detail);
     }
     finding
+}
+
+/// What a sanitized run adds to the child environment: the repro's `env` (the run is of the repro, as the
+/// probes ran it: its `PYTHONPATH`, its data paths, the switch that makes it fault), then `[triage] env`
+/// over it.
+fn triage_env(config: &Config) -> std::collections::BTreeMap<String, String> {
+    let mut env = config.repro.env.clone();
+    env.extend(config.triage.env.clone());
+    env
 }
 
 /// The environment of a run under compute-sanitizer: the frameworks' pooling allocators off, so memcheck
@@ -360,7 +369,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_sanitizer_runs_with_the_pooling_allocators_off_unless_triage_env_says_otherwise() {
+    fn the_sanitizer_runs_in_the_repros_environment_with_the_pooling_allocators_off_unless_triage_env_says_otherwise(
+    ) {
+        let config = crate::config::Config::parse(
+            Path::new("bisect.toml"),
+            "[repro]\ncommand = \"python3 train.py\"\nenv = { PYTHONPATH = \"src\", MODE = \"a\" }\n[triage]\nenv = { MODE = \"b\" }\n",
+        )
+        .expect("config");
+        // The repro's environment, with `[triage] env` over it.
+        let mine = triage_env(&config);
+        assert_eq!(mine["PYTHONPATH"], "src");
+        assert_eq!(mine["MODE"], "b");
         let env = sanitizer_env(&Default::default());
         assert_eq!(env["PYTORCH_NO_CUDA_MEMORY_CACHING"], "1");
         assert_eq!(env["XLA_PYTHON_CLIENT_PREALLOCATE"], "false");
