@@ -1356,24 +1356,8 @@ fn a_python_build_of_a_training_package_runs_warm_and_the_culprit_is_named() {
     .unwrap();
     let report_path = tmp.path().join("report.json");
     let started = std::time::Instant::now();
-    let out = Command::new(bin())
-        .args([
-            "start",
-            &format!("{}..main", commits[0]),
-            "--no-shrink",
-            "-C",
-        ])
-        .arg(&dir)
-        .arg("--report")
-        .arg(&report_path)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    println!("{text}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
-            .unwrap_or_default();
+    let range = format!("{}..main", commits[0]);
+    let (r, text) = start_with_report(&dir, &["start", &range, "--no-shrink"], &report_path);
     let probes = r["probes"].as_array().cloned().unwrap_or_default();
     for p in &probes {
         println!(
