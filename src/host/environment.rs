@@ -35,10 +35,10 @@ fn ask(
     (run.exit == Exit::Code(0)).then(|| run.output.trim().to_string())
 }
 
-/// A tool to ask, by the path found here; on another machine (a scheduler's node), by its name when this
-/// machine does not have it, for the node's own `PATH` to find.
-fn tool(name: &str, fallbacks: &[&str], local: bool) -> Option<String> {
-    match find_program(name, fallbacks) {
+/// A tool to ask, by the path `found` here; on another machine (a scheduler's node), by its `name` when
+/// this machine does not have it, for the node's own `PATH` to find.
+fn tool(found: Option<std::path::PathBuf>, name: &str, local: bool) -> Option<String> {
+    match found {
         Some(path) => Some(path.display().to_string()),
         None => (!local).then(|| name.to_string()),
     }
@@ -88,8 +88,8 @@ pub fn collect(
     };
     let cancelled = || cancel.load(std::sync::atomic::Ordering::SeqCst);
     progress("nvidia-smi");
-    if let Some(smi) = tool("nvidia-smi", &["/usr/bin/nvidia-smi"], local).filter(|_| !cancelled())
-    {
+    let smi = find_program("nvidia-smi", &["/usr/bin/nvidia-smi"]);
+    if let Some(smi) = tool(smi, "nvidia-smi", local).filter(|_| !cancelled()) {
         if let Some(q) = capture(
             &[
                 smi.as_str(),
@@ -114,12 +114,13 @@ pub fn collect(
         env.driver_api = crate::harness::cuda::driver_summary();
     }
     progress("nvcc and compute-sanitizer");
-    if let Some(nvcc) = tool("nvcc", &["/usr/local/cuda/bin/nvcc"], local) {
+    let nvcc = find_program("nvcc", &["/usr/local/cuda/bin/nvcc"]);
+    if let Some(nvcc) = tool(nvcc, "nvcc", local) {
         env.nvcc = capture(&[nvcc.as_str(), "--version"], short)
             .and_then(|v| v.lines().last().map(str::to_string));
     }
-    let sanitizer = crate::exec::tools::find_sanitizer(None).map(|p| p.display().to_string());
-    if let Some(cs) = sanitizer.or_else(|| (!local).then(|| "compute-sanitizer".to_string())) {
+    let sanitizer = crate::exec::tools::find_sanitizer(None);
+    if let Some(cs) = tool(sanitizer, "compute-sanitizer", local) {
         env.compute_sanitizer = capture(&[cs.as_str(), "--version"], short)
             .and_then(|v| v.lines().last().map(str::to_string));
     }
@@ -166,10 +167,8 @@ pub fn add_torch_report(env: &mut Environment, at: &dyn Executor, cancel: &Atomi
 /// The Python the environment record asks: `python3`, else `python` (on a scheduler's node, `python3`
 /// as its `PATH` finds it, when this machine has none).
 fn python(local: bool) -> Option<String> {
-    find_program("python3", &[])
-        .or_else(|| find_program("python", &[]))
-        .map(|p| p.display().to_string())
-        .or_else(|| (!local).then(|| "python3".to_string()))
+    let found = find_program("python3", &[]).or_else(|| find_program("python", &[]));
+    tool(found, "python3", local)
 }
 
 #[cfg(test)]
