@@ -19,6 +19,18 @@ pub struct MemoryReading {
     pub total_mib: u64,
 }
 
+impl MemoryReading {
+    /// The reading of one of `probes` that ran at once: each is taken to have used an equal part of
+    /// what the GPU gained (their peaks come together when they start together).
+    pub fn shared_by(self, probes: usize) -> Self {
+        let gained = self.peak_mib.saturating_sub(self.before_mib);
+        MemoryReading {
+            peak_mib: self.before_mib + gained / probes.max(1) as u64,
+            ..self
+        }
+    }
+}
+
 /// Reads the device memory of one probe while it runs.
 pub trait MemoryGauge: Send + Sync + std::fmt::Debug {
     /// Starts watching `devices` (`CUDA_VISIBLE_DEVICES` ids): what is in use now is the baseline.

@@ -63,10 +63,6 @@ impl Probe for FixProbe<'_> {
     fn shared_gpu(&self) -> Option<String> {
         self.inner.shared_gpu()
     }
-
-    fn warm_up(&mut self, oid: Oid) {
-        self.inner.warm_up(oid);
-    }
 }
 
 /// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge

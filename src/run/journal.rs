@@ -564,10 +564,6 @@ impl Probe for JournaledProbe<'_> {
     fn shared_gpu(&self) -> Option<String> {
         self.inner.shared_gpu()
     }
-
-    fn warm_up(&mut self, oid: Oid) {
-        self.inner.warm_up(oid);
-    }
 }
 
 impl JournaledProbe<'_> {

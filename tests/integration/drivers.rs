@@ -1463,11 +1463,9 @@ fn a_prober_that_panics_ends_the_search_as_a_broken_host_instead_of_leaving_it_w
     // The search runs on a thread of its own: a driver left waiting fails the test instead of hanging it.
     std::thread::spawn(move || {
         let mut probers: Vec<Scripted> = stops.iter().map(|_| scripted(cancel, None)).collect();
-        // The second worker's prober has a defect: it panics on every commit in the range.
-        probers[1].shows = Box::new(|i| {
-            assert!(i == 0, "a defect in the prober at commit {i}");
-            clean()
-        });
+        // The second worker's prober has a defect: it panics on every commit (its first is the good end,
+        // in the first round).
+        probers[1].shows = Box::new(|i| panic!("a defect in the prober at commit {i}"));
         let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
         let _ = tx.send(outcome);
     });
@@ -1493,7 +1491,8 @@ fn a_prober_that_panics_ends_the_search_as_a_broken_host_instead_of_leaving_it_w
 #[test]
 fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_is_stopped() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let stops = stop_flags(3);
+    // Four workers: the first round is the bad end, the good end and two cuts of the range.
+    let stops = stop_flags(4);
     // Every worker's probe of a commit below 8 runs until stopped: once commit 8 or later is known good,
     // those answers carry no news.
     let mut probers: Vec<Scripted> = stops
@@ -1502,7 +1501,7 @@ fn parallel_workers_split_the_range_and_a_probe_whose_answer_no_longer_matters_i
         .collect();
     let (outcome, events) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
     assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
-    // The endpoints on the first worker, the search spread over all three, each probe naming its worker.
+    // The bad end on the first worker, the search spread over all four, each probe naming its worker.
     assert_eq!(probers[0].asked[0], (16, ProbeRole::BadEndpoint));
     for (w, p) in probers.iter().enumerate() {
         // The good end runs in the first round beside the search's first probes, on a worker of its own.
@@ -1700,15 +1699,16 @@ fn search_16<P: Probe>(
     (outcome, events.0)
 }
 
-/// A worker on a GPU shared with the others: it counts the probes running at once, notes whether each was
+/// A worker on a GPU shared with the others: it notes whether each probe was
 /// crowded, and can run out of memory at one commit whenever others share the GPU.
 struct OnSharedGpu {
     inner: Scripted,
-    /// Every worker's probes, in the order they started: (commit, crowded).
-    crowded: &'static Mutex<Vec<(usize, bool)>>,
+    /// Every worker's probes: (probe number, commit, crowded).
+    crowded: &'static Mutex<Vec<(usize, usize, bool)>>,
     oom_when_crowded: Option<usize>,
-    running: &'static AtomicUsize,
-    most: &'static AtomicUsize,
+    /// Probes started since the gauge started, and a wake-up for the bad end.
+    watched: &'static (Mutex<usize>, Condvar),
+    workers: usize,
 }
 
 impl Probe for OnSharedGpu {
@@ -1719,12 +1719,22 @@ impl Probe for OnSharedGpu {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(now, Ordering::SeqCst);
+        let (lock, cv) = self.watched;
+        *lock.lock().unwrap() += 1;
+        cv.notify_all();
+        if ctx.role == ProbeRole::BadEndpoint && ctx.crowded {
+            // The first round's probes all start before the bad end ends, as real ones do (bounded: a
+            // round that never comes leaves the reading short, and the test's assertions fail).
+            let _ = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |n| {
+                    *n < self.workers
+                })
+                .unwrap();
+        }
         self.crowded
             .lock()
             .unwrap()
-            .push((index(commit), ctx.crowded));
+            .push((ctx.step, index(commit), ctx.crowded));
         let mut out = self.inner.probe(commit, ctx, target, reporter);
         if ctx.crowded && self.oom_when_crowded == Some(index(commit)) {
             out.record.signature = Signature::new(
@@ -1732,7 +1742,6 @@ impl Probe for OnSharedGpu {
                 "torch.OutOfMemoryError: CUDA out of memory",
             );
         }
-        self.running.fetch_sub(1, Ordering::SeqCst);
         out
     }
 
@@ -1750,20 +1759,29 @@ impl Probe for OnSharedGpu {
     }
 }
 
-/// A stand-in for the driver's memory readings: one fixed reading, counting how often it was asked.
+/// A stand-in for the driver's memory readings of a whole GPU: every probe uses the same memory at the
+/// same time, so the reading is the baseline and one probe's use times the probes started since the
+/// gauge started; it counts how often it was started.
 #[derive(Debug)]
 struct FixedGauge {
+    /// One probe alone.
     reading: Option<MemoryReading>,
     started: AtomicUsize,
+    watched: &'static (Mutex<usize>, Condvar),
 }
 
 impl MemoryGauge for FixedGauge {
     fn start(&self, devices: &str) {
         assert_eq!(devices, "0");
         self.started.fetch_add(1, Ordering::SeqCst);
+        *self.watched.0.lock().unwrap() = 0;
     }
     fn stop(&self) -> Option<MemoryReading> {
-        self.reading
+        let probes = (*self.watched.0.lock().unwrap()).max(1) as u64;
+        self.reading.map(|r| MemoryReading {
+            peak_mib: r.before_mib + (r.peak_mib - r.before_mib) * probes,
+            ..r
+        })
     }
 }
 
@@ -1773,7 +1791,6 @@ struct SharedRun {
     end: SearchEnd,
     events: Vec<Event>,
     crowded: Vec<(usize, bool)>,
-    most: usize,
     gauge_started: usize,
     probes: Vec<ProbeRecord>,
 }
@@ -1781,21 +1798,25 @@ struct SharedRun {
 /// Three workers on GPU 0; the fault shows from commit 11 of 16; `peak_mib` is what the measured probe
 /// used of a 140 GiB GPU.
 fn on_one_gpu(peak_mib: u64, oom_when_crowded: Option<usize>) -> SharedRun {
-    on_one_gpu_with(peak_mib, oom_when_crowded, false)
+    on_one_gpu_with(peak_mib, oom_when_crowded, false, 3)
 }
 
-/// [`on_one_gpu`]; with `hang_below_8`, a probe of a commit below 8 runs until the driver stops it.
+/// [`on_one_gpu`] with `workers`; with `hang_below_8`, a probe of a commit below 8 runs until the driver
+/// stops it.
 fn on_one_gpu_with(
     peak_mib: u64,
     oom_when_crowded: Option<usize>,
     hang_below_8: bool,
+    workers: usize,
 ) -> SharedRun {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let running: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
-    let most: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
-    let log: &'static Mutex<Vec<(usize, bool)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
-    let stops = stop_flags(3);
+    let log: &'static Mutex<Vec<(usize, usize, bool)>> =
+        Box::leak(Box::new(Mutex::new(Vec::new())));
+    let watched: &'static (Mutex<usize>, Condvar) =
+        Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+    let stops = stop_flags(workers);
     let gauge: &'static FixedGauge = Box::leak(Box::new(FixedGauge {
+        watched,
         reading: Some(MemoryReading {
             before_mib: 400,
             peak_mib,
@@ -1809,8 +1830,8 @@ fn on_one_gpu_with(
             inner: scripted(cancel, hang_below_8.then_some((8, stop))),
             crowded: log,
             oom_when_crowded,
-            running,
-            most,
+            watched,
+            workers,
         })
         .collect();
     // The plan had eight places; the search used three workers.
@@ -1824,8 +1845,12 @@ fn on_one_gpu_with(
         at_once: outcome.at_once,
         end: outcome.end,
         events,
-        crowded: log.lock().unwrap().clone(),
-        most: most.load(Ordering::SeqCst),
+        crowded: {
+            // In the order the driver handed them out (threads start them in any order).
+            let mut log = log.lock().unwrap().clone();
+            log.sort();
+            log.into_iter().map(|(_, i, c)| (i, c)).collect()
+        },
         gauge_started: gauge.started.load(Ordering::SeqCst),
         probes: outcome.probes,
     }
@@ -1859,39 +1884,46 @@ fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
         "{}",
         at_once[0].1
     );
-    // The bad end ran alone; the good end and the search's probes crowded, and the first round cut the
-    // range in three (a probe below the midpoint, which plain bisection towards commit 11 never runs).
+    // The first round, the bad end's measurement shared among its three probes: the bad end, the good
+    // end and the midpoint; the rounds after it at three too, the range cut in three (a probe below 11
+    // and above 8, which plain bisection towards commit 11 runs one at a time).
     let all = &run.crowded;
-    assert_eq!(all[0], (16, false), "{all:?}");
-    assert!(all.contains(&(0, true)), "{all:?}");
-    assert!(all.iter().any(|&(i, _)| (1..8).contains(&i)), "{all:?}");
+    let mut first_round = all[..3].to_vec();
+    first_round.sort();
+    assert_eq!(first_round, [(0, true), (8, true), (16, true)], "{all:?}");
+    assert!(all[3..].iter().all(|&(_, c)| c), "{all:?}");
 }
 
 #[test]
 fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
-    // A 120 GiB probe: one at a time, said, and never two at once.
+    // A 120 GiB probe (a stand-in GPU where three fit): the first round's three at once, then one at a
+    // time, said.
     let run = on_one_gpu(120_000, None);
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
     assert_eq!(at_once[0].0, 1);
+    assert!(at_once[0].1.contains("peaked at 116.8 GiB"), "{at_once:?}");
     assert_eq!(run.at_once, 1);
-    assert_eq!(run.most, 1);
-    assert!(run.crowded.iter().all(|&(_, c)| !c));
-    // Plain bisection: every search probe at or above the midpoint.
-    assert!(run.crowded.iter().all(|&(i, _)| i == 0 || i >= 8));
+    let (first_round, after) = run.crowded.split_at(3);
+    assert!(first_round.iter().all(|&(_, c)| c), "{:?}", run.crowded);
+    assert!(
+        !after.is_empty() && after.iter().all(|&(_, c)| !c),
+        "{:?}",
+        run.crowded
+    );
 }
 
 #[test]
 fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again_alone() {
-    // Commit 5 runs out of memory whenever others share the GPU; alone it runs clean as its neighbours do.
-    let run = on_one_gpu(2_448, Some(5));
+    // Commit 8 runs out of memory whenever others share the GPU; alone it runs clean as its neighbours do.
+    let run = on_one_gpu(2_448, Some(8));
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
-    // 5 ran crowded (the first round: the good end and two probes); once the fallback came, no probe was
-    // crowded again, and 5, when it still mattered, ran again alone.
+    // 8 ran crowded (the first round: the bad end, the good end and 8); once the fallback came, no probe
+    // was crowded again, and 8, when it still mattered, ran again alone.
     let all = &run.crowded;
-    assert_eq!(all[0], (16, false), "{all:?}");
-    assert!(all.contains(&(5, true)), "{all:?}");
+    assert!(all[..3].contains(&(16, true)), "{all:?}");
+    assert!(all[..3].contains(&(8, true)), "{all:?}");
     if let Some(alone) = all[1..].iter().position(|&(_, c)| !c) {
         assert!(all[1 + alone..].iter().all(|&(_, c)| !c), "{all:?}");
     }
@@ -1912,22 +1944,20 @@ fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again
         .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }
 
-/// What the workers of one search did, in the order it happened: (worker, what, commit index).
-type Doings = &'static Mutex<Vec<(usize, &'static str, usize)>>;
-
-/// A worker that notes when it gets ready and when it probes; the bad end's probe waits (bounded) until
-/// every other worker has started getting ready, so a driver that did not warm them up beside it fails.
-struct GetsReady {
+/// A worker that notes each probe it starts; the bad end's probe waits (bounded) until every other
+/// worker has started one, so a driver that ran the bad end alone fails.
+struct MeetsAtBadEnd {
     inner: Scripted,
     me: usize,
-    did: Doings,
-    ready: &'static (Mutex<usize>, Condvar),
-    others: usize,
-    /// Each probe's number, worker and commit.
+    /// Probes started so far, and a wake-up for the bad end.
+    started: &'static (Mutex<usize>, Condvar),
+    workers: usize,
+    /// Each probe's number, worker and commit; and whether the bad end met every worker.
     steps: &'static Mutex<Vec<(usize, usize, usize)>>,
+    met: &'static Mutex<Option<bool>>,
 }
 
-impl Probe for GetsReady {
+impl Probe for MeetsAtBadEnd {
     fn probe(
         &mut self,
         commit: Oid,
@@ -1935,32 +1965,21 @@ impl Probe for GetsReady {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        self.did
-            .lock()
-            .unwrap()
-            .push((self.me, "probe", index(commit)));
         self.steps
             .lock()
             .unwrap()
             .push((ctx.step, self.me, index(commit)));
+        let (lock, cv) = self.started;
+        *lock.lock().unwrap() += 1;
+        cv.notify_all();
         if ctx.role == ProbeRole::BadEndpoint {
-            let (lock, cv) = self.ready;
             // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
-            let (started, _) = cv
+            let (n, _) = cv
                 .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |n| {
-                    *n < self.others
+                    *n < self.workers
                 })
                 .unwrap();
-            let seen = if *started == self.others {
-                "all ready"
-            } else {
-                "not ready"
-            };
-            drop(started);
-            self.did
-                .lock()
-                .unwrap()
-                .push((self.me, seen, index(commit)));
+            *self.met.lock().unwrap() = Some(*n >= self.workers);
         }
         self.inner.probe(commit, ctx, target, reporter)
     }
@@ -1973,100 +1992,80 @@ impl Probe for GetsReady {
     ) -> Option<Sanitized> {
         self.inner.sanitize(commit, ctx, reporter)
     }
-
-    fn warm_up(&mut self, commit: Oid) {
-        self.did
-            .lock()
-            .unwrap()
-            .push((self.me, "ready", index(commit)));
-        let (lock, cv) = self.ready;
-        *lock.lock().unwrap() += 1;
-        cv.notify_all();
-        self.did
-            .lock()
-            .unwrap()
-            .push((self.me, "readied", index(commit)));
-    }
 }
 
-#[test]
-fn the_other_workers_get_ready_while_the_bad_end_runs_alone_and_the_first_round_uses_them_all() {
-    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let did: Doings = Box::leak(Box::new(Mutex::new(Vec::new())));
-    let ready: &'static (Mutex<usize>, Condvar) =
+/// Three workers whose first round meets at the bad end.
+fn meeting_search(
+    workers: usize,
+    cancel: &'static AtomicBool,
+) -> (
+    cudabisect::run::search::SearchOutcome,
+    Vec<(usize, usize, usize)>,
+    Option<bool>,
+) {
+    let started: &'static (Mutex<usize>, Condvar) =
         Box::leak(Box::new((Mutex::new(0), Condvar::new())));
     let steps: &'static Mutex<Vec<(usize, usize, usize)>> =
         Box::leak(Box::new(Mutex::new(Vec::new())));
-    let stops = stop_flags(3);
-    let mut probers: Vec<GetsReady> = (0..3)
-        .map(|me| GetsReady {
+    let met: &'static Mutex<Option<bool>> = Box::leak(Box::new(Mutex::new(None)));
+    let stops = stop_flags(workers);
+    let mut probers: Vec<MeetsAtBadEnd> = (0..workers)
+        .map(|me| MeetsAtBadEnd {
             inner: scripted(cancel, None),
             me,
-            did,
-            ready,
-            others: 2,
+            started,
+            workers,
             steps,
+            met,
         })
         .collect();
     let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    let steps = steps.lock().unwrap().clone();
+    let met = *met.lock().unwrap();
+    (outcome, steps, met)
+}
+
+#[test]
+fn the_bad_end_runs_in_the_first_round_beside_the_good_end_and_the_first_cuts() {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let (outcome, steps, met) = meeting_search(3, cancel);
     assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
-    let did = did.lock().unwrap().clone();
-    // The bad end (commit 16) on the first worker; the two others got ready at it, once each, while it
-    // ran.
-    assert!(did.contains(&(0, "probe", 16)), "{did:?}");
-    assert!(did.contains(&(0, "all ready", 16)), "{did:?}");
-    let mut readies: Vec<_> = did.iter().filter(|d| d.1 == "ready").collect();
-    readies.sort();
-    assert_eq!(readies, [&(1, "ready", 16), &(2, "ready", 16)], "{did:?}");
-    // No other probe began before every worker was ready, and the first round ran on all three.
-    let last_ready = did.iter().rposition(|d| d.1 == "readied").unwrap();
-    let probes_before: Vec<_> = did[..last_ready]
-        .iter()
-        .filter(|d| d.1 == "probe")
-        .collect();
-    assert!(
-        probes_before.iter().all(|d| d.2 == 16),
-        "a probe ran before the workers were ready: {did:?}"
-    );
-    // The first round (probes 2 to 4, numbered as they were handed out) ran on all three workers: the
-    // good end and a cut of the range in three.
-    let mut first_round: Vec<(usize, usize, usize)> = steps
-        .lock()
-        .unwrap()
-        .iter()
-        .copied()
-        .filter(|s| (2..=4).contains(&s.0))
-        .collect();
+    // The bad end (commit 16) is probe 1, on the first worker; the others started theirs while it ran.
+    let mut steps = steps;
+    steps.sort();
+    assert_eq!(steps[0], (1, 0, 16), "{steps:?}");
+    assert_eq!(met, Some(true), "the bad end ran alone: {steps:?}");
+    // The first round (probes 1 to 3) ran on all three workers: the bad end, the good end and one cut
+    // of the range (not the tip: it is the bad end).
+    let mut first_round: Vec<(usize, usize, usize)> =
+        steps.iter().copied().filter(|s| s.0 <= 3).collect();
     first_round.sort();
     let mut workers: Vec<usize> = first_round.iter().map(|s| s.1).collect();
     workers.sort();
     assert_eq!(workers, [0, 1, 2], "{first_round:?}");
     let commits: Vec<usize> = first_round.iter().map(|s| s.2).collect();
     assert!(commits.contains(&0), "{first_round:?}");
-    assert!(!commits.contains(&8), "{first_round:?}");
+    assert_eq!(
+        commits.iter().filter(|&&c| c != 0 && c != 16).count(),
+        1,
+        "{first_round:?}"
+    );
+    // Every probe was judged once the target was known: the answer is the serial one's.
+    let probes = &outcome.probes;
+    let bad_first = probes.iter().position(|r| r.role == ProbeRole::BadEndpoint);
+    assert_eq!(bad_first, Some(0), "the bad end's record comes first");
 }
 
 #[test]
-fn one_worker_has_no_one_to_get_ready() {
+fn one_worker_runs_the_bad_end_alone_first() {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let did: Doings = Box::leak(Box::new(Mutex::new(Vec::new())));
-    let ready: &'static (Mutex<usize>, Condvar) =
-        Box::leak(Box::new((Mutex::new(0), Condvar::new())));
-    let stops = stop_flags(1);
-    let mut probers = vec![GetsReady {
-        inner: scripted(cancel, None),
-        me: 0,
-        did,
-        ready,
-        others: 0,
-        steps: Box::leak(Box::new(Mutex::new(Vec::new()))),
-    }];
-    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    let (outcome, mut steps, met) = meeting_search(1, cancel);
+    steps.sort();
     assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
-    assert!(
-        did.lock().unwrap().iter().all(|d| d.1 != "ready"),
-        "{did:?}"
-    );
+    assert_eq!(steps[0], (1, 0, 16), "{steps:?}");
+    assert_eq!(met, Some(true));
+    // The good end next, alone, then the bisection, one probe at a time.
+    assert_eq!(steps[1], (2, 0, 0), "{steps:?}");
 }
 
 /// A worker whose probe of the good end (commit 0) waits until some worker has started a search probe:
@@ -2144,7 +2143,7 @@ fn the_good_end_runs_in_the_first_round_beside_the_search() {
     assert_eq!(
         probes[0].role,
         ProbeRole::BadEndpoint,
-        "the bad end runs first, alone"
+        "the bad end is judged first"
     );
     assert!(probes
         .iter()
@@ -2173,11 +2172,11 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
 fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
     // The first round's probe below the midpoint runs until the answers above it make it moot; the
     // driver stops it, and that kill is not the crowd's doing.
-    let run = on_one_gpu_with(2_448, None, true);
+    let run = on_one_gpu_with(2_448, None, true, 4);
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
-    assert_eq!(at_once[0].0, 3);
+    assert_eq!(at_once[0].0, 4);
     assert!(run
         .events
         .iter()
@@ -2363,4 +2362,187 @@ fn under_memcheck_another_kernels_overrun_is_another_bug_and_no_sanitizer_means_
         .0
         .iter()
         .any(|e| matches!(e, Event::ShrinkUnderMemcheck { .. })));
+}
+
+/// A scripted history: what the repro shows at each commit, and what the sanitizer names there.
+type History = (fn(usize) -> Signature, Option<fn(usize) -> Option<String>>);
+
+/// The search's end over `n` commits with `workers` workers, each a scripted prober of `history`; each
+/// probe of a commit in `hang` (a range below 8) runs until the driver stops it. Also whether every
+/// worker that probed a hanging commit was told to stop.
+fn search_with(
+    n: usize,
+    history: History,
+    workers: usize,
+    hang: bool,
+) -> (SearchEnd, Vec<ProbeRecord>, bool) {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let range = linear(n);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(n)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        fix_of: None,
+        sharing: Sharing::NONE,
+    };
+    let stops = stop_flags(workers);
+    let (shows, kernels) = history;
+    let mut probers: Vec<Scripted> = stops
+        .iter()
+        .map(|&stop| Scripted {
+            shows: Box::new(shows),
+            kernels: kernels.map(|k| Box::new(k) as Box<dyn Fn(usize) -> Option<String> + Send>),
+            sanitized: vec![],
+            interrupt_at: None,
+            cancel,
+            asked: vec![],
+            hang_below: hang.then_some((8, stop)),
+            workers: vec![],
+        })
+        .collect();
+    let mut events = Events::default();
+    let mut pool: Vec<Worker> = probers
+        .iter_mut()
+        .zip(&stops)
+        .map(|(p, &stop)| Worker { probe: p, stop })
+        .collect();
+    let outcome = search_with_workers(&input, &mut pool, &mut events, cancel);
+    drop(pool);
+    let hung_stopped = probers
+        .iter()
+        .zip(&stops)
+        .filter(|(p, _)| p.asked.iter().any(|&(i, _)| (1..8).contains(&i)))
+        .all(|(_, stop)| stop.load(Ordering::SeqCst));
+    (outcome.end, outcome.probes, hung_stopped)
+}
+
+/// Histories the one-worker and the four-worker search must answer alike: the fault from 11 of 16;
+/// another bug below it; a build break; a target whose kernel only the sanitizer names, with a
+/// lookalike of another kernel below it; a bad end that does not reproduce; a good end that faults; a
+/// bad end the host cannot judge.
+fn histories() -> Vec<(&'static str, History)> {
+    vec![
+        (
+            "plain",
+            (|i| if i >= 11 { fault("gather") } else { clean() }, None),
+        ),
+        (
+            "another bug below",
+            (
+                |i| match i {
+                    4..=6 => fault("scatter"),
+                    i if i >= 11 => fault("gather"),
+                    _ => clean(),
+                },
+                None,
+            ),
+        ),
+        (
+            "a build break",
+            (
+                |i| match i {
+                    9..=12 => Signature::new(FaultClass::BuildFailure, "build failed"),
+                    i if i >= 11 => fault("gather"),
+                    _ => clean(),
+                },
+                None,
+            ),
+        ),
+        (
+            "kernel named by the sanitizer only",
+            (
+                |i| match i {
+                    4..=9 => anonymous("pkg/model.py:forward"),
+                    i if i >= 13 => anonymous("pkg/model.py:forward"),
+                    _ => clean(),
+                },
+                Some(|i| match i {
+                    4..=9 => Some("_bias_gelu_kernel".to_string()),
+                    i if i >= 13 => Some("_hash_embed_kernel".to_string()),
+                    _ => None,
+                }),
+            ),
+        ),
+        ("bad end clean", (|_| clean(), None)),
+        ("good end faults", (|_| fault("gather"), None)),
+        (
+            "bad end unjudgeable",
+            (
+                |i| {
+                    if i == 16 {
+                        Signature::new(FaultClass::Infra, "no CUDA-capable device is detected")
+                    } else {
+                        clean()
+                    }
+                },
+                None,
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn the_first_round_beside_the_bad_end_gives_the_serial_answer_in_every_history() {
+    for (name, history) in histories() {
+        let (serial, serial_probes, _) = search_with(16, history, 1, false);
+        let (parallel, probes, _) = search_with(16, history, 4, false);
+        assert_eq!(parallel, serial, "{name}: {probes:?}");
+        // The bad end is judged before any other probe, whatever order the round landed in.
+        assert_eq!(probes[0].role, ProbeRole::BadEndpoint, "{name}");
+        assert_eq!(serial_probes[0].role, ProbeRole::BadEndpoint, "{name}");
+        // A range its bad end refuses keeps no probe judged against a target it never had.
+        if matches!(&serial, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit"))
+            || matches!(serial, SearchEnd::EndpointInfra(_))
+        {
+            assert!(
+                probes.iter().all(|p| p.role == ProbeRole::BadEndpoint),
+                "{name}: {probes:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_range_refused_by_its_bad_end_stops_the_first_round_and_judges_none_of_it() {
+    let history: History = (|_| clean(), None);
+    let (end, probes, hung_stopped) = search_with(16, history, 4, true);
+    assert!(
+        matches!(&end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit main does not reproduce")),
+        "{end:?}"
+    );
+    // The round's probes below 8 ran until stopped: the refusal stopped them, and judged none.
+    assert!(hung_stopped, "a probe of the first round was left running");
+    assert!(
+        probes.iter().all(|p| p.role == ProbeRole::BadEndpoint),
+        "{probes:?}"
+    );
+}
+
+#[test]
+fn a_bad_end_crowded_out_of_memory_in_the_first_round_runs_again_alone_once_the_round_is_in() {
+    let run = on_one_gpu(2_448, Some(16));
+    assert_eq!(run.end, SearchEnd::Found(oid(11)), "{:?}", run.probes);
+    let all = &run.crowded;
+    assert_eq!(all[0], (16, true), "{all:?}");
+    // Run again alone, after the round's other probes (the good end and the midpoint) were in.
+    let again = all[1..]
+        .iter()
+        .position(|&c| c == (16, false))
+        .map(|p| p + 1);
+    assert_eq!(again, Some(3), "{all:?}");
+    assert_eq!(probes_at_once(&run.events).last().unwrap().0, 1);
+    // The out-of-memory run is no fact: the bad end's record is the run alone.
+    let bad: Vec<&ProbeRecord> = run
+        .probes
+        .iter()
+        .filter(|r| r.role == ProbeRole::BadEndpoint)
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].verdict, Verdict::Bad);
 }

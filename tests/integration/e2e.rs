@@ -2358,11 +2358,12 @@ fn three_workers_on_one_gpu(peak_mib: u32) -> (Run, String) {
 
 #[test]
 fn workers_share_one_gpu_as_far_as_the_memory_a_probe_used_allows() {
-    // 2 GiB of 140: all three at once, every worker on GPU 0 in a worktree of its own.
-    let (run, log) = three_workers_on_one_gpu(2448);
+    // The first round's three probes (the bad end, the good end, the midpoint) took 6 GiB of 140
+    // together: 2 GiB each, so all three at once, every worker on GPU 0 in a worktree of its own.
+    let (run, log) = three_workers_on_one_gpu(400 + 3 * 2048);
     assert!(
         run.stderr
-            .contains("note: 3 of 3 workers probe at once on GPU 0: a probe run alone peaked at 2.0 GiB of the GPU's 140.4 GiB"),
+            .contains("note: 3 of 3 workers probe at once on GPU 0: the first round's 3 probes peaked at 2.0 GiB each, of the GPU's 140.4 GiB"),
         "{}",
         run.stderr
     );
@@ -2373,11 +2374,11 @@ fn workers_share_one_gpu_as_far_as_the_memory_a_probe_used_allows() {
         worktrees.insert(f[3].to_string());
     }
     assert_eq!(worktrees.len(), 3, "{log}");
-    // 120 GiB of 140: one at a time, and said.
+    // 117 GiB together, 39 GiB each: two at a time, and said.
     let (run, log) = three_workers_on_one_gpu(120_400);
     assert!(
         run.stderr.contains(
-            "note: 1 of 3 workers probe at once on GPU 0: a probe run alone peaked at 117.2 GiB"
+            "note: 2 of 3 workers probe at once on GPU 0: the first round's 3 probes peaked at 39.1 GiB each"
         ),
         "{}",
         run.stderr

@@ -5,7 +5,7 @@
 
 use crate::report::record::short_sha;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use git2::Oid;
@@ -139,11 +139,6 @@ pub trait Probe: Send {
     fn shared_gpu(&self) -> Option<String> {
         None
     }
-
-    /// Gets ready to probe commits like `oid` while another worker probes it alone: starts what every
-    /// probe of this worker would otherwise start at its first (a warm interpreter). Runs nothing that
-    /// a verdict could rest on; a prober with nothing to start does nothing.
-    fn warm_up(&mut self, _oid: Oid) {}
 }
 
 /// Why a commit could not be prepared for a stage after the search.
@@ -305,22 +300,6 @@ impl Probe for WorktreeProber<'_> {
             .as_ref()
             .filter(|s| s.shares_gpu)
             .and_then(|s| s.devices.clone())
-    }
-
-    fn warm_up(&mut self, oid: Oid) {
-        let Some(pool) = self.warm_pool(Serves::Repro) else {
-            return;
-        };
-        // The worktree holds the commit, so what its script imports can be guessed as a probe would.
-        if self.cancel.load(Ordering::SeqCst) || self.worktree.checkout(oid, self.clean()).is_err()
-        {
-            return;
-        }
-        pool.warm_up(
-            self.worker(),
-            &self.repro_spec(&oid.to_string(), 1),
-            self.cancel,
-        );
     }
 }
 

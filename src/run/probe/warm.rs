@@ -368,14 +368,6 @@ impl WarmPool {
         })
     }
 
-    /// Starts `worker`'s warm interpreter for runs like `spec` before its first run needs it, so that run
-    /// does not pay the imports: the workers that wait while the bad end is probed alone get ready for
-    /// the first round. Nothing runs in it.
-    pub fn warm_up(&self, worker: usize, spec: &CommandSpec, cancel: &AtomicBool) {
-        let mut spec = spec.clone();
-        let _ = self.prepare((worker, Serves::Repro), &mut spec, cancel);
-    }
-
     /// Why the runs of `at` go cold for the rest of the run, when they do.
     pub fn off(&self, at: WarmSlot) -> Option<String> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());

@@ -77,12 +77,14 @@ const HEADROOM_MIB: u64 = 4096;
 /// What a probe needs beyond the peak seen (sampling misses short peaks; a CUDA context), MiB.
 const PER_PROBE_MARGIN_MIB: u64 = 1024;
 
-/// How many probes run at once on one GPU, and why: as many as its free memory holds at the peak of the
-/// probe measured alone (with a margin), at most `workers` (what the plan gave the GPU, capped by
-/// `--jobs`). One when the GPU was in use by others before the run. When nothing could be read, the
-/// workers `asked` for (a number, devices listed) all run; those `auto` chose do not.
+/// How many probes run at once on one GPU, and why: as many as its free memory holds at the peak of one
+/// probe (with a margin), at most `workers` (what the plan gave the GPU, capped by `--jobs`); the reading
+/// was taken while `beside` probes ran (the first round), each taken to have used an equal part. One
+/// when the GPU was in use by others before the run. When nothing could be read, the workers `asked`
+/// for (a number, devices listed) all run; those `auto` chose do not.
 pub fn probes_at_once(
     reading: Option<MemoryReading>,
+    beside: usize,
     workers: usize,
     asked: bool,
 ) -> (usize, String) {
@@ -106,16 +108,25 @@ pub fn probes_at_once(
             ),
         );
     }
+    let r = r.shared_by(beside);
     let used = r.peak_mib.saturating_sub(r.before_mib);
     let need = used + used / 4 + PER_PROBE_MARGIN_MIB;
     let free = r.total_mib.saturating_sub(r.before_mib + HEADROOM_MIB);
     let fit = (free / need.max(1)) as usize;
     let k = fit.clamp(1, workers.max(1));
-    let why = format!(
-        "a probe run alone peaked at {} of the GPU's {}",
-        gib(used),
-        gib(r.total_mib)
-    );
+    let why = if beside > 1 {
+        format!(
+            "the first round's {beside} probes peaked at {} each, of the GPU's {}",
+            gib(used),
+            gib(r.total_mib)
+        )
+    } else {
+        format!(
+            "a probe run alone peaked at {} of the GPU's {}",
+            gib(used),
+            gib(r.total_mib)
+        )
+    };
     (k, why)
 }
 
@@ -186,22 +197,28 @@ mod tests {
             })
         };
         // 3 GiB peak on a 140 GiB GPU: as many as the plan gave.
-        assert_eq!(probes_at_once(r(500, 3572, 143_771), 8, false).0, 8);
+        assert_eq!(probes_at_once(r(500, 3572, 143_771), 1, 8, false).0, 8);
         // 40 GiB peak: (140 - 4.5) / (40 * 1.25 + 1) = 2.
-        assert_eq!(probes_at_once(r(500, 41_460, 143_771), 8, true).0, 2);
+        assert_eq!(probes_at_once(r(500, 41_460, 143_771), 1, 8, true).0, 2);
         // A repro that takes most of the GPU: one.
-        let (k, why) = probes_at_once(r(0, 120_000, 143_771), 8, true);
+        let (k, why) = probes_at_once(r(0, 120_000, 143_771), 1, 8, true);
         assert_eq!(k, 1);
         assert!(why.contains("peaked at 117.2 GiB"), "{why}");
         // Someone else is on the GPU: one, and said.
-        let (k, why) = probes_at_once(r(30_000, 33_000, 143_771), 8, true);
+        let (k, why) = probes_at_once(r(30_000, 33_000, 143_771), 1, 8, true);
         assert_eq!(k, 1);
         assert!(why.contains("29.3 GiB in use by other processes"), "{why}");
         // Unreadable: one, unless the workers were asked for.
-        assert_eq!(probes_at_once(None, 8, false).0, 1);
-        assert_eq!(probes_at_once(None, 3, true).0, 3);
+        assert_eq!(probes_at_once(None, 1, 8, false).0, 1);
+        assert_eq!(probes_at_once(None, 1, 3, true).0, 3);
         // Never more than the workers.
-        assert_eq!(probes_at_once(r(0, 100, 143_771), 3, false).0, 3);
+        assert_eq!(probes_at_once(r(0, 100, 143_771), 1, 3, false).0, 3);
+        // The first round's 8 probes gained 24 GiB together: 3 GiB each, so 8 still fit, said.
+        let (k, why) = probes_at_once(r(500, 25_076, 143_771), 8, 8, false);
+        assert_eq!(k, 8);
+        assert!(why.contains("8 probes peaked at 3.0 GiB each"), "{why}");
+        // 8 gained 120 GiB together: 15 GiB each, so (140 - 4.5) / (15 * 1.25 + 1) = 6.
+        assert_eq!(probes_at_once(r(500, 123_380, 143_771), 8, 8, false).0, 6);
     }
 
     #[test]

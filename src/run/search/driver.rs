@@ -3,7 +3,7 @@
 //! re-checked at its parent, a fault found flaky after all, a flaky answer verified). Every exit is an
 //! `Err(SearchEnd)` passed up with `?`, or the last strategy's answer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use git2::Oid;
@@ -39,8 +39,6 @@ pub(super) enum Landing {
     Pending,
     /// A sanitizer run asked alone (not part of a probe).
     Sanitized(Option<Box<Sanitized>>),
-    /// A worker that got ready while another probed alone.
-    Ready,
 }
 
 /// The search's state around the strategies: records, the probe count, the sanitizer's settled stacks.
@@ -68,8 +66,14 @@ pub(super) struct Driver<'a, 'r> {
     pub(super) progress: (usize, usize),
     /// The worker whose probe the gauge watches (alone on the first shared GPU).
     watching: Option<usize>,
-    /// Whether the idle workers were asked to get ready (once, beside the first probe run alone).
-    warmed_up: bool,
+    /// Whether the first round was opened (once, beside the bad end's first probe).
+    opened: bool,
+    /// The most probes that ran at once on the watched probe's GPU while it was watched: its reading
+    /// is shared among them.
+    crowd: usize,
+    /// Probes that landed while the bad end was still being settled: judged, in order, once it is
+    /// (their workers get nothing new until then, so a sanitizer run of theirs finds their commit).
+    held: VecDeque<Landed>,
 }
 
 impl<'a, 'r> Driver<'a, 'r> {
@@ -96,7 +100,9 @@ impl<'a, 'r> Driver<'a, 'r> {
             pending: HashMap::new(),
             progress: (input.range.len(), 0),
             watching: None,
-            warmed_up: false,
+            opened: false,
+            crowd: 1,
+            held: VecDeque::new(),
         }
     }
 
@@ -168,7 +174,17 @@ impl<'a, 'r> Driver<'a, 'r> {
         let (mut ctx, task) = self.probe_job(index, role, w, repeated);
         ctx.crowded = pool.crowded(w);
         self.watch(pool, w);
-        pool.send(w, index, self.commits[index], ctx, task)
+        let sent = pool.send(w, index, self.commits[index], ctx, task);
+        self.count_crowd(pool);
+        sent
+    }
+
+    /// Notes how many probes run on the watched probe's GPU now.
+    fn count_crowd(&mut self, pool: &Pool) {
+        let Some(gpu) = self.watching.and_then(|w| pool.shared_gpu(w)) else {
+            return;
+        };
+        self.crowd = self.crowd.max(pool.probes_on(gpu));
     }
 
     /// Starts the gauge on worker `w`'s probe when it is the one to measure: the first probe alone on the
@@ -183,6 +199,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         {
             self.input.sharing.gauge.start(&gpu);
             self.watching = Some(w);
+            self.crowd = 1;
         }
     }
 
@@ -200,6 +217,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         let class = outcome.record.signature.class;
         if self.watching == Some(worker) {
             self.watching = None;
+            // Probes that ran beside it (the first round) share the reading.
             let reading = self.input.sharing.gauge.stop();
             let measured = !outcome.interrupted
                 && !outcome.record.reused
@@ -213,8 +231,8 @@ impl<'a, 'r> Driver<'a, 'r> {
             if let (true, Some((gpu, workers))) = (measured, pool.first_shared()) {
                 let asked = self.input.sharing.asked;
                 let places = self.input.sharing.places.max(workers);
-                pool.set_room(probes_at_once(reading, places, asked).0);
-                let (k, reason) = probes_at_once(reading, workers, asked);
+                pool.set_room(probes_at_once(reading, self.crowd, places, asked).0);
+                let (k, reason) = probes_at_once(reading, self.crowd, workers, asked);
                 pool.set_limit(k);
                 pool.set_measured();
                 self.reporter.event(&Event::ProbesAtOnce {
@@ -223,6 +241,9 @@ impl<'a, 'r> Driver<'a, 'r> {
                     workers,
                     reason,
                 });
+            } else if !pool.measured() {
+                // Nothing measured: one probe at a time until one alone is.
+                pool.set_limit(1);
             }
         }
         // A probe the search stopped itself (its answer no longer mattered) was killed by it, not by
@@ -331,7 +352,6 @@ impl<'a, 'r> Driver<'a, 'r> {
                 let j = self.judge_kernel(&outcome, target.as_ref(), None);
                 self.judged(index, &ctx, *outcome, j, None)
             }
-            Done::WarmedUp => Landing::Ready,
             Done::Sanitized(s) => {
                 let Some(Pending {
                     mut outcome,
@@ -437,9 +457,9 @@ impl<'a, 'r> Driver<'a, 'r> {
         match self.alone(pool, index, ctx, task)? {
             Landing::Judged(_, record) => Ok(*record),
             Landing::Stopped(_) => Err(SearchEnd::Interrupted),
-            Landing::Pending | Landing::Sanitized(_) | Landing::Ready => Err(
-                SearchEnd::HostFailure("a probe came back as a sanitizer run".into()),
-            ),
+            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
+                "a probe came back as a sanitizer run".into(),
+            )),
         }
     }
 
@@ -468,7 +488,7 @@ impl<'a, 'r> Driver<'a, 'r> {
     }
 
     /// Hands one job to the first worker and waits for what comes of it (a probe that goes on to its
-    /// sanitizer run is waited for to the end).
+    /// sanitizer run is waited for to the end); what other workers' probes give meanwhile is held.
     fn alone(
         &mut self,
         pool: &mut Pool,
@@ -480,36 +500,110 @@ impl<'a, 'r> Driver<'a, 'r> {
         if matches!(task, Task::Probe(_)) {
             self.watch(pool, 0);
         }
-        let probe = matches!(task, Task::Probe(_));
         if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
         }
-        // The first probe alone (the bad end) takes as long as a first probe takes anywhere: the other
-        // workers start their warm interpreters meanwhile, so the first round does not pay for them.
-        if probe && !self.warmed_up {
-            self.warmed_up = true;
-            while let Some(w) = pool.take_idle_any() {
-                if !pool.send(w, index, oid, ctx, Task::WarmUp) {
-                    break;
-                }
+        self.wait_on(pool, 0)
+    }
+
+    /// Probes the bad end on the first worker and, beside it, opens the first round on the others: the
+    /// checks of the other ends, then what `strategy` proposes, one per worker. The round's probes are
+    /// held until the bad end is settled (the target is what they are judged against). On a shared GPU
+    /// not yet measured the round runs at its full width, and the gauge's reading of the bad end is
+    /// shared among the probes beside it.
+    pub(super) fn probe_opening(
+        &mut self,
+        pool: &mut Pool,
+        oid: Oid,
+        strategy: &mut dyn Strategy,
+        checks: &mut Checks,
+    ) -> Result<ProbeRecord, SearchEnd> {
+        if self.cancelled() {
+            return Err(SearchEnd::Interrupted);
+        }
+        let index = self.index_of(oid);
+        let (mut ctx, task) = self.probe_job(index, ProbeRole::BadEndpoint, 0, false);
+        if !self.opened && pool.first_shared().is_some() && !pool.measured() {
+            pool.set_limit(pool.size());
+        }
+        ctx.crowded = pool.crowded(0) && pool.size() > 1;
+        self.watch(pool, 0);
+        if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
+            return Err(SearchEnd::HostFailure("no probe worker".into()));
+        }
+        if !self.opened {
+            self.opened = true;
+            self.send_checks(pool, checks);
+            self.progress = strategy.progress();
+            if let Proposal::Run(picks) = strategy.propose(pool.idle()) {
+                self.send_picks(pool, strategy, picks);
             }
         }
-        let mut landing = None;
-        loop {
-            // What the probe gave, once every worker is ready too (the first round needs them all);
-            // Ctrl-C does not wait for them.
-            if let Some(l) = landing.take_if(|_| pool.all_idle() || self.cancelled()) {
-                return Ok(l);
+        match self.wait_on(pool, 0)? {
+            Landing::Judged(_, record) => Ok(*record),
+            // Crowded out (its GPU fell back to one probe at a time): again, once the round is in.
+            Landing::Stopped(_) if !self.cancelled() => {
+                self.hold_all(pool);
+                self.probe_alone(pool, oid, ProbeRole::BadEndpoint, false)
             }
+            Landing::Stopped(_) => Err(SearchEnd::Interrupted),
+            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
+                "a probe came back as a sanitizer run".into(),
+            )),
+        }
+    }
+
+    /// Sets the last record of `oid` aside: skipped, saying `why` (it counts as no run of its commit).
+    pub(super) fn set_aside(&mut self, oid: Oid, why: &str) {
+        let commit = oid.to_string();
+        if let Some(r) = self.probes.iter_mut().rev().find(|r| r.commit == commit) {
+            r.verdict = Verdict::Skip;
+            r.reason = Some(why.to_string());
+        }
+    }
+
+    /// What worker `w`'s job gives, once it is done; other workers' probes that land meanwhile are
+    /// held.
+    fn wait_on(&mut self, pool: &mut Pool, w: usize) -> Result<Landing, SearchEnd> {
+        loop {
             let Some(landed) = pool.land(self.reporter) else {
                 if pool.all_idle() {
                     return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
                 }
                 continue;
             };
+            if landed.worker != w {
+                self.held.push_back(landed);
+                continue;
+            }
             match self.land(pool, landed) {
-                Landing::Pending | Landing::Ready => {}
-                other => landing = Some(other),
+                Landing::Pending => {}
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Waits for every probe in flight, holding what each gives: the bad end runs again alone.
+    pub(super) fn hold_all(&mut self, pool: &mut Pool) {
+        while !pool.all_idle() {
+            if let Some(landed) = pool.land(self.reporter) {
+                self.held.push_back(landed);
+            }
+        }
+    }
+
+    /// Stops every probe in flight and drops what the held ones gave: the range was refused, or the
+    /// search stopped, before they could be judged.
+    pub(super) fn drop_round(&mut self, pool: &mut Pool) {
+        pool.stop_all();
+        self.hold_all(pool);
+        for landed in std::mem::take(&mut self.held) {
+            if !self.cancelled() {
+                self.reporter.event(&Event::ProbeAbandoned {
+                    step: landed.ctx.step,
+                    commit: self.commits[landed.index].to_string(),
+                    worker: landed.worker + 1,
+                });
             }
         }
     }
@@ -523,12 +617,8 @@ impl<'a, 'r> Driver<'a, 'r> {
         &mut self,
         pool: &mut Pool,
         mut strategy: Box<dyn Strategy>,
-        checks: Vec<EndCheck>,
+        mut checks: Checks,
     ) -> Result<Answer, SearchEnd> {
-        let mut checks = Checks {
-            unsent: checks.into(),
-            ..Checks::default()
-        };
         let mut ending: Option<Result<Answer, SearchEnd>> = None;
         loop {
             // Ctrl-C ends the search, also while an answer waits for the endpoint checks (it is no answer
@@ -553,16 +643,23 @@ impl<'a, 'r> Driver<'a, 'r> {
                 }
                 checks.recheck = Some(check);
             }
-            let waiting = ending.is_some() || checks.recheck.is_some();
-            self.send_checks(pool, &mut checks);
-            if !waiting && pool.idle() > 0 {
-                if let Some(answer) = self.send_proposals(pool, strategy.as_mut()) {
-                    ending = Some(Ok(answer));
-                    continue;
+            // What the first round held is judged before anything new is sent.
+            let landed = match self.held.pop_front() {
+                Some(landed) => landed,
+                None => {
+                    let waiting = ending.is_some() || checks.recheck.is_some();
+                    self.send_checks(pool, &mut checks);
+                    if !waiting && pool.idle() > 0 {
+                        if let Some(answer) = self.send_proposals(pool, strategy.as_mut()) {
+                            ending = Some(Ok(answer));
+                            continue;
+                        }
+                    }
+                    let Some(landed) = pool.land(self.reporter) else {
+                        continue;
+                    };
+                    landed
                 }
-            }
-            let Some(landed) = pool.land(self.reporter) else {
-                continue;
             };
             let (worker, step) = (landed.worker, landed.ctx.step);
             let commit = self.commits[landed.index].to_string();
@@ -655,19 +752,24 @@ impl<'a, 'r> Driver<'a, 'r> {
         self.progress = strategy.progress();
         match strategy.propose(pool.idle()) {
             Proposal::Run(picks) => {
-                for i in picks {
-                    let sent = match pool.take_idle() {
-                        Some(w) => self.send(pool, w, i, strategy.role(), strategy.repeats()),
-                        None => false,
-                    };
-                    if !sent {
-                        strategy.abandon(i);
-                    }
-                }
+                self.send_picks(pool, strategy, picks);
                 None
             }
             Proposal::Wait => None,
             Proposal::Done(answer) => Some(answer),
+        }
+    }
+
+    /// Hands each pick to an idle worker; one no worker takes is given back to the strategy.
+    fn send_picks(&mut self, pool: &mut Pool, strategy: &mut dyn Strategy, picks: Vec<usize>) {
+        for i in picks {
+            let sent = match pool.take_idle() {
+                Some(w) => self.send(pool, w, i, strategy.role(), strategy.repeats()),
+                None => false,
+            };
+            if !sent {
+                strategy.abandon(i);
+            }
         }
     }
 
@@ -714,7 +816,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         ending: bool,
     ) -> Option<SearchEnd> {
         match landing {
-            Landing::Pending | Landing::Sanitized(_) | Landing::Ready => {}
+            Landing::Pending | Landing::Sanitized(_) => {}
             Landing::Stopped(i) => {
                 strategy.abandon(i);
                 if !self.cancelled() {
@@ -805,14 +907,22 @@ impl<'a, 'r> Driver<'a, 'r> {
 /// other probes, to run again alone before the range is refused (once: `rechecked`). A repro that writes
 /// what every worker shares can fail because of the others.
 #[derive(Default)]
-struct Checks {
-    unsent: std::collections::VecDeque<EndCheck>,
+pub(super) struct Checks {
+    unsent: VecDeque<EndCheck>,
     checking: HashMap<usize, EndCheck>,
     recheck: Option<EndCheck>,
     rechecked: bool,
 }
 
 impl Checks {
+    /// `checks`, none sent yet.
+    pub(super) fn of(checks: Vec<EndCheck>) -> Self {
+        Checks {
+            unsent: checks.into(),
+            ..Checks::default()
+        }
+    }
+
     /// Every check passed.
     fn done(&self) -> bool {
         self.unsent.is_empty() && self.checking.is_empty() && self.recheck.is_none()

@@ -1,26 +1,25 @@
-//! The endpoints: the bad end first, alone (its fault is the target, run again under `endpoint-runs` to
-//! tell a flaky fault; the target's kernel learned under the sanitizer; on a shared GPU, the probe whose
-//! memory is measured), then the good ends and the merge bases, which run in the search's first round
-//! beside its first probes ([`EndCheck`]: the loop settles them before it gives any answer). Each way the
-//! range can be wrong ends the search through `?`.
+//! The endpoints, in the search's first round: the bad end on the first worker (its fault is the
+//! target; on a shared GPU, the probe whose memory is measured) beside the good ends, the merge bases
+//! ([`EndCheck`]: the loop settles them before it gives any answer) and the first probes of the range,
+//! which are held until the bad end is settled. Then, where it needs them, the bad end's runs alone: run
+//! again under `endpoint-runs` to tell a flaky fault, the target's kernel learned under the sanitizer.
+//! Each way the range can be wrong ends the search through `?`, every probe of the round stopped.
 
 use crate::bisect::Verdict;
 use crate::classify::FaultClass;
 use crate::report::record::{short_sha, ProbeRole};
 
 use super::contract::{EndpointProblem, SearchEnd};
-use super::driver::Driver;
+use super::driver::{Checks, Driver};
 use super::end_check::EndCheck;
 use super::judge::{host_failure, is_host_problem, reproduces};
 use super::pool::Pool;
+use super::strategy::Strategy;
 
-/// What the bad end settled: the target (kept by the driver) and the bad end's runs; and the checks of
-/// the other ends, still to run.
+/// What the bad end settled: the target (kept by the driver) and the bad end's runs.
 pub(super) struct Endpoints {
     /// Whether each run of the bad end showed the target, in order.
     pub(super) bad_runs: Vec<bool>,
-    /// The good ends and merge bases, each to run once and pass.
-    pub(super) checks: Vec<EndCheck>,
 }
 
 impl Endpoints {
@@ -30,19 +29,48 @@ impl Endpoints {
     }
 }
 
-/// Probes the bad end on the first worker, alone; the checks of the other ends are returned to run in the
-/// first round.
-pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoints, SearchEnd> {
+/// Probes the bad end with the first round beside it (`strategy`'s first picks, `checks` sent to idle
+/// workers). A refused range, or an interrupted one, stops every probe of the round before it returns.
+pub(super) fn probe_endpoints(
+    d: &mut Driver,
+    pool: &mut Pool,
+    strategy: &mut dyn Strategy,
+    checks: &mut Checks,
+) -> Result<Endpoints, SearchEnd> {
+    probe_bad_end(d, pool, strategy, checks).inspect_err(|_| d.drop_round(pool))
+}
+
+/// The bad end's runs, and the target they settle.
+fn probe_bad_end(
+    d: &mut Driver,
+    pool: &mut Pool,
+    strategy: &mut dyn Strategy,
+    checks: &mut Checks,
+) -> Result<Endpoints, SearchEnd> {
     let input = d.input;
     let (bad_name, bad_oid) = input.bad;
-    let mut bad = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, false)?;
+    let finding_fix = input.fix_of.is_some();
+    let mut bad = d.probe_opening(pool, bad_oid, strategy, checks)?;
+    // One that would refuse the range beside other probes runs again alone before it does (a repro that
+    // writes a path every worker shares can fail because of them): the crowded run says nothing, and
+    // the round's probes still out are stopped (given back to the search, which runs them again).
+    if pool.size() > 1 && refuses(&bad, finding_fix) {
+        d.set_aside(
+            bad_oid,
+            "ran beside other probes without showing a fault to search for; run again alone",
+        );
+        pool.stop_all();
+        d.hold_all(pool);
+        bad = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, true)?;
+    }
     // A flaky fault may not show on the bad end's first run: with `endpoint-runs`, run it again until it
-    // does (each clean run counts as one of them).
+    // does (each clean run counts as one of them), alone once the first round is in.
     let mut bad_runs = Vec::new();
     while bad.signature.class == FaultClass::None
         && (bad_runs.len() as u32 + 1) < input.flaky.endpoint_runs
     {
         bad_runs.push(false);
+        d.hold_all(pool);
         bad = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, true)?;
     }
     if is_host_problem(bad.signature.class) {
@@ -52,7 +80,6 @@ pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoin
         );
         return Err(SearchEnd::EndpointInfra(msg));
     }
-    let finding_fix = input.fix_of.is_some();
     if bad.verdict != Verdict::Bad || (!finding_fix && !reproduces(&bad.signature)) {
         return Err(SearchEnd::EndpointsInvalid(
             EndpointProblem::BadDoesNotReproduce {
@@ -73,16 +100,22 @@ pub(super) fn probe_endpoints(d: &mut Driver, pool: &mut Pool) -> Result<Endpoin
     // More runs of the bad end: a clean one says the fault is flaky, and the search is the Bayesian one.
     bad_runs.push(true);
     while (bad_runs.len() as u32) < input.flaky.endpoint_runs {
+        d.hold_all(pool);
         let rec = d.probe_alone(pool, bad_oid, ProbeRole::BadEndpoint, true)?;
         if let Some(msg) = host_failure(&rec) {
             return Err(SearchEnd::EndpointInfra(msg));
         }
         bad_runs.push(rec.verdict == Verdict::Bad);
     }
-    Ok(Endpoints {
-        bad_runs,
-        checks: end_checks(d),
-    })
+    Ok(Endpoints { bad_runs })
+}
+
+/// Whether the bad end's run refuses the range: the host could not judge it, or it shows no fault the
+/// search can look for.
+fn refuses(bad: &crate::report::record::ProbeRecord, finding_fix: bool) -> bool {
+    is_host_problem(bad.signature.class)
+        || bad.verdict != Verdict::Bad
+        || (!finding_fix && !reproduces(&bad.signature))
 }
 
 /// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does
@@ -110,7 +143,7 @@ fn learn_kernel(d: &mut Driver, pool: &mut Pool) -> Result<(), SearchEnd> {
 }
 
 /// The good ends and merge bases to check.
-fn end_checks(d: &Driver) -> Vec<EndCheck> {
+pub(super) fn end_checks(d: &Driver) -> Vec<EndCheck> {
     let input = d.input;
     input
         .goods

@@ -88,8 +88,12 @@ fn run(d: &mut Driver, pool: &mut pool::Pool) -> Result<SearchEnd, SearchEnd> {
     let bisector = Bisector::new(&parents);
     let progress = (bisector.remaining(), bisector.estimated_steps());
     d.progress = progress;
-    let ends = endpoints::probe_endpoints(d, pool)?;
+    let mut bisector = bisector;
+    let mut checks = driver::Checks::of(endpoints::end_checks(d));
+    let ends = endpoints::probe_endpoints(d, pool, &mut bisector, &mut checks)?;
     let strategy: Box<dyn strategy::Strategy> = if ends.flaky() {
+        // The Bayesian search takes the first round's runs as it takes any: once all are in.
+        d.hold_all(pool);
         d.reporter.event(&Event::FlakyDetected {
             faults: ends.bad_runs.iter().filter(|&&f| f).count(),
             runs: ends.bad_runs.len(),
@@ -103,7 +107,7 @@ fn run(d: &mut Driver, pool: &mut pool::Pool) -> Result<SearchEnd, SearchEnd> {
     } else {
         Box::new(bisector)
     };
-    let answer = d.drive(pool, strategy, ends.checks)?;
+    let answer = d.drive(pool, strategy, checks)?;
     Ok(d.end_of(answer))
 }
 

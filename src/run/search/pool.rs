@@ -28,8 +28,6 @@ pub(super) enum Task {
     Probe(Option<Box<Signature>>),
     /// Rerun the commit it probed last under compute-sanitizer.
     Sanitize,
-    /// Get ready to probe commits like this one (while another worker probes it alone).
-    WarmUp,
 }
 
 /// What a worker did.
@@ -38,8 +36,6 @@ pub(super) enum Done {
     Probed(Box<ProbeOutcome>),
     /// A sanitizer run (`None`: no sanitizer can be used).
     Sanitized(Option<Box<Sanitized>>),
-    /// Ready.
-    WarmedUp,
 }
 
 /// A job handed to a worker.
@@ -114,10 +110,6 @@ fn run_task(prober: &mut dyn Probe, job: &Job, reporter: &mut dyn Reporter) -> D
         Task::Sanitize => {
             Done::Sanitized(prober.sanitize(job.oid, &job.ctx, reporter).map(Box::new))
         }
-        Task::WarmUp => {
-            prober.warm_up(job.oid);
-            Done::WarmedUp
-        }
     }
 }
 
@@ -140,7 +132,6 @@ fn broken(job: &Job, panic: &(dyn std::any::Any + Send)) -> Done {
             )))
         }
         Task::Sanitize => Done::Sanitized(None),
-        Task::WarmUp => Done::WarmedUp,
     }
 }
 
@@ -240,6 +231,11 @@ impl Pool<'_> {
             .count()
     }
 
+    /// How many probes run on `gpu` now.
+    pub(super) fn probes_on(&self, gpu: &str) -> usize {
+        self.busy_on(gpu)
+    }
+
     /// Whether worker `w` may start a probe now.
     fn has_room(&self, w: usize) -> bool {
         self.shared[w]
@@ -322,12 +318,6 @@ impl Pool<'_> {
     pub(super) fn take_idle(&mut self) -> Option<usize> {
         let at = self.idle.iter().rposition(|&w| self.has_room(w))?;
         Some(self.idle.remove(at))
-    }
-
-    /// The next idle worker, the first first, whatever room its GPU has (for work that does not use
-    /// the GPU); taken off the idle list.
-    pub(super) fn take_idle_any(&mut self) -> Option<usize> {
-        self.idle.pop()
     }
 
     /// Takes worker `w` off the idle list, if it is there.
