@@ -317,7 +317,7 @@ pub struct StartArgs {
     #[arg(long)]
     pub fresh: bool,
     /// Probes at once: at most N, or `auto` (the default: as many on each visible GPU as its memory
-    /// holds, measured on a probe run alone). Overrides `[search] jobs`. Each worker has its own
+    /// holds, measured in the first round). Overrides `[search] jobs`. Each worker has its own
     /// worktree; workers share a GPU when there are more of them than GPUs.
     #[arg(long, short = 'j', value_parser = parse_jobs, value_name = "N|auto")]
     pub jobs: Option<cudabisect::config::Jobs>,

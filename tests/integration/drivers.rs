@@ -239,6 +239,11 @@ fn clean() -> Signature {
     Signature::new(FaultClass::None, "exited 0")
 }
 
+/// What a host without its GPU shows.
+fn no_device() -> Signature {
+    Signature::new(FaultClass::Infra, "no CUDA-capable device is detected")
+}
+
 #[test]
 fn the_bad_endpoint_goes_first_then_the_goods_then_the_search() {
     let run = run_search(
@@ -264,18 +269,7 @@ fn endpoint_failures_end_the_search_with_their_own_result() {
     assert!(
         matches!(&run.end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("good commit v1 does not pass"))
     );
-    let run = run_search(
-        8,
-        &[],
-        |i| {
-            if i == 8 {
-                Signature::new(FaultClass::Infra, "no CUDA-capable device is detected")
-            } else {
-                clean()
-            }
-        },
-        None,
-    );
+    let run = run_search(8, &[], |i| if i == 8 { no_device() } else { clean() }, None);
     assert!(matches!(&run.end, SearchEnd::EndpointInfra(m) if m.contains("could not be judged")));
     let run = run_search(
         8,
@@ -2367,30 +2361,15 @@ fn under_memcheck_another_kernels_overrun_is_another_bug_and_no_sanitizer_means_
 /// A scripted history: what the repro shows at each commit, and what the sanitizer names there.
 type History = (fn(usize) -> Signature, Option<fn(usize) -> Option<String>>);
 
-/// The search's end over `n` commits with `workers` workers, each a scripted prober of `history`; each
-/// probe of a commit in `hang` (a range below 8) runs until the driver stops it. Also whether every
-/// worker that probed a hanging commit was told to stop.
+/// The search's end over 16 commits with `workers` workers, each a scripted prober of `history`; with
+/// `hang`, each probe of a commit below 8 runs until the driver stops it. Also whether every worker that
+/// probed a hanging commit was told to stop.
 fn search_with(
-    n: usize,
     history: History,
     workers: usize,
     hang: bool,
 ) -> (SearchEnd, Vec<ProbeRecord>, bool) {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let range = linear(n);
-    let goods = vec![("v1".to_string(), oid(0))];
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
-    let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(n)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        fix_of: None,
-        sharing: Sharing::NONE,
-    };
     let stops = stop_flags(workers);
     let (shows, kernels) = history;
     let mut probers: Vec<Scripted> = stops
@@ -2406,14 +2385,7 @@ fn search_with(
             workers: vec![],
         })
         .collect();
-    let mut events = Events::default();
-    let mut pool: Vec<Worker> = probers
-        .iter_mut()
-        .zip(&stops)
-        .map(|(p, &stop)| Worker { probe: p, stop })
-        .collect();
-    let outcome = search_with_workers(&input, &mut pool, &mut events, cancel);
-    drop(pool);
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
     let hung_stopped = probers
         .iter()
         .zip(&stops)
@@ -2473,16 +2445,7 @@ fn histories() -> Vec<(&'static str, History)> {
         ("good end faults", (|_| fault("gather"), None)),
         (
             "bad end unjudgeable",
-            (
-                |i| {
-                    if i == 16 {
-                        Signature::new(FaultClass::Infra, "no CUDA-capable device is detected")
-                    } else {
-                        clean()
-                    }
-                },
-                None,
-            ),
+            (|i| if i == 16 { no_device() } else { clean() }, None),
         ),
     ]
 }
@@ -2490,8 +2453,8 @@ fn histories() -> Vec<(&'static str, History)> {
 #[test]
 fn the_first_round_beside_the_bad_end_gives_the_serial_answer_in_every_history() {
     for (name, history) in histories() {
-        let (serial, serial_probes, _) = search_with(16, history, 1, false);
-        let (parallel, probes, _) = search_with(16, history, 4, false);
+        let (serial, serial_probes, _) = search_with(history, 1, false);
+        let (parallel, probes, _) = search_with(history, 4, false);
         assert_eq!(parallel, serial, "{name}: {probes:?}");
         // The bad end is judged before any other probe, whatever order the round landed in.
         assert_eq!(probes[0].role, ProbeRole::BadEndpoint, "{name}");
@@ -2511,7 +2474,7 @@ fn the_first_round_beside_the_bad_end_gives_the_serial_answer_in_every_history()
 #[test]
 fn a_range_refused_by_its_bad_end_stops_the_first_round_and_judges_none_of_it() {
     let history: History = (|_| clean(), None);
-    let (end, probes, hung_stopped) = search_with(16, history, 4, true);
+    let (end, probes, hung_stopped) = search_with(history, 4, true);
     assert!(
         matches!(&end, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit main does not reproduce")),
         "{end:?}"
