@@ -20,6 +20,12 @@ pub struct MemoryReading {
 }
 
 impl MemoryReading {
+    /// The GPU filled up while it was watched (less than 4 GiB left at the peak): probes ran short of
+    /// memory, and the reading says nothing of what one needs.
+    pub fn filled(&self) -> bool {
+        self.peak_mib + 4096 > self.total_mib
+    }
+
     /// The reading of one of `probes` that ran at once: each is taken to have used an equal part of
     /// what the GPU gained (their peaks come together when they start together).
     pub fn shared_by(self, probes: usize) -> Self {

@@ -1699,7 +1699,7 @@ struct OnSharedGpu {
     inner: Scripted,
     /// Every worker's probes: (probe number, commit, crowded).
     crowded: &'static Mutex<Vec<(usize, usize, bool)>>,
-    oom_when_crowded: Option<usize>,
+    oom_when_crowded: Oom,
     /// Probes started since the gauge started, and a wake-up for the bad end.
     watched: &'static (Mutex<usize>, Condvar),
     workers: usize,
@@ -1730,7 +1730,12 @@ impl Probe for OnSharedGpu {
             .unwrap()
             .push((ctx.step, index(commit), ctx.crowded));
         let mut out = self.inner.probe(commit, ctx, target, reporter);
-        if ctx.crowded && self.oom_when_crowded == Some(index(commit)) {
+        let oom = match self.oom_when_crowded {
+            Oom::Never => false,
+            Oom::At(i) => i == index(commit),
+            Oom::FirstRound => ctx.step <= self.workers,
+        };
+        if ctx.crowded && oom {
             out.record.signature = Signature::new(
                 FaultClass::OutOfMemory,
                 "torch.OutOfMemoryError: CUDA out of memory",
@@ -1772,8 +1777,9 @@ impl MemoryGauge for FixedGauge {
     }
     fn stop(&self) -> Option<MemoryReading> {
         let probes = (*self.watched.0.lock().unwrap()).max(1) as u64;
+        // A GPU holds no more than it has.
         self.reading.map(|r| MemoryReading {
-            peak_mib: r.before_mib + (r.peak_mib - r.before_mib) * probes,
+            peak_mib: (r.before_mib + (r.peak_mib - r.before_mib) * probes).min(r.total_mib),
             ..r
         })
     }
@@ -1791,15 +1797,26 @@ struct SharedRun {
 
 /// Three workers on GPU 0; the fault shows from commit 11 of 16; `peak_mib` is what the measured probe
 /// used of a 140 GiB GPU.
+/// Which crowded probes run out of memory.
+#[derive(Clone, Copy)]
+enum Oom {
+    Never,
+    /// Those of one commit.
+    At(usize),
+    /// Those of the first round (numbered up to the workers).
+    FirstRound,
+}
+
 fn on_one_gpu(peak_mib: u64, oom_when_crowded: Option<usize>) -> SharedRun {
-    on_one_gpu_with(peak_mib, oom_when_crowded, false, 3)
+    let oom = oom_when_crowded.map_or(Oom::Never, Oom::At);
+    on_one_gpu_with(peak_mib, oom, false, 3)
 }
 
 /// [`on_one_gpu`] with `workers`; with `hang_below_8`, a probe of a commit below 8 runs until the driver
 /// stops it.
 fn on_one_gpu_with(
     peak_mib: u64,
-    oom_when_crowded: Option<usize>,
+    oom_when_crowded: Oom,
     hang_below_8: bool,
     workers: usize,
 ) -> SharedRun {
@@ -2166,7 +2183,7 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
 fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
     // The first round's probe below the midpoint runs until the answers above it make it moot; the
     // driver stops it, and that kill is not the crowd's doing.
-    let run = on_one_gpu_with(2_448, None, true, 4);
+    let run = on_one_gpu_with(2_448, Oom::Never, true, 4);
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
     let at_once = probes_at_once(&run.events);
     assert_eq!(at_once.len(), 1, "{at_once:?}");
@@ -2499,7 +2516,9 @@ fn a_bad_end_crowded_out_of_memory_in_the_first_round_runs_again_alone_once_the_
         .position(|&c| c == (16, false))
         .map(|p| p + 1);
     assert_eq!(again, Some(3), "{all:?}");
-    assert_eq!(probes_at_once(&run.events).last().unwrap().0, 1);
+    // The round was measured (2 GiB a probe, the GPU far from full): a probe crowded out in the first
+    // round, sent before any limit was known, leaves the measured limit as it is.
+    assert_eq!(probes_at_once(&run.events).last().unwrap().0, 3);
     // The out-of-memory run is no fact: the bad end's record is the run alone.
     let bad: Vec<&ProbeRecord> = run
         .probes
@@ -2508,4 +2527,31 @@ fn a_bad_end_crowded_out_of_memory_in_the_first_round_runs_again_alone_once_the_
         .collect();
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!(bad[0].verdict, Verdict::Bad);
+}
+
+#[test]
+fn a_first_round_too_wide_for_the_gpu_falls_back_to_what_one_probe_alone_measures_not_to_one() {
+    // 48 GiB a probe: the first round's three fill the 140 GiB GPU and run out of memory; that reading
+    // says nothing of one probe. The bad end runs again alone and is measured: two fit at once.
+    let run = on_one_gpu_with(400 + 49_152, Oom::FirstRound, false, 3);
+    assert_eq!(run.end, SearchEnd::Found(oid(11)), "{:?}", run.probes);
+    let at_once = probes_at_once(&run.events);
+    assert_eq!(at_once.len(), 1, "{at_once:?}");
+    assert_eq!(at_once[0].0, 2, "{at_once:?}");
+    assert!(
+        at_once[0]
+            .1
+            .contains("a probe run alone peaked at 48.0 GiB"),
+        "{at_once:?}"
+    );
+    assert_eq!(run.gauge_started, 2, "the round, then the bad end alone");
+    // The first round all crowded; the bad end next, alone; then the search two at a time.
+    let all = &run.crowded;
+    assert!(all[..3].iter().all(|&(_, c)| c), "{all:?}");
+    assert_eq!(all[3], (16, false), "{all:?}");
+    assert!(all[4..].iter().any(|&(_, c)| c), "{all:?}");
+    assert!(run
+        .probes
+        .iter()
+        .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }

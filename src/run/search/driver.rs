@@ -71,6 +71,9 @@ pub(super) struct Driver<'a, 'r> {
     /// The most probes that ran at once on the watched probe's GPU while it was watched: its reading
     /// is shared among them.
     crowd: usize,
+    /// Probes sent beside others before the GPU's limit was measured (the first round), by number: one
+    /// of them crowded out says the round was too wide, not that the GPU holds one probe at a time.
+    unmeasured: std::collections::HashSet<usize>,
     /// Probes that landed while the bad end was still being settled: judged, in order, once it is
     /// (their workers get nothing new until then, so a sanitizer run of theirs finds their commit).
     held: VecDeque<Landed>,
@@ -102,6 +105,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             watching: None,
             opened: false,
             crowd: 1,
+            unmeasured: Default::default(),
             held: VecDeque::new(),
         }
     }
@@ -173,6 +177,9 @@ impl<'a, 'r> Driver<'a, 'r> {
     ) -> bool {
         let (mut ctx, task) = self.probe_job(index, role, w, repeated);
         ctx.crowded = pool.crowded(w);
+        if ctx.crowded && !pool.measured() {
+            self.unmeasured.insert(ctx.step);
+        }
         self.watch(pool, w);
         let sent = pool.send(w, index, self.commits[index], ctx, task);
         self.count_crowd(pool);
@@ -204,9 +211,11 @@ impl<'a, 'r> Driver<'a, 'r> {
     }
 
     /// What a probe that landed tells of its GPU. The watched probe's memory sets how many probes run at
-    /// once on a shared GPU (a probe that never reached its repro measures nothing: the next one is
-    /// watched). A crowded probe that ran out of memory, was killed or timed out says nothing of its
-    /// commit: one probe at a time from now on, and this one is run again (true).
+    /// once on a shared GPU (a probe that never reached its repro, or a reading of a GPU that filled
+    /// up, measures nothing: the next probe alone is watched). A crowded probe that ran out of memory,
+    /// was killed or timed out says nothing of its commit and is run again (true); sent under a
+    /// measured limit, it also leaves one probe at a time from now on (sent in the first round, before
+    /// any limit was measured, it says only that the round was too wide).
     fn crowd_check(
         &mut self,
         pool: &mut Pool,
@@ -220,6 +229,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             // Probes that ran beside it (the first round) share the reading.
             let reading = self.input.sharing.gauge.stop();
             let measured = !outcome.interrupted
+                && !reading.is_some_and(|r| r.filled())
                 && !outcome.record.reused
                 && !matches!(
                     class,
@@ -248,11 +258,13 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
         // A probe the search stopped itself (its answer no longer mattered) was killed by it, not by
         // the crowd.
-        if outcome.interrupted
-            || outcome.record.reused
-            || !ctx.crowded_out(class)
-            || pool.limit() == 1
-        {
+        if outcome.interrupted || outcome.record.reused || !ctx.crowded_out(class) {
+            return false;
+        }
+        if self.unmeasured.contains(&ctx.step) {
+            return true;
+        }
+        if pool.limit() == 1 {
             return false;
         }
         pool.set_limit(1);
@@ -527,6 +539,9 @@ impl<'a, 'r> Driver<'a, 'r> {
             pool.set_limit(pool.size());
         }
         ctx.crowded = pool.crowded(0) && pool.size() > 1;
+        if ctx.crowded {
+            self.unmeasured.insert(ctx.step);
+        }
         self.watch(pool, 0);
         if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
