@@ -163,8 +163,16 @@ const DISTRIBUTED_DEFAULTS: [(&str, &str); 2] = [
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
 ];
 
-/// The full spec of a child: the user's env for the phase, the distributed defaults they left unset,
-/// then the contract variables.
+/// Defaults for a worker that shares its GPU with others, set where neither cudabisect's own environment
+/// nor the phase's `env` says otherwise: JAX takes 75% of the GPU at start and TensorFlow nearly all of
+/// it, so a second probe on the GPU could not start; both then take memory as the run needs it.
+const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+    ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
+];
+
+/// The full spec of a child: the user's env for the phase, the distributed defaults (and a shared GPU's)
+/// they left unset, then the contract variables.
 pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) -> CommandSpec {
     let mut env: Vec<(String, String)> = command
         .env
@@ -172,7 +180,11 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if ctx.phase != ChildPhase::Build {
-        for (k, v) in DISTRIBUTED_DEFAULTS {
+        let shared = ctx.slot.is_some_and(|s| s.shares_gpu);
+        let defaults = DISTRIBUTED_DEFAULTS
+            .iter()
+            .chain(SHARED_GPU_DEFAULTS.iter().filter(|_| shared));
+        for &(k, v) in defaults {
             if std::env::var_os(k).is_none() && !command.env.contains_key(k) {
                 env.push((k.into(), v.into()));
             }
@@ -208,5 +220,68 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         env,
         timeout: command.timeout,
         grace: config.repro.grace_period,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_of(shares_gpu: bool, user: &[(&str, &str)]) -> Vec<(String, String)> {
+        let config = Config::parse(
+            Path::new("bisect.toml"),
+            "[repro]\ncommand = \"python3 train.py\"\n",
+        )
+        .unwrap();
+        let env: BTreeMap<String, String> = user
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let slot = WorkerSlot {
+            worker: 2,
+            devices: Some("0".into()),
+            shares_gpu,
+            scratch: None,
+        };
+        let ctx = ChildContext {
+            worktree: Path::new("/w"),
+            commit: "abc",
+            phase: ChildPhase::Repro,
+            attempt: 1,
+            slot: Some(&slot),
+        };
+        let command = ChildCommand {
+            command: &config.repro.command,
+            timeout: Duration::from_secs(1),
+            env: &env,
+        };
+        command_spec(&config, command, &ctx).env
+    }
+
+    fn get<'a>(env: &'a [(String, String)], key: &str) -> Vec<&'a str> {
+        env.iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_worker_sharing_its_gpu_keeps_jax_and_tensorflow_from_taking_it_whole() {
+        // Only where this process's own environment leaves them unset (it decides, as a user's would).
+        for key in ["XLA_PYTHON_CLIENT_PREALLOCATE", "TF_FORCE_GPU_ALLOW_GROWTH"] {
+            if std::env::var_os(key).is_some() {
+                return;
+            }
+        }
+        let env = spec_of(true, &[]);
+        assert_eq!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE"), ["false"]);
+        assert_eq!(get(&env, "TF_FORCE_GPU_ALLOW_GROWTH"), ["true"]);
+        // A GPU of its own: the frameworks' own defaults.
+        let env = spec_of(false, &[]);
+        assert!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE").is_empty());
+        assert!(get(&env, "TF_FORCE_GPU_ALLOW_GROWTH").is_empty());
+        // What the user's env says stays theirs.
+        let env = spec_of(true, &[("XLA_PYTHON_CLIENT_PREALLOCATE", "true")]);
+        assert_eq!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE"), ["true"]);
     }
 }
