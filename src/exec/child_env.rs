@@ -171,6 +171,16 @@ const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
     ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
 ];
 
+/// The variables that name the port a run's ranks meet on: `init_process_group`'s, and torchrun's
+/// `--master-port` default.
+const RENDEZVOUS_PORTS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+
+/// A TCP port free on this machine now (the system picks one).
+fn free_port() -> Option<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).ok()?;
+    listener.local_addr().ok().map(|a| a.port())
+}
+
 /// The full spec of a child: the user's env for the phase, the distributed defaults (and a shared GPU's)
 /// they left unset, then the contract variables.
 pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) -> CommandSpec {
@@ -183,10 +193,17 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         let shared = ctx.slot.is_some_and(|s| s.shares_gpu);
         let defaults = DISTRIBUTED_DEFAULTS
             .iter()
-            .chain(SHARED_GPU_DEFAULTS.iter().filter(|_| shared));
-        for &(k, v) in defaults {
+            .chain(SHARED_GPU_DEFAULTS.iter().filter(|_| shared))
+            .map(|&(k, v)| (k, v.to_string()));
+        // Runs of several workers at once each get a rendezvous port of their own: torchrun and
+        // `init_process_group` would all listen on 29500, and every run but one would fail to start.
+        let port = ctx.slot.and_then(|_| free_port());
+        let ports = port
+            .iter()
+            .flat_map(|p| RENDEZVOUS_PORTS.map(|k| (k, p.to_string())));
+        for (k, v) in defaults.chain(ports) {
             if std::env::var_os(k).is_none() && !command.env.contains_key(k) {
-                env.push((k.into(), v.into()));
+                env.push((k.into(), v));
             }
         }
     }
@@ -228,6 +245,12 @@ mod tests {
     use super::*;
 
     fn spec_of(shares_gpu: bool, user: &[(&str, &str)]) -> Vec<(String, String)> {
+        spec_in(Some(shares_gpu), user)
+    }
+
+    /// A repro's environment in a worker's slot (`Some(shares its GPU)`), or with no slot (`None`: one
+    /// probe at a time).
+    fn spec_in(slot: Option<bool>, user: &[(&str, &str)]) -> Vec<(String, String)> {
         let config = Config::parse(
             Path::new("bisect.toml"),
             "[repro]\ncommand = \"python3 train.py\"\n",
@@ -237,18 +260,18 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let slot = WorkerSlot {
+        let slot = slot.map(|shares_gpu| WorkerSlot {
             worker: 2,
             devices: Some("0".into()),
             shares_gpu,
             scratch: None,
-        };
+        });
         let ctx = ChildContext {
             worktree: Path::new("/w"),
             commit: "abc",
             phase: ChildPhase::Repro,
             attempt: 1,
-            slot: Some(&slot),
+            slot: slot.as_ref(),
         };
         let command = ChildCommand {
             command: &config.repro.command,
@@ -283,5 +306,27 @@ mod tests {
         // What the user's env says stays theirs.
         let env = spec_of(true, &[("XLA_PYTHON_CLIENT_PREALLOCATE", "true")]);
         assert_eq!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE"), ["true"]);
+    }
+
+    #[test]
+    fn runs_of_several_workers_meet_their_ranks_on_ports_of_their_own() {
+        for key in RENDEZVOUS_PORTS {
+            if std::env::var_os(key).is_some() {
+                return;
+            }
+        }
+        let port = |env: &[(String, String)]| -> u16 {
+            let ports: Vec<&str> = RENDEZVOUS_PORTS.iter().flat_map(|k| get(env, k)).collect();
+            assert_eq!(ports.len(), 2, "{env:?}");
+            assert_eq!(ports[0], ports[1], "{env:?}");
+            ports[0].parse().unwrap()
+        };
+        let (a, b) = (port(&spec_of(true, &[])), port(&spec_of(false, &[])));
+        assert!(a > 0 && b > 0);
+        // One probe at a time: torchrun's own default.
+        assert!(get(&spec_in(None, &[]), "MASTER_PORT").is_empty());
+        // A port the user's env names stays theirs.
+        let env = spec_of(true, &[("MASTER_PORT", "29600")]);
+        assert_eq!(get(&env, "MASTER_PORT"), ["29600"]);
     }
 }

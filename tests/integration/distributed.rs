@@ -200,3 +200,78 @@ fn ctrl_c_stops_every_rank_the_launcher_and_what_escaped_it() {
         assert!(!alive(pid), "{name} {pid} survived Ctrl-C");
     }
 }
+
+/// Two real PyTorch ranks started as the tutorials start them (`torch.multiprocessing.spawn`, the
+/// rendezvous from `MASTER_ADDR`/`MASTER_PORT`, 29500 unless the environment says otherwise), meeting
+/// over gloo on the CPU; from `bad` commits on, rank 1 raises the CUDA error a faulting kernel gives.
+const GLOO_RANKS: &str = r#"import os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def main(rank):
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2)
+    t = torch.ones(4) * (rank + 1)
+    dist.all_reduce(t)
+    if open("mode.txt").read().strip() == "bad" and rank == 1:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("ok", float(t.sum()))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    mp.spawn(main, nprocs=2)
+"#;
+
+#[test]
+fn several_workers_run_real_distributed_repros_at_once_each_on_a_rendezvous_port_of_its_own() {
+    crate::common::require_python("import torch.distributed", "torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("repo");
+    let config = "[repro]\ncommand = [\"python3\", \"ranks.py\"]\ntimeout = \"60s\"\n\n[triage]\nenabled = false\n";
+    let mut fixed = Files::new();
+    put(&mut fixed, "ranks.py", GLOO_RANKS, false);
+    let modes: Vec<&str> = (0..8)
+        .map(|i| if i >= 5 { "bad" } else { "good" })
+        .collect();
+    let commits = history_of_modes(&path, &modes, &fixed, config).unwrap();
+    let report = tmp.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
+        .args(["start", &format!("{}..main", commits[0]), "--no-shrink"])
+        .args(["--jobs", "3", "-C"])
+        .arg(&path)
+        .arg("--report")
+        .arg(&report)
+        .env_remove("MASTER_PORT")
+        .env_remove("PET_MASTER_PORT")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let report: cudabisect::report::record::Report =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(
+        report.first_bad.as_ref().map(|c| c.commit.clone()),
+        Some(commits[5].to_string()),
+        "{text}"
+    );
+    // The workers' runs overlapped (the first round holds the bad end, the good end and a cut), and
+    // none of them failed to meet its ranks.
+    assert!(report.probes.len() >= 3, "{text}");
+    for p in &report.probes {
+        let log = p
+            .log
+            .as_ref()
+            .and_then(|l| std::fs::read_to_string(l).ok())
+            .unwrap_or_default();
+        assert!(
+            !log.contains("address already in use") && !log.contains("EADDRINUSE"),
+            "{}: {log}",
+            p.commit
+        );
+    }
+}
