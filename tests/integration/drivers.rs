@@ -2555,3 +2555,105 @@ fn a_first_round_too_wide_for_the_gpu_falls_back_to_what_one_probe_alone_measure
         .iter()
         .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }
+
+/// A scripted worker whose bad end ends only once the round's other probes have (bounded), so the whole
+/// first round lands before the bad end is settled and is judged at once.
+struct RoundFirst {
+    inner: Scripted,
+    done: &'static (Mutex<usize>, Condvar),
+    others: usize,
+}
+
+impl Probe for RoundFirst {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let (lock, cv) = self.done;
+        if ctx.role == ProbeRole::BadEndpoint {
+            // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
+            let _ = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |n| {
+                    *n < self.others
+                })
+                .unwrap();
+            return self.inner.probe(commit, ctx, target, reporter);
+        }
+        let out = self.inner.probe(commit, ctx, target, reporter);
+        *lock.lock().unwrap() += 1;
+        cv.notify_all();
+        out
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+}
+
+#[test]
+fn lookalikes_that_land_together_wait_for_one_sanitizer_run_of_their_stack() {
+    // Eight workers: the first round's cuts meet lookalikes of one stack (commits 4..=9, the other
+    // kernel), all judged together once the bad end is settled. One sanitizer run settles their stack;
+    // the others wait for it, on their workers, instead of each paying its own.
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let done: &'static (Mutex<usize>, Condvar) =
+        Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+    let gelu = "pkg/ops.py:14 in bias_gelu: run(_bias_gelu_kernel, (blocks,), x, out, n)";
+    let embed = "pkg/embed.py:14 in hash_embed: run(_hash_embed_kernel, (blocks,), x, out, n)";
+    let stops = stop_flags(8);
+    let mut probers: Vec<RoundFirst> = (0..8)
+        .map(|_| {
+            let mut inner = scripted(cancel, None);
+            inner.shows = Box::new(move |i| match i {
+                4..=9 => through_wrapper(gelu),
+                i if i >= 13 => through_wrapper(embed),
+                _ => clean(),
+            });
+            inner.kernels = Some(Box::new(|i| match i {
+                4..=9 => Some("_bias_gelu_kernel".to_string()),
+                i if i >= 13 => Some("_hash_embed_kernel".to_string()),
+                _ => None,
+            }));
+            RoundFirst {
+                inner,
+                done,
+                others: 7,
+            }
+        })
+        .collect();
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    assert_eq!(
+        outcome.end,
+        SearchEnd::Found(oid(13)),
+        "{:?}",
+        outcome.probes
+    );
+    // The round held at least two lookalikes (its cuts split 16 commits in seven).
+    let asked: Vec<usize> = probers
+        .iter()
+        .flat_map(|p| p.inner.asked.iter().map(|&(i, _)| i))
+        .collect();
+    assert!(
+        asked.iter().filter(|i| (4..=9).contains(*i)).count() >= 2,
+        "{asked:?}"
+    );
+    let gelu_runs: usize = probers
+        .iter()
+        .map(|p| {
+            p.inner
+                .sanitized
+                .iter()
+                .filter(|i| (4..=9).contains(*i))
+                .count()
+        })
+        .sum();
+    assert_eq!(gelu_runs, 1, "{:#?}", outcome.probes);
+}

@@ -74,6 +74,9 @@ pub(super) struct Driver<'a, 'r> {
     /// Probes sent beside others before the GPU's limit was measured (the first round), by number: one
     /// of them crowded out says the round was too wide, not that the GPU holds one probe at a time.
     unmeasured: std::collections::HashSet<usize>,
+    /// Probes whose fault stack a sanitizer run in flight (of another probe) will settle: judged once it
+    /// lands, their workers kept for them meanwhile (a stack it leaves unsettled gets a run of its own).
+    awaiting: Vec<Landed>,
     /// Probes that landed while the bad end was still being settled: judged, in order, once it is
     /// (their workers get nothing new until then, so a sanitizer run of theirs finds their commit).
     held: VecDeque<Landed>,
@@ -106,6 +109,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             opened: false,
             crowd: 1,
             unmeasured: Default::default(),
+            awaiting: Vec::new(),
             held: VecDeque::new(),
         }
     }
@@ -349,6 +353,19 @@ impl<'a, 'r> Driver<'a, 'r> {
                     let j = self.judge_kernel(&outcome, target.as_ref(), Some(&known.kernel));
                     return self.judged(index, &ctx, outcome, j, Some(known.kernel));
                 }
+                let settling = self.pending.values().any(|p| {
+                    self.settled
+                        .same_stack(&p.outcome.record.signature, &outcome.record.signature)
+                });
+                if settling && pool.claim(worker) {
+                    self.awaiting.push(Landed {
+                        worker,
+                        index,
+                        ctx,
+                        done: Done::Probed(outcome),
+                    });
+                    return Landing::Pending;
+                }
                 if pool.claim(worker)
                     && pool.send(worker, index, self.commits[index], ctx, Task::Sanitize)
                 {
@@ -372,6 +389,11 @@ impl<'a, 'r> Driver<'a, 'r> {
                 else {
                     return Landing::Sanitized(s);
                 };
+                // The probes that waited on this stack are judged next, from what it settled.
+                for landed in std::mem::take(&mut self.awaiting) {
+                    pool.release(landed.worker);
+                    self.held.push_back(landed);
+                }
                 let before = outcome.record.signature.clone();
                 let kernel = s.as_ref().and_then(|s| s.finding.as_ref()?.kernel.clone());
                 if let Some(s) = &s {
@@ -568,6 +590,22 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
     }
 
+    /// Drops the probes awaiting a settled stack or held unjudged, their workers given back, each said
+    /// to be abandoned (unless Ctrl-C ended the run): the strategy they were run for is over.
+    fn abandon_leftovers(&mut self, pool: &mut Pool) {
+        let left: Vec<Landed> = self.awaiting.drain(..).chain(self.held.drain(..)).collect();
+        for landed in left {
+            pool.release(landed.worker);
+            if !self.cancelled() {
+                self.reporter.event(&Event::ProbeAbandoned {
+                    step: landed.ctx.step,
+                    commit: self.commits[landed.index].to_string(),
+                    worker: landed.worker + 1,
+                });
+            }
+        }
+    }
+
     /// Sets the last record of `oid` aside: skipped, saying `why` (it counts as no run of its commit).
     pub(super) fn set_aside(&mut self, oid: Oid, why: &str) {
         let commit = oid.to_string();
@@ -612,15 +650,7 @@ impl<'a, 'r> Driver<'a, 'r> {
     pub(super) fn drop_round(&mut self, pool: &mut Pool) {
         pool.stop_all();
         self.hold_all(pool);
-        for landed in std::mem::take(&mut self.held) {
-            if !self.cancelled() {
-                self.reporter.event(&Event::ProbeAbandoned {
-                    step: landed.ctx.step,
-                    commit: self.commits[landed.index].to_string(),
-                    worker: landed.worker + 1,
-                });
-            }
-        }
+        self.abandon_leftovers(pool);
     }
 
     /// The one loop. Idle workers get the endpoint checks first, then what the strategy proposes; each
@@ -720,6 +750,8 @@ impl<'a, 'r> Driver<'a, 'r> {
             checks.unsent.clear();
             return Wind::Wait(end);
         }
+        // What landed but was not judged is moot now: no other strategy takes it.
+        self.abandon_leftovers(pool);
         match end.and_then(|answer| self.next(answer, strategy.as_ref())) {
             Err(e) => Wind::Return(Err(e)),
             Ok(Next::Swap(next)) => {

@@ -331,6 +331,13 @@ impl Pool<'_> {
         }
     }
 
+    /// Puts worker `w`, claimed for work that did not come, back on the idle list.
+    pub(super) fn release(&mut self, w: usize) {
+        if !self.idle.contains(&w) && !self.busy.contains_key(&w) {
+            self.idle.push(w);
+        }
+    }
+
     /// Hands a job to worker `w` (taken off the idle list by the caller), its stop flag cleared; false
     /// when the worker is gone (it goes back on the idle list).
     pub(super) fn send(

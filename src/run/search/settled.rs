@@ -64,6 +64,12 @@ impl SettledStacks {
             .cloned()
     }
 
+    /// Whether `a` and `b` fault with one stack that a sanitizer run would settle for both (never, for
+    /// a memory that remembers nothing).
+    pub fn same_stack(&self, a: &Signature, b: &Signature) -> bool {
+        !self.off && key(a).is_some_and(|k| Some(k) == key(b))
+    }
+
     /// A memory that remembers nothing.
     pub fn off() -> Self {
         Self {
