@@ -533,10 +533,11 @@ impl Probe for JournaledProbe<'_> {
                 finding: s.finding.clone(),
                 summary: s.summary.clone(),
                 duration_s: s.duration_s,
+                interrupted: false,
             });
         }
         let s = self.inner.sanitize(oid, ctx, reporter)?;
-        if self.cancel.load(Ordering::SeqCst) {
+        if s.interrupted || self.cancel.load(Ordering::SeqCst) {
             return Some(s);
         }
         let kept = SanitizedEntry {

@@ -161,6 +161,7 @@ impl Probe for Scripted {
             finding,
             summary: "memcheck".into(),
             duration_s: 0.0,
+            interrupted: false,
         })
     }
 }
@@ -2656,4 +2657,102 @@ fn lookalikes_that_land_together_wait_for_one_sanitizer_run_of_their_stack() {
         })
         .sum();
     assert_eq!(gelu_runs, 1, "{:#?}", outcome.probes);
+}
+
+/// A scripted worker whose sanitizer runs of the lookalike commits (2..=8) last until the driver stops
+/// them, and then say so.
+struct SanitizerRunsLong {
+    inner: Scripted,
+    stop: &'static AtomicBool,
+}
+
+impl Probe for SanitizerRunsLong {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        self.inner.probe(commit, ctx, target, reporter)
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        let i = index(commit);
+        if !(2..=8).contains(&i) {
+            return self.inner.sanitize(commit, ctx, reporter);
+        }
+        self.inner.sanitized.push(i);
+        // Bounded, so a driver that never stops it fails the test instead of hanging it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !self.stop.load(Ordering::SeqCst) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the sanitizer run of {i} was never stopped"
+            );
+            std::thread::park_timeout(left);
+        }
+        Some(Sanitized {
+            finding: None,
+            summary: "interrupted".into(),
+            duration_s: 0.0,
+            interrupted: true,
+        })
+    }
+}
+
+#[test]
+fn a_probe_whose_sanitizer_run_was_stopped_is_abandoned_never_judged_without_its_kernel() {
+    // Lookalikes of another stack at 2..=8 need a sanitizer run each; theirs outlast the search, which
+    // answers without them and stops them. Such a probe says nothing: it is not recorded.
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let gelu = "pkg/ops.py:14 in bias_gelu: run(_bias_gelu_kernel, (blocks,), x, out, n)";
+    let embed = "pkg/embed.py:14 in hash_embed: run(_hash_embed_kernel, (blocks,), x, out, n)";
+    let stops = stop_flags(4);
+    let mut probers: Vec<SanitizerRunsLong> = stops
+        .iter()
+        .map(|&stop| {
+            let mut inner = scripted(cancel, None);
+            inner.shows = Box::new(move |i| match i {
+                2..=8 => through_wrapper(gelu),
+                i if i >= 11 => through_wrapper(embed),
+                _ => clean(),
+            });
+            inner.kernels = Some(Box::new(|i| (i >= 11).then(|| "_hash_embed_kernel".into())));
+            SanitizerRunsLong { inner, stop }
+        })
+        .collect();
+    let (outcome, events) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    assert_eq!(
+        outcome.end,
+        SearchEnd::Found(oid(11)),
+        "{:?}",
+        outcome.probes
+    );
+    let stopped: Vec<usize> = probers
+        .iter()
+        .flat_map(|p| p.inner.sanitized.iter().copied())
+        .filter(|i| (2..=8).contains(i))
+        .collect();
+    assert!(!stopped.is_empty(), "no lookalike needed a sanitizer run");
+    for i in &stopped {
+        let commit = oid(*i).to_string();
+        assert!(
+            outcome.probes.iter().all(|r| r.commit != commit),
+            "{i} was judged: {:?}",
+            outcome.probes
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::ProbeAbandoned { commit: c, .. } if *c == commit)),
+            "{i} was not said to be abandoned"
+        );
+    }
 }

@@ -882,9 +882,18 @@ fn cold_probes_pay_one_sanitizer_run_per_fault_stack_and_still_tell_the_two_bugs
         }),
     )
     .unwrap();
+    // One worker: the bisection meets the other bug's range in its order, and every lookalike's
+    // sanitizer run is waited for (with several, one that outlasts the search is stopped unjudged, as
+    // the driver tests check).
     let (r, stdout) = start_with_report(
         &dir,
-        &["start", &format!("{}..main", commits[0]), "--no-shrink"],
+        &[
+            "start",
+            &format!("{}..main", commits[0]),
+            "--no-shrink",
+            "--jobs",
+            "1",
+        ],
         &tmp.path().join("report.json"),
     );
     assert_eq!(

@@ -110,6 +110,8 @@ pub struct Sanitized {
     pub summary: String,
     /// Wall time of the sanitizer run.
     pub duration_s: f64,
+    /// Stopped before it could say anything (Ctrl-C, or its probe's answer no longer mattered).
+    pub interrupted: bool,
 }
 
 /// What the search driver needs: probe a commit against the target (`None` while probing the bad
@@ -292,6 +294,7 @@ impl Probe for WorktreeProber<'_> {
             finding,
             summary: result.summary,
             duration_s: started.elapsed().as_secs_f64(),
+            interrupted: self.cancel.load(std::sync::atomic::Ordering::SeqCst),
         })
     }
 

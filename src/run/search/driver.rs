@@ -394,6 +394,10 @@ impl<'a, 'r> Driver<'a, 'r> {
                     pool.release(landed.worker);
                     self.held.push_back(landed);
                 }
+                // Stopped before it named a kernel: the probe is abandoned, never judged without it.
+                if s.as_ref().is_some_and(|s| s.interrupted) {
+                    return Landing::Stopped(index);
+                }
                 let before = outcome.record.signature.clone();
                 let kernel = s.as_ref().and_then(|s| s.finding.as_ref()?.kernel.clone());
                 if let Some(s) = &s {
