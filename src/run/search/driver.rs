@@ -180,14 +180,20 @@ impl<'a, 'r> Driver<'a, 'r> {
         repeated: bool,
     ) -> bool {
         let (mut ctx, task) = self.probe_job(index, role, w, repeated);
-        ctx.crowded = pool.crowded(w);
-        if ctx.crowded && !pool.measured() {
-            self.unmeasured.insert(ctx.step);
-        }
+        self.mark_crowded(pool, w, &mut ctx);
         self.watch(pool, w);
         let sent = pool.send(w, index, self.commits[index], ctx, task);
         self.count_crowd(pool);
         sent
+    }
+
+    /// Says whether a probe on worker `w` may have others beside it on its GPU, and notes it among the
+    /// first round's when no limit was measured yet.
+    fn mark_crowded(&mut self, pool: &Pool, w: usize, ctx: &mut ProbeContext) {
+        ctx.crowded = pool.crowded(w);
+        if ctx.crowded && !pool.measured() {
+            self.unmeasured.insert(ctx.step);
+        }
     }
 
     /// Notes how many probes run on the watched probe's GPU now.
@@ -492,13 +498,8 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
         let index = self.index_of(oid);
         let (ctx, task) = self.probe_job(index, role, 0, repeated);
-        match self.alone(pool, index, ctx, task)? {
-            Landing::Judged(_, record) => Ok(*record),
-            Landing::Stopped(_) => Err(SearchEnd::Interrupted),
-            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
-                "a probe came back as a sanitizer run".into(),
-            )),
-        }
+        let landing = self.alone(pool, index, ctx, task)?;
+        record_of(landing)
     }
 
     /// Runs `oid` under compute-sanitizer on the first worker (the commit it probed last); `None` when no
@@ -534,14 +535,25 @@ impl<'a, 'r> Driver<'a, 'r> {
         ctx: ProbeContext,
         task: Task,
     ) -> Result<Landing, SearchEnd> {
-        let oid = self.commits[index];
+        self.send_first(pool, index, ctx, task)?;
+        self.wait_on(pool, 0)
+    }
+
+    /// Hands one job to the first worker (the gauge watching a probe when it is the one to measure).
+    fn send_first(
+        &mut self,
+        pool: &mut Pool,
+        index: usize,
+        ctx: ProbeContext,
+        task: Task,
+    ) -> Result<(), SearchEnd> {
         if matches!(task, Task::Probe(_)) {
             self.watch(pool, 0);
         }
-        if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
+        if !(pool.claim(0) && pool.send(0, index, self.commits[index], ctx, task)) {
             return Err(SearchEnd::HostFailure("no probe worker".into()));
         }
-        self.wait_on(pool, 0)
+        Ok(())
     }
 
     /// Probes the bad end on the first worker and, beside it, opens the first round on the others: the
@@ -564,14 +576,8 @@ impl<'a, 'r> Driver<'a, 'r> {
         if !self.opened && pool.first_shared().is_some() && !pool.measured() {
             pool.set_limit(pool.size());
         }
-        ctx.crowded = pool.crowded(0) && pool.size() > 1;
-        if ctx.crowded {
-            self.unmeasured.insert(ctx.step);
-        }
-        self.watch(pool, 0);
-        if !(pool.claim(0) && pool.send(0, index, oid, ctx, task)) {
-            return Err(SearchEnd::HostFailure("no probe worker".into()));
-        }
+        self.mark_crowded(pool, 0, &mut ctx);
+        self.send_first(pool, index, ctx, task)?;
         if !self.opened {
             self.opened = true;
             self.send_checks(pool, checks);
@@ -581,16 +587,12 @@ impl<'a, 'r> Driver<'a, 'r> {
             }
         }
         match self.wait_on(pool, 0)? {
-            Landing::Judged(_, record) => Ok(*record),
             // Crowded out (its GPU fell back to one probe at a time): again, once the round is in.
             Landing::Stopped(_) if !self.cancelled() => {
                 self.hold_all(pool);
                 self.probe_alone(pool, oid, ProbeRole::BadEndpoint, false)
             }
-            Landing::Stopped(_) => Err(SearchEnd::Interrupted),
-            Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
-                "a probe came back as a sanitizer run".into(),
-            )),
+            landing => record_of(landing),
         }
     }
 
@@ -951,6 +953,17 @@ impl<'a, 'r> Driver<'a, 'r> {
             }
             other @ Answer::Plain(SearchResult::Ambiguous(_)) => Next::End(other),
         })
+    }
+}
+
+/// The record of a probe run on the first worker: stopped only by Ctrl-C.
+fn record_of(landing: Landing) -> Result<ProbeRecord, SearchEnd> {
+    match landing {
+        Landing::Judged(_, record) => Ok(*record),
+        Landing::Stopped(_) => Err(SearchEnd::Interrupted),
+        Landing::Pending | Landing::Sanitized(_) => Err(SearchEnd::HostFailure(
+            "a probe came back as a sanitizer run".into(),
+        )),
     }
 }
 
