@@ -65,10 +65,10 @@ pub fn fingerprint(cancel: &AtomicBool) -> String {
     format!("{gpus} | visible: {visible}")
 }
 
-/// Collects the environment; PyTorch's `collect_env` only when the run used `torch`. Each probe is bounded
+/// Gathers the environment (named apart from `Iterator::collect`, which reads alike at its call sites); PyTorch's `collect_env` only when the run used `torch`. Each probe is bounded
 /// in time and announced through `progress` (some take a minute); what is missing is left out, and once
 /// `cancel` is set the rest is skipped.
-pub fn collect(
+pub fn gather(
     at: &dyn Executor,
     cancel: &AtomicBool,
     torch: bool,
@@ -230,7 +230,7 @@ mod tests {
         let node = Node {
             asked: asked.clone(),
         };
-        let env = collect(&node, &AtomicBool::new(false), false, &mut |_| {});
+        let env = gather(&node, &AtomicBool::new(false), false, &mut |_| {});
         assert_eq!(env.host.as_deref(), Some("gpu-node-7"));
         assert!(env.elsewhere);
         assert_eq!(env.gpus, ["NVIDIA H200, 580.82.07, 143771 MiB"]);

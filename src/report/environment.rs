@@ -2,10 +2,10 @@
 //! compute-sanitizer, the tool's version, the OS, and PyTorch's own `collect_env` report. Collected by
 //! `host::environment`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What was found; every field is optional because a machine may lack any of it.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Environment {
     /// cudabisect's version.
     pub cudabisect: String,

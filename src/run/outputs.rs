@@ -77,7 +77,7 @@ pub(super) fn write_bundle_asked(
             }
             env
         }
-        None => environment::collect(at, cancel, torch, &mut |what| {
+        None => environment::gather(at, cancel, torch, &mut |what| {
             reporter.event(&Event::EnvironmentProbe {
                 tool: what.to_string(),
             })

@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 use crate::common::histories::linear_history;
 use crate::common::repo_builder::{put, Files};
-use crate::common::{kept, run_repro_alone, start_report};
-use serde_json::Value;
+use crate::common::{
+    captured, first_bad, kept, repro_py, run_repro_alone, shrink_of, start_report,
+};
+use cudabisect::report::record::{ParentCheck, Report, ShrinkReport, ShrinkStatus};
 
 fn realistic(rel: &str) -> String {
     crate::common::fixture_text("torch/realistic", rel)
@@ -41,8 +43,14 @@ fn history(
     .unwrap()
 }
 
-fn start(dir: &Path, first: git2::Oid, scratch: &Path) -> (i32, Value, String) {
-    start_report(dir, &[&format!("{first}..main"), "--no-triage"], scratch)
+fn start(dir: &Path, first: git2::Oid, scratch: &Path) -> (i32, Report, String) {
+    let (code, report, text) =
+        start_report(dir, &[&format!("{first}..main"), "--no-triage"], scratch);
+    (
+        code,
+        report.unwrap_or_else(|| panic!("no report: {text}")),
+        text,
+    )
 }
 
 /// `start` on a package of the realistic fixtures (`files`), its limit file going from `good` to `bad` at
@@ -53,19 +61,19 @@ fn started_on_realistic(
     files: &[&str],
     limits: (&str, &str, &str),
     config: &str,
-) -> (Value, PathBuf, String) {
+) -> (Report, PathBuf, String) {
     let dir = tmp.join("repo");
     let files: Vec<(&str, String)> = files.iter().map(|p| (*p, realistic(p))).collect();
     let commits = history(&dir, &files, limits, config);
     let (code, r, text) = start(&dir, commits[0], tmp);
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
     (r, dir, text)
 }
 
 /// The minimal repro, run alone from a fresh directory with the project at the culprit on PYTHONPATH.
-fn reproduces_alone(report: &Value, project: &Path, node: &str) {
-    let repro = PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
+fn reproduces_alone(report: &ShrinkReport, project: &Path, node: &str) {
+    let repro = repro_py(report).to_path_buf();
     let text = std::fs::read_to_string(&repro).unwrap();
     let compiled = std::process::Command::new("python3")
         .args(["-m", "py_compile"])
@@ -73,7 +81,7 @@ fn reproduces_alone(report: &Value, project: &Path, node: &str) {
         .output()
         .unwrap();
     assert!(compiled.status.success(), "{text}");
-    let (exit, out) = run_repro_alone(report, Some(project), &[]);
+    let (exit, out) = run_repro_alone(&repro, Some(project), &[]);
     assert_eq!(exit, Some(1), "{out}\n{text}");
     assert!(out.contains("an illegal memory access"), "{out}");
     assert!(out.contains(&format!("node={node}")), "{out}");
@@ -97,11 +105,15 @@ fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_sec
         ("deep/limits.py", "LIMIT = 99", "LIMIT = 3"),
         REPRO_DEEP,
     );
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "minimal", "{text}");
-    assert_eq!(s["path"], "capture of the repro command", "{s}");
-    assert_eq!(s["captured"]["step"], 4, "{s}");
-    assert_eq!(s["captured"]["phase"], "backward", "{s}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(
+        s.path.as_deref(),
+        Some("capture of the repro command"),
+        "{s:?}"
+    );
+    assert_eq!(captured(s).step, 4, "{s:?}");
+    assert_eq!(captured(s).phase, "backward", "{s:?}");
     // Down to the faulting Function inside the second block's mixer: not the model's backward, nor
     // the mixer's.
     assert_eq!(
@@ -110,15 +122,14 @@ fn a_backward_fault_three_modules_deep_at_step_four_is_shrunk_with_no_shrink_sec
         "{text}"
     );
     assert!(
-        s["graph"]
-            .as_str()
-            .unwrap()
-            .contains("descended along the fault"),
-        "{s}"
+        s.graph
+            .as_deref()
+            .is_some_and(|g| g.contains("descended along the fault")),
+        "{s:?}"
     );
     // At the parent (the limit back at 99) the same subgraph runs clean: the script's state is
     // replayed, the project's constants are the commit's own.
-    assert_eq!(s["parent_check"]["status"], "passed", "{s}");
+    assert_eq!(s.parent_check, Some(ParentCheck::Passed), "{s:?}");
     reproduces_alone(s, &dir, "body__encoder__mixer_1__RowGather__backward");
 }
 
@@ -136,18 +147,12 @@ fn the_users_own_loss_on_a_transformers_model_output_is_a_node_of_its_own() {
         ("hfloss/limits.py", "LIMIT = 99", "LIMIT = 60"),
         config,
     );
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "minimal", "{text}");
-    assert_eq!(s["captured"]["step"], 3, "{s}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(captured(s).step, 3, "{s:?}");
     // The GPT-2 (keyword inputs, a ModelOutput) runs whole; the fused loss on its logits is the node.
     assert_eq!(kept(s), ["loss"], "{text}");
-    assert!(
-        s["kept"][0]["op"]
-            .as_str()
-            .unwrap()
-            .contains("fused_cross_entropy"),
-        "{s}"
-    );
+    assert!(s.kept[0].op.contains("fused_cross_entropy"), "{s:?}");
     reproduces_alone(s, &dir, "loss");
 }
 
@@ -166,20 +171,14 @@ fn a_call_on_a_detached_output_that_faults_beside_the_loss_is_a_node_of_its_own(
         ("hashfeat/limits.py", "LIMIT = 99", "LIMIT = 60"),
         config,
     );
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "minimal", "{text}");
-    assert_eq!(s["captured"]["step"], 3, "{s}");
-    assert_eq!(s["captured"]["phase"], "loss", "{s}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(captured(s).step, 3, "{s:?}");
+    assert_eq!(captured(s).phase, "loss", "{s:?}");
     // No gradient flows through the call, and it never returned: it is the loss phase's node, not the
     // loss that came after it.
     assert_eq!(kept(s), ["loss"], "{text}");
-    assert!(
-        s["kept"][0]["op"]
-            .as_str()
-            .unwrap()
-            .contains("hashed_features"),
-        "{s}"
-    );
+    assert!(s.kept[0].op.contains("hashed_features"), "{s:?}");
     reproduces_alone(s, &dir, "loss");
 }
 
@@ -208,9 +207,13 @@ fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
     assert_eq!(code, 0, "{text}");
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "minimal", "{text}");
-    assert_eq!(s["path"], "factories (the training step)", "{s}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(
+        s.path.as_deref(),
+        Some("factories (the training step)"),
+        "{s:?}"
+    );
     assert_eq!(kept(s), ["emb__Gather__backward"], "{text}");
     reproduces_alone(s, &dir, "emb__Gather__backward");
 
@@ -218,12 +221,13 @@ fn factories_without_train_shrink_a_backward_fault_through_the_training_step() {
     // of the repro command gives the repro; the report says both.
     let (code, r, out) = crate::common::shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(r["path"], "capture of the repro command", "{r}");
-    assert_eq!(r["paths"][0]["path"], "factories", "{r}");
-    assert!(
-        r["paths"][0]["outcome"].as_str().unwrap().contains("none"),
-        "{r}"
+    assert_eq!(
+        r.path.as_deref(),
+        Some("capture of the repro command"),
+        "{r:?}"
     );
+    assert_eq!(r.paths[0].path, "factories", "{r:?}");
+    assert!(r.paths[0].outcome.contains("none"), "{r:?}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
 }
 
@@ -246,25 +250,30 @@ fn a_jax_training_script_without_factories_is_captured_and_shrunk() {
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "minimal", "{text}");
-    assert_eq!(s["captured"]["framework"], "jax", "{s}");
-    assert_eq!(s["captured"]["function"], "toy.fn:train_step", "{s}");
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(captured(s).framework.as_deref(), Some("jax"), "{s:?}");
+    assert_eq!(
+        captured(s).function.as_deref(),
+        Some("toy.fn:train_step"),
+        "{s:?}"
+    );
     let kept = kept(s);
     assert_eq!(kept.len(), 1, "{text}");
     assert!(kept[0].contains("callback"), "{kept:?}");
     // The captured arguments are the culprit's (its table has 6 rows): the check at the parent cannot
     // tell, and says so rather than "reproduced".
     assert_eq!(
-        s["parent_check"]["status"], "reproduced_on_captured_values",
-        "{s}"
+        s.parent_check,
+        Some(ParentCheck::ReproducedOnCapturedValues),
+        "{s:?}"
     );
     assert!(
-        s["minimal_model"]
-            .as_str()
+        s.minimal_model
+            .as_deref()
             .is_some_and(|m| m.ends_with("repro.py")),
-        "{s}"
+        "{s:?}"
     );
 }
 
@@ -290,15 +299,9 @@ fn not_a_python_program(extra: &str) {
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
     assert_eq!(code, 0, "{text}");
-    let s = &r["shrink"];
-    assert_eq!(s["status"], "not_applicable", "{text}");
-    assert!(
-        s["summary"]
-            .as_str()
-            .unwrap()
-            .contains("not a Python program"),
-        "{s}"
-    );
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::NotApplicable, "{text}");
+    assert!(s.summary.contains("not a Python program"), "{s:?}");
     assert_eq!(
         text.matches("not a Python program").count(),
         1,
@@ -322,12 +325,12 @@ fn a_custom_op_registered_in_the_script_is_descended_to_and_carried_into_a_stand
     assert_eq!(code, 0, "{out}");
     // The op's own backward, found inside the traceable submodule of the model kept whole.
     assert_eq!(kept(&r), ["model__inner__scale_default__backward"], "{out}");
-    let text = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    let text = std::fs::read_to_string(r.minimal_model.as_deref().unwrap()).unwrap();
     assert!(
         text.contains("# cudabisect-needs-project: \n"),
         "needs nothing of the project: {text}"
     );
-    let (exit, out) = run_repro_alone(&r, None, &[]);
+    let (exit, out) = run_repro_alone(repro_py(&r), None, &[]);
     assert_eq!(exit, Some(1), "{out}\n{text}");
     assert!(out.contains("an illegal memory access"), "{out}");
 }
@@ -385,7 +388,8 @@ fn the_capture_runs_as_the_workers_probes_ran_with_its_caches_and_device() {
         tmp.path(),
     );
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert_eq!(shrink_of(&r, &text).status, ShrinkStatus::Minimal, "{text}");
     let seen = std::fs::read_to_string(&seen).unwrap();
     let lines: Vec<&str> = seen.lines().collect();
     assert_eq!(lines.len(), 2, "the find and the replay run: {seen}");
@@ -413,10 +417,10 @@ fn a_fault_in_a_class_the_script_defines_reproduces_in_the_replay_where_the_scri
     );
     let (code, r, text) = start(&dir, commits[0], tmp.path());
     assert_eq!(code, 0, "{text}");
-    let s = &r["shrink"];
+    let s = shrink_of(&r, &text);
     // The replay meets the fault at train.py's own line, as the user's run did: the same fault, kept.
-    assert_eq!(s["status"], "minimal", "{s}\n{text}");
-    assert_eq!(s["captured"]["step"], 3, "{s}");
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{s:?}\n{text}");
+    assert_eq!(captured(s).step, 3, "{s:?}");
     // Down to the Function the forward applies itself, not the whole model's backward.
     reproduces_alone(s, &dir, "model__Scale__backward");
 }

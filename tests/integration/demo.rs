@@ -123,10 +123,13 @@ fn the_demo_finds_the_culprit_shrinks_it_and_hands_off_a_bundle_that_reproduces_
     ] {
         assert!(md.contains(section), "REPORT.md lacks {section}:\n{md}");
     }
-    let report: serde_json::Value =
+    let report: cudabisect::report::record::Report =
         serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json")).unwrap())
             .unwrap();
-    assert_eq!(report["shrink"]["kept"][0]["id"], "embed");
+    assert_eq!(
+        crate::common::kept(report.shrink.as_ref().unwrap()),
+        ["embed"]
+    );
     // The user's view of the repository is unchanged: nothing new, not even ignored files.
     let mut opts = git2::StatusOptions::new();
     opts.include_untracked(true).include_ignored(true);

@@ -8,8 +8,9 @@ use std::process::Command;
 
 use crate::common::histories::history_of_modes;
 use crate::common::repo_builder::{put, Files};
+use cudabisect::classify::FaultClass;
+use cudabisect::report::record::{ProbeRecord, Report, Verdict};
 use git2::Oid;
-use serde_json::Value;
 
 /// The launcher: two ranks in its group, and a helper that leaves the group with `setsid` and whose own
 /// child leaves that session again, so only the run's tag can find it.
@@ -64,7 +65,7 @@ fn start_command(repo: &Repo) -> Command {
     cmd
 }
 
-fn start(repo: &Repo) -> (i32, String, Value) {
+fn start(repo: &Repo) -> (i32, String, Report) {
     let report = repo.path.parent().unwrap().join("report.json");
     let out = start_command(repo).output().unwrap();
     let text = format!(
@@ -98,21 +99,25 @@ fn a_rank_one_kernel_fault_is_the_culprit_through_a_hang_stretch_and_no_process_
     let (code, text, report) = start(&repo);
     assert_eq!(code, 0, "{text}");
     assert_eq!(
-        report["first_bad"]["commit"].as_str(),
-        Some(repo.commits[8].to_string().as_str()),
+        crate::common::first_bad(&report),
+        Some(repo.commits[8].to_string()),
         "{text}"
     );
-    let probes = report["probes"].as_array().unwrap();
+    let probes = &report.probes;
     let bad = probes
         .iter()
-        .find(|p| p["commit"] == repo.commits[8].to_string())
+        .find(|p| p.commit == repo.commits[8].to_string())
         .unwrap();
     // The kernel fault on rank 1, not the NCCL error rank 0 printed first, and not the launcher's frame.
-    assert_eq!(bad["signature"]["class"], "illegal_address", "{bad:#}");
-    assert_eq!(bad["signature"]["rank"], 1, "{bad:#}");
-    assert_eq!(bad["signature"]["site"], "train.py:40", "{bad:#}");
+    assert_eq!(bad.signature.class, FaultClass::IllegalAddress, "{bad:#?}");
+    assert_eq!(bad.signature.rank, Some(1), "{bad:#?}");
+    assert_eq!(
+        bad.signature.site.as_deref(),
+        Some("train.py:40"),
+        "{bad:#?}"
+    );
     // Each rank's own lines are written beside the run's log.
-    let log = bad["log"].as_str().unwrap();
+    let log = bad.log.as_deref().unwrap();
     let rank1 = std::fs::read_to_string(log.replace(".log", ".rank1.log")).unwrap();
     assert!(
         rank1.starts_with("Traceback") && rank1.contains("illegal memory access"),
@@ -120,17 +125,17 @@ fn a_rank_one_kernel_fault_is_the_culprit_through_a_hang_stretch_and_no_process_
     );
     // The rank's own files from the launcher's log directory are collected under it too.
     assert!(rank1.contains("step 7: loss 2.31"), "{rank1}");
-    let hangs: Vec<&Value> = probes
+    let hangs: Vec<&ProbeRecord> = probes
         .iter()
-        .filter(|p| p["signature"]["class"] == "hang")
+        .filter(|p| p.signature.class == FaultClass::Hang)
         .collect();
     assert!(
         !hangs.is_empty(),
         "the search never met the hang stretch: {text}"
     );
     for hang in &hangs {
-        assert_eq!(hang["verdict"], "skip", "{hang:#}");
-        let detail = hang["signature"]["detail"].as_str().unwrap_or_default();
+        assert_eq!(hang.verdict, Verdict::Skip, "{hang:#?}");
+        let detail = hang.signature.detail.as_deref().unwrap_or_default();
         if py_spy() {
             // Stacks dumped before the kill say where each rank waited.
             assert!(

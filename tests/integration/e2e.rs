@@ -5,9 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::repo_builder::{put, Files, RepoBuilder};
-use cudabisect::report::event::Event;
+use cudabisect::classify::FaultClass;
+use cudabisect::report::environment::Environment;
+use cudabisect::report::event::{Event, Stage};
 use cudabisect::report::json::Envelope;
-use cudabisect::report::record::{Report, RunResult};
+use cudabisect::report::record::{
+    ProbeRecord, ProbeRole, Report, RunResult, SanitizerTool, TriageStatus, Verdict,
+};
 use git2::Oid;
 use serde_json::Value;
 
@@ -101,7 +105,7 @@ struct Run {
     code: i32,
     stdout: String,
     stderr: String,
-    report: Option<Value>,
+    report: Option<Report>,
 }
 
 fn cudabisect(dir: &Path, args: &[&str]) -> Run {
@@ -124,23 +128,30 @@ fn start_with_config(repo: &TestRepo, config: impl AsRef<Path>, extra: &[&str]) 
     cudabisect(&repo.path, &args)
 }
 
+/// The record of the probe of `commit`, which the caller expects.
+fn probe_of(report: &Report, commit: Oid) -> &ProbeRecord {
+    report
+        .probes
+        .iter()
+        .find(|p| p.commit == commit.to_string())
+        .unwrap_or_else(|| panic!("{commit} was not probed: {report:#?}"))
+}
+
 fn first_bad(run: &Run) -> String {
     let report = run
         .report
         .as_ref()
         .unwrap_or_else(|| panic!("no report: {}", run.stderr));
-    report["first_bad"]["commit"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no first_bad: {report:#}"))
-        .to_string()
+    crate::common::first_bad(report).unwrap_or_else(|| panic!("no first_bad: {report:#?}"))
 }
 
 fn search_probes(run: &Run) -> usize {
-    run.report.as_ref().unwrap()["probes"]
-        .as_array()
+    run.report
+        .as_ref()
         .unwrap()
+        .probes
         .iter()
-        .filter(|p| p["role"] == "search")
+        .filter(|p| p.role == ProbeRole::Search)
         .count()
 }
 
@@ -227,12 +238,21 @@ fn linear_history_finds_the_culprit_and_leaves_the_checkout_alone() {
         "39 candidates need at most ⌈log2 39⌉+1 probes"
     );
     let report = run.report.unwrap();
-    assert_eq!(report["format_version"], 1);
-    assert_eq!(report["result"], "found");
-    assert_eq!(report["first_bad"]["subject"], "commit 23");
-    assert_eq!(report["target"]["class"], "illegal_address");
-    assert_eq!(report["launch_blocking"], true);
-    let probe = &report["probes"][0];
+    assert_eq!(report.format_version, 1);
+    assert_eq!(report.result, RunResult::Found);
+    assert_eq!(report.first_bad.as_ref().unwrap().subject, "commit 23");
+    assert_eq!(
+        report.target.as_ref().map(|t| t.class),
+        Some(FaultClass::IllegalAddress)
+    );
+    assert!(report.launch_blocking);
+    // The wire format itself: a probe's keys are written even when empty (a typed read would take a
+    // missing optional key for null).
+    let raw: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo.path.parent().unwrap().join("report.json")).unwrap(),
+    )
+    .unwrap();
+    let probe = &raw["probes"][0];
     for key in [
         "commit",
         "verdict",
@@ -244,8 +264,9 @@ fn linear_history_finds_the_culprit_and_leaves_the_checkout_alone() {
     ] {
         assert!(probe.get(key).is_some(), "probe lacks {key}");
     }
-    assert_eq!(probe["exit_code"], 42);
-    assert!(Path::new(probe["log"].as_str().unwrap()).is_file());
+    let probe = &report.probes[0];
+    assert_eq!(probe.exit_code, Some(42));
+    assert!(Path::new(probe.log.as_deref().unwrap()).is_file());
     assert_eq!(snapshot(&repo.path), before, "the user's checkout changed");
     let r = git2::Repository::open(&repo.path).unwrap();
     assert!(
@@ -328,16 +349,15 @@ fn build_breaks_other_bugs_crashes_and_hangs_are_skipped_not_blamed() {
     assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
     assert_eq!(first_bad(&run), repo.commits[30].to_string());
     let report = run.report.unwrap();
-    for p in report["probes"].as_array().unwrap() {
-        let outcome = p["signature"]["class"].as_str().unwrap();
-        let expected = match outcome {
-            "none" => "good",
-            "illegal_address" => "bad",
-            _ => "skip",
+    for p in &report.probes {
+        let expected = match p.signature.class {
+            FaultClass::None => Verdict::Good,
+            FaultClass::IllegalAddress => Verdict::Bad,
+            _ => Verdict::Skip,
         };
-        assert_eq!(p["verdict"], expected, "{p:#}");
-        if expected == "skip" {
-            assert!(p["reason"].is_string());
+        assert_eq!(p.verdict, expected, "{p:#?}");
+        if expected == Verdict::Skip {
+            assert!(p.reason.is_some());
         }
     }
 }
@@ -357,29 +377,26 @@ fn crashes_hangs_and_build_breaks_report_their_own_outcomes() {
     let run = start_with_config(&repo, &short, &[]);
     assert_eq!(run.code, 4, "{}", run.stderr);
     let report = run.report.unwrap();
-    assert_eq!(report["result"], "ambiguous");
-    let outcomes: std::collections::BTreeMap<String, (String, Value)> = report["probes"]
-        .as_array()
-        .unwrap()
+    assert_eq!(report.result, RunResult::Ambiguous);
+    let outcomes: std::collections::BTreeMap<String, (FaultClass, Option<i32>)> = report
+        .probes
         .iter()
-        .map(|p| {
-            (
-                p["commit"].as_str().unwrap().to_string(),
-                (
-                    p["signature"]["class"].as_str().unwrap().to_string(),
-                    p["signal"].clone(),
-                ),
-            )
-        })
+        .map(|p| (p.commit.clone(), (p.signature.class, p.signal)))
         .collect();
     assert_eq!(
         outcomes[&repo.commits[1].to_string()],
-        ("signal".into(), Value::from(11))
+        (FaultClass::Signal, Some(11))
     );
-    assert_eq!(outcomes[&repo.commits[2].to_string()].0, "hang");
-    assert_eq!(outcomes[&repo.commits[3].to_string()].0, "build_failure");
-    assert_eq!(outcomes[&repo.commits[4].to_string()].0, "out_of_memory");
-    assert_eq!(report["candidates"].as_array().unwrap().len(), 5);
+    assert_eq!(outcomes[&repo.commits[2].to_string()].0, FaultClass::Hang);
+    assert_eq!(
+        outcomes[&repo.commits[3].to_string()].0,
+        FaultClass::BuildFailure
+    );
+    assert_eq!(
+        outcomes[&repo.commits[4].to_string()].0,
+        FaultClass::OutOfMemory
+    );
+    assert_eq!(report.candidates.len(), 5);
 }
 
 #[test]
@@ -393,13 +410,8 @@ fn infrastructure_failures_are_retried_and_env_contract_holds() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[6].to_string());
     let report = run.report.unwrap();
-    let probe = report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["commit"] == repo.commits[6].to_string())
-        .unwrap();
-    assert_eq!(probe["attempts"], 2);
+    let probe = probe_of(&report, repo.commits[6]);
+    assert_eq!(probe.attempts, 2);
 
     let repo = linear(&[("clean", true), ("env", true), ("fault", true)]);
     let run = cudabisect(
@@ -407,13 +419,8 @@ fn infrastructure_failures_are_retried_and_env_contract_holds() {
         &[&format!("{}..main", repo.commits[0]), "--keep-worktree"],
     );
     let report = run.report.unwrap();
-    let probe = report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["commit"] == repo.commits[1].to_string())
-        .unwrap();
-    let log = std::fs::read_to_string(probe["log"].as_str().unwrap()).unwrap();
+    let probe = probe_of(&report, repo.commits[1]);
+    let log = std::fs::read_to_string(probe.log.as_deref().unwrap()).unwrap();
     assert!(log.contains("CUDA_LAUNCH_BLOCKING=1"), "{log}");
     assert!(
         log.contains(&format!("CUDABISECT_COMMIT={}", repo.commits[1])),
@@ -444,9 +451,9 @@ fn flaky_faults_are_caught_with_repro_attempts() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[6].to_string());
     let report = run.report.unwrap();
-    for p in report["probes"].as_array().unwrap() {
-        let want = if p["verdict"] == "bad" { 2 } else { 3 };
-        assert_eq!(p["attempts"], want, "{p:#}");
+    for p in &report.probes {
+        let want = if p.verdict == Verdict::Bad { 2 } else { 3 };
+        assert_eq!(p.attempts, want, "{p:#?}");
     }
 }
 
@@ -456,7 +463,7 @@ fn invalid_endpoints_stop_with_code_3() {
     let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
     assert_eq!(run.code, 3);
     assert!(run.stdout.contains("does not reproduce"), "{}", run.stdout);
-    assert_eq!(run.report.unwrap()["result"], "endpoints_invalid");
+    assert_eq!(run.report.unwrap().result, RunResult::EndpointsInvalid);
 
     let repo = linear(&[("fault", true), ("fault", true), ("fault", true)]);
     let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
@@ -478,22 +485,18 @@ fn several_good_commits_narrow_the_range() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[20].to_string());
     let report = run.report.unwrap();
-    assert_eq!(report["range_size"], 14);
+    assert_eq!(report.range_size, 14);
     // c0 is an ancestor of c15: implied good, not built and run again.
-    let good_probes: Vec<&str> = report["probes"]
-        .as_array()
-        .unwrap()
+    let good_probes: Vec<&str> = report
+        .probes
         .iter()
-        .filter(|p| p["role"] == "good_endpoint")
-        .map(|p| p["commit"].as_str().unwrap())
+        .filter(|p| p.role == ProbeRole::GoodEndpoint)
+        .map(|p| p.commit.as_str())
         .collect();
     assert_eq!(good_probes, [repo.commits[15].to_string()]);
     assert!(
-        report["notes"][0]
-            .as_str()
-            .unwrap()
-            .contains("implied by good commit"),
-        "{report:#}"
+        report.notes[0].contains("implied by good commit"),
+        "{report:#?}"
     );
 }
 
@@ -704,14 +707,15 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
     let run = start_with_config(&repo, &config_path, &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report = run.report.unwrap();
-    let triage = &report["triage"];
-    assert_eq!(triage["status"], "found", "{triage:#}");
+    let triage = report.triage.as_ref().expect("triage ran");
+    assert_eq!(triage.status, TriageStatus::Found, "{triage:#?}");
     assert_eq!(
-        triage["tools_run"],
-        serde_json::json!(["memcheck", "racecheck"])
+        triage.tools_run,
+        [SanitizerTool::Memcheck, SanitizerTool::Racecheck]
     );
-    assert_eq!(triage["signature"]["class"], "race");
-    assert_eq!(triage["signature"]["kernel"], "shared_race");
+    let found = triage.signature.as_ref().expect("a signature");
+    assert_eq!(found.class, FaultClass::Race);
+    assert_eq!(found.kernel.as_deref(), Some("shared_race"));
     assert!(
         run.stdout
             .contains("Triage: racecheck: Race in shared_race"),
@@ -725,7 +729,7 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
     );
     // `--message-format json` is JSON Lines on triage, log and bundle pack as on start: every stdout line
     // one envelope, the last carrying the result.
-    let json_lines = |args: &[&str]| -> Vec<serde_json::Value> {
+    let json_lines = |args: &[&str]| -> Vec<Event> {
         let out = Command::new(env!("CARGO_BIN_EXE_cudabisect"))
             .args(args)
             .arg("--message-format")
@@ -738,27 +742,34 @@ fn start_triages_the_first_bad_commit_and_escalates_past_memcheck() {
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        text.lines()
-            .map(|l| {
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {l}"))
-            })
-            .collect()
+        assert!(text.lines().all(|l| l.starts_with('{')), "{args:?}: {text}");
+        crate::common::events(&text)
     };
     let repo_dir = repo.path.display().to_string();
     let config = config_path.display().to_string();
     let lines = json_lines(&["triage", "-C", &repo_dir, "--config", &config]);
     let last = lines.last().unwrap();
-    assert_eq!(last["type"], "triage_done", "{last}");
-    assert_eq!(last["data"]["result"]["status"], "found", "{last}");
+    assert!(
+        matches!(last, Event::TriageDone { result } if result.status == TriageStatus::Found),
+        "{last:?}"
+    );
     let lines = json_lines(&["log", "-C", &repo_dir]);
     assert_eq!(lines.len(), 1);
-    assert_eq!(lines[0]["type"], "finished");
-    assert_eq!(lines[0]["data"]["report"]["first_bad"], report["first_bad"]);
-    let bundle = report["bundle"].as_str().unwrap().to_string();
+    let Event::Finished { report: logged } = &lines[0] else {
+        panic!("{:?}", lines[0])
+    };
+    assert_eq!(
+        crate::common::first_bad(logged),
+        crate::common::first_bad(&report)
+    );
+    let bundle = report.bundle.clone().unwrap();
     let lines = json_lines(&["bundle", "pack", &bundle]);
     assert_eq!(lines.len(), 1);
-    assert_eq!(lines[0]["type"], "bundle_packed", "{}", lines[0]);
-    assert!(lines[0]["data"]["bytes"].as_u64().unwrap() > 0);
+    assert!(
+        matches!(lines[0], Event::BundlePacked { bytes, .. } if bytes > 0),
+        "{:?}",
+        lines[0]
+    );
 }
 
 #[test]
@@ -934,17 +945,9 @@ fn a_good_commit_on_another_branch_is_bisected_from_the_merge_base() {
     assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
     assert_eq!(first_bad(&run), main[7].to_string());
     let report = run.report.as_ref().unwrap();
-    let roles: Vec<&str> = report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["role"].as_str().unwrap())
-        .collect();
-    assert!(roles.contains(&"merge_base"), "{roles:?}");
-    assert!(
-        report["notes"][0].as_str().unwrap().contains("merge base"),
-        "{report:#}"
-    );
+    let roles: Vec<ProbeRole> = report.probes.iter().map(|p| p.role).collect();
+    assert!(roles.contains(&ProbeRole::MergeBase), "{roles:?}");
+    assert!(report.notes[0].contains("merge base"), "{report:#?}");
 
     // A merge base that shows the bug: the bug was fixed on the good commit's branch.
     let tmp2 = tempfile::tempdir().unwrap();
@@ -985,11 +988,14 @@ fn a_pathspec_probes_only_the_commits_that_touch_it() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert_eq!(report["first_bad"]["commit"], repo.commits[11].to_string());
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(
-        report["range_size"], 2,
-        "only commit 11 and the bad endpoint: {report:#}"
+        crate::common::first_bad(&report),
+        Some(repo.commits[11].to_string())
+    );
+    assert_eq!(
+        report.range_size, 2,
+        "only commit 11 and the bad endpoint: {report:#?}"
     );
     // With --first-parent on a linear history, the whole range again.
     let run = cudabisect(
@@ -998,7 +1004,7 @@ fn a_pathspec_probes_only_the_commits_that_touch_it() {
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[11].to_string());
-    assert_eq!(run.report.as_ref().unwrap()["range_size"], 19);
+    assert_eq!(run.report.as_ref().unwrap().range_size, 19);
 }
 
 #[test]
@@ -1024,14 +1030,13 @@ fn a_commit_whose_objects_are_missing_is_a_skip_of_its_own_kind() {
         .report
         .as_ref()
         .unwrap_or_else(|| panic!("{}", run.stderr));
-    let probe = report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["commit"] == repo.commits[2].to_string())
-        .unwrap_or_else(|| panic!("c2 was not probed: {report:#}"));
-    assert_eq!(probe["signature"]["class"], "missing_object", "{probe:#}");
-    assert_eq!(probe["verdict"], "skip");
+    let probe = probe_of(report, repo.commits[2]);
+    assert_eq!(
+        probe.signature.class,
+        FaultClass::MissingObject,
+        "{probe:#?}"
+    );
+    assert_eq!(probe.verdict, Verdict::Skip);
     assert_eq!(first_bad(&run), repo.commits[4].to_string());
 }
 
@@ -1124,13 +1129,15 @@ fn https_submodules_check_out_with_the_users_git_config() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert_eq!(report["first_bad"]["commit"], culprit);
-    let skipped: Vec<&Value> = report["probes"]
-        .as_array()
-        .unwrap()
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(
+        crate::common::first_bad(&report).as_deref(),
+        Some(culprit.as_str())
+    );
+    let skipped: Vec<&ProbeRecord> = report
+        .probes
         .iter()
-        .filter(|p| p["verdict"] == "skip")
+        .filter(|p| p.verdict == Verdict::Skip)
         .collect();
     assert!(skipped.is_empty(), "{skipped:?}");
     assert_eq!(snapshot(&main), before);
@@ -1157,13 +1164,8 @@ fn replace_refs_shape_the_range_as_they_do_for_git() {
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[6].to_string());
     let report = run.report.as_ref().unwrap();
-    assert_eq!(report["range_size"], 7, "c1 c2 c5 c6 c7 c8 c9: {report:#}");
-    let probed: Vec<&str> = report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["commit"].as_str().unwrap())
-        .collect();
+    assert_eq!(report.range_size, 7, "c1 c2 c5 c6 c7 c8 c9: {report:#?}");
+    let probed: Vec<&str> = report.probes.iter().map(|p| p.commit.as_str()).collect();
     for gone in [3, 4] {
         assert!(!probed.contains(&repo.commits[gone].to_string().as_str()));
     }
@@ -1237,12 +1239,11 @@ fn two_merge_bases_are_both_tested_first() {
     assert_eq!(run.code, 0, "{}\n{}", run.stderr, run.stdout);
     assert_eq!(first_bad(&run), b3.to_string());
     let report = run.report.as_ref().unwrap();
-    let mut bases: Vec<String> = report["probes"]
-        .as_array()
-        .unwrap()
+    let mut bases: Vec<String> = report
+        .probes
         .iter()
-        .filter(|p| p["role"] == "merge_base")
-        .map(|p| p["commit"].as_str().unwrap().to_string())
+        .filter(|p| p.role == ProbeRole::MergeBase)
+        .map(|p| p.commit.clone())
         .collect();
     bases.sort();
     let mut want = vec![a1.to_string(), b1.to_string()];
@@ -1308,12 +1309,13 @@ fn another_bug_of_the_same_class_is_never_named_as_the_culprit() {
     assert_eq!(first_bad(&run), repo.commits[22].to_string());
     let report = run.report.as_ref().unwrap();
     assert_eq!(
-        report["target"]["launch"], "pkg/embed.py:hash_embed",
-        "{report:#}"
+        report.target.as_ref().and_then(|t| t.launch.as_deref()),
+        Some("pkg/embed.py:hash_embed"),
+        "{report:#?}"
     );
-    for p in report["probes"].as_array().unwrap() {
-        if p["signature"]["launch"] == "pkg/ops.py:bias_gelu" {
-            assert_eq!(p["verdict"], "skip", "{p:#}");
+    for p in &report.probes {
+        if p.signature.launch.as_deref() == Some("pkg/ops.py:bias_gelu") {
+            assert_eq!(p.verdict, Verdict::Skip, "{p:#?}");
         }
     }
 }
@@ -1348,15 +1350,16 @@ fn the_sanitizer_tells_lookalike_faults_apart() {
     assert_eq!(first_bad(&run), repo.commits[22].to_string());
     let report = run.report.as_ref().unwrap();
     assert_eq!(
-        report["target"]["kernel"], "_hash_embed_kernel",
-        "{report:#}"
+        report.target.as_ref().and_then(|t| t.kernel.as_deref()),
+        Some("_hash_embed_kernel"),
+        "{report:#?}"
     );
-    assert_eq!(report["probes"][1]["role"], "endpoint_sanitizer");
-    let others = report["other_bugs"].as_array().unwrap();
-    assert!(!others.is_empty(), "{report:#}");
+    assert_eq!(report.probes[1].role, ProbeRole::EndpointSanitizer);
+    let others = &report.other_bugs;
+    assert!(!others.is_empty(), "{report:#?}");
     assert!(others
         .iter()
-        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+        .all(|o| o.signature.kernel.as_deref() == Some("_bias_gelu_kernel")));
     assert!(
         run.stdout.contains("Another bug on the way"),
         "{}",
@@ -1473,11 +1476,8 @@ fn a_run_killed_at_any_probe_resumes_with_at_most_that_probe_redone() {
             kill_at + redone <= total + 2,
             "killed at run {kill_at}: {redone} runs after the kill, {total} for the whole search"
         );
-        let probes = resumed.report.as_ref().unwrap()["probes"]
-            .as_array()
-            .unwrap()
-            .clone();
-        let reused = probes.iter().filter(|p| p["reused"] == true).count();
+        let probes = &resumed.report.as_ref().unwrap().probes;
+        let reused = probes.iter().filter(|p| p.reused).count();
         assert_eq!(
             reused,
             (kill_at - 1) / 2,
@@ -1498,17 +1498,8 @@ fn start_fresh_ignores_the_journal() {
     let first = cudabisect(&repo.path, &[&range, "--no-shrink"]);
     assert_eq!(first.code, 0, "{}", first.stderr);
     let again = cudabisect(&repo.path, &[&range, "--no-shrink"]);
-    let probes = |r: &Run| {
-        r.report.as_ref().unwrap()["probes"]
-            .as_array()
-            .unwrap()
-            .clone()
-    };
-    assert!(
-        probes(&again).iter().all(|p| p["reused"] == true),
-        "{}",
-        again.stderr
-    );
+    let probes = |r: &Run| r.report.as_ref().unwrap().probes.clone();
+    assert!(probes(&again).iter().all(|p| p.reused), "{}", again.stderr);
     assert_eq!(first_bad(&again), first_bad(&first));
     assert!(
         again
@@ -1518,7 +1509,7 @@ fn start_fresh_ignores_the_journal() {
         again.stdout
     );
     let fresh = cudabisect(&repo.path, &[&range, "--no-shrink", "--fresh"]);
-    assert!(probes(&fresh).iter().all(|p| p["reused"] == false));
+    assert!(probes(&fresh).iter().all(|p| !p.reused));
     assert_eq!(first_bad(&fresh), first_bad(&first));
 }
 
@@ -1543,21 +1534,16 @@ fn the_log_of_a_run_replays_in_git_bisect_to_the_same_first_bad_commit() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let probes = run.report.as_ref().unwrap()["probes"]
-        .as_array()
-        .unwrap()
-        .len();
+    let probes = run.report.as_ref().unwrap().probes.len();
     let human = log("human");
     assert_eq!(human.lines().count(), probes + 1, "{human}");
     // One JSON line: the run's `finished` event, as `start --message-format json` ends.
     let json = log("json");
     assert_eq!(json.lines().count(), 1, "{json}");
-    let json: Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(json["type"], "finished");
-    assert_eq!(
-        json["data"]["report"]["first_bad"]["commit"],
-        expected.as_str()
-    );
+    let Event::Finished { report: logged } = &crate::common::events(&json)[0] else {
+        panic!("not the finished event: {json}")
+    };
+    assert_eq!(crate::common::first_bad(logged).as_ref(), Some(&expected));
     // The git form, replayed by git itself in the (test) repository.
     let file = repo.path.parent().unwrap().join("bisect.log");
     std::fs::write(&file, log("git")).unwrap();
@@ -1733,8 +1719,16 @@ fn a_run_killed_during_triage_resumes_with_the_same_culprit_and_finding() {
     assert_eq!(full.code, 0, "{}", full.stderr);
     let total = calls(&dir);
     assert!(total >= 2, "{total}");
-    let triage = |r: &Run| r.report.as_ref().unwrap()["triage"]["signature"]["kernel"].clone();
-    assert_eq!(triage(&full), "shared_race");
+    let triage = |r: &Run| {
+        r.report
+            .as_ref()
+            .unwrap()
+            .triage
+            .as_ref()
+            .and_then(|t| t.signature.as_ref())
+            .and_then(|s| s.kernel.clone())
+    };
+    assert_eq!(triage(&full).as_deref(), Some("shared_race"));
     for kill_at in 1..=total {
         let (repo, _dir, cfg) = setup(Some(kill_at));
         let range = format!("{}..main", repo.commits[0]);
@@ -1786,12 +1780,8 @@ fn a_run_killed_while_writing_its_bundle_keeps_the_result_and_resumes() {
     assert_eq!(resumed.code, 0, "{}", resumed.stderr);
     assert_eq!(first_bad(&resumed), repo.commits[5].to_string());
     let report = resumed.report.as_ref().unwrap();
-    assert!(report["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|p| p["reused"] == true));
-    let bundle = report["bundle"].as_str().expect("a bundle this time");
+    assert!(report.probes.iter().all(|p| p.reused));
+    let bundle = report.bundle.as_deref().expect("a bundle this time");
     assert!(Path::new(bundle).join("REPORT.md").is_file());
 }
 
@@ -1888,13 +1878,25 @@ fn triage_and_probe_log_config(repo: &TestRepo) -> (PathBuf, PathBuf) {
     (path, log)
 }
 
-/// The JSON Lines of a run's stdout, and how many of them are of `kind` (with `stage` when given).
-fn count_events(run: &Run, kind: &str, stage: Option<&str>) -> usize {
-    run.stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["type"] == kind && stage.is_none_or(|s| e["data"]["stage"]["kind"] == s))
+/// How many of the events on a run's stdout (JSON Lines) are `which`.
+fn count_events(run: &Run, which: impl Fn(&Event) -> bool) -> usize {
+    crate::common::events(&run.stdout)
+        .iter()
+        .filter(|e| which(e))
         .count()
+}
+
+fn triage_began(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::StageBegan {
+            stage: Stage::Triage
+        }
+    )
+}
+
+fn triage_finished(e: &Event) -> bool {
+    matches!(e, Event::TriageFinished { .. })
 }
 
 #[test]
@@ -1912,8 +1914,9 @@ fn with_four_workers_triage_starts_at_the_answer_while_it_is_cross_checked_and_e
         parallel.report.clone().unwrap(),
         serial.report.clone().unwrap(),
     );
-    assert_eq!(p["first_bad"], s["first_bad"]);
-    assert_eq!(p["first_bad"]["commit"], repo.commits[18].to_string());
+    let first_bad = crate::common::first_bad;
+    assert_eq!(first_bad(&p), first_bad(&s));
+    assert_eq!(first_bad(&p), Some(repo.commits[18].to_string()));
     // Triage ran beside the cross-check, in the second worker's worktree (the cross-check holds the
     // first's): its run of the repro at the culprit (no probe: no worker number) is logged from there.
     let culprit = repo.commits[18].to_string();
@@ -1924,11 +1927,13 @@ fn with_four_workers_triage_starts_at_the_answer_while_it_is_cross_checked_and_e
     assert_eq!(triaged.len(), 1, "{probes}");
     assert!(triaged[0].ends_with("/worktree-2"), "{probes}");
     // The same triage, bundle and events as one stage after the other.
-    for key in ["status", "summary", "tools_run", "signature"] {
-        assert_eq!(p["triage"][key], s["triage"][key], "{key}");
-    }
-    let files = |r: &Value| {
-        let mut names: Vec<String> = std::fs::read_dir(r["bundle"].as_str().unwrap())
+    let triage = |r: &Report| {
+        let t = r.triage.clone().expect("triage ran");
+        (t.status, t.summary, t.tools_run, t.signature)
+    };
+    assert_eq!(triage(&p), triage(&s));
+    let files = |r: &Report| {
+        let mut names: Vec<String> = std::fs::read_dir(r.bundle.as_deref().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
@@ -1937,8 +1942,8 @@ fn with_four_workers_triage_starts_at_the_answer_while_it_is_cross_checked_and_e
     };
     assert_eq!(files(&p), files(&s));
     for run in [&parallel, &serial] {
-        assert_eq!(count_events(run, "stage_began", Some("triage")), 1);
-        assert_eq!(count_events(run, "triage_finished", None), 1);
+        assert_eq!(count_events(run, triage_began), 1);
+        assert_eq!(count_events(run, triage_finished), 1);
     }
 }
 
@@ -1960,32 +1965,31 @@ fn stages_started_at_a_parallel_answer_that_does_not_hold_alone_are_dropped_and_
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(
-        count_events(&run, "parallel_answer_disagrees", None),
+        count_events(&run, |e| matches!(e, Event::ParallelAnswerDisagrees { .. })),
         1,
         "{}",
         run.stdout
     );
     let report = run.report.as_ref().unwrap();
-    assert_eq!(report["first_bad"]["commit"], repo.commits[18].to_string());
+    assert_eq!(
+        crate::common::first_bad(report),
+        Some(repo.commits[18].to_string())
+    );
     // What was started at the answer that did not hold left no event and no result: one triage, at the
     // right commit, and its bundle.
+    assert_eq!(count_events(&run, triage_began), 1, "{}", run.stdout);
+    assert_eq!(count_events(&run, triage_finished), 1);
     assert_eq!(
-        count_events(&run, "stage_began", Some("triage")),
-        1,
-        "{}",
-        run.stdout
-    );
-    assert_eq!(count_events(&run, "triage_finished", None), 1);
-    assert_eq!(
-        report["triage"]["status"], "found",
-        "{:#}",
-        report["triage"]
+        report.triage.as_ref().map(|t| t.status),
+        Some(TriageStatus::Found),
+        "{:#?}",
+        report.triage
     );
     let short = &repo.commits[18].to_string()[..12];
     assert!(
-        report["bundle"].as_str().unwrap().ends_with(short),
-        "{}",
-        report["bundle"]
+        report.bundle.as_deref().unwrap().ends_with(short),
+        "{:?}",
+        report.bundle
     );
 }
 
@@ -2065,10 +2069,14 @@ fn ctrl_c_stops_every_workers_process_group_and_the_journal_stays_whole() {
     let commits: Vec<String> = journal
         .lines()
         .map(|l| {
-            serde_json::from_str::<Value>(l).expect("a whole JSON line")["commit"]
-                .as_str()
-                .unwrap()
-                .to_string()
+            /// The part of a journal line this test reads.
+            #[derive(serde::Deserialize)]
+            struct Line {
+                commit: String,
+            }
+            serde_json::from_str::<Line>(l)
+                .expect("a whole JSON line")
+                .commit
         })
         .collect();
     let endpoints = [repo.commits[11].to_string(), repo.commits[0].to_string()];
@@ -2111,17 +2119,17 @@ fn a_flaky_fault_is_found_with_its_confidence_and_verified_against_its_parent() 
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[25].to_string());
     let report = run.report.as_ref().unwrap();
-    let flaky = &report["flaky"];
-    assert!(flaky["reached"].as_bool().unwrap(), "{flaky:#}");
-    assert!(flaky["posterior"].as_f64().unwrap() >= 0.95, "{flaky:#}");
-    let p = flaky["p"].as_f64().unwrap();
+    let flaky = report.flaky.as_ref().expect("a flaky answer");
+    assert!(flaky.reached, "{flaky:#?}");
+    assert!(flaky.posterior >= 0.95, "{flaky:#?}");
+    let p = flaky.p;
     assert!((0.2..0.8).contains(&p), "estimated p {p}");
-    let runs = flaky["runs"].as_u64().unwrap();
+    let runs = flaky.runs;
     assert!(runs < 400, "{runs} runs");
-    let v = &flaky["verification"];
-    assert_eq!(v["parent"], repo.commits[24].to_string());
-    assert!(v["separation"].as_f64().unwrap() >= 0.95, "{v:#}");
-    assert_eq!(v["parent_rate"][0], 0, "the parent never faults: {v:#}");
+    let v = flaky.verification.as_ref().expect("a verification");
+    assert_eq!(v.parent, repo.commits[24].to_string());
+    assert!(v.separation >= 0.95, "{v:#?}");
+    assert_eq!(v.parent_rate.0, 0, "the parent never faults: {v:#?}");
     assert!(
         run.stdout.contains("Flaky: the fault shows on about"),
         "{}",
@@ -2163,18 +2171,16 @@ fn a_flaky_search_out_of_runs_lists_the_most_likely_commits_and_is_inconclusive(
     );
     assert_eq!(run.code, 4, "{}", run.stderr);
     let report = run.report.as_ref().unwrap();
-    assert_eq!(report["result"], "ambiguous");
-    assert_eq!(report["flaky"]["reached"], false);
-    assert!(report["flaky"]["verification"].is_null());
+    assert_eq!(report.result, RunResult::Ambiguous);
+    let flaky = report.flaky.as_ref().expect("a flaky answer");
+    assert!(!flaky.reached);
+    assert!(flaky.verification.is_none());
     assert!(
-        report["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("a flaky fault: 12 runs spent"),
+        report.message.starts_with("a flaky fault: 12 runs spent"),
         "{}",
-        report["message"]
+        report.message
     );
-    assert!(!report["candidates"].as_array().unwrap().is_empty());
+    assert!(!report.candidates.is_empty());
 }
 
 #[test]
@@ -2191,9 +2197,9 @@ fn a_plain_search_misled_by_a_clean_run_is_caught_at_the_parent_and_searched_aga
     assert_eq!(first_bad(&run), repo.commits[15].to_string());
     let report = run.report.as_ref().unwrap();
     assert!(
-        report["flaky"]["reached"].as_bool().unwrap(),
-        "{:#}",
-        report["flaky"]
+        report.flaky.as_ref().is_some_and(|f| f.reached),
+        "{:#?}",
+        report.flaky
     );
     assert!(
         run.stderr
@@ -2213,17 +2219,9 @@ fn a_flaky_search_with_several_workers_runs_its_rounds_and_verification_on_all_o
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[25].to_string());
     let report = run.report.as_ref().unwrap();
-    assert!(
-        report["flaky"]["reached"].as_bool().unwrap(),
-        "{:#}",
-        report["flaky"]
-    );
-    assert!(
-        report["flaky"]["verification"]["separation"]
-            .as_f64()
-            .unwrap()
-            >= 0.95
-    );
+    let flaky = report.flaky.as_ref().expect("a flaky answer");
+    assert!(flaky.reached, "{flaky:#?}");
+    assert!(flaky.verification.as_ref().unwrap().separation >= 0.95);
     let log = std::fs::read_to_string(repo.path.parent().unwrap().join("probes.log")).unwrap();
     let workers: std::collections::BTreeSet<&str> = log
         .lines()
@@ -2242,7 +2240,7 @@ fn without_a_minimal_repro_the_bundle_reproduces_with_the_projects_own_repro_at_
     let before = snapshot(&repo.path);
     let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
+    let bundle = PathBuf::from(run.report.as_ref().unwrap().bundle.as_deref().unwrap());
     let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
     assert!(
         md.contains("No minimal repro: the repro is not a Python program"),
@@ -2401,8 +2399,8 @@ fn the_bundle_asks_pytorch_for_its_environment_only_when_the_run_used_pytorch() 
         }));
         let run = cudabisect(&repo.path, &[&format!("{}..main", repo.commits[0])]);
         assert_eq!(run.code, 0, "{}", run.stderr);
-        let bundle = PathBuf::from(run.report.as_ref().unwrap()["bundle"].as_str().unwrap());
-        let env: Value = serde_json::from_str(
+        let bundle = PathBuf::from(run.report.as_ref().unwrap().bundle.as_deref().unwrap());
+        let env: Environment = serde_json::from_str(
             &std::fs::read_to_string(bundle.join("environment.json")).unwrap(),
         )
         .unwrap();
@@ -2410,23 +2408,20 @@ fn the_bundle_asks_pytorch_for_its_environment_only_when_the_run_used_pytorch() 
     };
     // A native fault: no torch in the run, no `collect_env` (seconds and hundreds of MiB).
     let (env, human) = env_of("fault");
-    assert!(
-        env.get("torch_collect_env").is_none_or(Value::is_null),
-        "{env:#}"
-    );
+    assert!(env.torch_collect_env.is_none(), "{env:#?}");
     assert!(!human.contains("collect_env"), "{human}");
     assert!(
-        env["python"]
-            .as_str()
+        env.python
+            .as_deref()
             .is_some_and(|p| p.starts_with("Python 3")),
-        "{env:#}"
+        "{env:#?}"
     );
     // A PyTorch fault: its report is there.
     let (env, _) = env_of("torchfault");
     assert!(
-        env["torch_collect_env"]
-            .as_str()
+        env.torch_collect_env
+            .as_deref()
             .is_some_and(|t| t.contains("PyTorch version")),
-        "{env:#}"
+        "{env:#?}"
     );
 }

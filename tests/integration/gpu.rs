@@ -7,8 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::first_bad;
 use crate::common::histories::{history_of_modes, linear_history};
 use crate::common::repo_builder::{put, Files};
+use cudabisect::report::event::Event;
+use cudabisect::report::json::Envelope;
+use cudabisect::report::record::{Report, ShrinkReport};
 
 fn root() -> PathBuf {
     std::env::var_os("CUDABISECT_ROOT")
@@ -101,34 +105,39 @@ fn planted_faults_are_triaged_with_class_kernel_and_access() {
             .last()
             .unwrap_or_default()
             .to_string();
-        let json: serde_json::Value = match serde_json::from_str::<serde_json::Value>(&last) {
-            Ok(v) => v["data"]["result"].clone(),
-            Err(e) => {
+        let result = match serde_json::from_str::<Envelope>(&last) {
+            Ok(Envelope {
+                event: Event::TriageDone { result },
+                ..
+            }) => result,
+            other => {
                 failures.push(format!(
-                    "{mode}: no JSON ({e}): {}",
+                    "{mode}: no triage_done ({other:?}): {}",
                     String::from_utf8_lossy(&out.stderr)
                 ));
                 continue;
             }
         };
-        let sig = &json["signature"];
-        let detail = sig["detail"].as_str().unwrap_or("");
+        let sig = result.signature.clone().unwrap_or_else(|| {
+            cudabisect::classify::Signature::new(cudabisect::classify::FaultClass::None, "")
+        });
+        let detail = sig.detail.as_deref().unwrap_or("");
         println!(
-            "{mode}: status={} tools={} class={} kernel={} site={} detail={} | {}",
-            json["status"],
-            json["tools_run"],
-            sig["class"],
-            sig["kernel"],
-            sig["site"],
+            "{mode}: status={:?} tools={:?} class={} kernel={:?} site={:?} detail={} | {}",
+            result.status,
+            result.tools_run,
+            sig.class.as_str(),
+            sig.kernel,
+            sig.site,
             detail,
-            json["summary"]
+            result.summary
         );
-        if sig["class"] != class {
-            failures.push(format!("{mode}: class {} != {class}", sig["class"]));
+        if sig.class.as_str() != class {
+            failures.push(format!("{mode}: class {} != {class}", sig.class.as_str()));
         }
         if let Some(k) = kernel {
-            if sig["kernel"] != k {
-                failures.push(format!("{mode}: kernel {} != {k}", sig["kernel"]));
+            if sig.kernel.as_deref() != Some(k) {
+                failures.push(format!("{mode}: kernel {:?} != {k}", sig.kernel));
             }
         }
         if let Some(a) = access {
@@ -317,25 +326,21 @@ fn the_shrink_fixtures_shrink_to_their_needed_nodes_on_cuda() {
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let report = stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["type"] == "shrink_done")
-            .map(|v| v["data"]["report"].clone())
-            .unwrap_or_default();
-        println!(
-            "{file}: exit {:?}: {}",
-            out.status.code(),
-            report["summary"]
+        let report = shrink_done(&crate::common::events(&stdout))
+            .unwrap_or_else(|| panic!("{file}: no shrink_done: {stdout}"));
+        println!("{file}: exit {:?}: {}", out.status.code(), report.summary);
+        assert_eq!(crate::common::kept(&report), want, "{file}: {stdout}");
+        assert_eq!(
+            report.signature.as_ref().and_then(|s| s.code),
+            Some(700),
+            "{file}"
         );
-        let kept: Vec<&str> = report["kept"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
-            .unwrap_or_default();
-        assert_eq!(kept, want, "{file}: {stdout}");
-        assert_eq!(report["signature"]["code"], 700, "{file}");
-        assert_eq!(report["confirmation"]["reproduced"], 3, "{file}");
-        let minimal = report["minimal_model"].as_str().unwrap();
+        assert_eq!(
+            report.confirmation.as_ref().map(|c| c.reproduced),
+            Some(3),
+            "{file}"
+        );
+        let minimal = report.minimal_model.as_deref().unwrap();
         let again = Command::new(bin())
             .args(["harness", "run", minimal, "--backend", "cuda"])
             .output()
@@ -402,32 +407,30 @@ fn the_demo_runs_on_cuda_with_sanitizer_triage() {
 
 /// Shrinks a PyTorch fixture through the PyTorch harness and runs the written repro.py alone.
 /// Whether a repro's signature has the class and kernel of a shrink report's.
-fn same_signature(sig: &cudabisect::classify::Signature, report: &serde_json::Value) -> bool {
-    sig.class.as_str() == report["signature"]["class"].as_str().unwrap_or("")
-        && sig.kernel.as_deref() == report["signature"]["kernel"].as_str()
+fn same_signature(sig: &cudabisect::classify::Signature, report: &ShrinkReport) -> bool {
+    report
+        .signature
+        .as_ref()
+        .is_some_and(|s| s.class == sig.class && s.kernel == sig.kernel)
 }
 
-/// `cudabisect shrink --message-format json` in `dir`: the process's output and its JSON events.
-fn shrink_json(dir: &Path) -> (std::process::Output, Vec<serde_json::Value>) {
+/// `cudabisect shrink --message-format json` in `dir`: the process's output and its events.
+fn shrink_json(dir: &Path) -> (std::process::Output, Vec<Event>) {
     let out = Command::new(bin())
         .args(["shrink", "--message-format", "json", "-C"])
         .arg(dir)
         .output()
         .unwrap();
-    let events = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .collect();
+    let events = crate::common::events(&String::from_utf8_lossy(&out.stdout));
     (out, events)
 }
 
-/// The data of the first event of `kind` (null when there is none).
-fn event_data(events: &[serde_json::Value], kind: &str) -> serde_json::Value {
-    events
-        .iter()
-        .find(|v| v["type"] == kind)
-        .map(|v| v["data"].clone())
-        .unwrap_or_default()
+/// The report of the `shrink_done` event, when there is one.
+fn shrink_done(events: &[Event]) -> Option<ShrinkReport> {
+    events.iter().find_map(|e| match e {
+        Event::ShrinkDone { report } => Some((**report).clone()),
+        _ => None,
+    })
 }
 
 fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
@@ -437,7 +440,12 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
     let config = "[repro]\ncommand = [\"python3\", \"-c\", \"import toy_model\"]\n\n[shrink]\nmodel = \"toy_model:build\"\ninputs = \"toy_model:example_inputs\"\nconfirm = 3\ntimeout = \"10m\"\n".to_string();
     git_repo_with(&dir, &[("toy_model.py", source), ("bisect.toml", config)]);
     let (out, events) = shrink_json(&dir);
-    let report = event_data(&events, "shrink_done")["report"].clone();
+    let Some(report) = shrink_done(&events) else {
+        return Err(format!(
+            "{fixture}: no shrink_done: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    };
     let log = |name: &str| {
         std::fs::read_dir(dir.join(".git/cudabisect/runs"))
             .ok()
@@ -448,19 +456,16 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
             .unwrap_or_default()
     };
     let summary = format!(
-        "{fixture}: {} | runs_to_minimal={} harness_runs={} duration={:.1}s signature={} | stderr: {}",
-        report["summary"],
-        report["runs_to_minimal"],
-        report["harness_runs"],
-        report["duration_s"].as_f64().unwrap_or(0.0),
-        report["signature"]["summary"],
+        "{fixture}: {} | runs_to_minimal={} harness_runs={} duration={:.1}s signature={:?} | stderr: {}",
+        report.summary,
+        report.runs_to_minimal,
+        report.harness_runs,
+        report.duration_s,
+        report.signature.as_ref().map(|s| s.short()),
         String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.starts_with('[')).collect::<Vec<_>>().join(" / ")
     );
     println!("{summary}");
-    let kept: Vec<&str> = report["kept"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
-        .unwrap_or_default();
+    let kept: Vec<&str> = report.kept.iter().map(|n| n.id.as_str()).collect();
     // A kept node's id contains what was asked for (FX names nodes after their target).
     let matches = kept.len() == want.len() && kept.iter().zip(want).all(|(k, w)| k.contains(w));
     if !matches {
@@ -469,32 +474,23 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
             log("locate.log")
         ));
     }
-    let kept_ops: Vec<&str> = report["kept"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|n| n["op"].as_str()).collect())
-        .unwrap_or_default();
+    let kept_ops: Vec<&str> = report.kept.iter().map(|n| n.op.as_str()).collect();
     println!(
-        "{fixture}: kept {kept:?} ops {kept_ops:?}; graph: {}",
-        report["graph"]
+        "{fixture}: kept {kept:?} ops {kept_ops:?}; graph: {:?}",
+        report.graph
     );
-    let shapes: Vec<String> = report["kept"][0]["inputs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|t| format!("{}{}", t["name"].as_str().unwrap_or(""), t["shape"]))
-                .collect()
-        })
-        .unwrap_or_default();
+    let inputs = &report.kept[0].inputs;
+    let shapes: Vec<String> = inputs
+        .iter()
+        .map(|t| format!("{}{}", t.name, t.shape_text()))
+        .collect();
     println!("{fixture}: kept node inputs {shapes:?}");
-    if shapes.is_empty() || shapes.iter().any(|s| s.ends_with("null")) {
+    if inputs.is_empty() || inputs.iter().any(|t| t.shape.is_none()) {
         return Err(format!(
             "{summary}\nthe kept node's input shapes were not filled from the recording: {shapes:?}"
         ));
     }
-    let repro = report["minimal_model"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let repro = report.minimal_model.clone().unwrap_or_default();
     // A fresh directory holding only what extract wrote: the model's package is not importable there.
     let fresh = tempfile::tempdir().unwrap();
     let written: Vec<String> = std::fs::read_dir(Path::new(&repro).parent().unwrap())
@@ -526,10 +522,9 @@ fn torch_case(fixture: &str, want: &[&str]) -> Result<String, String> {
     let code = run.status.code().unwrap_or(-1);
     let sig = cudabisect::classify::classify(cudabisect::classify::Exit::Code(code), &text);
     println!(
-        "{fixture}: repro.py alone: exit {code}, {} (target {} in {})",
+        "{fixture}: repro.py alone: exit {code}, {} (target {:?})",
         sig.short(),
-        report["signature"]["class"],
-        report["signature"]["kernel"]
+        report.signature.as_ref().map(|s| s.short())
     );
     if !same_signature(&sig, &report) {
         return Err(format!(
@@ -744,7 +739,7 @@ fn a_kernel_that_does_not_compile_fails_the_build_with_the_nvrtc_log() {
 /// its history; both are launched through one helper, so only the kernel tells the bugs apart.
 /// Runs `cudabisect ARGS -C DIR --report REPORT`, prints its summary, its probes' lines and its wall time,
 /// asserts it exited 0, and returns the report and stdout.
-fn start_with_report(dir: &Path, args: &[&str], report: &Path) -> (serde_json::Value, String) {
+fn start_with_report(dir: &Path, args: &[&str], report: &Path) -> (Report, String) {
     let started = std::time::Instant::now();
     let out = Command::new(bin())
         .args(args)
@@ -767,8 +762,36 @@ fn start_with_report(dir: &Path, args: &[&str], report: &Path) -> (serde_json::V
     }
     println!("wall {:.1}s", started.elapsed().as_secs_f64());
     assert_eq!(out.status.code(), Some(0), "{stdout}");
-    let r = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let text = std::fs::read_to_string(report).unwrap();
+    let r = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not a report ({e}): {text}"));
     (r, stdout)
+}
+
+/// A report's part as the JSON it was written as, for the test's printout.
+fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).unwrap()
+}
+
+/// The target's kernel is `kernel`.
+fn assert_target_kernel(r: &Report, kernel: &str) {
+    assert_eq!(
+        r.target.as_ref().and_then(|t| t.kernel.as_deref()),
+        Some(kernel),
+        "{:#?}",
+        r.target
+    );
+}
+
+/// Another bug was met on the way, and every other bug is in `kernel`.
+fn assert_other_bugs_in(r: &Report, kernel: &str) {
+    assert!(
+        !r.other_bugs.is_empty(),
+        "the other bug was never met: {r:#?}"
+    );
+    assert!(r
+        .other_bugs
+        .iter()
+        .all(|o| o.signature.kernel.as_deref() == Some(kernel)));
 }
 
 fn two_bug_files(
@@ -842,23 +865,11 @@ fn two_triton_bugs_of_one_class_are_told_apart_and_the_right_commit_is_named() {
         &["start", &format!("{}..main", commits[0]), "--no-shrink"],
         &tmp.path().join("report.json"),
     );
-    println!("target: {}", r["target"]);
-    println!("other bugs: {}", r["other_bugs"]);
-    assert_eq!(
-        r["first_bad"]["commit"],
-        commits[22].to_string(),
-        "{stdout}"
-    );
-    assert_eq!(
-        r["target"]["kernel"], "_hash_embed_kernel",
-        "{:#}",
-        r["target"]
-    );
-    let others = r["other_bugs"].as_array().unwrap();
-    assert!(!others.is_empty(), "the other bug was never met: {r:#}");
-    assert!(others
-        .iter()
-        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+    println!("target: {}", json(&r.target));
+    println!("other bugs: {}", json(&r.other_bugs));
+    assert_eq!(first_bad(&r), Some(commits[22].to_string()), "{stdout}");
+    assert_target_kernel(&r, "_hash_embed_kernel");
+    assert_other_bugs_in(&r, "_bias_gelu_kernel");
 }
 
 #[test]
@@ -896,20 +907,16 @@ fn cold_probes_pay_one_sanitizer_run_per_fault_stack_and_still_tell_the_two_bugs
         ],
         &tmp.path().join("report.json"),
     );
-    assert_eq!(
-        r["first_bad"]["commit"],
-        commits[22].to_string(),
-        "{stdout}"
-    );
-    let probes = r["probes"].as_array().unwrap();
+    assert_eq!(first_bad(&r), Some(commits[22].to_string()), "{stdout}");
+    let probes = &r.probes;
     let ran: Vec<&str> = probes
         .iter()
-        .filter_map(|p| p["sanitizer"].as_str())
+        .filter_map(|p| p.sanitizer.as_deref())
         .collect();
     for p in probes {
         println!(
-            "{} {} {} {}",
-            p["role"], p["verdict"], p["signature"]["kernel"], p["sanitizer"]
+            "{:?} {:?} {:?} {:?}",
+            p.role, p.verdict, p.signature.kernel, p.sanitizer
         );
     }
     let fresh = ran
@@ -922,11 +929,7 @@ fn cold_probes_pay_one_sanitizer_run_per_fault_stack_and_still_tell_the_two_bugs
     // other lookalike or target probe remembered.
     assert!(fresh <= 3, "{ran:?}");
     assert!(remembered >= 1, "{ran:?}");
-    let others = r["other_bugs"].as_array().unwrap();
-    assert!(!others.is_empty(), "the other bug was never met: {r:#}");
-    assert!(others
-        .iter()
-        .all(|o| o["signature"]["kernel"] == "_bias_gelu_kernel"));
+    assert_other_bugs_in(&r, "_bias_gelu_kernel");
 }
 
 #[test]
@@ -946,17 +949,9 @@ fn find_fix_names_the_fix_and_is_not_misled_by_another_triton_bug_of_the_same_cl
         &["start", "--find-fix", &format!("{}..main", commits[3])],
         &tmp.path().join("report.json"),
     );
-    println!("fault: {}", r["target"]);
-    assert_eq!(
-        r["first_bad"]["commit"],
-        commits[15].to_string(),
-        "{stdout}"
-    );
-    assert_eq!(
-        r["target"]["kernel"], "_hash_embed_kernel",
-        "{:#}",
-        r["target"]
-    );
+    println!("fault: {}", json(&r.target));
+    assert_eq!(first_bad(&r), Some(commits[15].to_string()), "{stdout}");
+    assert_target_kernel(&r, "_hash_embed_kernel");
     assert!(stdout.contains("First fixed commit"), "{stdout}");
 }
 
@@ -1095,42 +1090,44 @@ fn a_torchrun_repro_is_bisected_to_the_commit_where_rank_one_faults_through_an_n
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{stdout}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    assert_eq!(
-        report["first_bad"]["commit"].as_str(),
-        Some(commits[8].to_string().as_str())
-    );
-    let probes = report["probes"].as_array().unwrap();
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(first_bad(&report), Some(commits[8].to_string()));
+    let probes = &report.probes;
     for p in probes {
-        let s = &p["signature"];
+        let s = &p.signature;
         println!(
-            "probe {} ({}): {} {} rank={} site={} detail={}",
-            &p["commit"].as_str().unwrap()[..12],
-            p["role"],
-            p["verdict"],
-            s["class"],
-            s["rank"],
-            s["site"],
-            s["detail"]
+            "probe {} ({:?}): {:?} {} rank={:?} site={:?} detail={:?}",
+            &p.commit[..12],
+            p.role,
+            p.verdict,
+            s.class.as_str(),
+            s.rank,
+            s.site,
+            s.detail
         );
         assert!(
-            !s["site"].as_str().unwrap_or("").contains("torchrun"),
-            "a launcher frame as site: {p:#}"
+            !s.site.as_deref().unwrap_or("").contains("torchrun"),
+            "a launcher frame as site: {p:#?}"
         );
     }
     let bad = probes
         .iter()
-        .find(|p| p["commit"] == commits[8].to_string())
+        .find(|p| p.commit == commits[8].to_string())
         .unwrap();
-    assert_eq!(bad["signature"]["class"], "illegal_address", "{bad:#}");
-    assert_eq!(bad["signature"]["rank"], 1, "{bad:#}");
+    assert_eq!(
+        bad.signature.class,
+        cudabisect::classify::FaultClass::IllegalAddress,
+        "{bad:#?}"
+    );
+    assert_eq!(bad.signature.rank, Some(1), "{bad:#?}");
     let hangs: Vec<_> = probes
         .iter()
-        .filter(|p| p["signature"]["class"] == "hang")
+        .filter(|p| p.signature.class == cudabisect::classify::FaultClass::Hang)
         .collect();
     assert!(!hangs.is_empty(), "the search never met the hang stretch");
-    assert!(hangs.iter().all(|p| p["verdict"] == "skip"));
+    assert!(hangs
+        .iter()
+        .all(|p| p.verdict == cudabisect::report::record::Verdict::Skip));
     // Every rank and the launcher are gone, and the GPUs are free.
     let left = Command::new("nvidia-smi")
         .args(["--query-compute-apps=pid", "--format=csv,noheader"])
@@ -1237,43 +1234,47 @@ fn training_scripts_are_captured_and_shrunk_to_the_faulting_backward_or_update_o
         linear_history(&dir, [trainpkg_files(&edits, &config)]).unwrap();
         let started = std::time::Instant::now();
         let (out, events) = shrink_json(&dir);
-        let report = event_data(&events, "shrink_done")["report"].clone();
-        let kept: Vec<&str> = report["kept"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
-            .unwrap_or_default();
+        let Some(report) = shrink_done(&events) else {
+            failures.push(format!(
+                "{case}: no shrink_done: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        };
+        let kept: Vec<&str> = report.kept.iter().map(|n| n.id.as_str()).collect();
+        let captured = report.captured.as_ref();
         println!(
-            "{case}: {} | captured step {} phase {} | kept {kept:?} | signature {} | {:.1}s",
-            report["summary"],
-            report["captured"]["step"],
-            report["captured"]["phase"],
-            report["signature"]["summary"],
+            "{case}: {} | captured step {:?} phase {:?} | kept {kept:?} | signature {:?} | {:.1}s",
+            report.summary,
+            captured.map(|c| c.step),
+            captured.map(|c| &c.phase),
+            report.signature.as_ref().map(|s| s.short()),
             started.elapsed().as_secs_f64()
         );
         if kept != [want]
-            || report["captured"]["phase"] != phase
-            || report["captured"]["step"] != step
+            || captured.map(|c| c.phase.as_str()) != Some(phase)
+            || captured.map(|c| c.step) != Some(step)
         {
             failures.push(format!(
                 "{case}: kept {kept:?} captured {}, want [{want}] in {phase} at step {step}\n{}",
-                report["captured"],
+                json(&report.captured),
                 String::from_utf8_lossy(&out.stderr)
             ));
             continue;
         }
-        let bundle = event_data(&events, "bundle_written")["path"]
-            .as_str()
-            .map(PathBuf::from);
+        let bundle = events.iter().find_map(|e| match e {
+            Event::BundleWritten { path, .. } => Some(PathBuf::from(path)),
+            _ => None,
+        });
         let Some(bundle) = bundle else {
             failures.push(format!("{case}: no bundle"));
             continue;
         };
         let (code, sig, text) = reproduce_from_bundle(&bundle, &dir);
         println!(
-            "{case}: reproduce.sh: exit {code}, {} (target {} in {})",
+            "{case}: reproduce.sh: exit {code}, {} (target {:?})",
             sig.short(),
-            report["signature"]["class"],
-            report["signature"]["kernel"]
+            report.signature.as_ref().map(|s| s.short())
         );
         if !same_signature(&sig, &report) {
             failures.push(format!(
@@ -1309,36 +1310,42 @@ fn start_on_a_custom_op_package_names_the_culprit_and_keeps_its_minimal_training
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     println!("{text}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
-            .unwrap_or_default();
+    let r: Report = serde_json::from_str(
+        &std::fs::read_to_string(&report_path).unwrap_or_else(|_| panic!("no report: {text}")),
+    )
+    .unwrap();
+    let s = crate::common::shrink_of(&r, &text);
     println!(
-        "start: culprit {} (want {}), target {}, shrink {} | kept {} | {:.1}s",
-        r["first_bad"]["commit"],
+        "start: culprit {:?} (want {}), target {:?}, shrink {} | kept {} | {:.1}s",
+        first_bad(&r),
         commits[3],
-        r["target"]["summary"],
-        r["shrink"]["summary"],
-        r["shrink"]["kept"].as_array().map_or(0, |a| a.len()),
+        r.target.as_ref().map(|t| t.short()),
+        s.summary,
+        s.kept.len(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
-    let kept: Vec<&str> = r["shrink"]["kept"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
-        .unwrap_or_default();
-    assert_eq!(kept, ["embed_default__backward"], "{text}");
-    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    assert_eq!(first_bad(&r), Some(commits[3].to_string()), "{text}");
+    assert_eq!(
+        s.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{text}"
+    );
+    assert_eq!(
+        crate::common::kept(s),
+        ["embed_default__backward"],
+        "{text}"
+    );
+    let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
     let (code, sig, repro) = reproduce_from_bundle(&bundle, &dir);
     println!("start: reproduce.sh: exit {code}, {}", sig.short());
     assert_eq!(
-        sig.class.as_str(),
-        r["target"]["class"].as_str().unwrap(),
+        Some(sig.class),
+        r.target.as_ref().map(|t| t.class),
         "{repro}"
     );
     assert_eq!(
-        sig.kernel.as_deref(),
-        r["shrink"]["signature"]["kernel"].as_str(),
+        sig.kernel,
+        s.signature.as_ref().and_then(|g| g.kernel.clone()),
         "{repro}"
     );
 }
@@ -1367,29 +1374,24 @@ fn a_python_build_of_a_training_package_runs_warm_and_the_culprit_is_named() {
     let started = std::time::Instant::now();
     let range = format!("{}..main", commits[0]);
     let (r, text) = start_with_report(&dir, &["start", &range, "--no-shrink"], &report_path);
-    let probes = r["probes"].as_array().cloned().unwrap_or_default();
-    for p in &probes {
+    let probes = &r.probes;
+    for p in probes {
         println!(
-            "  {} {}: build {} ({}), repro {}, {:.1}s",
-            p["role"],
-            p["commit"],
-            p["build_runner"],
-            p["verdict"],
-            p["runner"],
-            p["duration_s"].as_f64().unwrap_or(0.0)
+            "  {:?} {}: build {:?} ({:?}), repro {:?}, {:.1}s",
+            p.role, p.commit, p.build_runner, p.verdict, p.runner, p.duration_s
         );
     }
     println!(
-        "start: culprit {} (want {}), {} probes, {:.1}s",
-        r["first_bad"]["commit"],
+        "start: culprit {:?} (want {}), {} probes, {:.1}s",
+        first_bad(&r),
         commits[5],
         probes.len(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(r["first_bad"]["commit"], commits[5].to_string(), "{text}");
+    assert_eq!(first_bad(&r), Some(commits[5].to_string()), "{text}");
     assert!(!probes.is_empty(), "{text}");
-    for p in &probes {
-        assert_eq!(p["build_runner"], "warm", "{p}");
+    for p in probes {
+        assert_eq!(p.build_runner.as_deref(), Some("warm"), "{p:?}");
     }
 }
 
@@ -1419,11 +1421,12 @@ fn jax_gpu_files(offset: i64, config: &str) -> Files {
 
 /// Checks that a shrink report's `repro.py` needs nothing of the project and, run alone from a fresh
 /// directory, faults with an illegal address; returns what it printed.
-fn standalone_repro_faults(shrink: &serde_json::Value) -> String {
+fn standalone_repro_faults(shrink: &ShrinkReport) -> String {
     let minimal = PathBuf::from(
-        shrink["minimal_model"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no repro.py: {}", shrink["extract_error"])),
+        shrink
+            .minimal_model
+            .as_deref()
+            .unwrap_or_else(|| panic!("no repro.py: {:?}", shrink.extract_error)),
     );
     let repro = std::fs::read_to_string(&minimal).unwrap();
     assert!(!repro.contains("cudabisect-needs-project"), "{repro}");
@@ -1474,21 +1477,25 @@ fn a_jax_training_step_with_a_faulting_pallas_kernel_is_bisected_shrunk_and_hand
         &["start", &format!("{}..main", commits[0])],
         &report_path,
     );
-    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
-    assert_eq!(r["target"]["class"], "illegal_address", "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
-    let kept: Vec<&str> = r["shrink"]["kept"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(kept, ["e003_pallas_call"], "{text}");
+    assert_eq!(first_bad(&r), Some(commits[3].to_string()), "{text}");
     assert_eq!(
-        r["shrink"]["signature"]["kernel"], "window_kernel",
+        r.target.as_ref().map(|t| t.class),
+        Some(cudabisect::classify::FaultClass::IllegalAddress),
         "{text}"
     );
-    let out = standalone_repro_faults(&r["shrink"]);
+    let s = crate::common::shrink_of(&r, &text);
+    assert_eq!(
+        s.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{text}"
+    );
+    assert_eq!(crate::common::kept(s), ["e003_pallas_call"], "{text}");
+    assert_eq!(
+        s.signature.as_ref().and_then(|g| g.kernel.as_deref()),
+        Some("window_kernel"),
+        "{text}"
+    );
+    let out = standalone_repro_faults(s);
     assert!(
         out.contains("@@cudabisect launch kernel=window_kernel"),
         "{out}"
@@ -1514,21 +1521,23 @@ fn a_keras_model_with_a_faulting_pallas_layer_is_shrunk_to_that_layer() {
             .join("\n")
     );
     println!("wall {:.1}s", started.elapsed().as_secs_f64());
-    let r = event_data(&events, "shrink_done")["report"].clone();
+    let r = shrink_done(&events).unwrap_or_else(|| panic!("no shrink_done: {text}"));
     println!(
         "kept {} of {}: {}",
-        r["nodes_after"], r["nodes_before"], r["summary"]
+        r.nodes_after, r.nodes_before, r.summary
     );
-    assert_eq!(r["status"], "minimal", "{text}");
-    let kept: Vec<&str> = r["kept"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(kept, ["l01_window"], "{text}");
+    assert_eq!(
+        r.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{text}"
+    );
+    assert_eq!(crate::common::kept(&r), ["l01_window"], "{text}");
     // The layer launches one Pallas kernel: the shrink's signature names it.
-    assert_eq!(r["signature"]["kernel"], "window_kernel", "{text}");
+    assert_eq!(
+        r.signature.as_ref().and_then(|g| g.kernel.as_deref()),
+        Some("window_kernel"),
+        "{text}"
+    );
     standalone_repro_faults(&r);
 }
 
@@ -1596,15 +1605,20 @@ fn init_then_start_on_a_gpu_training_package_names_the_culprit() {
         &["start", &format!("{}..main", commits[0]), "--no-triage"],
         &tmp.path().join("report.json"),
     );
+    let s = crate::common::shrink_of(&r, &text);
     println!(
-        "init + start: culprit {} (want {}) | {} | {:.1}s",
-        r["first_bad"]["commit"],
+        "init + start: culprit {:?} (want {}) | {} | {:.1}s",
+        first_bad(&r),
         commits[2],
-        r["shrink"]["summary"],
+        s.summary,
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
+    assert_eq!(
+        s.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{text}"
+    );
 }
 
 #[test]
@@ -1678,35 +1692,35 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
             &["start", &format!("{}..main", commits[0])],
             &tmp.path().join("report.json"),
         );
-        let s = &r["shrink"];
-        let kept: Vec<&str> = s["kept"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|n| n["id"].as_str()).collect())
-            .unwrap_or_default();
-        let bundle = r["bundle"].as_str().map(PathBuf::from);
+        let Some(s) = r.shrink.as_ref() else {
+            failures.push(format!("{case}: no shrink\n{text}"));
+            continue;
+        };
+        let kept: Vec<&str> = s.kept.iter().map(|n| n.id.as_str()).collect();
+        let bundle = r.bundle.as_deref().map(PathBuf::from);
         let bytes = bundle.as_deref().map_or(0, dir_bytes);
         println!(
-            "{case}: culprit {} (want {}) | {} | path {} | alone {} | shrink stage {}s | captured step {} phase {} | kept {kept:?} | triage {} | bundle {} bytes | {:.1}s",
-            r["first_bad"]["commit"],
+            "{case}: culprit {:?} (want {}) | {} | path {:?} | alone {} | shrink stage {}s | captured step {:?} phase {:?} | kept {kept:?} | triage {:?} | bundle {} bytes | {:.1}s",
+            first_bad(&r),
             commits[2],
-            s["summary"],
-            s["path"],
-            s["data"]["alone"],
-            s["duration_s"],
-            s["captured"]["step"],
-            s["captured"]["phase"],
-            r["triage"]["summary"],
+            s.summary,
+            s.path,
+            json(&s.data.as_ref().and_then(|d| d.alone.as_ref())),
+            s.duration_s,
+            s.captured.as_ref().map(|c| c.step),
+            s.captured.as_ref().map(|c| &c.phase),
+            r.triage.as_ref().map(|t| &t.summary),
             bytes,
             started.elapsed().as_secs_f64()
         );
         let phase_ok = kept.len() == 1
-            && s["kept"][0]["phase"] == want
+            && s.kept[0].phase.as_deref() == Some(want)
             && !["model", "model__backward"].contains(&kept[0]);
-        if r["first_bad"]["commit"] != commits[2].to_string()
-            || s["status"] != "minimal"
+        if first_bad(&r) != Some(commits[2].to_string())
+            || s.status != cudabisect::report::record::ShrinkStatus::Minimal
             || !phase_ok
         {
-            failures.push(format!("{case}: {}\n{text}", s));
+            failures.push(format!("{case}: {}\n{text}", json(s)));
             continue;
         }
         match bundle {
@@ -1741,19 +1755,22 @@ fn start_with_no_shrink_section_hands_over_a_minimal_repro_for_each_training_pac
         &["start", &format!("{}..main", commits[0])],
         &tmp.path().join("report.json"),
     );
-    let s = &r["shrink"];
-    let bytes = r["bundle"].as_str().map_or(0, |b| dir_bytes(Path::new(b)));
+    let s = crate::common::shrink_of(&r, &text);
+    let bytes = r.bundle.as_deref().map_or(0, |b| dir_bytes(Path::new(b)));
+    let captured = s.captured.as_ref();
     println!(
-        "JAX script without factories: culprit ok {} | {} | captured {} | triage {} | bundle {} bytes | {:.1}s",
-        r["first_bad"]["commit"] == commits[2].to_string(),
-        s["summary"],
-        s["captured"]["function"],
-        r["triage"]["summary"],
+        "JAX script without factories: culprit ok {} | {:?} | captured {:?} | triage {:?} | bundle {} bytes | {:.1}s",
+        first_bad(&r) == Some(commits[2].to_string()),
+        s.summary,
+        captured.and_then(|c| c.function.as_deref()),
+        r.triage.as_ref().map(|t| &t.summary),
         bytes,
         started.elapsed().as_secs_f64()
     );
-    if s["status"] != "minimal" || s["captured"]["framework"] != "jax" {
-        failures.push(format!("JAX: {s}\n{text}"));
+    if s.status != cudabisect::report::record::ShrinkStatus::Minimal
+        || captured.and_then(|c| c.framework.as_deref()) != Some("jax")
+    {
+        failures.push(format!("JAX: {}\n{text}", json(s)));
     } else {
         standalone_repro_faults(s);
     }
@@ -1804,27 +1821,29 @@ fn start_hands_over_an_attachable_repro_for_an_int32_wrap_that_depends_on_the_la
         &["start", &format!("{}..main", commits[0])],
         &tmp.path().join("report.json"),
     );
-    let s = &r["shrink"];
-    let bundle = r["bundle"].as_str().map(PathBuf::from);
+    let s = crate::common::shrink_of(&r, &text);
+    let bundle = r.bundle.as_deref().map(PathBuf::from);
     let bytes = bundle.as_deref().map_or(0, dir_bytes);
     println!(
-        "int32 wrap: culprit ok {} | {} | path {} | data {} | shrink stage {}s | triage {} | bundle {} bytes | {:.1}s",
-        r["first_bad"]["commit"] == commits[2].to_string(),
-        s["summary"],
-        s["path"],
-        s["data"],
-        s["duration_s"],
-        r["triage"]["summary"],
+        "int32 wrap: culprit ok {} | {} | path {:?} | data {} | shrink stage {}s | triage {:?} | bundle {} bytes | {:.1}s",
+        first_bad(&r) == Some(commits[2].to_string()),
+        s.summary,
+        s.path,
+        json(&s.data),
+        s.duration_s,
+        r.triage.as_ref().map(|t| &t.summary),
         bytes,
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
-    assert_eq!(s["status"], "minimal", "{s}\n{text}");
-    assert_eq!(s["data"]["generated"], true, "{s}");
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
     assert_eq!(
-        s["data"]["alone"]["reproduced"], s["data"]["alone"]["runs"],
-        "{s}"
+        s.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{s:?}\n{text}"
     );
+    assert!(crate::common::data(s).generated, "{s:?}");
+    let alone = crate::common::alone(s);
+    assert_eq!(alone.reproduced, alone.runs, "{s:?}");
     assert!(bytes < 25 << 20, "bundle of {bytes} bytes");
     let bundle = bundle.unwrap();
     let report = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
@@ -1926,21 +1945,25 @@ fn an_overrun_only_memcheck_sees_is_shrunk_under_memcheck_and_handed_off() {
         &["start", &format!("{}..main", commits[0])],
         &tmp.path().join("report.json"),
     );
-    let shrink = &r["shrink"];
+    let shrink = crate::common::shrink_of(&r, &text);
     println!(
-        "culprit {} (want {}) | target {} | shrink {} | memcheck {} | {}s | triage {}",
-        r["first_bad"]["commit"],
+        "culprit {:?} (want {}) | target {:?} | shrink {} | memcheck {:?} | {}s | triage {:?}",
+        first_bad(&r),
         commits[2],
-        r["target"]["summary"],
-        shrink["summary"],
-        shrink["memcheck"],
-        shrink["duration_s"],
-        r["triage"]["summary"]
+        r.target.as_ref().map(|t| t.short()),
+        shrink.summary,
+        shrink.memcheck,
+        shrink.duration_s,
+        r.triage.as_ref().map(|t| &t.summary)
     );
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
-    assert_eq!(shrink["status"], "minimal", "{text}");
-    assert!(shrink["memcheck"].is_string(), "{shrink}");
-    let bundle = PathBuf::from(r["bundle"].as_str().expect("a bundle"));
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
+    assert_eq!(
+        shrink.status,
+        cudabisect::report::record::ShrinkStatus::Minimal,
+        "{text}"
+    );
+    assert!(shrink.memcheck.is_some(), "{shrink:?}");
+    let bundle = PathBuf::from(r.bundle.as_deref().expect("a bundle"));
     let (code, sig, out) = reproduce_from_bundle(&bundle, &dir);
     println!(
         "reproduce.sh: exit {code} | {}\n{}",

@@ -6,6 +6,7 @@ use std::process::Command;
 
 use cudabisect::classify::{classify, Exit, FaultClass};
 use cudabisect::harness::tensor::Tensor;
+use cudabisect::protocol::types::Description;
 
 fn model(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,21 +35,22 @@ fn s(p: &Path) -> &str {
 fn describe_lists_nodes_in_execution_order_with_shapes_and_producers() {
     let (code, out, _) = harness(&["describe", s(&model("transformer_block.toml"))]);
     assert_eq!(code, 0);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let ids: Vec<&str> = v["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["id"].as_str().unwrap())
-        .collect();
+    let v: Description = serde_json::from_str(&out).unwrap();
+    let ids: Vec<&str> = v.nodes.iter().map(|n| n.id.as_str()).collect();
     assert_eq!(ids.len(), 19);
     assert_eq!((ids[0], ids[18]), ("embed", "pool"));
-    let scores = &v["nodes"][6];
-    assert_eq!(scores["op"], "matmul");
-    assert_eq!(scores["inputs"][1]["name"], "kt");
-    assert_eq!(scores["inputs"][1]["producer"], "k_t");
-    assert_eq!(scores["outputs"][0]["shape"], serde_json::json!([32, 32]));
-    assert_eq!(v["outputs"], serde_json::json!(["pooled"]));
+    let scores = &v.nodes[6];
+    assert_eq!(scores.op, "matmul");
+    assert_eq!(scores.inputs[1].name, "kt");
+    assert_eq!(scores.inputs[1].producer.as_deref(), Some("k_t"));
+    assert_eq!(scores.outputs[0].shape, Some(vec![32, 32]));
+    /// The model's outputs, which the native harness adds to its description.
+    #[derive(serde::Deserialize)]
+    struct Outputs {
+        outputs: Vec<String>,
+    }
+    let o: Outputs = serde_json::from_str(&out).unwrap();
+    assert_eq!(o.outputs, ["pooled"]);
 }
 
 #[test]
@@ -106,11 +108,21 @@ fn a_subgraph_on_recorded_inputs_equals_the_same_nodes_in_the_full_run() {
         s(&full),
     ]);
     assert_eq!(code, 0, "{out}");
-    let manifest: serde_json::Value =
+    /// What `--record` wrote of one tensor.
+    #[derive(serde::Deserialize)]
+    struct Recorded {
+        node: String,
+    }
+    /// `manifest.json`: the recorded tensors by name.
+    #[derive(serde::Deserialize)]
+    struct Manifest {
+        tensors: std::collections::BTreeMap<String, Recorded>,
+    }
+    let manifest: Manifest =
         serde_json::from_str(&std::fs::read_to_string(full.join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest["tensors"]["s"]["node"], "scores");
-    assert_eq!(manifest["tensors"].as_object().unwrap().len(), 19);
+    assert_eq!(manifest.tensors["s"].node, "scores");
+    assert_eq!(manifest.tensors.len(), 19);
     let keep = "attn,context,o_proj,residual1,ln2";
     let (code, out, _) = harness(&[
         "run",

@@ -61,7 +61,11 @@ fn names_the_third_commit(dir: &Path, commits: &[git2::Oid], scratch: &Path) {
         scratch,
     );
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[2].to_string(), "{text}");
+    assert_eq!(
+        r.as_ref().and_then(crate::common::first_bad),
+        Some(commits[2].to_string()),
+        "{text}"
+    );
 }
 
 #[test]

@@ -12,8 +12,9 @@ use std::process::Command;
 
 use crate::common::histories::linear_history;
 use crate::common::repo_builder::{put, Files};
-use crate::common::{kept, shrink, start_report};
-use serde_json::Value;
+use crate::common::{first_bad, kept, shrink, shrink_of, start_report};
+use cudabisect::classify::FaultClass;
+use cudabisect::report::record::{ShrinkReport, ShrinkStatus};
 
 fn require_jax() {
     crate::common::require_python(
@@ -52,14 +53,14 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
 
 /// Runs the minimal repro away from the project, on the CPU.
 fn run_alone(
-    report: &Value,
+    report: &ShrinkReport,
     project: Option<&Path>,
     env: &[(&str, &str)],
 ) -> (Option<i32>, String) {
     let env: Vec<(&str, &str)> = std::iter::once(("JAX_PLATFORMS", "cpu"))
         .chain(env.iter().copied())
         .collect();
-    crate::common::run_repro_alone(report, project, &env)
+    crate::common::run_repro_alone(crate::common::repro_py(report), project, &env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\nenv = { JAX_PLATFORMS = \"cpu\" }\n\n[triage]\nenabled = false\n\n";
@@ -71,25 +72,26 @@ fn a_jitted_jax_training_step_is_shrunk_to_its_faulting_equation() {
     let (_tmp, dir) = repo(&format!("{BASE}{JAX}"));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(r["status"], "minimal", "{out}");
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{out}");
     // The jitted step was inlined: the forward, backward and update are its equations.
     assert!(
-        r["graph"]
-            .as_str()
+        r.graph
+            .as_deref()
             .is_some_and(|g| g.contains("equations of its jaxpr")),
-        "{r}"
+        "{r:?}"
     );
-    assert!(r["nodes_before"].as_u64().unwrap() > 30, "{r}");
+    assert!(r.nodes_before > 30, "{r:?}");
     assert_eq!(kept(&r), ["e000_pure_callback"], "{out}");
     assert_eq!(
-        r["kept"][0]["source"]
-            .as_str()
+        r.kept[0]
+            .source
+            .as_deref()
             .map(|s| s.contains("toy/ops.py:")),
         Some(true),
-        "{r}"
+        "{r:?}"
     );
     // The callback is the project's: repro.py says so, and with the project importable it reproduces.
-    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    let repro = std::fs::read_to_string(r.minimal_model.as_deref().unwrap()).unwrap();
     assert!(
         repro.contains("# cudabisect-needs-project: toy.ops"),
         "{repro}"
@@ -111,14 +113,11 @@ fn a_keras_functional_model_is_shrunk_to_its_faulting_layer_and_its_training_ste
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     // Six layers, the nested block's two among them.
-    assert_eq!(r["nodes_before"], 6, "{r}");
-    let all: Vec<String> = r["removed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect();
-    assert!(all.iter().any(|n| n.contains("block.inner_scale")), "{r}");
+    assert_eq!(r.nodes_before, 6, "{r:?}");
+    assert!(
+        r.removed.iter().any(|n| n.contains("block.inner_scale")),
+        "{r:?}"
+    );
     assert_eq!(kept(&r), ["l00_lookup"], "{out}");
     let (exit, text) = run_alone(&r, Some(&dir), &[]);
     assert_eq!(exit, Some(1), "{text}");
@@ -131,10 +130,8 @@ fn a_keras_functional_model_is_shrunk_to_its_faulting_layer_and_its_training_ste
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        r["graph"]
-            .as_str()
-            .is_some_and(|g| g.contains("train_step")),
-        "{r}"
+        r.graph.as_deref().is_some_and(|g| g.contains("train_step")),
+        "{r:?}"
     );
     assert_eq!(kept(&r), ["e000_pure_callback"], "{out}");
 }
@@ -147,11 +144,11 @@ fn a_kept_pallas_kernel_is_written_as_a_standalone_repro_that_needs_only_jax() {
     // reading, and runs without the project.
     let (_tmp, dir) = repo(&format!("{BASE}{JAX}"));
     let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "none")]);
-    assert_eq!(r["status"], "not_reproduced", "{out}");
+    assert_eq!(r.status, ShrinkStatus::NotReproduced, "{out}");
     assert_ne!(code, 0, "{out}");
-    let record = PathBuf::from(r["out_dir"].as_str().unwrap()).join("record");
-    assert!(record.join("values.json").is_file(), "{r}");
-    let harness = find_harness(Path::new(r["out_dir"].as_str().unwrap()));
+    let record = PathBuf::from(&r.out_dir).join("record");
+    assert!(record.join("values.json").is_file(), "{r:?}");
+    let harness = find_harness(Path::new(&r.out_dir));
     let out_dir = tempfile::tempdir().unwrap();
     let st = Command::new("python3")
         .arg(&harness)
@@ -189,8 +186,8 @@ fn a_kept_pallas_kernel_is_written_as_a_standalone_repro_that_needs_only_jax() {
         .path()
         .join("minimal/steps/e009_pallas_call.jaxexport")
         .is_file());
-    let report = serde_json::json!({ "minimal_model": repro_path.display().to_string() });
-    let (exit, text) = run_alone(&report, None, &[]);
+    let (exit, text) =
+        crate::common::run_repro_alone(&repro_path, None, &[("JAX_PLATFORMS", "cpu")]);
     assert_eq!(exit, Some(0), "{text}");
     assert!(
         text.contains("@@cudabisect launch kernel=scale_kernel"),
@@ -220,12 +217,15 @@ fn start_on_a_jax_training_script_bisects_and_hands_off_a_repro_that_reproduces(
     let commits = linear_history(&dir, [8, 8, 8, 6, 6].map(|rows| files(rows, &config))).unwrap();
     let (code, r, text) = start_report(&dir, &[&format!("{}..main", commits[0])], tmp.path());
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
-    assert_eq!(r["target"]["class"], "illegal_address", "{text}");
-    assert_eq!(r["target"]["framework"], "jax", "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
-    assert_eq!(kept(&r["shrink"]), ["e000_pure_callback"], "{text}");
-    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert_eq!(first_bad(&r), Some(commits[3].to_string()), "{text}");
+    let target = r.target.as_ref().expect("a target");
+    assert_eq!(target.class, FaultClass::IllegalAddress, "{text}");
+    assert_eq!(target.framework.as_deref(), Some("jax"), "{text}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(kept(s), ["e000_pure_callback"], "{text}");
+    let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
     let elsewhere = tempfile::tempdir().unwrap();
     let run = Command::new(bundle.join("reproduce.sh"))
         .arg(&dir)
@@ -255,13 +255,13 @@ fn a_fault_only_the_jitted_step_shows_ends_the_shrink_with_the_xla_dump_in_its_l
     .unwrap();
     let (code, r, out) = shrink(&dir, &[]);
     assert_ne!(code, 0, "{out}");
-    assert_eq!(r["status"], "not_reproduced", "{out}");
-    let summary = r["summary"].as_str().unwrap();
+    assert_eq!(r.status, ShrinkStatus::NotReproduced, "{out}");
+    let summary = &r.summary;
     assert!(
         summary.contains("does not show equation by equation, only in the jitted executable"),
         "{summary}"
     );
-    let dump = PathBuf::from(r["out_dir"].as_str().unwrap()).join("logs/xla-dump");
+    let dump = PathBuf::from(&r.out_dir).join("logs/xla-dump");
     assert!(
         std::fs::read_dir(&dump).is_ok_and(|mut d| d.next().is_some()),
         "no XLA dump in {}",

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::repo_builder::{put, Files, RepoBuilder};
-use crate::common::{bin, kept, shrink, start_report};
-use serde_json::Value;
+use crate::common::{bin, first_bad, kept, shrink, shrink_of, start_report};
+use cudabisect::classify::FaultClass;
+use cudabisect::report::record::{ParentCheck, Report, ShrinkStatus};
 
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(
@@ -64,20 +65,23 @@ fn each_fixture_shrinks_to_exactly_the_nodes_it_needs() {
         let (code, r, out) = shrink(&dir, &[]);
         assert_eq!(code, 0, "{file}: {out}");
         assert_eq!(kept(&r), want, "{file}");
-        assert_eq!(r["nodes_before"], nodes, "{file}");
-        assert_eq!(r["status"], "minimal");
-        assert_eq!(r["signature"]["class"], "illegal_address");
-        assert_eq!(r["confirmation"]["reproduced"], 3);
+        assert_eq!(r.nodes_before, nodes, "{file}");
+        assert_eq!(r.status, ShrinkStatus::Minimal);
+        assert_eq!(
+            r.signature.as_ref().map(|s| s.class),
+            Some(FaultClass::IllegalAddress)
+        );
+        assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
         let bound = (usize::BITS - (nodes - 1usize).leading_zeros()) as u64 + 3;
         if want.len() == 1 {
             assert!(
-                r["runs_to_minimal"].as_u64().unwrap() <= bound,
+                (r.runs_to_minimal as u64) <= bound,
                 "{file}: {}",
-                r["runs_to_minimal"]
+                r.runs_to_minimal
             );
         }
         // The extracted minimal model reproduces on its own.
-        let model = r["minimal_model"].as_str().unwrap();
+        let model = r.minimal_model.as_deref().unwrap();
         let run = Command::new(bin())
             .args(["harness", "run", model, "--backend", "cpu"])
             .output()
@@ -90,9 +94,9 @@ fn each_fixture_shrinks_to_exactly_the_nodes_it_needs() {
         let text = String::from_utf8_lossy(&run.stdout);
         assert!(text.contains("illegal memory access"), "{text}");
         assert!(
-            r["reproduce"].as_str().unwrap().contains("harness run"),
-            "{}",
-            r["reproduce"]
+            r.reproduce.as_deref().unwrap().contains("harness run"),
+            "{:?}",
+            r.reproduce
         );
     }
 }
@@ -113,11 +117,13 @@ fn a_candidate_that_fails_another_way_is_rejected() {
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), vec!["b1_mm", "b2_lookup"]);
-    let rejected = r["rejected"].as_array().unwrap();
-    assert!(!rejected.is_empty());
+    assert!(!r.rejected.is_empty());
     assert!(
-        rejected.iter().all(|x| x["class"] == "out_of_memory"),
-        "{rejected:?}"
+        r.rejected
+            .iter()
+            .all(|x| x.class == FaultClass::OutOfMemory),
+        "{:?}",
+        r.rejected
     );
 }
 
@@ -130,12 +136,8 @@ fn a_model_that_does_not_fault_is_reported_not_shrunk() {
     );
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 3, "{out}");
-    assert_eq!(r["status"], "not_reproduced");
-    assert!(
-        r["summary"].as_str().unwrap().contains("not a fault"),
-        "{}",
-        r["summary"]
-    );
+    assert_eq!(r.status, ShrinkStatus::NotReproduced);
+    assert!(r.summary.contains("not a fault"), "{}", r.summary);
 }
 
 #[test]
@@ -145,8 +147,8 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
         "model = \"model.toml\"\nharness = [\"x\"]",
         &[],
     );
-    let (code, _, out) = shrink(&dir, &[]);
-    assert_eq!(code, 2);
+    let (code, done, out) = crate::common::shrink_run(&dir, &[]);
+    assert_eq!((code, done.is_none()), (2, true), "{out}");
     assert!(
         out.contains("[shrink] give either harness or model, not both"),
         "{out}"
@@ -156,8 +158,8 @@ fn shrink_config_errors_are_one_line_and_exit_2() {
         "model = \"model.toml\"\nbackend = \"tpu\"",
         &[],
     );
-    let (code, _, out) = shrink(&dir, &[]);
-    assert_eq!(code, 2);
+    let (code, done, out) = crate::common::shrink_run(&dir, &[]);
+    assert_eq!((code, done.is_none()), (2, true), "{out}");
     assert!(
         out.contains("unknown variant `tpu`, expected one of `cuda`, `cpu`, `auto`"),
         "{out}"
@@ -210,15 +212,16 @@ fn start_shrinks_at_the_first_bad_commit_and_the_parent_passes() {
     );
     let (code, r, text) = start_report(&dir, &["good..main"], tmp.path());
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], culprit.to_string());
-    assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
-    assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert_eq!(first_bad(&r), Some(culprit.to_string()));
+    assert_eq!(kept(shrink_of(&r, &text)), vec!["b2_lookup"]);
+    assert_eq!(shrink_of(&r, &text).parent_check, Some(ParentCheck::Passed));
     assert!(text.contains("Shrink: 1 of 24 nodes (b2_lookup)"), "{text}");
 
     let (code, r, text) = start_report(&dir, &["good..main", "--no-shrink"], tmp.path());
     assert_eq!(code, 0);
-    assert!(r.is_object(), "no report: {text}");
-    assert!(r["shrink"].is_null());
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert!(r.shrink.is_none());
 }
 
 /// A chain of `n` relus whose last node gathers with an out-of-range id: a large `describe`.
@@ -248,7 +251,7 @@ fn a_description_of_thousands_of_nodes_goes_through_whole() {
     );
     let (code, report, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(report["nodes_before"], 6001, "{out}");
+    assert_eq!(report.nodes_before, 6001, "{out}");
     assert_eq!(kept(&report), ["lookup"]);
 }
 
@@ -301,11 +304,10 @@ fn the_description_channel_ignores_noise_and_checks_the_protocol_version() {
     let (code, report, out) = shrink(&dir, &[]);
     assert_eq!(code, 2, "{out}");
     assert!(
-        report["summary"]
-            .as_str()
-            .unwrap()
+        report
+            .summary
             .contains("the harness speaks protocol 1, cudabisect speaks 2"),
-        "{report:#}"
+        "{report:#?}"
     );
 }
 
@@ -358,7 +360,7 @@ fn regression_with_killing_harness() -> (tempfile::TempDir, PathBuf, PathBuf, St
     (tmp, dir, state, culprit)
 }
 
-fn start_json(dir: &Path) -> (Option<i32>, Value) {
+fn start_json(dir: &Path) -> (Option<i32>, Option<Report>) {
     let report = dir.parent().unwrap().join("report.json");
     let _ = std::fs::remove_file(&report);
     let out = Command::new(bin())
@@ -370,8 +372,7 @@ fn start_json(dir: &Path) -> (Option<i32>, Value) {
         .unwrap();
     let r = std::fs::read_to_string(&report)
         .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
+        .map(|t| serde_json::from_str(&t).unwrap_or_else(|e| panic!("not a report ({e}): {t}")));
     (out.status.code(), r)
 }
 
@@ -386,9 +387,10 @@ fn harness_calls(state: &Path) -> usize {
 fn a_run_killed_during_the_shrink_resumes_with_the_search_reused_and_the_same_answer() {
     let (_tmp, dir, state, culprit) = regression_with_killing_harness();
     let (code, full) = start_json(&dir);
-    assert_eq!(code, Some(0), "{full:#}");
-    assert_eq!(full["first_bad"]["commit"], culprit.as_str());
-    assert_eq!(kept(&full["shrink"]), vec!["b2_lookup"]);
+    assert_eq!(code, Some(0), "{full:#?}");
+    let full = full.expect("a report");
+    assert_eq!(first_bad(&full), Some(culprit.clone()));
+    assert_eq!(kept(shrink_of(&full, "")), vec!["b2_lookup"]);
     let total = harness_calls(&state);
     assert!(total >= 4, "{total}");
 
@@ -401,13 +403,17 @@ fn a_run_killed_during_the_shrink_resumes_with_the_search_reused_and_the_same_an
         assert_eq!(
             code,
             Some(0),
-            "resumed after a kill at harness call {kill_at}: {r:#}"
+            "resumed after a kill at harness call {kill_at}: {r:#?}"
         );
-        assert_eq!(r["first_bad"]["commit"], culprit.as_str());
-        assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"], "kill at {kill_at}");
-        let probes = r["probes"].as_array().unwrap();
+        let r = r.expect("a report");
+        assert_eq!(first_bad(&r), Some(culprit.clone()));
+        assert_eq!(
+            kept(shrink_of(&r, "")),
+            vec!["b2_lookup"],
+            "kill at {kill_at}"
+        );
         assert!(
-            probes.iter().all(|p| p["reused"] == true),
+            r.probes.iter().all(|p| p.reused),
             "the search finished before the kill: every probe is reused (kill at {kill_at})"
         );
     }
@@ -478,24 +484,29 @@ fn triage_and_the_shrink_side_by_side_give_the_same_report_and_bundle_as_one_aft
     let (code, serial, text) = start_report(&dir, &["good..main", "--jobs", "1"], tmp.path());
     assert_eq!(code, 0, "{text}");
 
+    let (side, serial) = (side.expect("a report"), serial.expect("a report"));
     for r in [&side, &serial] {
-        assert_eq!(kept(&r["shrink"]), vec!["b2_lookup"]);
-        assert_eq!(r["shrink"]["parent_check"]["status"], "passed");
+        assert_eq!(kept(shrink_of(r, &text)), vec!["b2_lookup"]);
+        assert_eq!(shrink_of(r, &text).parent_check, Some(ParentCheck::Passed));
     }
-    assert_eq!(side["first_bad"], serial["first_bad"]);
-    for key in ["status", "summary", "signature"] {
-        assert_eq!(side["triage"][key], serial["triage"][key], "triage {key}");
-    }
-    for key in [
-        "status",
-        "summary",
-        "kept",
-        "removed",
-        "nodes_before",
-        "nodes_after",
-    ] {
-        assert_eq!(side["shrink"][key], serial["shrink"][key], "shrink {key}");
-    }
-    let files = |r: &Value| bundle_files(Path::new(r["bundle"].as_str().unwrap()));
+    assert_eq!(first_bad(&side), first_bad(&serial));
+    let triage = |r: &Report| {
+        let t = r.triage.clone().expect("triage ran");
+        (t.status, t.summary, t.signature)
+    };
+    assert_eq!(triage(&side), triage(&serial));
+    let shrunk = |r: &Report| {
+        let s = shrink_of(r, "").clone();
+        (
+            s.status,
+            s.summary,
+            s.kept,
+            s.removed,
+            s.nodes_before,
+            s.nodes_after,
+        )
+    };
+    assert_eq!(shrunk(&side), shrunk(&serial));
+    let files = |r: &Report| bundle_files(Path::new(r.bundle.as_deref().unwrap()));
     assert_eq!(files(&side), files(&serial));
 }

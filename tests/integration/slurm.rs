@@ -11,8 +11,10 @@ use std::sync::Mutex;
 
 use crate::common::histories::history_of_modes;
 use crate::common::repo_builder::{put, Files};
+use cudabisect::classify::FaultClass;
+use cudabisect::report::environment::Environment;
+use cudabisect::report::record::{Report, Verdict};
 use git2::Oid;
-use serde_json::Value;
 
 /// The cluster is one node: tests that drain it or fill its queue must not overlap.
 static CLUSTER: Mutex<()> = Mutex::new(());
@@ -75,7 +77,7 @@ fn start_cmd(repo: &Repo, extra: &[&str]) -> Command {
     cmd
 }
 
-fn report(repo: &Repo) -> Value {
+fn report(repo: &Repo) -> Report {
     let text = std::fs::read_to_string(repo.path.parent().unwrap().join("report.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
@@ -149,7 +151,7 @@ impl Drop for Resume {
     }
 }
 
-fn run_ok(repo: &Repo, extra: &[&str]) -> (Value, String) {
+fn run_ok(repo: &Repo, extra: &[&str]) -> (Report, String) {
     let out = start_cmd(repo, extra).output().unwrap();
     let text = format!(
         "{}{}",
@@ -160,8 +162,8 @@ fn run_ok(repo: &Repo, extra: &[&str]) -> (Value, String) {
     (report(repo), text)
 }
 
-fn first_bad(report: &Value) -> &str {
-    report["first_bad"]["commit"].as_str().unwrap()
+fn first_bad(report: &Report) -> &str {
+    &report.first_bad.as_ref().unwrap().commit
 }
 
 #[test]
@@ -176,21 +178,23 @@ fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_f
     let repo = repo(&modes, "");
     let (report, text) = run_ok(&repo, &[]);
     assert_eq!(first_bad(&report), repo.commits[5].to_string(), "{text}");
-    let probes = report["probes"].as_array().unwrap();
+    let probes = &report.probes;
     for p in probes {
-        let job = &p["job"];
-        assert_eq!(job["scheduler"], "slurm", "{p:#}");
-        assert!(job["id"].as_str().is_some_and(|id| !id.is_empty()), "{p:#}");
-        assert!(job["node"].as_str().is_some(), "{p:#}");
-        assert!(job["queue_s"].as_f64().is_some(), "{p:#}");
+        let job = p
+            .job
+            .as_ref()
+            .unwrap_or_else(|| panic!("not a job: {p:#?}"));
+        assert_eq!(job.scheduler, "slurm", "{p:#?}");
+        assert!(!job.id.is_empty(), "{p:#?}");
+        assert!(job.node.is_some(), "{p:#?}");
     }
     // Slurm killed the first run of commit 4 for its memory: infrastructure, run again, then judged.
     let oom = probes
         .iter()
-        .find(|p| p["commit"] == repo.commits[4].to_string())
+        .find(|p| p.commit == repo.commits[4].to_string())
         .unwrap_or_else(|| panic!("commit 4 never probed: {text}"));
-    assert_eq!(oom["attempts"], 2, "{oom:#}");
-    assert_eq!(oom["verdict"], "good", "{oom:#}");
+    assert_eq!(oom.attempts, 2, "{oom:#?}");
+    assert_eq!(oom.verdict, Verdict::Good, "{oom:#?}");
     // The child environment is the local one, and Slurm gave each repro its GPU.
     let runs = std::fs::read_to_string(&repo.log).unwrap();
     assert!(
@@ -201,17 +205,18 @@ fn a_serial_bisection_runs_every_probe_as_a_slurm_job_and_retries_a_job_killed_f
     assert!(runs.contains("devices=0"), "{runs}");
     assert!(text.contains("[slurm job "), "{text}");
     // The bundle's environment was asked as steps of an allocation, and names the node.
-    let bundle = report["bundle"]
-        .as_str()
+    let bundle = report
+        .bundle
+        .as_deref()
         .unwrap_or_else(|| panic!("no bundle: {text}"));
-    let env: Value = serde_json::from_str(
+    let env: Environment = serde_json::from_str(
         &std::fs::read_to_string(Path::new(bundle).join("environment.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(env["elsewhere"], true, "{env:#}");
+    assert!(env.elsewhere, "{env:#?}");
     assert!(
-        env["host"].as_str().is_some_and(|h| !h.is_empty()),
-        "{env:#}"
+        env.host.as_deref().is_some_and(|h| !h.is_empty()),
+        "{env:#?}"
     );
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }
@@ -304,18 +309,18 @@ fn queue_time_does_not_count_toward_the_repro_timeout_and_a_hang_is_cancelled() 
     assert_eq!(out.status.code(), Some(0), "{text}");
     let report = report(&repo);
     assert_eq!(first_bad(&report), repo.commits[4].to_string(), "{text}");
-    let probes = report["probes"].as_array().unwrap();
+    let probes = &report.probes;
     let queued = probes
         .iter()
-        .find(|p| p["job"]["queue_s"].as_f64().unwrap_or(0.0) > 3.0)
+        .find(|p| p.job.as_ref().is_some_and(|j| j.queue_s > 3.0))
         .unwrap_or_else(|| panic!("no probe queued past the timeout: {text}"));
-    assert_ne!(queued["signature"]["class"], "hang", "{queued:#}");
+    assert_ne!(queued.signature.class, FaultClass::Hang, "{queued:#?}");
     let hang = probes
         .iter()
-        .find(|p| p["commit"] == repo.commits[2].to_string())
+        .find(|p| p.commit == repo.commits[2].to_string())
         .unwrap_or_else(|| panic!("the hanging commit was never probed: {text}"));
-    assert_eq!(hang["signature"]["class"], "hang", "{hang:#}");
-    assert_eq!(hang["verdict"], "skip", "{hang:#}");
+    assert_eq!(hang.signature.class, FaultClass::Hang, "{hang:#?}");
+    assert_eq!(hang.verdict, Verdict::Skip, "{hang:#?}");
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }
 
@@ -367,8 +372,8 @@ fn node_trouble_mid_run(state: &str, seen: &str) {
     assert_eq!(out.status.code(), Some(0), "{text}");
     let report = report(&repo);
     assert_eq!(first_bad(&report), repo.commits[3].to_string(), "{text}");
-    for p in report["probes"].as_array().unwrap() {
-        assert!(p["verdict"] == "good" || p["verdict"] == "bad", "{p:#}");
+    for p in &report.probes {
+        assert_ne!(p.verdict, Verdict::Skip, "{p:#?}");
     }
     assert!(our_jobs().is_empty(), "jobs left: {:?}", our_jobs());
 }

@@ -9,8 +9,8 @@ use std::process::Command;
 
 use crate::common::histories::linear_history;
 use crate::common::repo_builder::{put, Files, RepoBuilder};
-use crate::common::{kept, shrink, start_report};
-use serde_json::Value;
+use crate::common::{alone, captured, data, first_bad, kept, shrink, shrink_of, start_report};
+use cudabisect::report::record::{ShrinkReport, ShrinkStatus};
 
 fn require_torch() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
@@ -42,8 +42,8 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 /// Runs the minimal repro away from the project.
-fn run_alone(report: &Value, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    crate::common::run_repro_alone(report, None, env)
+fn run_alone(report: &ShrinkReport, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    crate::common::run_repro_alone(crate::common::repro_py(report), None, env)
 }
 
 const BASE: &str = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\n\n[triage]\nenabled = false\n\n";
@@ -56,15 +56,16 @@ fn a_training_script_without_factories_is_shrunk_by_capturing_its_faulting_step(
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(r["status"], "minimal", "{out}");
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{out}");
     // The fault is in the embedding's own backward, met at step 3 of the script.
-    assert_eq!(r["captured"]["step"], 3, "{r}");
-    assert_eq!(r["captured"]["phase"], "backward", "{r}");
+    assert_eq!(captured(&r).step, 3, "{r:?}");
+    assert_eq!(captured(&r).phase, "backward", "{r:?}");
     assert!(
-        r["captured"]["forward_trace"]
-            .as_str()
+        captured(&r)
+            .forward_trace
+            .as_deref()
             .is_some_and(|t| t.contains("toy/model.py")),
-        "{r}"
+        "{r:?}"
     );
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     let (exit, text) = run_alone(&r, &[]);
@@ -85,10 +86,10 @@ fn a_model_from_factories_shrinks_through_its_training_step_to_the_faulting_back
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     assert!(
-        r["graph"]
-            .as_str()
+        r.graph
+            .as_deref()
             .is_some_and(|g| g.contains("training step")),
-        "{r}"
+        "{r:?}"
     );
     let (exit, text) = run_alone(&r, &[]);
     assert_eq!(exit, Some(1), "{text}");
@@ -113,12 +114,10 @@ fn a_capture_of_a_script_that_never_fails_says_so() {
     ));
     let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "none")]);
     assert_ne!(code, 0, "{out}");
-    assert_eq!(r["status"], "failed", "{out}");
+    assert_eq!(r.status, ShrinkStatus::Failed, "{out}");
     assert!(
-        r["summary"]
-            .as_str()
-            .is_some_and(|s| s.contains("recorded no failure")),
-        "{r}"
+        Some(r.summary.as_str()).is_some_and(|s| s.contains("recorded no failure")),
+        "{r:?}"
     );
 }
 
@@ -152,13 +151,15 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
     .unwrap();
     let (code, r, text) = start_report(&dir, &[&format!("{}..main", commits[0])], tmp.path());
     assert_eq!(code, 0, "{text}");
-    assert_eq!(r["first_bad"]["commit"], commits[3].to_string(), "{text}");
-    assert_eq!(r["shrink"]["status"], "minimal", "{text}");
-    assert_eq!(kept(&r["shrink"]), ["emb__Gather__backward"], "{text}");
-    assert_eq!(r["shrink"]["captured"]["phase"], "backward");
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert_eq!(first_bad(&r), Some(commits[3].to_string()), "{text}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(kept(s), ["emb__Gather__backward"], "{text}");
+    assert_eq!(captured(s).phase, "backward");
     // The copied backward imports the project: repro.py says so, and reproduce.sh checks the culprit
     // out and puts it on PYTHONPATH; run from elsewhere, it reproduces.
-    let bundle = PathBuf::from(r["bundle"].as_str().unwrap());
+    let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
     let repro = std::fs::read_to_string(bundle.join("minimal/repro.py")).unwrap();
     assert!(repro.contains("# cudabisect-needs-project: toy"), "{repro}");
     let md = std::fs::read_to_string(bundle.join("REPORT.md")).unwrap();
@@ -196,13 +197,13 @@ fn large_recorded_values_are_generated_when_the_fault_still_shows_with_them() {
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
-    let data = &r["data"];
-    assert_eq!(data["generated"], true, "{r}");
-    assert!(data["exact_bytes"].as_u64().unwrap() > 8 << 20, "{data}");
-    assert!(data["bytes"].as_u64().unwrap() < 1 << 20, "{data}");
+    let d = data(&r);
+    assert!(d.generated, "{r:?}");
+    assert!(d.exact_bytes > 8 << 20, "{d:?}");
+    assert!(d.bytes < 1 << 20, "{d:?}");
     // It was run alone in fresh processes before it replaced the exact one: every run showed the fault.
-    assert_eq!(data["alone"]["runs"], data["alone"]["reproduced"], "{data}");
-    assert!(data["alone"]["runs"].as_u64().unwrap() >= 1, "{data}");
+    assert_eq!(alone(&r).runs, alone(&r).reproduced, "{d:?}");
+    assert!(alone(&r).runs >= 1, "{d:?}");
     // The repro generates the indices (the one past row 2 in its place) and the gradient, and still faults.
     let (exit, text) = run_alone(&r, &[]);
     assert_eq!(exit, Some(1), "{text}");
@@ -218,17 +219,17 @@ fn large_recorded_values_stay_exact_when_the_repro_generating_them_does_not_faul
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
-    let data = &r["data"];
+    let d = data(&r);
     // Generated indices reach past the table many times and fail another way: the exact repro stays,
     // says why, and was itself run alone and faulted.
-    assert_eq!(data["generated"], false, "{data}");
-    assert!(data["bytes"].as_u64().unwrap() > 8 << 20, "{data}");
-    let note = data["note"].as_str().unwrap_or_default();
+    assert!(!d.generated, "{d:?}");
+    assert!(d.bytes > 8 << 20, "{d:?}");
+    let note = d.note.as_deref().unwrap_or_default();
     assert!(
         note.contains("did not fault when run alone (0 of 1 runs did"),
-        "{data}"
+        "{d:?}"
     );
-    assert_eq!(data["alone"]["reproduced"], 1, "{data}");
+    assert_eq!(alone(&r).reproduced, 1, "{d:?}");
     let (exit, text) = run_alone(&r, &[("TOY_FAULT_NEEDS", "exact")]);
     assert_eq!(exit, Some(1), "{text}");
     assert!(text.contains("an illegal memory access"), "{text}");
@@ -251,7 +252,7 @@ fn a_custom_op_backward_is_carried_with_its_register_autograd_into_a_standalone_
     let (exit, text) = run_alone(&r, &[]);
     assert_eq!(exit, Some(1), "{text}");
     assert!(text.contains("an illegal memory access"), "{text}");
-    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    let repro = std::fs::read_to_string(r.minimal_model.as_deref().unwrap()).unwrap();
     assert!(
         repro.contains(".register_autograd(_gather_bwd, setup_context=_gather_setup)"),
         "{repro}"
@@ -270,18 +271,26 @@ fn a_step_under_autocast_is_captured_and_replayed_under_the_same_autocast() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
     // The capture noted the step's autocast, which the harness runs it under: no note of a difference.
-    let capture = PathBuf::from(r["out_dir"].as_str().unwrap())
+    let capture = PathBuf::from(r.out_dir.as_str())
         .parent()
         .unwrap()
         .join("capture/capture.json");
-    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
-    assert_eq!(saved["autocast"]["device_type"], "cpu", "{saved}");
-    assert_eq!(saved["autocast"]["dtype"], "bfloat16", "{saved}");
+    /// What the capture saved of the step's autocast.
+    #[derive(Debug, serde::Deserialize)]
+    struct Autocast {
+        device_type: String,
+        dtype: String,
+    }
+    #[derive(Debug, serde::Deserialize)]
+    struct Saved {
+        autocast: Autocast,
+    }
+    let saved: Saved = serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
+    assert_eq!(saved.autocast.device_type, "cpu", "{saved:?}");
+    assert_eq!(saved.autocast.dtype, "bfloat16", "{saved:?}");
     assert!(
-        !r["captured"]["notes"].as_array().is_some_and(|n| n
-            .iter()
-            .any(|x| x.as_str().is_some_and(|t| t.contains("autocast")))),
-        "{r}"
+        !captured(&r).notes.iter().any(|t| t.contains("autocast")),
+        "{r:?}"
     );
 }
 
@@ -294,9 +303,9 @@ fn a_forward_that_faults_only_under_autocast_faults_in_the_repro_alone() {
     ));
     let (code, r, out) = shrink(&dir, &[("TOY_FAULT", "autocast")]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(r["captured"]["phase"], "forward", "{r}");
-    assert_eq!(r["data"]["alone"]["reproduced"], 1, "{r}");
-    let repro = std::fs::read_to_string(r["minimal_model"].as_str().unwrap()).unwrap();
+    assert_eq!(captured(&r).phase, "forward", "{r:?}");
+    assert_eq!(alone(&r).reproduced, 1, "{r:?}");
+    let repro = std::fs::read_to_string(r.minimal_model.as_deref().unwrap()).unwrap();
     assert!(repro.contains("'dtype': 'bfloat16'"), "{repro}");
     let (exit, text) = run_alone(&r, &[("TOY_FAULT", "autocast")]);
     assert_eq!(exit, Some(1), "{text}");
@@ -311,6 +320,6 @@ fn a_users_own_step_function_is_captured_like_a_script() {
     ));
     let (code, r, out) = shrink(&dir, &[]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(r["captured"]["step"], 3, "{r}");
+    assert_eq!(captured(&r).step, 3, "{r:?}");
     assert_eq!(kept(&r), ["emb__Gather__backward"], "{out}");
 }

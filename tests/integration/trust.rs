@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use cudabisect::classify::FaultClass;
+use cudabisect::report::event::Event;
+use cudabisect::report::record::ProbeRecord;
 use cudabisect::report::record::{ProbeRole, Report, Verdict};
-use serde_json::Value;
 
 /// A linear repository: commit i (from 1) has `version.txt` = i and `repro.sh` from `template`, in which
 /// `@BAD@` is replaced; tag `v1` is commit 1, branch `main`.
@@ -494,7 +495,7 @@ fn force_push(repo: &Repo, back: usize, versions: std::ops::Range<usize>) {
     }
 }
 
-fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Value>, String) {
+fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Event>, String) {
     let state = repo.scratch.join("state");
     let mut args = vec![
         "nightly",
@@ -510,18 +511,20 @@ fn nightly(repo: &Repo, config: &Path, extra: &[&str]) -> (i32, Vec<Value>, Stri
     ];
     args.extend_from_slice(extra);
     let (code, out, err) = run(repo, &args);
-    let events: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON Lines ({e}): {l}")))
-        .collect();
-    (code, events, err)
+    assert!(
+        out.lines().all(|l| l.starts_with('{')),
+        "not JSON Lines: {out}"
+    );
+    (code, crate::common::events(&out), err)
 }
 
-fn night_status(events: &[Value]) -> String {
+fn night_status(events: &[Event]) -> String {
     events
         .iter()
-        .find(|e| e["type"] == "nightly")
-        .map(|e| e["data"]["record"]["status"].as_str().unwrap().to_string())
+        .find_map(|e| match e {
+            Event::Nightly { record } => Some(record.status.as_str().to_string()),
+            _ => None,
+        })
         .unwrap_or_default()
 }
 
@@ -536,13 +539,16 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         "{err}"
     );
     // The head's probe is finished like any probe, as what it is: the head.
-    let head: Vec<&Value> = events
+    let head: Vec<&ProbeRecord> = events
         .iter()
-        .filter(|e| e["type"] == "probe_finished")
+        .filter_map(|e| match e {
+            Event::ProbeFinished { record, .. } => Some(&**record),
+            _ => None,
+        })
         .collect();
     assert_eq!(head.len(), 1, "{events:?}");
-    assert_eq!(head[0]["data"]["record"]["role"], "head");
-    assert_eq!(head[0]["data"]["record"]["verdict"], "good");
+    assert_eq!(head[0].role, ProbeRole::Head);
+    assert_eq!(head[0].verdict, Verdict::Good);
     // A comment in the config judges nothing: the same state, a clean night.
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("# tuned for the new runner\n{text}")).unwrap();
@@ -564,7 +570,7 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
         err.contains("no longer exists")
             || events
                 .iter()
-                .any(|e| e.to_string().contains("no longer exists")),
+                .any(|e| format!("{e:?}").contains("no longer exists")),
         "{err}"
     );
     // Told where to start, it bisects; the next night knows the regression.
@@ -585,7 +591,7 @@ fn nightly_keeps_its_state_across_a_config_comment_and_survives_a_force_push() {
     // still failing with a commit that no longer exists; the fault is bisected afresh.
     force_push(&repo, 3, 13..15);
     let (code, events, err) = nightly(&repo, &config, &[]);
-    let said = err.clone() + &events.iter().map(Value::to_string).collect::<String>();
+    let said = format!("{err}{events:?}");
     assert_eq!(
         (code, night_status(&events).as_str()),
         (4, "inconclusive"),

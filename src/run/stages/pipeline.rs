@@ -106,8 +106,7 @@ pub fn stages_beside_environment(
     std::thread::scope(|s| {
         let asked = bundle.then(|| {
             s.spawn(move || {
-                let env =
-                    crate::host::environment::collect(at.as_ref(), cancel, torch, &mut |_| {});
+                let env = crate::host::environment::gather(at.as_ref(), cancel, torch, &mut |_| {});
                 (env, torch)
             })
         });

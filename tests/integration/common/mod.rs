@@ -8,16 +8,39 @@ pub mod repo_builder;
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::Value;
+use cudabisect::report::event::Event;
+use cudabisect::report::json::Envelope;
+use cudabisect::report::record::{AloneRuns, CapturedFault, Report, ReproData, ShrinkReport};
 
 /// The binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cudabisect")
 }
 
+/// The events of JSON Lines output, typed: every line that opens an object must be an event of the
+/// documented format, so a renamed field fails here, not as a lookup that quietly reads null.
+pub fn events(stdout: &str) -> Vec<Event> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            serde_json::from_str::<Envelope>(l)
+                .unwrap_or_else(|e| panic!("not an event ({e}): {l}"))
+                .event
+        })
+        .collect()
+}
+
 /// Runs `cudabisect shrink` in `dir` (with `env` added) and returns its exit status, the report of its
-/// `shrink_done` event (null when there was none) and everything it printed.
-pub fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
+/// `shrink_done` event (the test fails when there was none) and everything it printed.
+pub fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, ShrinkReport, String) {
+    let (code, done, text) = shrink_run(dir, env);
+    let done = done.unwrap_or_else(|| panic!("no shrink_done event: {text}"));
+    (code, done, text)
+}
+
+/// `shrink`, for a run that may end before any shrink (bad input): the report is `None` then.
+pub fn shrink_run(dir: &Path, env: &[(&str, &str)]) -> (i32, Option<ShrinkReport>, String) {
     let mut cmd = Command::new(bin());
     cmd.args(["shrink", "--message-format", "json", "-C"])
         .arg(dir);
@@ -26,49 +49,56 @@ pub fn shrink(dir: &Path, env: &[(&str, &str)]) -> (i32, Value, String) {
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let done = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["type"] == "shrink_done")
-        .map(|v| v["data"]["report"].clone())
-        .unwrap_or(Value::Null);
-    (
-        out.status.code().unwrap_or(-1),
-        done,
-        stdout + &String::from_utf8_lossy(&out.stderr),
-    )
+    let done = events(&stdout).into_iter().find_map(|e| match e {
+        Event::ShrinkDone { report } => Some(*report),
+        _ => None,
+    });
+    let text = stdout + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), done, text)
 }
 
 /// The ids of a shrink report's kept nodes.
-pub fn kept(report: &Value) -> Vec<String> {
-    report["kept"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["id"].as_str().unwrap().to_string())
-        .collect()
+pub fn kept(report: &ShrinkReport) -> Vec<String> {
+    report.kept.iter().map(|n| n.id.clone()).collect()
 }
 
-/// Runs `cudabisect start ARGS…` in `dir` with `--report` in `scratch`; its exit status, the report (null
-/// when none was written) and everything it printed.
-pub fn start_report(dir: &Path, args: &[&str], scratch: &Path) -> (i32, Value, String) {
+/// The first bad commit a report names, in full.
+pub fn first_bad(report: &Report) -> Option<String> {
+    report.first_bad.as_ref().map(|c| c.commit.clone())
+}
+
+/// A report's shrink, which the caller expects (`text`, what the run printed, when there is none).
+pub fn shrink_of<'r>(report: &'r Report, text: &str) -> &'r ShrinkReport {
+    report
+        .shrink
+        .as_ref()
+        .unwrap_or_else(|| panic!("no shrink: {text}"))
+}
+
+/// What a shrink captured of the training step, which the caller expects.
+pub fn captured(s: &ShrinkReport) -> &CapturedFault {
+    s.captured
+        .as_ref()
+        .unwrap_or_else(|| panic!("nothing captured: {s:?}"))
+}
+
+/// Runs `cudabisect start ARGS…` in `dir` with `--report` in `scratch`; its exit status, the report
+/// (`None` when none was written) and everything it printed.
+pub fn start_report(dir: &Path, args: &[&str], scratch: &Path) -> (i32, Option<Report>, String) {
     let (out, report) = start_with_report(dir, args, &scratch.join("report.json"));
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (
-        out.status.code().unwrap_or(-1),
-        report.unwrap_or(Value::Null),
-        text,
-    )
+    (out.status.code().unwrap_or(-1), report, text)
 }
 
 /// Runs `cudabisect start ARGS…` in `dir` with `--report REPORT` (removed first); what it did, and the
-/// report it wrote (`None` when it wrote none; a report that is not JSON fails the test).
+/// report it wrote (`None` when it wrote none; a report that is not one of the documented format fails the
+/// test).
 pub fn start_with_report(
     dir: &Path,
     args: &[&str],
     report: &Path,
-) -> (std::process::Output, Option<Value>) {
+) -> (std::process::Output, Option<Report>) {
     let _ = std::fs::remove_file(report);
     let out = Command::new(bin())
         .arg("start")
@@ -81,7 +111,7 @@ pub fn start_with_report(
         .unwrap();
     let written = std::fs::read_to_string(report)
         .ok()
-        .map(|t| serde_json::from_str(&t).expect("the report is JSON"));
+        .map(|t| serde_json::from_str(&t).unwrap_or_else(|e| panic!("not a report ({e}): {t}")));
     (out, written)
 }
 
@@ -106,15 +136,38 @@ pub fn fixture_text(dir: &str, rel: &str) -> String {
     .unwrap()
 }
 
-/// Copies a shrink report's minimal repro folder into a fresh directory, away from the project, and runs
-/// its `repro.py` there with `env` added (and the project on `PYTHONPATH` only when `project` is given);
+/// What a shrink's minimal repro ships, which the caller expects.
+pub fn data(s: &ShrinkReport) -> &ReproData {
+    s.data
+        .as_ref()
+        .unwrap_or_else(|| panic!("no repro data: {s:?}"))
+}
+
+/// The fresh-process runs of a shrink's minimal repro, which the caller expects.
+pub fn alone(s: &ShrinkReport) -> &AloneRuns {
+    data(s)
+        .alone
+        .as_ref()
+        .unwrap_or_else(|| panic!("never run alone: {s:?}"))
+}
+
+/// A shrink report's minimal `repro.py`, which the caller expects.
+pub fn repro_py(s: &ShrinkReport) -> &Path {
+    Path::new(
+        s.minimal_model
+            .as_deref()
+            .unwrap_or_else(|| panic!("no repro.py: {s:?}")),
+    )
+}
+
+/// Copies a minimal repro's folder (the one `repro` is in) into a fresh directory, away from the
+/// project, and runs its `repro.py` there with `env` added (and the project on `PYTHONPATH` only when `project` is given);
 /// its exit status and everything it printed.
 pub fn run_repro_alone(
-    report: &Value,
+    repro: &Path,
     project: Option<&Path>,
     env: &[(&str, &str)],
 ) -> (Option<i32>, String) {
-    let repro = std::path::PathBuf::from(report["minimal_model"].as_str().expect("a repro.py"));
     let fresh = tempfile::tempdir().unwrap();
     cudabisect::report::bundle::copy_dir(repro.parent().unwrap(), fresh.path()).unwrap();
     let mut cmd = Command::new("python3");
