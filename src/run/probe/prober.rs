@@ -5,7 +5,7 @@
 
 use crate::report::record::short_sha;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use git2::Oid;
@@ -294,7 +294,7 @@ impl Probe for WorktreeProber<'_> {
             finding,
             summary: result.summary,
             duration_s: started.elapsed().as_secs_f64(),
-            interrupted: self.cancel.load(std::sync::atomic::Ordering::SeqCst),
+            interrupted: self.cancel.load(Ordering::SeqCst),
         })
     }
 

@@ -201,7 +201,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         let Some(gpu) = self.watching.and_then(|w| pool.shared_gpu(w)) else {
             return;
         };
-        self.crowd = self.crowd.max(pool.probes_on(gpu));
+        self.crowd = self.crowd.max(pool.busy_on(gpu));
     }
 
     /// Starts the gauge on worker `w`'s probe when it is the one to measure: the first probe alone on the

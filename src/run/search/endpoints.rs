@@ -7,7 +7,7 @@
 
 use crate::bisect::Verdict;
 use crate::classify::FaultClass;
-use crate::report::record::{short_sha, ProbeRole};
+use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
 
 use super::contract::{EndpointProblem, SearchEnd};
 use super::driver::{Checks, Driver};
@@ -80,7 +80,7 @@ fn probe_bad_end(
         );
         return Err(SearchEnd::EndpointInfra(msg));
     }
-    if bad.verdict != Verdict::Bad || (!finding_fix && !reproduces(&bad.signature)) {
+    if shows_nothing_to_search(&bad, finding_fix) {
         return Err(SearchEnd::EndpointsInvalid(
             EndpointProblem::BadDoesNotReproduce {
                 bad: bad_name.to_string(),
@@ -112,10 +112,14 @@ fn probe_bad_end(
 
 /// Whether the bad end's run refuses the range: the host could not judge it, or it shows no fault the
 /// search can look for.
-fn refuses(bad: &crate::report::record::ProbeRecord, finding_fix: bool) -> bool {
-    is_host_problem(bad.signature.class)
-        || bad.verdict != Verdict::Bad
-        || (!finding_fix && !reproduces(&bad.signature))
+fn refuses(bad: &ProbeRecord, finding_fix: bool) -> bool {
+    is_host_problem(bad.signature.class) || shows_nothing_to_search(bad, finding_fix)
+}
+
+/// Whether the bad end's run is not bad, or (looking for a culprit) faults in no way a search can
+/// follow.
+fn shows_nothing_to_search(bad: &ProbeRecord, finding_fix: bool) -> bool {
+    bad.verdict != Verdict::Bad || (!finding_fix && !reproduces(&bad.signature))
 }
 
 /// Learns the target's kernel from the bad endpoint under compute-sanitizer, when its own output does

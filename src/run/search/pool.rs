@@ -224,16 +224,11 @@ impl Pool<'_> {
     }
 
     /// Probes running on `gpu` (workers sharing it).
-    fn busy_on(&self, gpu: &str) -> usize {
+    pub(super) fn busy_on(&self, gpu: &str) -> usize {
         self.busy
             .keys()
             .filter(|&&w| self.shared[w].as_deref() == Some(gpu))
             .count()
-    }
-
-    /// How many probes run on `gpu` now.
-    pub(super) fn probes_on(&self, gpu: &str) -> usize {
-        self.busy_on(gpu)
     }
 
     /// Whether worker `w` may start a probe now.
