@@ -282,6 +282,7 @@ fn search_input<'a>(
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
         fix_of: None,
+        steps_before: 0,
         sharing: Sharing {
             gauge,
             asked: matches!(plan.config.workers.jobs, Jobs::Count(_))

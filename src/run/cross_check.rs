@@ -131,7 +131,7 @@ pub fn cross_checked(
         parents.truncate(1);
     }
     let mut probes = outcome.probes.clone();
-    let step = probes.len() + 1;
+    let step = outcome.steps + 1;
     // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
     // first fixed commit runs clean and its parents show it.
     let (at, before) = if opts.find_fix {
@@ -159,23 +159,35 @@ pub fn cross_checked(
         &mut probes,
         reporter,
     );
+    // Numbered as far as every run it could make (one that disagreed ends it early).
+    let steps = outcome.steps + runs.len();
     match check {
-        CrossCheck::Agrees => SearchOutcome { probes, ..outcome },
+        CrossCheck::Agrees => SearchOutcome {
+            probes,
+            steps,
+            ..outcome
+        },
         CrossCheck::Interrupted => SearchOutcome {
             probes,
+            steps,
             end: SearchEnd::Interrupted,
             ..outcome
         },
         CrossCheck::Disagrees(why) if opts.find_fix => SearchOutcome {
             probes,
+            steps,
             end: SearchEnd::Unverified(culprit, why),
             ..outcome
         },
         CrossCheck::Disagrees(why) => {
             disagreed();
             reporter.event(&Event::ParallelAnswerDisagrees { why });
+            let serial_input = SearchInput {
+                steps_before: steps,
+                ..input.clone()
+            };
             let mut serial = serial_search(
-                input,
+                &serial_input,
                 (journal_path, fingerprint, log_dir),
                 prober,
                 reporter,

@@ -122,6 +122,7 @@ pub fn search_for_fix(
         |end: SearchEnd, probes: Vec<crate::report::record::ProbeRecord>, target| SearchOutcome {
             end,
             target,
+            steps: plan.goods.len(),
             probes,
             other_bugs: Vec::new(),
             flaky: None,
@@ -134,7 +135,7 @@ pub fn search_for_fix(
             None,
         );
     };
-    let mut known = std::collections::HashMap::new();
+    let mut known = HashMap::new();
     let mut probes = Vec::new();
     let mut fault = match probe_old_ends(plan, first, (&mut probes, &mut known), reporter) {
         Ok(fault) => fault,
@@ -148,6 +149,8 @@ pub fn search_for_fix(
     if fault.kernel.is_none() {
         kernel_from_the_old_end(plan, first, &mut fault, &mut probes, reporter);
     }
+    // Every worker knows them: the search's first round checks the OLD ends on whichever worker is
+    // idle, while the first probes the NEW end.
     let mut fixers: Vec<FixProbe> = journaled
         .iter_mut()
         .map(|j| {
@@ -155,12 +158,14 @@ pub fn search_for_fix(
             FixProbe {
                 inner: j,
                 stop,
-                known: std::mem::take(&mut known),
+                known: known.clone(),
             }
         })
         .collect();
+    // The search numbers its probes after the OLD ends'.
     let input = &SearchInput {
         fix_of: Some(fault.clone()),
+        steps_before: plan.goods.len(),
         ..input.clone()
     };
     let mut workers: Vec<Worker> = fixers

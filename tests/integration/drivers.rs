@@ -214,6 +214,7 @@ fn run_search_with(
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: None,
+        steps_before: 0,
         sharing: Sharing::NONE,
     };
     let mut prober = Scripted {
@@ -1580,6 +1581,7 @@ fn fix_input<'a>(
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: Some(fault),
+        steps_before: 0,
         sharing: Sharing::NONE,
     }
 }
@@ -1682,6 +1684,7 @@ fn search_16<P: Probe>(
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
         fix_of: None,
+        steps_before: 0,
         sharing,
     };
     let mut events = Events::default();

@@ -1948,6 +1948,45 @@ fn with_four_workers_triage_starts_at_the_answer_while_it_is_cross_checked_and_e
 }
 
 #[test]
+fn every_probe_of_a_parallel_run_has_a_step_number_of_its_own() {
+    // Four workers: a probe that hangs is stopped once its answer no longer matters, then the
+    // answer's cross-check runs alone; none of them shares a number with another.
+    let repo = linear(&modes(60, |i| match i {
+        39..=58 => ("hang", true),
+        37.. => ("fault", true),
+        _ => ("clean", true),
+    }));
+    // Hangs end after 2 s.
+    let short = short_timeout_config(&repo);
+    let run = start_with_config(
+        &repo,
+        &short,
+        &["--jobs", "4", "--no-shrink", "--message-format", "json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[37].to_string());
+    let events = crate::common::events(&run.stdout);
+    let verify = |e: &Event| {
+        matches!(
+            e,
+            Event::PhaseStarted {
+                role: ProbeRole::Verify,
+                ..
+            }
+        )
+    };
+    assert!(events.iter().any(verify), "no cross-check: {}", run.stdout);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ProbeAbandoned { .. })),
+        "no probe was stopped: {}",
+        run.stdout
+    );
+    crate::common::one_probe_per_step(&events).unwrap_or_else(|e| panic!("{e}\n{}", run.stderr));
+}
+
+#[test]
 fn stages_started_at_a_parallel_answer_that_does_not_hold_alone_are_dropped_and_run_at_the_right_one(
 ) {
     // Commits 1..17 are clean alone but fault on any worker but the first: the parallel search names one

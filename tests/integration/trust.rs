@@ -412,6 +412,48 @@ fn merge_heavy(template: &str) -> Repo {
 }
 
 #[test]
+fn find_fix_with_several_workers_runs_the_old_end_once_and_numbers_on_from_it() {
+    // Each run notes its commit's version; the fault shows from 5 up to 19, and 20 fixes it.
+    let template = format!(
+        "#!/bin/sh\nV=$(cat version.txt)\necho $V >> @SCRATCH@/runs.log\nif [ \"$V\" -ge 5 ] && [ \"$V\" -lt @BAD@ ]; then {FAULT}; fi\nexit 0\n"
+    );
+    let repo = linear(30, 20, &template, CONFIG);
+    let old = git(&repo.path, &["rev-parse", "main~24"]);
+    let config = repo.scratch.join("bisect.toml");
+    let range = format!("{old}..main");
+    let (code, out, err) = run(
+        &repo,
+        &[
+            "start",
+            "--config",
+            config.to_str().unwrap(),
+            "--find-fix",
+            &range,
+            "--jobs",
+            "3",
+            "--message-format",
+            "json",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let events = crate::common::events(&out);
+    let Some(Event::Finished { report }) = events.last() else {
+        panic!("{out}")
+    };
+    assert_eq!(report.first_bad.as_ref().unwrap().subject, "commit 20");
+    // The OLD end's probe before the search has a number of its own, which the search goes on from.
+    crate::common::one_probe_per_step(&events).unwrap_or_else(|e| panic!("{e}\n{err}"));
+    // The OLD end (commit 6) ran once, before the search: the first round's check of it, on another
+    // worker than the NEW end's, answers from that run.
+    let runs = std::fs::read_to_string(repo.scratch.join("runs.log")).unwrap();
+    assert_eq!(
+        runs.lines().filter(|v| v.trim() == "6").count(),
+        1,
+        "{runs}\n{err}"
+    );
+}
+
+#[test]
 fn find_fix_on_a_merge_heavy_history_names_the_side_commit_and_replays_in_git() {
     let template = format!(
         "#!/bin/sh\nV=$(cat version.txt)\nif [ ! -f fixed.txt ] && [ \"$V\" -ge 3 ]; then {FAULT}; fi\nexit 0\n"

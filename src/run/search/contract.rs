@@ -32,6 +32,9 @@ pub struct SearchInput<'a> {
     pub fix_of: Option<Signature>,
     /// Several workers on one GPU: how the search learns how many run at once.
     pub sharing: Sharing<'a>,
+    /// Steps the run numbered before this search (the OLD ends probed before a search for a fix, an
+    /// earlier search): its probes are numbered on from there, so no two runs share a number.
+    pub steps_before: usize,
 }
 
 /// How the search learns how many probes one GPU holds at once, when several workers share it: the first
@@ -163,6 +166,8 @@ pub struct SearchOutcome {
     pub other_bugs: Vec<OtherBug>,
     /// When the fault showed on only some runs of the bad end: the flaky search's answer.
     pub flaky: Option<FlakyAnswer>,
+    /// The last step number the search used (probes stopped before they answered included).
+    pub steps: usize,
     /// Runs that may go at once at the search's end: the workers, or on a GPU they share what its memory
     /// holds of the probe measured there (up to the places planned, even where fewer candidates needed
     /// fewer workers). The stages after the search overlap only where two fit.

@@ -101,7 +101,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             target: None,
             flaky: None,
             flaky_result: None,
-            steps: 0,
+            steps: input.steps_before,
             workers,
             pending: HashMap::new(),
             progress: (input.range.len(), 0),
@@ -122,6 +122,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             probes: self.probes,
             other_bugs: self.other_bugs,
             flaky: self.flaky,
+            steps: self.steps,
             at_once: 1,
         }
     }

@@ -149,12 +149,13 @@ fn recheck_culprit(
     let off = SettledStacks::off();
     let named = {
         let mut d = Driver::new(input, &mut *reporter, &off, cancel, pool.size());
-        d.steps = outcome.probes.len();
+        d.steps = outcome.steps;
         d.progress = (1, 0);
         let Ok((ctx, Some(s))) = d.sanitize_alone(pool, culprit, ProbeRole::Verify) else {
             return outcome;
         };
         let named = s.finding.as_ref().and_then(|f| f.kernel.clone());
+        outcome.steps = ctx.step;
         let mut record = s.endpoint_record(culprit, &target, Verdict::Bad);
         record.role = ProbeRole::Verify;
         d.finish(ctx.step, &record);
@@ -168,7 +169,11 @@ fn recheck_culprit(
                 named: k,
                 expected: want.to_string(),
             });
-            let mut again = search_once(input, pool, reporter, cancel, &off);
+            let again_input = SearchInput {
+                steps_before: outcome.steps,
+                ..input.clone()
+            };
+            let mut again = search_once(&again_input, pool, reporter, cancel, &off);
             let mut probes = std::mem::take(&mut outcome.probes);
             probes.append(&mut again.probes);
             again.probes = probes;

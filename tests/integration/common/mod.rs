@@ -10,7 +10,9 @@ use std::process::Command;
 
 use cudabisect::report::event::Event;
 use cudabisect::report::json::Envelope;
-use cudabisect::report::record::{AloneRuns, CapturedFault, Report, ReproData, ShrinkReport};
+use cudabisect::report::record::{
+    AloneRuns, CapturedFault, ProbeRole, Report, ReproData, ShrinkReport,
+};
 
 /// The binary under test.
 pub fn bin() -> &'static str {
@@ -29,6 +31,34 @@ pub fn events(stdout: &str) -> Vec<Event> {
                 .event
         })
         .collect()
+}
+
+/// Checks that each step number of a run's events names one probe: one commit in one role, whatever
+/// phases, reruns or stop it had. `Err` says which number was given twice.
+pub fn one_probe_per_step(events: &[Event]) -> Result<(), String> {
+    let mut seen: std::collections::BTreeMap<usize, (String, Option<ProbeRole>)> =
+        Default::default();
+    for e in events {
+        let (step, commit, role) = match e {
+            Event::PhaseStarted {
+                step, commit, role, ..
+            } => (*step, commit.clone(), Some(*role)),
+            Event::ProbeFinished { step, record } => {
+                (*step, record.commit.clone(), Some(record.role))
+            }
+            Event::ProbeAbandoned { step, commit, .. } => (*step, commit.clone(), None),
+            _ => continue,
+        };
+        let was = seen.entry(step).or_insert((commit.clone(), role));
+        if was.0 != commit || (was.1.is_some() && role.is_some() && was.1 != role) {
+            return Err(format!(
+                "step {step} is {} ({:?}) and {commit} ({role:?})",
+                was.0, was.1
+            ));
+        }
+        was.1 = was.1.or(role);
+    }
+    Ok(())
 }
 
 /// Runs `cudabisect shrink` in `dir` (with `env` added) and returns its exit status, the report of its
