@@ -173,7 +173,7 @@ const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
 
 /// The variables that name the port a run's ranks meet on: `init_process_group`'s, and torchrun's
 /// `--master-port` default.
-const RENDEZVOUS_PORTS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+pub const RENDEZVOUS_PORTS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
 
 /// A TCP port free on this machine now (the system picks one).
 fn free_port() -> Option<u16> {

@@ -712,6 +712,46 @@ fn warm_probes_give_the_answers_of_cold_ones_and_say_how_each_ran() {
     assert!(rep(&cold).probes[0].runner.is_none());
 }
 
+#[test]
+fn with_several_workers_each_serves_all_its_probes_from_one_warm_interpreter() {
+    // Each run notes its worker and the process it was forked from. A worker sharing its GPU gives every
+    // run a rendezvous port of its own; that must not start a new warm interpreter (seconds of imports)
+    // for each probe.
+    let repro = PY_REPRO.replace(
+        "import json, os, sys, time\n",
+        "import json, os, sys, time\nopen(os.path.join(os.environ['SCRATCH'], 'parents'), 'a').write(f\"{os.environ['CUDABISECT_WORKER']} {os.getppid()}\\n\")\n",
+    );
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\ngrace-period = \"1s\"\ntimeout = \"10s\"\nenv = { SCRATCH = \"@SCRATCH@\" }\n[search]\ndevices = [0, 0, 0]\n[triage]\nenabled = false\n";
+    let repo = linear(60, 41, &repro, config);
+    // The probes alone: the shrink's capture would run the repro at the culprit again.
+    let (code, ran, err) = start(
+        &repo,
+        &["v1..main", "--fresh", "--jobs", "3", "--no-shrink"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &ran), "commit 41");
+    for p in &rep(&ran).probes {
+        assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
+    }
+    let noted = std::fs::read_to_string(repo.scratch.join("parents")).unwrap();
+    let mut servers: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for line in noted.lines() {
+        let (worker, parent) = line.split_once(' ').unwrap();
+        servers.entry(worker).or_default().insert(parent);
+    }
+    assert_eq!(servers.len(), 3, "{noted}");
+    for (worker, parents) in &servers {
+        assert_eq!(
+            parents.len(),
+            1,
+            "worker {worker}'s runs came from {parents:?}"
+        );
+    }
+    let all: std::collections::BTreeSet<_> = servers.values().flatten().collect();
+    assert_eq!(all.len(), 3, "one warm interpreter per worker: {noted}");
+}
+
 /// A Python build step: it writes `built.txt` (the commit's version), which the repro refuses to run
 /// without, so an answer is only right when every probe built its own commit; and it notes whether its
 /// parent is a warm interpreter, as the process table says, not as the record does.

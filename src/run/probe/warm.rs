@@ -179,9 +179,33 @@ fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
 }
 
 /// The variables a run's environment has that say which probe it is: they differ every run and never
-/// change what the preloaded modules are.
+/// change what the preloaded modules are. A worker that shares its GPU gets a fresh rendezvous port every
+/// run; counted in the server's key, it started a new server (seconds of imports) for every probe.
 fn per_run(name: &str) -> bool {
-    name.starts_with("CUDABISECT_")
+    name.starts_with("CUDABISECT_") || crate::exec::child_env::RENDEZVOUS_PORTS.contains(&name)
+}
+
+/// The key of the server a run of `interpreter` with `env` may be forked from (a run under another key
+/// needs a server of its own), and the environment that server starts with: `env` without the variables
+/// that differ every run, sorted.
+fn server_key(interpreter: &Path, env: &[(String, String)]) -> (String, Vec<(String, String)>) {
+    let mut env: Vec<(String, String)> = env.iter().filter(|(k, _)| !per_run(k)).cloned().collect();
+    env.sort();
+    let mut h = Sha256::new();
+    h.update(interpreter.to_string_lossy().as_bytes());
+    for (k, v) in &env {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    let key = h
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (key, env)
 }
 
 impl WarmPool {
@@ -215,27 +239,7 @@ impl WarmPool {
         };
         let path = crate::exec::child_env::seen_value(&spec.env, "PATH").unwrap_or_default();
         let resolved = which::which_in(&interpreter, Some(&path), &spec.cwd).ok()?;
-        let mut env: Vec<(String, String)> = spec
-            .env
-            .iter()
-            .filter(|(k, _)| !per_run(k))
-            .cloned()
-            .collect();
-        env.sort();
-        let mut h = Sha256::new();
-        h.update(resolved.to_string_lossy().as_bytes());
-        for (k, v) in &env {
-            h.update(k.as_bytes());
-            h.update([0]);
-            h.update(v.as_bytes());
-            h.update([0]);
-        }
-        let key: String = h
-            .finalize()
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let (key, env) = server_key(&resolved, &spec.env);
         // The worker's slot is taken out while its server starts (seconds of imports), so the other
         // workers' servers start at the same time instead of one after another; only this worker's
         // thread ever touches it.
@@ -422,6 +426,31 @@ impl WarmPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_serves_every_run_of_its_worker_whatever_port_or_probe_the_run_is_given() {
+        let python = Path::new("/usr/bin/python3");
+        let run = |port: &str, step: &str, path: &str| {
+            let env = [
+                ("PYTHONPATH", path),
+                ("MASTER_PORT", port),
+                ("PET_MASTER_PORT", port),
+                ("CUDABISECT_STEP", step),
+            ];
+            let env: Vec<(String, String)> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            server_key(python, &env)
+        };
+        let (first, started_with) = run("40001", "1", "src");
+        assert_eq!(first, run("40777", "2", "src").0);
+        assert_ne!(first, run("40001", "1", "lib").0);
+        assert_eq!(
+            started_with,
+            [("PYTHONPATH".to_string(), "src".to_string())]
+        );
+    }
 
     #[test]
     fn the_runner_says_which_preload_started_cuda_the_way_the_pool_reads_it() {
