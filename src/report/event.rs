@@ -374,6 +374,17 @@ pub trait Reporter {
     fn event(&mut self, event: &Event);
 }
 
+/// Sends each event to another thread, whose reporter renders them: how work running beside the job's
+/// own thread (a stage, a run of the cross-check) reports.
+pub struct SendingReporter(pub std::sync::mpsc::Sender<Event>);
+
+impl Reporter for SendingReporter {
+    fn event(&mut self, event: &Event) {
+        // The receiving side gone means the job stopped listening: nothing is left to tell.
+        let _ = self.0.send(event.clone());
+    }
+}
+
 /// Passes events on, each warning text once: a job made of several (a night's head probe, then its
 /// bisection) meets the same trouble in each (a full disk under the journal) and says it once.
 pub struct WarningsOnce<'a> {

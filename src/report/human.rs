@@ -255,7 +255,7 @@ impl Reporter for HumanReporter {
                 }
             }
             Event::ParallelAnswerDisagrees { why } => self.line(&format!(
-                "warning: the parallel search's answer does not hold run alone: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (docs/guide/distributed.md) to search in parallel"
+                "warning: the parallel search's answer does not hold when run again apart from the search: {why}. The workers disturbed each other (a file, cache or port they all use): searching again one probe at a time. Give each worker what it writes (docs/guide/distributed.md) to search in parallel"
             )),
             Event::WorktreeNotRemoved { path, error } => self.line(&format!(
                 "warning: the probe worktree was not removed: {path}: {error}"

@@ -307,8 +307,8 @@ struct Searching<'a> {
 }
 
 /// The search (or the search for a fix) over every worker, each journaled, then, when probes ran side by
-/// side or the ends were old and new, the serial cross-check of its answer on the first worker (with the
-/// stages `early` names started beside it, where there is room).
+/// side or the ends were old and new, the cross-check of its answer on the first worker and, where there is
+/// room, a second (with the stages `early` names started beside it, where there is room).
 fn search_and_cross_check<'w>(
     mut s: Searching,
     (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
@@ -375,13 +375,14 @@ fn search<'w>(
     outcome
 }
 
-/// The serial cross-check of the search's answer on the first worker; the stages start at that answer
-/// beside it (in `run_dir`) where three more workers and the GPU's room allow (one for triage, one for the
-/// shrink, one for its check at the parent).
+/// The cross-check of the search's answer on the first worker (and the next free one, which runs the
+/// parent beside it where the GPU has the room); the stages start at that answer beside it (in `run_dir`)
+/// where three more workers and the GPU's room allow (one for triage, one for the shrink, one for its
+/// check at the parent).
 fn cross_check_answer<'w>(
     s: &Searching,
     outcome: SearchOutcome,
-    (prober, others): (&mut WorktreeProber<'w>, &[WorktreeProber<'w>]),
+    (prober, others): (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
     run_dir: &Path,
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
@@ -394,6 +395,12 @@ fn cross_check_answer<'w>(
     let at_once = outcome.at_once;
     let early = culprit.filter(|_| others.len() >= 3 && at_once >= 4);
     let spec = early.map(|_| report_of(outcome.clone(), plan, opts, run_dir).0);
+    // The stages' three workers first; the next one runs the parent beside the first bad commit when the
+    // GPU holds them both too.
+    let (stage_workers, spare) = others.split_at_mut(if early.is_some() { 3 } else { 0 });
+    let room = if early.is_some() { 5 } else { 2 };
+    let beside = spare.first_mut().filter(|_| at_once >= room);
+    let checking = 1 + usize::from(beside.is_some());
     let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
         with_cancel_passed_on(cancel, s.stops, || {
             crate::run::cross_check::cross_checked(
@@ -404,7 +411,7 @@ fn cross_check_answer<'w>(
                 s.journal_path,
                 s.fingerprint,
                 s.log_dir,
-                prober,
+                (prober, beside),
                 (reporter, disagreed),
                 cancel,
             )
@@ -416,9 +423,9 @@ fn cross_check_answer<'w>(
                 config: &plan.config,
                 choice: stage_choice(opts),
                 run_dir,
-                workers: others,
-                // The cross-check's probe holds one of the GPU's places.
-                at_once: u32::try_from(at_once - 1).unwrap_or(1),
+                workers: stage_workers,
+                // The cross-check's runs hold as many of the GPU's places.
+                at_once: u32::try_from(at_once - checking).unwrap_or(1),
                 bundle: plan.config.bundle.enabled,
             };
             cross_check_beside_stages(early, (culprit, spec), cross_check, reporter, cancel)

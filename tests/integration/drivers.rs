@@ -2765,3 +2765,162 @@ fn a_probe_whose_sanitizer_run_was_stopped_is_abandoned_never_judged_without_its
         );
     }
 }
+
+/// A worker whose cross-check runs wait (bounded) until as many as `meet` are in flight at once, and note
+/// the most they saw.
+struct Meeting {
+    inner: Scripted,
+    in_flight: &'static (Mutex<(usize, usize)>, Condvar),
+    meet: usize,
+}
+
+impl Probe for Meeting {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let (lock, cv) = self.in_flight;
+        {
+            let mut seen = lock.lock().unwrap();
+            seen.0 += 1;
+            seen.1 = seen.1.max(seen.0);
+            cv.notify_all();
+            // Bounded: runs made one after another never meet, and the assertions on the count fail.
+            let (mut seen, _) = cv
+                .wait_timeout_while(seen, Duration::from_secs(10), |s| s.1 < self.meet)
+                .unwrap();
+            seen.0 -= 1;
+        }
+        self.inner.probe(commit, ctx, target, reporter)
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+}
+
+#[test]
+fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_workers() {
+    use cudabisect::run::cross_check::{cross_check, CrossCheck, Expect};
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let runs = [
+        Expect {
+            oid: oid(11),
+            verdict: Verdict::Bad,
+            what: "the first bad commit",
+        },
+        Expect {
+            oid: oid(10),
+            verdict: Verdict::Good,
+            what: "its parent",
+        },
+    ];
+    let check = |meet: usize, two: bool| {
+        let in_flight: &'static _ = Box::leak(Box::new((Mutex::new((0, 0)), Condvar::new())));
+        let worker = || Meeting {
+            inner: scripted(cancel, None),
+            in_flight,
+            meet,
+        };
+        let (mut first, mut second) = (worker(), worker());
+        let mut probers: Vec<&mut dyn Probe> = vec![&mut first];
+        if two {
+            probers.push(&mut second);
+        }
+        let (mut probes, mut events) = (Vec::new(), Events::default());
+        let said = cross_check(
+            &mut probers,
+            &runs,
+            (&fault("gather"), &policy),
+            (7, false),
+            &mut probes,
+            &mut events,
+        );
+        let most = in_flight.0.lock().unwrap().1;
+        (said, probes, events.0, most)
+    };
+    let (said, probes, events, most) = check(2, true);
+    assert_eq!(said, CrossCheck::Agrees);
+    assert_eq!(most, 2, "the two runs were not in flight together");
+    // Recorded in the order of the runs, numbered on from the search, whichever ended first.
+    let recorded: Vec<_> = probes
+        .iter()
+        .map(|p| (index(Oid::from_str(&p.commit).unwrap()), p.role, p.verdict))
+        .collect();
+    assert_eq!(
+        recorded,
+        [
+            (11, ProbeRole::Verify, Verdict::Bad),
+            (10, ProbeRole::Verify, Verdict::Good)
+        ]
+    );
+    let finished: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ProbeFinished { step, .. } => Some(*step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, [7, 8]);
+    // One worker: one run after the other, the same records.
+    let (said, alone, _, most) = check(1, false);
+    assert_eq!((said, most), (CrossCheck::Agrees, 1));
+    let verdicts = |p: &[ProbeRecord]| {
+        p.iter()
+            .map(|r| (r.commit.clone(), r.verdict))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(verdicts(&alone), verdicts(&probes));
+}
+
+#[test]
+fn a_parent_that_faults_beside_the_first_bad_commit_is_a_disagreement_named_after_it() {
+    use cudabisect::run::cross_check::{cross_check, CrossCheck, Expect};
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let policy = MatchPolicy::parse("class+kernel").unwrap();
+    // The search said 11 (its parent 10 clean); run again, 10 faults too.
+    let runs = [
+        Expect {
+            oid: oid(11),
+            verdict: Verdict::Bad,
+            what: "the first bad commit",
+        },
+        Expect {
+            oid: oid(10),
+            verdict: Verdict::Good,
+            what: "its parent",
+        },
+    ];
+    let mut workers: Vec<Scripted> = (0..2)
+        .map(|_| Scripted {
+            shows: Box::new(|i| if i >= 10 { fault("gather") } else { clean() }),
+            ..scripted(cancel, None)
+        })
+        .collect();
+    let mut probers: Vec<&mut dyn Probe> =
+        workers.iter_mut().map(|w| w as &mut dyn Probe).collect();
+    let (mut probes, mut events) = (Vec::new(), Events::default());
+    let said = cross_check(
+        &mut probers,
+        &runs,
+        (&fault("gather"), &policy),
+        (3, false),
+        &mut probes,
+        &mut events,
+    );
+    let CrossCheck::Disagrees(why) = said else {
+        panic!("{said:?}")
+    };
+    assert!(why.starts_with("its parent 000000000000"), "{why}");
+    assert!(why.contains("shows the fault"), "{why}");
+    assert_eq!(probes.len(), 2);
+}

@@ -2,7 +2,7 @@
 //! the model, and run the minimal subgraph at the parent. Each stage's failure is recorded, never fatal.
 //! With a second worker at hand (its own worktree, and room on the GPU), triage and the shrink run at
 //! the same time, each in its own worktree; neither reads the other's result, so the report is the same
-//! either way. After a parallel search they start at its answer while the serial cross-check of that
+//! either way. After a parallel search they start at its answer while the cross-check of that
 //! answer runs ([`cross_check_beside_stages`]).
 
 use std::path::Path;
@@ -14,7 +14,7 @@ use crate::classify::FaultClass;
 use crate::classify::Signature;
 use crate::config::Config;
 use crate::config::ShrinkSection;
-use crate::report::event::{Event, Reporter};
+use crate::report::event::{Event, Reporter, SendingReporter};
 use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus};
 
 use crate::run::cancel::with_cancel_passed_on;
@@ -204,14 +204,6 @@ fn one_after_the_other(
 }
 
 /// Passes events on to the thread that renders them.
-struct SendingReporter(std::sync::mpsc::Sender<Event>);
-
-impl Reporter for SendingReporter {
-    fn event(&mut self, event: &Event) {
-        let _ = self.0.send(event.clone());
-    }
-}
-
 /// The first bad commit's first parent, when the report names one.
 fn first_parent(report: &Report) -> Option<Oid> {
     report
