@@ -126,58 +126,6 @@ fn servable(argv: &[String]) -> bool {
     name == "pytest" || (name.starts_with("python") && argv.len() > 1)
 }
 
-/// A first guess at what to preload, before any run has taught it: the top-level modules the repro's
-/// script (or `-m` module) imports by name, less those the worktree provides (a `name.py` or `name/` in
-/// the script's directory or the working directory). The first run still teaches the whole list.
-fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
-    let script = match argv.get(1).map(String::as_str) {
-        Some("-m") => argv
-            .get(2)
-            .map(|m| cwd.join(m.replace('.', "/")).with_extension("py")),
-        // `python3 script` runs the file whatever its name ends with.
-        Some(a) if !a.starts_with('-') => Some(cwd.join(a)),
-        _ => None,
-    };
-    let Some(script) = script else {
-        return Vec::new();
-    };
-    let Ok(text) = std::fs::read_to_string(&script) else {
-        return Vec::new();
-    };
-    let dirs = [script.parent().unwrap_or(cwd), cwd];
-    let in_worktree = |name: &str| {
-        dirs.iter()
-            .any(|d| d.join(format!("{name}.py")).exists() || d.join(name).is_dir())
-    };
-    let mut names: Vec<String> = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        let modules: Vec<&str> = if let Some(rest) = line.strip_prefix("import ") {
-            rest.split(',').collect()
-        } else if let Some(rest) = line.strip_prefix("from ") {
-            rest.split_whitespace().next().into_iter().collect()
-        } else {
-            continue;
-        };
-        for m in modules {
-            let top = m
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .split('.')
-                .next()
-                .unwrap_or("");
-            let valid = !top.is_empty()
-                && top.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !top.starts_with(|c: char| c.is_ascii_digit());
-            if valid && !in_worktree(top) && !names.iter().any(|n| n == top) {
-                names.push(top.to_string());
-            }
-        }
-    }
-    names
-}
-
 /// The variables a run's environment has that say which probe it is: they differ every run and never
 /// change what the preloaded modules are. A worker that shares its GPU gets a fresh rendezvous port every
 /// run; counted in the server's key, it started a new server (seconds of imports) for every probe.
@@ -282,7 +230,7 @@ impl WarmPool {
         let mut preload = slot
             .preload
             .clone()
-            .unwrap_or_else(|| guess_preload(argv, &spec.cwd));
+            .unwrap_or_else(|| super::preload_guess::guess_preload(argv, &spec.cwd));
         let log = self.dir.join(slot_file(at, "server", ".log"));
         for _ in 0..=preload.len() {
             preload.retain(|m| !slot.never.contains(m));
@@ -471,30 +419,6 @@ mod tests {
             tainted_by("CUDA was initialised in the warm interpreter (torch)"),
             None
         );
-    }
-
-    #[test]
-    fn the_first_guess_is_what_the_script_imports_from_outside_the_worktree() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir(dir.path().join("mypkg")).expect("mkdir");
-        std::fs::write(dir.path().join("helpers.py"), "").expect("write");
-        std::fs::write(
-            dir.path().join("train.py"),
-            "import os, sys\nimport torch.nn as nn\nfrom triton import language as tl\nfrom mypkg.model import Net\nimport helpers\nfrom . import x\n    import numpy  # inside a function\n",
-        )
-        .expect("write");
-        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            guess_preload(&argv(&["python3", "train.py", "--steps", "3"]), dir.path()),
-            ["os", "sys", "torch", "triton", "numpy"]
-        );
-        std::fs::write(dir.path().join("mypkg/cli.py"), "import jax\n").expect("write");
-        assert_eq!(
-            guess_preload(&argv(&["python3", "-m", "mypkg.cli"]), dir.path()),
-            ["jax"]
-        );
-        assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path()).is_empty());
-        assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path()).is_empty());
     }
 
     #[test]

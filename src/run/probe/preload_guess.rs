@@ -1,0 +1,261 @@
+//! A warm interpreter's first guess at what to preload, before any run has taught it: the modules from
+//! outside the worktree that the repro's script imports, and those the worktree's own modules it imports
+//! import at their top level (a package's kernels import `triton` where the script names only the
+//! package). Read from the source, never run.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// At most this many of the worktree's files are read for one guess: the guess only saves time.
+const MAX_FILES: usize = 500;
+
+/// The top-level names of what the repro imports from outside the worktree, in the order first met: the
+/// script's (or `-m` module's) imports, then, through the worktree's modules it imports (their packages'
+/// `__init__.py` first, as Python runs them), what those import unconditionally (lines at the top level:
+/// an import inside a function, a `try` or an `if` may never run). The first run still teaches the whole
+/// list.
+pub fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
+    let script = match argv.get(1).map(String::as_str) {
+        Some("-m") => argv
+            .get(2)
+            .map(|m| cwd.join(m.replace('.', "/")).with_extension("py")),
+        // `python3 script` runs the file whatever its name ends with.
+        Some(a) if !a.starts_with('-') => Some(cwd.join(a)),
+        _ => None,
+    };
+    let Some(script) = script else {
+        return Vec::new();
+    };
+    let roots = [
+        script.parent().unwrap_or(cwd).to_path_buf(),
+        cwd.to_path_buf(),
+    ];
+    let mut guess = Guess {
+        roots: &roots,
+        names: Vec::new(),
+        read: HashSet::new(),
+    };
+    // The script's own imports count wherever they stand: it is what runs.
+    guess.file(&script, false);
+    guess.names
+}
+
+/// One guess in progress.
+struct Guess<'a> {
+    /// Where the worktree's modules are found: the script's directory, then the working directory.
+    roots: &'a [PathBuf],
+    names: Vec<String>,
+    read: HashSet<PathBuf>,
+}
+
+impl Guess<'_> {
+    /// Reads `path` (once) and takes in each import it makes (at the top level only, with `top_only`).
+    fn file(&mut self, path: &Path, top_only: bool) {
+        if self.read.len() >= MAX_FILES || !self.read.insert(path.to_path_buf()) {
+            return;
+        }
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        for line in text.lines() {
+            if top_only && line.starts_with(char::is_whitespace) {
+                continue;
+            }
+            for (module, names) in imports_of(line.trim()) {
+                self.module(path, &module, &names);
+            }
+        }
+    }
+
+    /// `module` imported from `from` (with `names` from it): the worktree's own followed, anything else's
+    /// top-level name noted.
+    fn module(&mut self, from: &Path, module: &str, names: &[&str]) {
+        let dots = module.len() - module.trim_start_matches('.').len();
+        let dotted = &module[dots..];
+        if dots > 0 {
+            // Relative: always the worktree's, found from the importing file's package.
+            let mut base = from.parent().map(Path::to_path_buf);
+            for _ in 1..dots {
+                base = base.and_then(|b| b.parent().map(Path::to_path_buf));
+            }
+            if let Some(base) = base {
+                self.follow(&base, dotted, names);
+            }
+            return;
+        }
+        let top = dotted.split('.').next().unwrap_or("");
+        if !is_identifier(top) {
+            return;
+        }
+        let roots = self.roots.to_vec();
+        match roots.iter().find(|r| provides(r, top)) {
+            Some(root) => self.follow(root, dotted, names),
+            None if !self.names.iter().any(|n| n == top) => self.names.push(top.to_string()),
+            None => {}
+        }
+    }
+
+    /// Reads the worktree module `dotted` under `base` as an import runs it: each package's `__init__.py`
+    /// on the way, the module, and each of `names` that is a submodule of it.
+    fn follow(&mut self, base: &Path, dotted: &str, names: &[&str]) {
+        let mut dir = base.to_path_buf();
+        let parts: Vec<&str> = dotted.split('.').filter(|p| !p.is_empty()).collect();
+        for part in &parts {
+            dir.push(part);
+            let init = dir.join("__init__.py");
+            if init.is_file() {
+                self.file(&init, true);
+            } else {
+                let file = dir.with_extension("py");
+                if file.is_file() {
+                    self.file(&file, true);
+                }
+            }
+        }
+        if dir.is_dir() {
+            for name in names.iter().filter(|n| is_identifier(n)) {
+                let sub = dir.join(format!("{name}.py"));
+                let package = dir.join(name).join("__init__.py");
+                for f in [sub, package].iter().filter(|f| f.is_file()) {
+                    self.file(f, true);
+                }
+            }
+        }
+    }
+}
+
+/// Whether the worktree directory `root` has a module or package named `name`.
+fn provides(root: &Path, name: &str) -> bool {
+    root.join(format!("{name}.py")).exists() || root.join(name).is_dir()
+}
+
+/// The modules one line of Python imports, each with the names it imports from it: `import a.b, c as d`
+/// gives `a.b` and `c`; `from x.y import p, q as r` gives `x.y` with `p` and `q`; `from . import m`
+/// gives `.` with `m`.
+fn imports_of(line: &str) -> Vec<(String, Vec<&str>)> {
+    if let Some(rest) = line.strip_prefix("import ") {
+        return rest
+            .split(',')
+            .filter_map(|m| m.split_whitespace().next())
+            .map(|m| (m.to_string(), Vec::new()))
+            .collect();
+    }
+    let Some(rest) = line.strip_prefix("from ") else {
+        return Vec::new();
+    };
+    let mut words = rest.splitn(2, " import ");
+    let module = words.next().unwrap_or("").trim();
+    let names = words
+        .next()
+        .unwrap_or("")
+        .trim_matches(|c: char| c == '(' || c == ')' || c.is_whitespace())
+        .split(',')
+        .filter_map(|n| n.split_whitespace().next())
+        .collect();
+    if module.is_empty() || module.contains(char::is_whitespace) {
+        return Vec::new();
+    }
+    vec![(module.to_string(), names)]
+}
+
+/// A Python identifier of ASCII letters, digits and underscores, not starting with a digit.
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn write(dir: &Path, path: &str, text: &str) {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+
+    #[test]
+    fn the_first_guess_is_what_the_script_imports_from_outside_the_worktree() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("mypkg")).expect("mkdir");
+        write(dir.path(), "helpers.py", "");
+        write(
+            dir.path(),
+            "train.py",
+            "import os, sys\nimport torch.nn as nn\nfrom triton import language as tl\nfrom mypkg.model import Net\nimport helpers\nfrom . import x\n    import numpy  # inside a function\n",
+        );
+        assert_eq!(
+            guess_preload(&argv(&["python3", "train.py", "--steps", "3"]), dir.path()),
+            ["os", "sys", "torch", "triton", "numpy"]
+        );
+        write(dir.path(), "mypkg/cli.py", "import jax\n");
+        assert_eq!(
+            guess_preload(&argv(&["python3", "-m", "mypkg.cli"]), dir.path()),
+            ["jax"]
+        );
+        assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path()).is_empty());
+        assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path()).is_empty());
+    }
+
+    #[test]
+    fn the_worktrees_own_modules_are_followed_to_what_they_import_at_their_top_level() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        write(
+            d,
+            "train.py",
+            "import torch\nfrom pkg.model import forward\n",
+        );
+        write(d, "pkg/__init__.py", "import einops\n");
+        write(
+            d,
+            "pkg/model.py",
+            "from pkg.embed import hash_embed\nfrom .ops import bias_gelu\nfrom . import layers\n",
+        );
+        write(
+            d,
+            "pkg/embed.py",
+            "import triton\nimport triton.language as tl\nfrom pkg.launch import run\n",
+        );
+        // Imports that may never run: in a function, a `try`, an `if`.
+        write(
+            d,
+            "pkg/ops.py",
+            "import numpy as np\ntry:\n    import apex\nexcept ImportError:\n    pass\ndef f():\n    import tensorflow\n",
+        );
+        write(
+            d,
+            "pkg/layers.py",
+            "from ..pkg import launch\nimport scipy\n",
+        );
+        // Imports itself back: read once.
+        write(d, "pkg/launch.py", "from pkg import model\nimport numpy\n");
+        assert_eq!(
+            guess_preload(&argv(&["python3", "train.py"]), d),
+            ["torch", "einops", "triton", "numpy", "scipy"]
+        );
+    }
+
+    #[test]
+    fn import_lines_are_read_as_python_reads_them() {
+        assert_eq!(
+            imports_of("import a.b, c as d"),
+            [("a.b".to_string(), vec![]), ("c".to_string(), vec![])]
+        );
+        assert_eq!(
+            imports_of("from x.y import (p, q as r,"),
+            [("x.y".to_string(), vec!["p", "q"])]
+        );
+        assert_eq!(
+            imports_of("from . import m"),
+            [(".".to_string(), vec!["m"])]
+        );
+        assert!(imports_of("fromage = 1").is_empty());
+        assert!(imports_of("x = 'import os'").is_empty());
+    }
+}
