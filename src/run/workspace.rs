@@ -17,6 +17,8 @@ use crate::report::event::{Event, Reporter};
 use super::error::RunError;
 use super::lock::{alive_cudabisect, lock_state_dir, StateLock};
 use super::probe::prober::WorktreeProber;
+use super::probe::warm::WarmPool;
+use crate::exec::child_env::WorkerSlot;
 
 /// The configured executor, built here only: every job's commands go through its workspace's. `spool`
 /// is where a scheduler's job files go when `[executor] workdir` is not set (the run's log directory).
@@ -128,6 +130,31 @@ impl<'r> Workspace<'r> {
             warm: None,
             executor: self.executor.clone(),
         }
+    }
+
+    /// The workers of a run: one prober per worktree (`first`, then `extra`, one for each slot after the
+    /// first), each with its slot's devices, its stop flag and the run's warm interpreters. Without slots
+    /// (probes one at a time) the first stops on `cancel`.
+    pub fn workers<'a>(
+        &'a self,
+        config: &'a Config,
+        (first, extra): (&'a ProbeWorktree, &'a [ProbeWorktree]),
+        (slots, stops): (&'a [WorkerSlot], &'a [AtomicBool]),
+        (warm, cancel): (Option<&'a WarmPool>, &'a AtomicBool),
+    ) -> (WorktreeProber<'a>, Vec<WorktreeProber<'a>>) {
+        let worker = |worktree, stop, slot: Option<&WorkerSlot>| WorktreeProber {
+            slot: slot.cloned(),
+            warm,
+            ..self.prober(worktree, config, stop)
+        };
+        let prober = worker(first, stops.first().unwrap_or(cancel), slots.first());
+        let others = extra
+            .iter()
+            .zip(slots.iter().skip(1))
+            .zip(stops.iter().skip(1))
+            .map(|((w, slot), stop)| worker(w, stop, Some(slot)))
+            .collect();
+        (prober, others)
     }
 
     /// Tidies `runs/` when a job that holds the state lock starts (no other job writes there then): see
