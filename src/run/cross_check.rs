@@ -145,6 +145,38 @@ fn run_side_by_side(
     })
 }
 
+/// What the cross-check runs: the answer (called `first`), then its parents (its first alone along
+/// first parents, as the search judged a merge), each with what it must do in fault terms: the first bad
+/// commit shows the fault and its parents run clean; finding a fix, the first fixed commit runs clean and
+/// its parents show it.
+fn expectations<'a>(
+    plan: &Plan,
+    opts: &StartOptions,
+    culprit: Oid,
+    first: &'a str,
+) -> Vec<Expect<'a>> {
+    let mut parents = plan.repo.parents(culprit).unwrap_or_default();
+    if opts.first_parent {
+        parents.truncate(1);
+    }
+    let (at, before) = if opts.find_fix {
+        (Verdict::Good, Verdict::Bad)
+    } else {
+        (Verdict::Bad, Verdict::Good)
+    };
+    std::iter::once(Expect {
+        oid: culprit,
+        verdict: at,
+        what: first,
+    })
+    .chain(parents.into_iter().map(|p| Expect {
+        oid: p,
+        verdict: before,
+        what: "its parent",
+    }))
+    .collect()
+}
+
 /// A parallel search's first bad commit, run again with its parents apart from the search (see
 /// [`cross_check`]), or, finding a fix, the fix verified the same way. When those runs disagree, the
 /// repro does not bear parallel probes: `disagreed` is called (what was started on the answer stops), and
@@ -172,32 +204,10 @@ pub fn cross_checked(
         return outcome;
     };
     let culprit = *culprit;
-    let mut parents = plan.repo.parents(culprit).unwrap_or_default();
-    if opts.first_parent {
-        // Along first parents a merge is judged against its first parent alone, as the search did.
-        parents.truncate(1);
-    }
     let mut probes = outcome.probes.clone();
     let step = outcome.steps + 1;
-    // In fault terms: the first bad commit shows it and its parents run clean; finding a fix, the
-    // first fixed commit runs clean and its parents show it.
-    let (at, before) = if opts.find_fix {
-        (Verdict::Good, Verdict::Bad)
-    } else {
-        (Verdict::Bad, Verdict::Good)
-    };
     let first = format!("the first {} commit", opts.terms.new);
-    let runs: Vec<Expect> = std::iter::once(Expect {
-        oid: culprit,
-        verdict: at,
-        what: &first,
-    })
-    .chain(parents.iter().map(|&p| Expect {
-        oid: p,
-        verdict: before,
-        what: "its parent",
-    }))
-    .collect();
+    let runs = expectations(plan, opts, culprit, &first);
     let mut probers: Vec<&mut dyn Probe> = std::iter::once(&mut *prober as &mut dyn Probe)
         .chain(beside.map(|p| p as &mut dyn Probe))
         .collect();

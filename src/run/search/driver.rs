@@ -334,90 +334,107 @@ impl<'a, 'r> Driver<'a, 'r> {
             done,
         } = landed;
         match done {
-            Done::Probed(outcome) => {
-                let crowded_out = self.crowd_check(pool, worker, &ctx, &outcome);
-                if outcome.interrupted || crowded_out {
-                    return Landing::Stopped(index);
-                }
-                let target = self.target.clone();
-                let j = judge(
-                    &outcome.record.signature,
-                    &outcome.output,
-                    self.terms(target.as_ref()),
-                    Kernel::NotAsked,
-                );
-                if !j.ask_sanitizer {
-                    return self.judged(index, &ctx, *outcome, j, None);
-                }
-                if let Some(known) = self.settled.get(&outcome.record.signature) {
-                    let note = format!(
-                        "{REMEMBERED} {} ({})",
-                        short_sha(&known.commit),
-                        known.kernel
-                    );
-                    let mut outcome = *outcome;
-                    outcome.record.sanitizer = Some(note);
-                    let j = self.judge_kernel(&outcome, target.as_ref(), Some(&known.kernel));
-                    return self.judged(index, &ctx, outcome, j, Some(known.kernel));
-                }
-                let settling = self.pending.values().any(|p| {
-                    self.settled
-                        .same_stack(&p.outcome.record.signature, &outcome.record.signature)
-                });
-                if settling && pool.claim(worker) {
-                    self.awaiting.push(Landed {
-                        worker,
-                        index,
-                        ctx,
-                        done: Done::Probed(outcome),
-                    });
-                    return Landing::Pending;
-                }
-                if pool.claim(worker)
-                    && pool.send(worker, index, self.commits[index], ctx, Task::Sanitize)
-                {
-                    self.pending.insert(
-                        worker,
-                        Pending {
-                            outcome: *outcome,
-                            target,
-                        },
-                    );
-                    return Landing::Pending;
-                }
-                let j = self.judge_kernel(&outcome, target.as_ref(), None);
-                self.judged(index, &ctx, *outcome, j, None)
-            }
-            Done::Sanitized(s) => {
-                let Some(Pending {
-                    mut outcome,
+            Done::Probed(outcome) => self.land_probe(pool, (worker, index, ctx), outcome),
+            Done::Sanitized(s) => self.land_sanitized(pool, (worker, index, ctx), s),
+        }
+    }
+
+    /// A probe's observation: judged from its output, from what a sanitizer run of its stack settled,
+    /// or held while its worker runs the sanitizer (or waits for the run of the same stack).
+    fn land_probe(
+        &mut self,
+        pool: &mut Pool,
+        (worker, index, ctx): (usize, usize, ProbeContext),
+        outcome: Box<ProbeOutcome>,
+    ) -> Landing {
+        let crowded_out = self.crowd_check(pool, worker, &ctx, &outcome);
+        if outcome.interrupted || crowded_out {
+            return Landing::Stopped(index);
+        }
+        let target = self.target.clone();
+        let j = judge(
+            &outcome.record.signature,
+            &outcome.output,
+            self.terms(target.as_ref()),
+            Kernel::NotAsked,
+        );
+        if !j.ask_sanitizer {
+            return self.judged(index, &ctx, *outcome, j, None);
+        }
+        if let Some(known) = self.settled.get(&outcome.record.signature) {
+            let note = format!(
+                "{REMEMBERED} {} ({})",
+                short_sha(&known.commit),
+                known.kernel
+            );
+            let mut outcome = *outcome;
+            outcome.record.sanitizer = Some(note);
+            let j = self.judge_kernel(&outcome, target.as_ref(), Some(&known.kernel));
+            return self.judged(index, &ctx, outcome, j, Some(known.kernel));
+        }
+        let settling = self.pending.values().any(|p| {
+            self.settled
+                .same_stack(&p.outcome.record.signature, &outcome.record.signature)
+        });
+        if settling && pool.claim(worker) {
+            self.awaiting.push(Landed {
+                worker,
+                index,
+                ctx,
+                done: Done::Probed(outcome),
+            });
+            return Landing::Pending;
+        }
+        if pool.claim(worker) && pool.send(worker, index, self.commits[index], ctx, Task::Sanitize)
+        {
+            self.pending.insert(
+                worker,
+                Pending {
+                    outcome: *outcome,
                     target,
-                }) = self.pending.remove(&worker)
-                else {
-                    return Landing::Sanitized(s);
-                };
-                // The probes that waited on this stack are judged next, from what it settled.
-                for landed in std::mem::take(&mut self.awaiting) {
-                    pool.release(landed.worker);
-                    self.held.push_back(landed);
-                }
-                // Stopped before it named a kernel: the probe is abandoned, never judged without it.
-                if s.as_ref().is_some_and(|s| s.interrupted) {
-                    return Landing::Stopped(index);
-                }
-                let before = outcome.record.signature.clone();
-                let kernel = s.as_ref().and_then(|s| s.finding.as_ref()?.kernel.clone());
-                if let Some(s) = &s {
-                    outcome.record.duration_s += s.duration_s;
-                    outcome.record.sanitizer = Some(s.summary.clone());
-                    if let Some(k) = &kernel {
-                        self.settled.remember(&before, k, &outcome.record.commit);
-                    }
-                }
-                let j = self.judge_kernel(&outcome, target.as_ref(), kernel.as_deref());
-                self.judged(index, &ctx, outcome, j, kernel)
+                },
+            );
+            return Landing::Pending;
+        }
+        let j = self.judge_kernel(&outcome, target.as_ref(), None);
+        self.judged(index, &ctx, *outcome, j, None)
+    }
+
+    /// A sanitizer run of the probe its worker holds: the probe judged with the kernel it named (which
+    /// the run remembers for the stack), and the probes that waited on it handed back.
+    fn land_sanitized(
+        &mut self,
+        pool: &mut Pool,
+        (worker, index, ctx): (usize, usize, ProbeContext),
+        s: Option<Box<Sanitized>>,
+    ) -> Landing {
+        let Some(Pending {
+            mut outcome,
+            target,
+        }) = self.pending.remove(&worker)
+        else {
+            return Landing::Sanitized(s);
+        };
+        // The probes that waited on this stack are judged next, from what it settled.
+        for landed in std::mem::take(&mut self.awaiting) {
+            pool.release(landed.worker);
+            self.held.push_back(landed);
+        }
+        // Stopped before it named a kernel: the probe is abandoned, never judged without it.
+        if s.as_ref().is_some_and(|s| s.interrupted) {
+            return Landing::Stopped(index);
+        }
+        let before = outcome.record.signature.clone();
+        let kernel = s.as_ref().and_then(|s| s.finding.as_ref()?.kernel.clone());
+        if let Some(s) = &s {
+            outcome.record.duration_s += s.duration_s;
+            outcome.record.sanitizer = Some(s.summary.clone());
+            if let Some(k) = &kernel {
+                self.settled.remember(&before, k, &outcome.record.commit);
             }
         }
+        let j = self.judge_kernel(&outcome, target.as_ref(), kernel.as_deref());
+        self.judged(index, &ctx, outcome, j, kernel)
     }
 
     /// The judge, with what a sanitizer said of the probe's kernel.
