@@ -2,12 +2,14 @@
 """Where one probe of `one_gpu_rounds.py`'s training package spends its time, cold and warm: its
 `train.py`, instrumented to print how long each part took (the imports, CUDA's start, building the model,
 the forward with the Triton ops, the backward, the optimizer step), run cold from a shell twice, then as
-the probes of `cudabisect start --jobs 1` (warm children of one server) and of `--jobs 4`, their
-timings read back from the probe logs.
+the probes of `cudabisect start --jobs 1` (warm children of one server) and of the default `--jobs auto`
+(as many at once as the GPU holds) over 80 commits, their timings read back from the probe logs beside
+each probe's recorded time: what a probe costs outside the repro is the difference.
 
     python3 benches/probe_anatomy.py CUDABISECT [OUT_DIR]
 
-Needs a CUDA GPU, torch and triton. Prints one line per run: its parts in seconds.
+Needs a CUDA GPU, torch and triton. Prints one line per run: its time, the time inside the repro, and
+its parts (those of 50 ms or more) in seconds.
 """
 
 import json
