@@ -734,6 +734,31 @@ fn with_several_workers_each_serves_all_its_probes_from_one_warm_interpreter() {
         assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
     }
     let noted = std::fs::read_to_string(repo.scratch.join("parents")).unwrap();
+    // The cross-check, last: the answer and its parent run again, side by side on two workers.
+    let verify: Vec<(String, Verdict)> = rep(&ran)
+        .probes
+        .iter()
+        .filter(|p| p.role == ProbeRole::Verify)
+        .map(|p| (subject_of(&repo, &p.commit), p.verdict))
+        .collect();
+    assert_eq!(
+        verify,
+        [
+            ("commit 41".to_string(), Verdict::Bad),
+            ("commit 40".to_string(), Verdict::Good)
+        ]
+    );
+    let last_two: std::collections::BTreeSet<&str> = noted
+        .lines()
+        .rev()
+        .take(2)
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert_eq!(
+        last_two.len(),
+        2,
+        "the cross-check ran on one worker: {noted}"
+    );
     let mut servers: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
         Default::default();
     for line in noted.lines() {
