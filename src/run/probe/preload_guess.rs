@@ -51,7 +51,10 @@ struct Guess<'a> {
 impl Guess<'_> {
     /// Reads `path` (once) and takes in each import it makes (at the top level only, with `top_only`).
     fn file(&mut self, path: &Path, top_only: bool) {
-        if self.read.len() >= MAX_FILES || !self.read.insert(path.to_path_buf()) {
+        // The script itself (`top_only` false) wherever it is; the modules it leads to only inside the
+        // worktree (a relative import with more dots than packages points above it).
+        let inside = !top_only || self.roots.iter().any(|r| path.starts_with(r));
+        if !inside || self.read.len() >= MAX_FILES || !self.read.insert(path.to_path_buf()) {
             return;
         }
         let Ok(text) = std::fs::read_to_string(path) else {
@@ -205,7 +208,9 @@ mod tests {
     #[test]
     fn the_worktrees_own_modules_are_followed_to_what_they_import_at_their_top_level() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path();
+        // The worktree one level down, so what lies above it is still the test's own.
+        let worktree = dir.path().join("worktree");
+        let d = worktree.as_path();
         write(
             d,
             "train.py",
@@ -215,7 +220,7 @@ mod tests {
         write(
             d,
             "pkg/model.py",
-            "from pkg.embed import hash_embed\nfrom .ops import bias_gelu\nfrom . import layers\n",
+            "from pkg.embed import hash_embed\nfrom .ops import bias_gelu\nfrom . import layers, deep\n",
         );
         write(
             d,
@@ -233,6 +238,9 @@ mod tests {
             "pkg/layers.py",
             "from ..pkg import launch\nimport scipy\n",
         );
+        // Above the worktree: never read.
+        write(d, "pkg/deep.py", "from ... import outside\n");
+        write(d, "../outside.py", "import never_read\n");
         // Imports itself back: read once.
         write(d, "pkg/launch.py", "from pkg import model\nimport numpy\n");
         assert_eq!(
