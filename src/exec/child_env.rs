@@ -173,7 +173,15 @@ const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
 
 /// The variables that name the port a run's ranks meet on: `init_process_group`'s, and torchrun's
 /// `--master-port` default.
-pub const RENDEZVOUS_PORTS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+const RENDEZVOUS_PORTS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+
+/// Whether `name` is one of the variables set here that differ from run to run whatever the config says:
+/// the contract's (`CUDABISECT_COMMIT`, `_ATTEMPT`, `_RANK_LOG_DIR`…) and the rendezvous port each run of
+/// several workers gets. What a run imports never depends on them, so a warm interpreter started for one
+/// run serves the next.
+pub fn differs_per_run(name: &str) -> bool {
+    name.starts_with("CUDABISECT_") || RENDEZVOUS_PORTS.contains(&name)
+}
 
 /// A TCP port free on this machine now (the system picks one).
 fn free_port() -> Option<u16> {

@@ -2807,10 +2807,17 @@ impl Probe for Meeting {
     }
 }
 
-#[test]
-fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_workers() {
-    use cudabisect::run::cross_check::{cross_check, CrossCheck, Expect};
-    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+/// The cross-check of an answer at commit 11 (its parent 10 clean) on `probers`, numbered from `step`:
+/// what it said, its records and its events.
+fn cross_check_of_11(
+    probers: &mut [&mut dyn Probe],
+    step: usize,
+) -> (
+    cudabisect::run::cross_check::CrossCheck,
+    Vec<ProbeRecord>,
+    Vec<Event>,
+) {
+    use cudabisect::run::cross_check::{cross_check, Expect};
     let policy = MatchPolicy::parse("class+kernel").unwrap();
     let runs = [
         Expect {
@@ -2824,6 +2831,22 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
             what: "its parent",
         },
     ];
+    let (mut probes, mut events) = (Vec::new(), Events::default());
+    let said = cross_check(
+        probers,
+        &runs,
+        (&fault("gather"), &policy),
+        (step, false),
+        &mut probes,
+        &mut events,
+    );
+    (said, probes, events.0)
+}
+
+#[test]
+fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_workers() {
+    use cudabisect::run::cross_check::CrossCheck;
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let check = |meet: usize, two: bool| {
         let in_flight: &'static _ = Box::leak(Box::new((Mutex::new((0, 0)), Condvar::new())));
         let worker = || Meeting {
@@ -2836,17 +2859,9 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
         if two {
             probers.push(&mut second);
         }
-        let (mut probes, mut events) = (Vec::new(), Events::default());
-        let said = cross_check(
-            &mut probers,
-            &runs,
-            (&fault("gather"), &policy),
-            (7, false),
-            &mut probes,
-            &mut events,
-        );
+        let (said, probes, events) = cross_check_of_11(&mut probers, 7);
         let most = in_flight.0.lock().unwrap().1;
-        (said, probes, events.0, most)
+        (said, probes, events, most)
     };
     let (said, probes, events, most) = check(2, true);
     assert_eq!(said, CrossCheck::Agrees);
@@ -2884,22 +2899,9 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
 
 #[test]
 fn a_parent_that_faults_beside_the_first_bad_commit_is_a_disagreement_named_after_it() {
-    use cudabisect::run::cross_check::{cross_check, CrossCheck, Expect};
+    use cudabisect::run::cross_check::CrossCheck;
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let policy = MatchPolicy::parse("class+kernel").unwrap();
     // The search said 11 (its parent 10 clean); run again, 10 faults too.
-    let runs = [
-        Expect {
-            oid: oid(11),
-            verdict: Verdict::Bad,
-            what: "the first bad commit",
-        },
-        Expect {
-            oid: oid(10),
-            verdict: Verdict::Good,
-            what: "its parent",
-        },
-    ];
     let mut workers: Vec<Scripted> = (0..2)
         .map(|_| Scripted {
             shows: Box::new(|i| if i >= 10 { fault("gather") } else { clean() }),
@@ -2908,15 +2910,7 @@ fn a_parent_that_faults_beside_the_first_bad_commit_is_a_disagreement_named_afte
         .collect();
     let mut probers: Vec<&mut dyn Probe> =
         workers.iter_mut().map(|w| w as &mut dyn Probe).collect();
-    let (mut probes, mut events) = (Vec::new(), Events::default());
-    let said = cross_check(
-        &mut probers,
-        &runs,
-        (&fault("gather"), &policy),
-        (3, false),
-        &mut probes,
-        &mut events,
-    );
+    let (said, probes, _) = cross_check_of_11(&mut probers, 3);
     let CrossCheck::Disagrees(why) = said else {
         panic!("{said:?}")
     };

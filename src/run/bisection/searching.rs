@@ -164,10 +164,11 @@ fn cross_check_answer<'w>(
     let early = culprit.filter(|_| others.len() >= 3 && at_once >= 4);
     let spec = early.map(|_| report_of(outcome.clone(), plan, opts, run_dir).0);
     // The stages' three workers first; the next one runs the parent beside the first bad commit when the
-    // GPU holds them both too.
+    // GPU holds them both too, beside the stages' runs.
     let (stage_workers, spare) = others.split_at_mut(if early.is_some() { 3 } else { 0 });
-    let room = if early.is_some() { 5 } else { 2 };
-    let beside = spare.first_mut().filter(|_| at_once >= room);
+    let beside = spare
+        .first_mut()
+        .filter(|_| at_once >= stage_workers.len() + 2);
     let checking = 1 + usize::from(beside.is_some());
     let cross_check = |reporter: &mut dyn Reporter, disagreed: &dyn Fn()| {
         with_cancel_passed_on(cancel, s.stops, || {

@@ -126,18 +126,16 @@ fn servable(argv: &[String]) -> bool {
     name == "pytest" || (name.starts_with("python") && argv.len() > 1)
 }
 
-/// The variables a run's environment has that say which probe it is: they differ every run and never
-/// change what the preloaded modules are. A worker that shares its GPU gets a fresh rendezvous port every
-/// run; counted in the server's key, it started a new server (seconds of imports) for every probe.
-fn per_run(name: &str) -> bool {
-    name.starts_with("CUDABISECT_") || crate::exec::child_env::RENDEZVOUS_PORTS.contains(&name)
-}
-
 /// The key of the server a run of `interpreter` with `env` may be forked from (a run under another key
 /// needs a server of its own), and the environment that server starts with: `env` without the variables
-/// that differ every run, sorted.
+/// that differ every run, sorted (counted, a fresh rendezvous port would start a new server, seconds of
+/// imports, for every probe).
 fn server_key(interpreter: &Path, env: &[(String, String)]) -> (String, Vec<(String, String)>) {
-    let mut env: Vec<(String, String)> = env.iter().filter(|(k, _)| !per_run(k)).cloned().collect();
+    let mut env: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| !crate::exec::child_env::differs_per_run(k))
+        .cloned()
+        .collect();
     env.sort();
     let mut h = Sha256::new();
     h.update(interpreter.to_string_lossy().as_bytes());
