@@ -3,6 +3,7 @@ exactly as a fresh `python3 script.py` does (exit status, death by signal, argv,
 output, children it spawns, atexit), a worktree module shadowing a preloaded name is the worktree's, a
 preloaded module whose file changes sends the run cold, and a killed client takes its child along."""
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,13 @@ def fork_server():
     return module
 
 
+def listed(where, *names):
+    """A file listing module names, as cudabisect hands a server what to import."""
+    path = where / ("names-" + "-".join(names) + ".json")
+    path.write_text(json.dumps(list(names)))
+    return str(path)
+
+
 @pytest.fixture()
 def server(tmp_path):
     """A warm server preloading `json` and a module `sharedlib` from a site directory outside the
@@ -38,7 +46,15 @@ def server(tmp_path):
     sock = tmp_path / "s.sock"
     env = dict(os.environ, PYTHONPATH=str(site))
     proc = subprocess.Popen(
-        [sys.executable, str(RUNNER), "--preload", "json,sharedlib", "serve", "--socket", str(sock)],
+        [
+            sys.executable,
+            str(RUNNER),
+            "--preload-file",
+            listed(tmp_path, "json", "sharedlib"),
+            "serve",
+            "--socket",
+            str(sock),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -162,7 +178,7 @@ def test_a_preloaded_module_a_run_rewrote_is_not_served_after_the_server_learns_
     client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "bump.py"]
     first = subprocess.run(client, cwd=work, env=env, capture_output=True, timeout=60)
     assert first.stdout == b"preloaded\n", first
-    taught = dict(env, CUDABISECT_WARM_PRELOAD="otherlib,sharedlib")
+    taught = dict(env, CUDABISECT_WARM_PRELOAD=listed(work.parent, "otherlib", "sharedlib"))
     second = subprocess.run(client, cwd=work, env=taught, capture_output=True, timeout=60)
     assert second.stdout == b"preloaded+\n", second
     assert status.read_text().startswith("cold:") and "sharedlib.py changed" in status.read_text()
@@ -200,22 +216,47 @@ def test_a_learned_module_a_run_rewrote_is_never_served_warm(server):
     (work / "show.py").write_text("import relmod\nprint('COUNTER', relmod.COUNTER, flush=True)\n")
     status = work.parent / "status"
     client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "show.py"]
-    taught = dict(env, CUDABISECT_WARM_PRELOAD="relmod")
+    taught = dict(env, CUDABISECT_WARM_PRELOAD=listed(work.parent, "relmod"))
     run = subprocess.run(client, cwd=work, env=taught, capture_output=True, timeout=60)
     assert run.returncode == 0, run
     assert status.read_text().startswith("cold:") and "relmod.py changed" in status.read_text(), status.read_text()
 
 
 def test_a_learned_preload_is_imported_into_the_running_server_not_handed_to_the_repro(server):
-    _, site, _, _ = server
+    _, site, work, _ = server
     (site / "otherlib.py").write_text("VALUE = 'other'\n")
     script = "import os, sys\nprint('otherlib' in sys.modules, os.environ.get('CUDABISECT_WARM_PRELOAD'))\n"
-    cold, warm, status = both(server, script, extra_env={"CUDABISECT_WARM_PRELOAD": "otherlib,json"})
+    names = listed(work.parent, "otherlib", "json")
+    cold, warm, status = both(server, script, extra_env={"CUDABISECT_WARM_PRELOAD": names})
     assert status == "warm"
     # Warm, the server imported it before forking; the repro never sees the variable. Cold (a fresh
     # interpreter, given the variable by this test alone) has nothing preloaded.
     assert warm[1] == b"True None\n", warm
-    assert cold[1] == b"False otherlib,json\n", cold
+    assert cold[1] == f"False {names}\n".encode(), cold
+
+
+def test_what_a_run_imported_is_in_the_server_before_the_next_run_without_being_asked(server):
+    # A probe that faults early imports less than one that trains a whole step (an optimizer step imports
+    # `torch._dynamo`, a submodule `import torch` leaves out): every run teaches, submodules included, and
+    # the server imports it once the run has ended, so no later run pays for it again.
+    sock, site, work, env = server
+    (site / "biglib").mkdir()
+    (site / "biglib" / "__init__.py").write_text("")
+    (site / "biglib" / "deep.py").write_text("VALUE = 'deep'\n")
+    (work / "step.py").write_text("import sys\nprint('biglib.deep' in sys.modules, flush=True)\nimport biglib.deep\n")
+    learn = work.parent / "learned.json"
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "step.py"]
+    first = subprocess.run(
+        client, cwd=work, env=dict(env, CUDABISECT_WARM_LEARN=str(learn)), capture_output=True, timeout=60
+    )
+    assert first.stdout == b"False\n", first
+    taught = json.loads(learn.read_text())
+    # The submodule, in the order of import; not the package it implies, not the repro's own modules.
+    assert "biglib.deep" in taught and "biglib" not in taught and "step" not in taught, taught
+    second = subprocess.run(client, cwd=work, env=env, capture_output=True, timeout=60)
+    assert status.read_text().strip() == "warm"
+    assert second.stdout == b"True\n", second
 
 
 def test_another_interpreter_or_command_runs_cold(server):
@@ -301,7 +342,10 @@ def fake_cuda_site(tmp_path):
 def test_a_preload_that_starts_cuda_is_named_instead_of_listening(tmp_path):
     site = fake_cuda_site(tmp_path)
     out = subprocess.run(
-        [sys.executable, str(RUNNER), "--preload", "json,torch,devlib", "serve", "--socket", str(tmp_path / "s.sock")],
+        [
+            *(sys.executable, str(RUNNER), "--preload-file", listed(tmp_path, "json", "torch", "devlib")),
+            *("serve", "--socket", str(tmp_path / "s.sock")),
+        ],
         stdin=subprocess.PIPE,
         capture_output=True,
         env=dict(os.environ, PYTHONPATH=str(site)),
@@ -316,7 +360,7 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
     env = dict(os.environ, PYTHONPATH=str(site))
     sock = tmp_path / "s.sock"
     proc = subprocess.Popen(
-        [sys.executable, str(RUNNER), "--preload", "torch", "serve", "--socket", str(sock)],
+        [sys.executable, str(RUNNER), "--preload-file", listed(tmp_path, "torch"), "serve", "--socket", str(sock)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -331,7 +375,7 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
         run = subprocess.run(
             [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "repro.py"],
             cwd=work,
-            env=dict(env, CUDABISECT_WARM_PRELOAD="devlib"),
+            env=dict(env, CUDABISECT_WARM_PRELOAD=listed(tmp_path, "devlib")),
             capture_output=True,
             timeout=60,
         )
@@ -401,7 +445,7 @@ def test_a_server_stopped_with_sigterm_takes_its_running_children_along(tmp_path
     (work / "hang.py").write_text("import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n")
     sock = tmp_path / "s.sock"
     server = subprocess.Popen(
-        [sys.executable, str(RUNNER), "--preload", "json", "serve", "--socket", str(sock)],
+        [sys.executable, str(RUNNER), "--preload-file", listed(tmp_path, "json"), "serve", "--socket", str(sock)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )

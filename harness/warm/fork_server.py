@@ -158,7 +158,8 @@ class Service:
     this server can serve no one any more and ends once its running children are answered).
     `run(req)`, in the child once it is the client's process: runs the request and never returns.
     `spare()`: True when the server keeps a spare child that started the device before any request;
-    `warm_spare()` runs in it, and `spare_takes(req)` says whether a request may go to it."""
+    `warm_spare()` runs in it, and `spare_takes(req)` says whether a request may go to it. `ended(req)`
+    runs in the server when a child has ended and may hand back work for after its client's answer."""
 
     def admit(self, req):
         return None
@@ -174,6 +175,11 @@ class Service:
 
     def spare_takes(self, req):
         return False
+
+    def ended(self, req):
+        """In the server, once the child that ran `req` has ended, before its client is answered: None, or
+        work to do right after the answer (the time between runs), as a function."""
+        return None
 
 
 def become(req, fds, closing):
@@ -213,6 +219,7 @@ class _Server:
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lifeline, selectors.EVENT_READ, ("lifeline", None))
         self.jobs = {}  # pid -> (conn, pidfd)
+        self.requests = {}  # pid -> the request its child runs
         self.watching = set()  # children whose client connection is still watched for a hang-up
         self.spare = None  # (pid, socket to it, pidfd)
         self.ending = False
@@ -330,6 +337,7 @@ class _Server:
         close_all(fds)
         tell(conn, {"pid": pid})  # a client gone already: its hang-up is seen below
         self.jobs[pid] = (conn, pidfd)
+        self.requests[pid] = req
         self.sel.register(pidfd, selectors.EVENT_READ, ("child", pid))
         self.sel.register(conn, selectors.EVENT_READ, ("client", pid))
         self.watching.add(pid)
@@ -371,8 +379,13 @@ class _Server:
         if pid in self.watching:
             self.watching.discard(pid)
             self.sel.unregister(conn)
+        req = self.requests.pop(pid, None)
+        after = None if self.ending else self.service.ended(req)
         tell(conn, {"status": status})
         conn.close()
+        if after is not None:
+            # After the answer: the client, and so the probe, does not wait for it.
+            after()
 
     def client_data(self, pid):
         if pid not in self.watching:

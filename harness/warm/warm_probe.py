@@ -10,7 +10,8 @@ so in the status file. The forking, the wire and the client's side are `fork_ser
 server cudabisect has; this file says what a request runs. Shipped inside cudabisect, beside
 `fork_server.py`; stdlib only.
 
-    python warm_probe.py serve [--preload a,b] --socket SOCKET   (ends when its stdin closes)
+    python warm_probe.py serve [--preload-file NAMES.json] [--never a,b] --socket SOCKET
+        (ends when its stdin closes; --never: modules that started CUDA here before, never imported)
     python -S -E warm_probe.py client SOCKET STATUS_FILE -- python script.py args...
 """
 
@@ -99,25 +100,39 @@ TAINTED = "harness: CUDA initialised by preloading "
 SERVER_CWD = os.getcwd()
 
 
-def import_all(names):
-    """Imports `names` into the server one by one; one that does not import is left out and said on
-    stderr. Returns the first whose import started CUDA (a library that queries the device at import),
-    after which this interpreter can fork no child that uses CUDA; None when none did."""
-    failed = []
+def import_all(names, failed=None):
+    """Imports `names` into the server one by one; one that does not import is left out, said on stderr
+    and added to `failed` (not tried again). Returns the first whose import started CUDA (a library that
+    queries the device at import), after which this interpreter can fork no child that uses CUDA; None
+    when none did."""
+    said = []
     for name in names:
         try:
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - a module that does not import is not preloaded
-            failed.append(f"{name}: {type(e).__name__}")
+            said.append(f"{name}: {type(e).__name__}")
+            if failed is not None:
+                failed.add(name)
         if fork_server.cuda_initialised():
             return name
-    if failed:
-        sys.stderr.write("not preloaded: " + ", ".join(failed) + "\n")
+    if said:
+        sys.stderr.write("not preloaded: " + ", ".join(said) + "\n")
         sys.stderr.flush()
     return None
 
 
-def serve(sock_path, preload):
+def left_out(never, name):
+    """Whether `name` is never imported here: a module in `never` started CUDA when preloaded; its package
+    is then left out whole, or, for a submodule, the package's other submodules (the package itself is
+    still imported). cudabisect applies the same rule to the lists it hands over."""
+    for bad in never:
+        package = bad.split(".")[0]
+        if name == bad or (name != package and name.startswith(package + ".")):
+            return True
+    return False
+
+
+def serve(sock_path, preload, never=()):
     import atexit
 
     atexit.register(child_exit)  # before any preload registers its own: it must run after them
@@ -130,39 +145,56 @@ def serve(sock_path, preload):
     files = module_files()
     preloaded = sorted({m.split(".")[0] for m in sys.modules})
     # The driver waits for the listening line; it comes once the preloads are in.
-    fork_server.serve(fork_server.listen(sock_path), Repros(files, preloaded))
+    fork_server.serve(fork_server.listen(sock_path), Repros(files, preloaded, never))
 
 
 class Repros(fork_server.Service):
     """Serves repro runs: each request is a `python` command run as a fresh interpreter would."""
 
-    def __init__(self, files, preloaded):
+    def __init__(self, files, preloaded, never=()):
         self.files = files  # the preloaded modules' files, as they were when imported
+        self.never = list(never)  # what started CUDA in an earlier server: never imported here
         self.preloaded = preloaded  # their top-level names
+        self.tainted = None  # the module whose import here started CUDA, once one did
+        self.rewritten = None  # a taught module imported from bytecode older than its source
+        self.failed = set()  # taught names that did not import here: not tried again
+
+    def take(self, names):
+        """Imports what `names` lists and this interpreter lacks: what a run taught, imported here once,
+        instead of in every child or by another server."""
+        more = [n for n in names if n not in sys.modules and n not in self.failed and not left_out(self.never, n)]
+        if not more or self.tainted:
+            return
+        files = self.files
+        known = set(files)
+        self.tainted = import_all(more, self.failed)
+        # Only the new modules' files are recorded now: a preloaded module's record stays what it was
+        # when it was imported, so a file rewritten since is still seen as changed.
+        for path, mtime in module_files().items():
+            files.setdefault(path, mtime)
+        self.preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
+        # A source written after its bytecode (by a run: the one that taught it, say) may have been
+        # imported from that bytecode, which Python still takes for current when the size and the second
+        # match: such a module is never served, not even once.
+        self.rewritten = self.rewritten or next((p for p in files if p not in known and newer_than_bytecode(p)), None)
+
+    def ended(self, req):
+        """A child's run has ended: what it taught (every module it imported from outside the worktree) is
+        read now, before the answer lets cudabisect reuse the file, and imported right after it, while the
+        worker is between probes, not before the next fork."""
+        learn = (req or {}).get("learn")
+        names = read_names(learn) if learn else []
+        return (lambda: self.take(names)) if names else None
 
     def admit(self, req):
-        files, preloaded = self.files, self.preloaded
-        more = [n for n in req.get("preload", []) if n not in sys.modules]
-        tainted, rewritten = None, None
-        if more:
-            # What an earlier run taught: imported here once, instead of starting another server.
-            known = set(files)
-            tainted = import_all(more)
-            # Only the new modules' files are recorded now: a preloaded module's record stays what it
-            # was when it was imported, so a file rewritten since is still seen as changed.
-            for path, mtime in module_files().items():
-                files.setdefault(path, mtime)
-            preloaded[:] = sorted({m.split(".")[0] for m in sys.modules})
-            # A source written after its bytecode (by a run: the one that taught it, say) may have been
-            # imported from that bytecode, which Python still takes for current when the size and the
-            # second match: such a module is never served, not even once.
-            rewritten = next((p for p in files if p not in known and newer_than_bytecode(p)), None)
+        self.take(req.get("preload", []))
+        tainted = self.tainted
         reason = (
             f"CUDA was initialised in the warm interpreter by preloading {tainted}"
             if tainted
             else fork_server.cuda_initialised() or other_interpreter(req.get("interpreter", ""))
         )
-        stale = None if reason else (rewritten or changed(files))
+        stale = None if reason else (self.rewritten or changed(self.files))
         if not reason and not stale:
             return None
         # This interpreter can serve no one any more when a file changed or CUDA started in it;
@@ -377,12 +409,16 @@ def forget_shadowed(preloaded, first):
 
 
 def write_learned(path, first):
-    """The top-level modules this run imported from outside its worktree: what the next server preloads."""
+    """The modules this run imported from outside its worktree, submodules included (`import torch` does
+    not import `torch._dynamo`, which an optimizer step does), in the order they were imported: what the
+    server imports before the next fork. A module whose submodule is listed is left out (importing the
+    submodule imports it)."""
     roots = {os.path.realpath(first), os.path.realpath(os.getcwd())}
     worktree = os.environ.get("CUDABISECT_WORKTREE")
     if worktree:
         roots.add(os.path.realpath(worktree))
-    names = set()
+    real_dirs = {}
+    names = []
     for name, mod in list(sys.modules.items()):
         top = name.split(".")[0]
         if top in ("__main__", "__mp_main__") or top.startswith("_"):
@@ -390,15 +426,28 @@ def write_learned(path, first):
         file = getattr(mod, "__file__", None)
         if not file:
             continue
-        real = os.path.realpath(file)
-        if any(real.startswith(r + os.sep) for r in roots):
+        here = os.path.dirname(file)
+        if here not in real_dirs:
+            real_dirs[here] = os.path.realpath(here) + os.sep
+        if any(real_dirs[here].startswith(r + os.sep) for r in roots):
             continue
-        names.add(top)
+        names.append(name)
+    parents = {n.rsplit(".", 1)[0] for n in names if "." in n}
     try:
         with open(path, "w") as f:
-            json.dump(sorted(names), f)
+            json.dump([n for n in names if n not in parents], f)
     except OSError:
         pass
+
+
+def read_names(path):
+    """A JSON list of module names from `path`; none when it cannot be read."""
+    try:
+        with open(path) as f:
+            names = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 # ----------------------------------------------------------------------------------------------- client
@@ -421,7 +470,8 @@ def client(sock_path, status_path, argv):
         cold("no such script (the interpreter says so itself)")
     env = dict(os.environ)
     # What the server should have imported, as cudabisect learned it: for the server, not the repro.
-    preload = [n for n in env.pop("CUDABISECT_WARM_PRELOAD", "").split(",") if n]
+    listed = env.pop("CUDABISECT_WARM_PRELOAD", None)
+    preload = read_names(listed) if listed else []
     # Where the child writes what it imported: the runner's business, not a variable the repro sees.
     learn = env.pop("CUDABISECT_WARM_LEARN", None)
     req = {
@@ -454,9 +504,10 @@ def main():
     args = sys.argv[1:]
     if "serve" in args and "--socket" in args:
         preload = []
-        if "--preload" in args:
-            preload = [p for p in args[args.index("--preload") + 1].split(",") if p]
-        serve(args[args.index("--socket") + 1], preload)
+        if "--preload-file" in args:
+            preload = read_names(args[args.index("--preload-file") + 1])
+        never = args[args.index("--never") + 1].split(",") if "--never" in args else []
+        serve(args[args.index("--socket") + 1], preload, [n for n in never if n])
     elif args[:1] == ["client"] and "--" in args:
         cut = args.index("--")
         client(args[1], args[2], args[cut + 1 :])

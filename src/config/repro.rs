@@ -60,8 +60,8 @@ pub struct ReproSection {
     /// interpreter that has already imported the heavy modules outside the worktree. Default on.
     #[serde(default = "yes")]
     pub warm: bool,
-    /// What the warm interpreter imports; default: what the first warm run imported from outside the
-    /// worktree.
+    /// What the warm interpreter imports; default: what the warm runs imported from outside the
+    /// worktree, learned from each.
     #[serde(default)]
     pub preload: Option<Vec<String>>,
 }

@@ -777,6 +777,43 @@ fn with_several_workers_each_serves_all_its_probes_from_one_warm_interpreter() {
     assert_eq!(all.len(), 3, "one warm interpreter per worker: {noted}");
 }
 
+#[test]
+fn what_a_good_run_imports_beyond_a_faulting_one_is_preloaded_for_every_run_after_it() {
+    // The bad end runs first and faults before the training step's later imports (here a submodule,
+    // `xml.dom.minidom`, as an optimizer step imports `torch._dynamo`); the good end imports it. Every
+    // run after the good end finds it already imported: its worker's warm interpreter learned it from
+    // that run, not only from the first.
+    let repro = PY_REPRO.replace(
+        "print(json.dumps({'ok': v}))\n",
+        "import xml.dom.minidom\nprint(json.dumps({'ok': v}))\n",
+    ).replace(
+        "import json, os, sys, time\n",
+        "import json, os, sys, time\nopen(os.path.join(os.environ['SCRATCH'], 'seen'), 'a').write(f\"{'xml.dom.minidom' in sys.modules}\\n\")\n",
+    );
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\ngrace-period = \"1s\"\ntimeout = \"10s\"\nenv = { SCRATCH = \"@SCRATCH@\" }\n[triage]\nenabled = false\n";
+    let repo = linear(40, 23, &repro, config);
+    let (code, ran, err) = start(
+        &repo,
+        &["v1..main", "--fresh", "--jobs", "1", "--no-shrink"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &ran), "commit 23");
+    let roles: Vec<ProbeRole> = rep(&ran).probes.iter().map(|p| p.role).collect();
+    assert_eq!(
+        roles[..2],
+        [ProbeRole::BadEndpoint, ProbeRole::GoodEndpoint]
+    );
+    for p in &rep(&ran).probes {
+        assert_eq!(p.runner.as_deref(), Some("warm"), "{p:?}");
+    }
+    let seen = std::fs::read_to_string(repo.scratch.join("seen")).unwrap();
+    let seen: Vec<&str> = seen.lines().collect();
+    assert_eq!(seen.len(), roles.len(), "{seen:?}");
+    // The bad end and the good end import it themselves; every later run, bad or good, is served it.
+    assert_eq!(seen[..2], ["False", "False"], "{seen:?}");
+    assert!(seen[2..].iter().all(|s| *s == "True"), "{seen:?}");
+}
+
 /// A Python build step: it writes `built.txt` (the commit's version), which the repro refuses to run
 /// without, so an answer is only right when every probe built its own commit; and it notes whether its
 /// parent is a warm interpreter, as the process table says, not as the record does.

@@ -4,9 +4,9 @@
 //! outside the worktree and never touched CUDA. A run is handed to it by a small client that stands where
 //! the command would have run, so the process group, timeout, output capture and signals of the
 //! ordinary runner still apply. What to preload is guessed from the script's imports, then learned from
-//! the first warm run's (or `[repro] preload`), and what was learned is imported into the running
-//! server; a different interpreter or environment starts another server; whatever the server cannot
-//! serve runs cold, and the probe record says which.
+//! every warm run's, submodules included (or set by `[repro] preload`), and what was learned is imported
+//! into the running server as soon as the run ends; a different interpreter or environment starts another
+//! server; whatever the server cannot serve runs cold, and the probe record says which.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -73,14 +73,34 @@ struct Slot {
     server: Option<WarmServer>,
     /// The interpreter and environment the server was started for.
     key: String,
-    /// What to preload, once known.
+    /// What to preload, once known: module names, submodules included, in the order they were imported.
     preload: Option<Vec<String>>,
+    /// Whether runs teach what to preload (not when `[repro] preload` sets it): every run does, since a
+    /// probe that faults early imports less than one that runs the whole step.
+    learns: bool,
     /// Why this worker's runs go cold for the rest of the run: CUDA got initialised in the server by
     /// something other than a preload that can be left out.
     off: Option<String>,
     /// Modules that started CUDA when preloaded (a library that queries the device at import): never
     /// preloaded again; each run's child imports them itself.
     never: Vec<String>,
+}
+
+/// Whether `module` is left out of a preload because `never` names it: a package that started CUDA is
+/// left out whole; for a submodule that did, its package's other submodules are too (one of them may
+/// import it), and only the package itself is still preloaded. So a server starts again once per package,
+/// not once per submodule. (The warm runner's `left_out` applies the same rule to what a run teaches it.)
+fn left_out(never: &[String], module: &str) -> bool {
+    never.iter().any(|t| {
+        let package = t.split('.').next().unwrap_or(t);
+        module == t || (module != package && module.starts_with(&format!("{package}.")))
+    })
+}
+
+/// Adds what a run taught to what is known, in order, each name once.
+fn merge(known: &mut Vec<String>, taught: Vec<String>) {
+    let seen: std::collections::HashSet<String> = known.iter().cloned().collect();
+    known.extend(taught.into_iter().filter(|n| !seen.contains(n)));
 }
 
 /// The module a server blames for starting CUDA, when it names one: instead of listening
@@ -197,11 +217,12 @@ impl WarmPool {
         let mut slot = taken.unwrap_or_else(|| Slot {
             server: None,
             key: key.clone(),
-            // `[repro] preload` names the repro's imports; a build's are learned from its first run.
+            // `[repro] preload` names the repro's imports; a build's are learned from its runs.
             preload: match at.1 {
                 Serves::Repro => self.configured.clone(),
                 Serves::Build => None,
             },
+            learns: at.1 == Serves::Build || self.configured.is_none(),
             off: None,
             never: Vec::new(),
         });
@@ -213,8 +234,8 @@ impl WarmPool {
         out
     }
 
-    /// Starts `slot`'s warm server, preloading what the first run taught (else what the script imports
-    /// by name). A preload that starts CUDA is left out and the server started again without it, so a
+    /// Starts `slot`'s warm server, preloading what the runs taught (else what the script imports by
+    /// name), listed in a file (a learned list runs to thousands of names). A preload that starts CUDA is left out and the server started again without it, so a
     /// library that queries the device at import costs its own import, not the warm runner. A server that
     /// does not start leaves the slot without one: its runs go cold.
     fn start_server(
@@ -230,14 +251,23 @@ impl WarmPool {
             .clone()
             .unwrap_or_else(|| super::preload_guess::guess_preload(argv, &spec.cwd));
         let log = self.dir.join(slot_file(at, "server", ".log"));
+        let listed = self.dir.join(slot_file(at, "preload", ".json"));
         for _ in 0..=preload.len() {
-            preload.retain(|m| !slot.never.contains(m));
-            let argv = vec![
+            preload.retain(|m| !left_out(&slot.never, m));
+            if write_names(&listed, &preload).is_err() {
+                return;
+            }
+            let mut argv = vec![
                 resolved.display().to_string(),
                 self.script.display().to_string(),
-                "--preload".into(),
-                preload.join(","),
+                "--preload-file".into(),
+                listed.display().to_string(),
             ];
+            if !slot.never.is_empty() {
+                // What a run teaches is imported by the server itself when the run ends: it must know
+                // what not to import.
+                argv.extend(["--never".into(), slot.never.join(",")]);
+            }
             // The server runs where no worktree module can shadow what it preloads.
             // It may take as long as a run of the repro may, and no longer.
             let wait = Wait {
@@ -276,14 +306,14 @@ impl WarmPool {
             slot.server = None;
             slot.key = key;
         }
-        let learning = slot.preload.is_none();
+        let learning = slot.learns || slot.preload.is_none();
         if slot.server.is_none() {
             self.start_server(slot, at, (&argv, &resolved, &env), spec, cancel);
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
         let preload_now = slot.preload.clone().map(|p| {
             p.into_iter()
-                .filter(|m| !slot.never.contains(m))
+                .filter(|m| !left_out(&slot.never, m))
                 .collect::<Vec<_>>()
         });
         let status = self.dir.join(slot_file(at, "status", ""));
@@ -295,9 +325,15 @@ impl WarmPool {
                 .push(("CUDABISECT_WARM_LEARN".into(), l.display().to_string()));
         }
         if let Some(names) = preload_now.filter(|n| !n.is_empty()) {
-            // What a run taught after this server started: the server imports it before it forks.
-            spec.env
-                .push(("CUDABISECT_WARM_PRELOAD".into(), names.join(",")));
+            // What the runs taught: the server imported it when each run ended; what it lacks still (a
+            // run it never saw end), it imports before it forks.
+            let listed = self.dir.join(slot_file(at, "request-preload", ".json"));
+            if write_names(&listed, &names).is_ok() {
+                spec.env.push((
+                    "CUDABISECT_WARM_PRELOAD".into(),
+                    listed.display().to_string(),
+                ));
+            }
         }
         let mut client = vec![
             resolved.display().to_string(),
@@ -324,8 +360,8 @@ impl WarmPool {
         slots.get(&at).and_then(|s| s.off.clone())
     }
 
-    /// How the run went, and what it taught: a learning run's imports are what the server preloads from
-    /// the next run on (it imports what it lacks then); a server that could not serve is replaced.
+    /// How the run went, and what it taught: a learning run's imports join what a server preloads (the
+    /// running one imported them as the run ended); a server that could not serve is replaced.
     pub fn finish(&self, run: WarmRun) -> Runner {
         let runner = match std::fs::read_to_string(&run.status) {
             Ok(text) if text.trim() == "warm" => Runner::Warm,
@@ -345,9 +381,8 @@ impl WarmPool {
                 .and_then(|l| std::fs::read_to_string(l).ok())
                 .and_then(|t| serde_json::from_str(&t).ok());
             if let Some(names) = learned {
-                // The running server keeps serving: the next run's request names these, and the
-                // server imports what it lacks, instead of a new server preloading everything again.
-                slot.preload = Some(names);
+                // The running server keeps serving, instead of a new one preloading everything again.
+                merge(slot.preload.get_or_insert_with(Vec::new), names);
             }
             if let Runner::Cold(why) = &runner {
                 // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
@@ -367,6 +402,11 @@ impl WarmPool {
         }
         runner
     }
+}
+
+/// Writes module names as the JSON list the warm runner reads.
+fn write_names(path: &Path, names: &[String]) -> std::io::Result<()> {
+    std::fs::write(path, serde_json::to_vec(names)?)
 }
 
 #[cfg(test)]
@@ -396,6 +436,41 @@ mod tests {
             started_with,
             [("PYTHONPATH".to_string(), "src".to_string())]
         );
+    }
+
+    #[test]
+    fn a_module_that_started_cuda_leaves_out_its_package_or_its_siblings_but_not_more() {
+        let never = vec!["devlib".to_string(), "torch._probe.query".to_string()];
+        let out: Vec<&str> = [
+            "devlib",
+            "devlib.core",
+            "devlibx",
+            "torch",
+            "torch.nn",
+            "torch._probe.query",
+            "numpy",
+        ]
+        .into_iter()
+        .filter(|m| left_out(&never, m))
+        .collect();
+        assert_eq!(
+            out,
+            ["devlib", "devlib.core", "torch.nn", "torch._probe.query"]
+        );
+    }
+
+    #[test]
+    fn what_runs_teach_is_added_in_order_each_name_once() {
+        let mut known = vec!["torch".to_string(), "numpy.linalg".to_string()];
+        merge(
+            &mut known,
+            vec![
+                "numpy.linalg".into(),
+                "torch._dynamo".into(),
+                "sympy".into(),
+            ],
+        );
+        assert_eq!(known, ["torch", "numpy.linalg", "torch._dynamo", "sympy"]);
     }
 
     #[test]
