@@ -22,7 +22,7 @@ if [ "$which" != cudabisect ]; then
   git -C "$repo" bisect start bad "$good" >/dev/null
   (cd "$repo" && CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=. git bisect run python3 "$here/kda_repro.py") > "$out/git-bisect.log" 2>&1 || true
   echo "git bisect run: $(( $(date +%s) - s )) s, $(grep -c '^running' "$out/git-bisect.log") steps, $(grep 'is the first bad commit' "$out/git-bisect.log")"
-  git -C "$repo" bisect reset -q bad
+  git -C "$repo" bisect reset bad >/dev/null 2>&1
 fi
 if [ "$which" != git ]; then
   s=$(date +%s)
