@@ -235,28 +235,74 @@ def test_a_learned_preload_is_imported_into_the_running_server_not_handed_to_the
     assert cold[1] == f"False {names}\n".encode(), cold
 
 
+def taught_run(server, script, learn=True):
+    """Runs `python3 script` (in the worktree) warm, as a learning run unless `learn` is False: returns the
+    run, how it ran, and the names it taught (None when it did not learn)."""
+    sock, _, work, env = server
+    learned = work.parent / "learned.json"
+    learned.unlink(missing_ok=True)
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", script]
+    env = dict(env, CUDABISECT_WARM_LEARN=str(learned)) if learn else env
+    run = subprocess.run(client, cwd=work, env=env, capture_output=True, timeout=60)
+    taught = json.loads(learned.read_text()) if learn else None
+    return run, status.read_text().strip(), taught
+
+
 def test_what_a_run_imported_is_in_the_server_before_the_next_run_without_being_asked(server):
     # A probe that faults early imports less than one that trains a whole step (an optimizer step imports
     # `torch._dynamo`, a submodule `import torch` leaves out): every run teaches, submodules included, and
     # the server imports it once the run has ended, so no later run pays for it again.
-    sock, site, work, env = server
+    _, site, work, _ = server
     (site / "biglib").mkdir()
     (site / "biglib" / "__init__.py").write_text("")
     (site / "biglib" / "deep.py").write_text("VALUE = 'deep'\n")
     (work / "step.py").write_text("import sys\nprint('biglib.deep' in sys.modules, flush=True)\nimport biglib.deep\n")
-    learn = work.parent / "learned.json"
-    status = work.parent / "status"
-    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "step.py"]
-    first = subprocess.run(
-        client, cwd=work, env=dict(env, CUDABISECT_WARM_LEARN=str(learn)), capture_output=True, timeout=60
-    )
+    first, _, taught = taught_run(server, "step.py")
     assert first.stdout == b"False\n", first
-    taught = json.loads(learn.read_text())
     # The submodule, in the order of import; not the package it implies, not the repro's own modules.
     assert "biglib.deep" in taught and "biglib" not in taught and "step" not in taught, taught
-    second = subprocess.run(client, cwd=work, env=env, capture_output=True, timeout=60)
-    assert status.read_text().strip() == "warm"
+    second, status, _ = taught_run(server, "step.py", learn=False)
+    assert status == "warm"
     assert second.stdout == b"True\n", second
+
+
+def test_a_module_imported_after_the_repro_changed_its_environment_is_not_taught(server):
+    # A training script sets a library's knob in its own environment, then imports the library's config
+    # module, which reads the knob at import (as `torch._inductor.config` reads `TORCHINDUCTOR_*`).
+    # Preloaded, that module would keep the value from before the change: the run would not be the run a
+    # fresh interpreter makes. So it is not taught; its package still is.
+    _, site, work, _ = server
+    (site / "knoblib").mkdir()
+    (site / "knoblib" / "__init__.py").write_text("")
+    (site / "knoblib" / "conf.py").write_text("import os\nKNOB = os.environ.get('KNOB')\n")
+    (site / "knoblib" / "early.py").write_text("")
+    (work / "train.py").write_text(
+        "import os\nimport knoblib.early\nos.environ['KNOB'] = 'set by the script'\n"
+        "import knoblib.conf\nprint(knoblib.conf.KNOB, flush=True)\n"
+    )
+    first, _, taught = taught_run(server, "train.py")
+    assert first.stdout == b"set by the script\n", first
+    assert "knoblib.early" in taught and "knoblib.conf" not in taught, taught
+    second, status, _ = taught_run(server, "train.py")
+    assert status == "warm"
+    assert second.stdout == b"set by the script\n", second
+
+
+def test_code_a_library_generated_and_loaded_from_its_cache_is_not_taught(server):
+    _, _, work, _ = server
+    cache = work.parent / "kernel-cache"
+    cache.mkdir()
+    (cache / "c0ffee.py").write_text("GENERATED = True\n")
+    (work / "gen.py").write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('c0ffee', {str(cache / 'c0ffee.py')!r})\n"
+        "mod = importlib.util.module_from_spec(spec)\nsys.modules['c0ffee'] = mod\nspec.loader.exec_module(mod)\n"
+        "import json\nprint(mod.GENERATED)\n"
+    )
+    run, _, taught = taught_run(server, "gen.py")
+    assert run.stdout == b"True\n", run
+    assert "c0ffee" not in taught and any(n.split(".")[0] == "json" for n in taught), taught
 
 
 def test_another_interpreter_or_command_runs_cold(server):

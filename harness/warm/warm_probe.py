@@ -229,7 +229,9 @@ def run_child(req, preloaded):
         if learn:
             import atexit
 
-            atexit.register(write_learned, learn, first)
+            watch = EnvironmentWatch()
+            sys.meta_path.insert(0, watch)
+            atexit.register(write_learned, learn, first, watch)
         import runpy
 
         if mode == "script":
@@ -408,17 +410,39 @@ def forget_shadowed(preloaded, first):
                     del sys.modules[mod]
 
 
-def write_learned(path, first):
+class EnvironmentWatch:
+    """On `sys.meta_path` of a learning run, finding nothing: notes which modules were imported after the
+    repro changed its own environment (`os.environ[...] = ...` at the top of a training script). Such a
+    module may have read the changed value at import (`torch._inductor.config` reads `TORCHINDUCTOR_*`
+    then), so it is not taught: preloaded, it would have read the value from before the change."""
+
+    def __init__(self):
+        self.start = dict(os.environ)
+        self.before = None  # the modules imported before the first change, once there is one
+
+    def find_spec(self, name, path=None, target=None):
+        if self.before is None and dict(os.environ) != self.start:
+            self.before = set(sys.modules)
+        return None
+
+    def after_change(self, name):
+        return self.before is not None and name not in self.before
+
+
+def write_learned(path, first, watch=None):
     """The modules this run imported from outside its worktree, submodules included (`import torch` does
     not import `torch._dynamo`, which an optimizer step does), in the order they were imported: what the
     server imports before the next fork. A module whose submodule is listed is left out (importing the
-    submodule imports it)."""
+    submodule imports it); so is one no `sys.path` entry provides (code a library generated and loaded
+    from its cache); of a module imported after the run changed its environment, only its top-level
+    package is taught."""
     roots = {os.path.realpath(first), os.path.realpath(os.getcwd())}
     worktree = os.environ.get("CUDABISECT_WORKTREE")
     if worktree:
         roots.add(os.path.realpath(worktree))
+    on_path = [os.path.realpath(p) + os.sep for p in sys.path if p]
     real_dirs = {}
-    names = []
+    names, seen = [], set()
     for name, mod in list(sys.modules.items()):
         top = name.split(".")[0]
         if top in ("__main__", "__mp_main__") or top.startswith("_"):
@@ -431,7 +455,13 @@ def write_learned(path, first):
             real_dirs[here] = os.path.realpath(here) + os.sep
         if any(real_dirs[here].startswith(r + os.sep) for r in roots):
             continue
-        names.append(name)
+        if not any(real_dirs[here].startswith(p) for p in on_path):
+            continue
+        if watch is not None and watch.after_change(name):
+            name = top
+        if name not in seen:
+            seen.add(name)
+            names.append(name)
     parents = {n.rsplit(".", 1)[0] for n in names if "." in n}
     try:
         with open(path, "w") as f:
