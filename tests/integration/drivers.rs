@@ -17,7 +17,7 @@ use cudabisect::report::event::{Event, Reporter};
 use cudabisect::report::record::{ParentCheck, ProbeRecord, ProbeRole, ShrinkStatus};
 use cudabisect::run::probe::prober::{Probe, ProbeContext, ProbeOutcome, Sanitized};
 use cudabisect::run::search::{
-    search, search_with_workers, SearchEnd, SearchInput, Sharing, Worker,
+    search, search_with_workers, EndpointProblem, SearchEnd, SearchInput, Sharing, Worker,
 };
 use cudabisect::run::stages::reducer::{shrink, ParentBeside, ShrinkSettings};
 use git2::Oid;
@@ -213,7 +213,7 @@ fn run_search_with(
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        fix_of: None,
+        finding_fix: false,
         steps_before: 0,
         sharing: Sharing::NONE,
     };
@@ -1570,7 +1570,6 @@ fn fix_input<'a>(
     range: &'a [RangeCommit],
     goods: &'a [(String, Oid)],
     policy: &'a MatchPolicy,
-    fault: Signature,
 ) -> SearchInput<'a> {
     SearchInput {
         range,
@@ -1580,7 +1579,7 @@ fn fix_input<'a>(
         policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        fix_of: Some(fault),
+        finding_fix: true,
         steps_before: 0,
         sharing: Sharing::NONE,
     }
@@ -1592,7 +1591,7 @@ fn finding_a_fix_is_the_same_search_with_the_states_swapped() {
     // the fix, and the other bug never counts as the fault being back or gone.
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let (range, goods, policy) = fix_setup();
-    let input = fix_input(&range, &goods, &policy, fault("gather"));
+    let input = fix_input(&range, &goods, &policy);
     let mut prober = scripted(cancel, None);
     prober.shows = Box::new(|i| match i {
         0..=9 => fault("gather"),
@@ -1639,9 +1638,8 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
         prober.kernels = Some(Box::new(|i| {
             Some(if i <= 9 { "embed" } else { "bias" }.to_string())
         }));
-        let mut fault = anonymous("pkg/launch.py:run");
-        fault.kernel = Some("embed".into());
-        let input = fix_input(&range, &goods, &policy, fault);
+        // The fault's kernel is learned at the old end, under the sanitizer.
+        let input = fix_input(&range, &goods, &policy);
         let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
         assert_eq!(
             outcome.end,
@@ -1655,6 +1653,82 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
             }
         }
     }
+}
+
+#[test]
+fn finding_a_fix_opens_the_first_round_with_the_old_end_beside_the_new_end_and_the_first_cuts() {
+    // Three workers. Before, the old end ran alone before the search; now its run opens the first round,
+    // beside the new end's check and a cut, and the round's answers wait for its fault. The runs meet at
+    // a bounded condition variable: run one after another, they never do and the count stays at 1.
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let (range, goods, policy) = fix_setup();
+    let input = fix_input(&range, &goods, &policy);
+    let run = |shows: fn(usize) -> Signature| {
+        let in_flight: &'static (Mutex<(usize, usize)>, Condvar) =
+            Box::leak(Box::new((Mutex::new((0, 0)), Condvar::new())));
+        let met: &'static Mutex<Vec<(Oid, usize)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        let stops = stop_flags(3);
+        let mut probers: Vec<Meeting> = (0..3)
+            .map(|_| {
+                let mut inner = scripted(cancel, None);
+                inner.shows = Box::new(shows);
+                Meeting {
+                    inner,
+                    in_flight,
+                    meet: 3,
+                    met: Some(met),
+                }
+            })
+            .collect();
+        let mut workers: Vec<Worker> = probers
+            .iter_mut()
+            .zip(&stops)
+            .map(|(p, &stop)| Worker { probe: p, stop })
+            .collect();
+        let mut events = Events::default();
+        let outcome = search_with_workers(&input, &mut workers, &mut events, cancel);
+        // The most in flight at once by the end of the old end's first run's wait.
+        let beside = met
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(c, _)| *c == oid(0))
+            .map(|m| m.1);
+        (outcome, beside)
+    };
+    // The fault shows up to 9; 10 fixes it.
+    let (outcome, most) = run(|i| if i <= 9 { fault("gather") } else { clean() });
+    assert_eq!(outcome.end, SearchEnd::Found(oid(10)));
+    assert_eq!(most, Some(3), "the old end ran alone");
+    let first = &outcome.probes[0];
+    assert_eq!(
+        (first.commit.as_str(), first.role, first.verdict),
+        (
+            oid(0).to_string().as_str(),
+            ProbeRole::GoodEndpoint,
+            Verdict::Good
+        )
+    );
+    // A new end that still shows the fault refuses the range, checked beside the first cuts.
+    let (outcome, _) = run(|_| fault("gather"));
+    assert!(
+        matches!(
+            &outcome.end,
+            SearchEnd::EndpointsInvalid(EndpointProblem::FaultNotGone { new, .. }) if new == "new"
+        ),
+        "{:?}",
+        outcome.end
+    );
+    // An old end that runs clean has no fault to find the fix of, beside others or alone.
+    let (outcome, _) = run(|_| clean());
+    assert!(
+        matches!(
+            &outcome.end,
+            SearchEnd::EndpointsInvalid(EndpointProblem::FaultNotAtOld { old, .. }) if old == "old"
+        ),
+        "{:?}",
+        outcome.end
+    );
 }
 
 /// `n` stop flags that live as long as the test.
@@ -1683,7 +1757,7 @@ fn search_16<P: Probe>(
         policy: &policy,
         goods_may_show_other_bugs: false,
         flaky: Default::default(),
-        fix_of: None,
+        finding_fix: false,
         steps_before: 0,
         sharing,
     };
@@ -2766,12 +2840,13 @@ fn a_probe_whose_sanitizer_run_was_stopped_is_abandoned_never_judged_without_its
     }
 }
 
-/// A worker whose cross-check runs wait (bounded) until as many as `meet` are in flight at once, and note
-/// the most they saw.
+/// A worker whose runs wait (bounded) until as many as `meet` are in flight at once, and note the most
+/// they saw; `met` gets each run's commit and the most in flight at once by the end of its wait.
 struct Meeting {
     inner: Scripted,
     in_flight: &'static (Mutex<(usize, usize)>, Condvar),
     meet: usize,
+    met: Option<&'static Mutex<Vec<(Oid, usize)>>>,
 }
 
 impl Probe for Meeting {
@@ -2792,6 +2867,9 @@ impl Probe for Meeting {
             let (mut seen, _) = cv
                 .wait_timeout_while(seen, Duration::from_secs(10), |s| s.1 < self.meet)
                 .unwrap();
+            if let Some(met) = self.met {
+                met.lock().unwrap().push((commit, seen.1));
+            }
             seen.0 -= 1;
         }
         self.inner.probe(commit, ctx, target, reporter)
@@ -2853,6 +2931,7 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
             inner: scripted(cancel, None),
             in_flight,
             meet,
+            met: None,
         };
         let (mut first, mut second) = (worker(), worker());
         let mut probers: Vec<&mut dyn Probe> = vec![&mut first];

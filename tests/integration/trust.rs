@@ -412,7 +412,7 @@ fn merge_heavy(template: &str) -> Repo {
 }
 
 #[test]
-fn find_fix_with_several_workers_runs_the_old_end_once_and_numbers_on_from_it() {
+fn find_fix_with_several_workers_runs_the_old_end_once_in_the_first_round() {
     // Each run notes its commit's version; the fault shows from 5 up to 19, and 20 fixes it.
     let template = format!(
         "#!/bin/sh\nV=$(cat version.txt)\necho $V >> @SCRATCH@/runs.log\nif [ \"$V\" -ge 5 ] && [ \"$V\" -lt @BAD@ ]; then {FAULT}; fi\nexit 0\n"
@@ -441,10 +441,10 @@ fn find_fix_with_several_workers_runs_the_old_end_once_and_numbers_on_from_it() 
         panic!("{out}")
     };
     assert_eq!(report.first_bad.as_ref().unwrap().subject, "commit 20");
-    // The OLD end's probe before the search has a number of its own, which the search goes on from.
+    // Every probe, the OLD end's first, has a number of its own.
     crate::common::one_probe_per_step(&events).unwrap_or_else(|e| panic!("{e}\n{err}"));
-    // The OLD end (commit 6) ran once, before the search: the first round's check of it, on another
-    // worker than the NEW end's, answers from that run.
+    // The OLD end (commit 6) ran once: it opened the first round, its fault the one every probe is
+    // measured by, the NEW end checked beside it.
     let runs = std::fs::read_to_string(repo.scratch.join("runs.log")).unwrap();
     assert_eq!(
         runs.lines().filter(|v| v.trim() == "6").count(),

@@ -49,7 +49,7 @@ fn search_input<'a>(
         policy: &plan.config.match_policy,
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
-        fix_of: None,
+        finding_fix: false,
         steps_before: 0,
         sharing: Sharing {
             gauge,
@@ -102,7 +102,7 @@ fn search<'w>(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> SearchOutcome {
-    let (plan, input, stops) = (s.plan, s.input, s.stops);
+    let (input, stops) = (s.input, s.stops);
     let journal = s
         .journal
         .take()
@@ -123,7 +123,7 @@ fn search<'w>(
         .collect();
     let outcome = if s.opts.find_fix {
         with_cancel_passed_on(cancel, stops, || {
-            crate::run::find_fix::search_for_fix(plan, input, &mut journaled, reporter, cancel)
+            crate::run::find_fix::search_for_fix(input, &mut journaled, reporter, cancel)
         })
     } else {
         let mut workers: Vec<Worker> = journaled

@@ -27,13 +27,15 @@ pub struct SearchInput<'a> {
     pub goods_may_show_other_bugs: bool,
     /// Runs of the bad end at the start, and what a flaky search needs.
     pub flaky: crate::config::FlakySettings,
-    /// Finding a fix: the fault at the older end, which every probe is measured by (showing it is the
-    /// older state, a clean run the newer). The bad end's probe is then the fault being gone.
-    pub fix_of: Option<Signature>,
+    /// Finding a fix (`--find-fix`): the first of `goods` (the OLD ends) opens the first round in the bad
+    /// end's place, and its fault is what every probe is measured by (showing it is the older state, a
+    /// clean run the newer); `bad` (the NEW end) is then checked beside the first probes, and must run
+    /// clean.
+    pub finding_fix: bool,
     /// Several workers on one GPU: how the search learns how many run at once.
     pub sharing: Sharing<'a>,
-    /// Steps the run numbered before this search (the OLD ends probed before a search for a fix, an
-    /// earlier search): its probes are numbered on from there, so no two runs share a number.
+    /// Steps the run numbered before this search (an earlier search, run again after a cross-check):
+    /// its probes are numbered on from there, so no two runs share a number.
     pub steps_before: usize,
 }
 

@@ -314,12 +314,13 @@ impl<'a, 'r> Driver<'a, 'r> {
         (ctx, Task::Probe(self.target.clone().map(Box::new)))
     }
 
-    /// The terms every probe is judged in.
+    /// The terms every probe is judged in (finding a fix, the target is the OLD end's fault and the
+    /// verdicts are swapped).
     fn terms<'t>(&'t self, target: Option<&'t Signature>) -> Terms<'t> {
         Terms {
-            target: self.input.fix_of.as_ref().or(target),
+            target,
             policy: self.input.policy,
-            swapped: self.input.fix_of.is_some(),
+            swapped: self.input.finding_fix,
         }
     }
 
@@ -574,15 +575,16 @@ impl<'a, 'r> Driver<'a, 'r> {
         Ok(())
     }
 
-    /// Probes the bad end on the first worker and, beside it, opens the first round on the others: the
-    /// checks of the other ends, then what `strategy` proposes, one per worker. The round's probes are
-    /// held until the bad end is settled (the target is what they are judged against). On a shared GPU
-    /// not yet measured the round runs at its full width, and the gauge's reading of the bad end is
-    /// shared among the probes beside it.
+    /// Probes the end whose fault becomes the target (the bad end; finding a fix, the OLD end, as
+    /// `role`) on the first worker and, beside it, opens the first round on the others: the checks of
+    /// the other ends, then what `strategy` proposes, one per worker. The round's probes are held until
+    /// that end is settled (the target is what they are judged against). On a shared GPU not yet
+    /// measured the round runs at its full width, and the gauge's reading of that end is shared among the
+    /// probes beside it.
     pub(super) fn probe_opening(
         &mut self,
         pool: &mut Pool,
-        oid: Oid,
+        (oid, role): (Oid, ProbeRole),
         strategy: &mut dyn Strategy,
         checks: &mut Checks,
     ) -> Result<ProbeRecord, SearchEnd> {
@@ -590,7 +592,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             return Err(SearchEnd::Interrupted);
         }
         let index = self.index_of(oid);
-        let (mut ctx, task) = self.probe_job(index, ProbeRole::BadEndpoint, 0, false);
+        let (mut ctx, task) = self.probe_job(index, role, 0, false);
         if !self.opened && pool.first_shared().is_some() && !pool.measured() {
             pool.set_limit(pool.size());
         }
@@ -608,7 +610,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             // Crowded out (its GPU fell back to one probe at a time): again, once the round is in.
             Landing::Stopped(_) if !self.cancelled() => {
                 self.hold_all(pool);
-                self.probe_alone(pool, oid, ProbeRole::BadEndpoint, false)
+                self.probe_alone(pool, oid, role, false)
             }
             landing => record_of(landing),
         }

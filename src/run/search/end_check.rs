@@ -17,9 +17,11 @@ use super::judge::{is_host_problem, reproduces};
 pub(super) struct EndCheck {
     /// What it is, for messages (`good commit v1`, `merge base 1a2b3c4d5e6f`).
     pub(super) what: String,
+    /// The revision as given (`v1`), for the refusals of a search for a fix.
+    pub(super) name: String,
     /// The commit.
     pub(super) oid: Oid,
-    /// `GoodEndpoint` or `MergeBase`.
+    /// `GoodEndpoint` or `MergeBase`; finding a fix, `BadEndpoint` for the NEW end.
     pub(super) role: ProbeRole,
 }
 
@@ -49,6 +51,9 @@ pub(super) fn settle(
             signature: rec.signature.short(),
         }));
     }
+    if input.finding_fix {
+        return settle_for_fix(check, rec);
+    }
     match (rec.verdict, role) {
         (Verdict::Good, _) => Ok(None),
         // git's wording: the good commit is on another line of history where the bug was fixed.
@@ -61,6 +66,39 @@ pub(super) fn settle(
             EndpointProblem::GoodDoesNotPass {
                 what,
                 seen: rec.signature.short(),
+            },
+        )),
+    }
+}
+
+/// A check of a search for a fix, judged in its swapped terms: another OLD end must show the fault (the
+/// older state), the NEW end must run clean (the newer state), a merge base must show it too.
+fn settle_for_fix(check: &EndCheck, rec: &ProbeRecord) -> Result<Option<Event>, SearchEnd> {
+    let seen = rec.signature.short();
+    match (check.role, rec.verdict) {
+        (ProbeRole::BadEndpoint, Verdict::Bad) => Ok(None),
+        (ProbeRole::BadEndpoint, _) => {
+            Err(SearchEnd::EndpointsInvalid(EndpointProblem::FaultNotGone {
+                new: check.name.clone(),
+                seen,
+            }))
+        }
+        (_, Verdict::Good) => Ok(None),
+        (ProbeRole::MergeBase, Verdict::Bad) => {
+            Err(SearchEnd::EndpointsInvalid(EndpointProblem::MergeBaseBad {
+                what: check.what.clone(),
+            }))
+        }
+        (ProbeRole::MergeBase, _) => Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::GoodDoesNotPass {
+                what: check.what.clone(),
+                seen,
+            },
+        )),
+        _ => Err(SearchEnd::EndpointsInvalid(
+            EndpointProblem::FaultNotAtOld {
+                old: check.name.clone(),
+                seen,
             },
         )),
     }
