@@ -88,12 +88,19 @@ impl Default for HumanReporter {
     }
 }
 
-fn role_name(role: ProbeRole) -> &'static str {
+/// A probe's role in words. With other terms than good and bad (`--find-fix`'s broken and fixed, or
+/// `--term-old`/`--term-new`) the ends are the old and the new end: "good endpoint → broken" would say
+/// two things at once.
+fn role_name(role: ProbeRole, terms: &crate::report::record::Terms) -> &'static str {
+    let plain = *terms == crate::report::record::Terms::default();
     match role {
-        ProbeRole::BadEndpoint => "bad endpoint",
-        ProbeRole::GoodEndpoint => "good endpoint",
+        ProbeRole::BadEndpoint if plain => "bad endpoint",
+        ProbeRole::BadEndpoint => "new end",
+        ProbeRole::GoodEndpoint if plain => "good endpoint",
+        ProbeRole::GoodEndpoint => "old end",
         ProbeRole::MergeBase => "merge base",
-        ProbeRole::EndpointSanitizer => "bad endpoint under compute-sanitizer",
+        ProbeRole::EndpointSanitizer if plain => "bad endpoint under compute-sanitizer",
+        ProbeRole::EndpointSanitizer => "end under compute-sanitizer",
         ProbeRole::Search => "probe",
         ProbeRole::Verify => "verify",
         ProbeRole::Head => "head",
@@ -140,7 +147,7 @@ impl Reporter for HumanReporter {
                 };
                 let msg = format!(
                     "step {step} ({}) · {left}{} · {phase}",
-                    role_name(*role),
+                    role_name(*role, &self.terms),
                     short_sha(commit)
                 );
                 // With parallel workers every worker's commit and phase stay on the progress line.
@@ -168,7 +175,7 @@ impl Reporter for HumanReporter {
             Event::ProbeFinished { step, record } => {
                 let mut text = format!(
                     "step {step}: {} {} → {} ({}, {:.1}s)",
-                    role_name(record.role),
+                    role_name(record.role, &self.terms),
                     short_sha(&record.commit),
                     self.terms.word(record.verdict),
                     // A run that showed no failure is clean, in words; `none` is the class's name.

@@ -327,6 +327,11 @@ fn find_fix_on_a_linear_history_names_the_fix_and_replays_in_git() {
     assert_eq!(first_bad_subject(&repo, &report), "commit 20");
     assert_eq!(rep(&report).terms.new, "fixed");
     assert!(rep(&report).message.starts_with("first fixed commit"));
+    // The progress names the ends in the run's own terms: never "good endpoint → broken".
+    assert!(
+        err.contains(": old end ") && err.contains(": new end ") && !err.contains("endpoint"),
+        "{err}"
+    );
     // The fix verified alone: it runs clean, its parent still faults.
     let verify: Vec<_> = rep(&report)
         .probes
