@@ -1658,25 +1658,30 @@ fn finding_a_fix_never_takes_a_lookalike_bug_for_the_fault_still_there() {
 #[test]
 fn finding_a_fix_opens_the_first_round_with_the_old_end_beside_the_new_end_and_the_first_cuts() {
     // Three workers. Before, the old end ran alone before the search; now its run opens the first round,
-    // beside the new end's check and a cut, and the round's answers wait for its fault. The runs meet at
-    // a bounded condition variable: run one after another, they never do and the count stays at 1.
+    // beside the new end's check and a cut, and the round's answers wait for its fault: the old end's
+    // probe waits (bounded) for the other two to start theirs.
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let (range, goods, policy) = fix_setup();
     let input = fix_input(&range, &goods, &policy);
     let run = |shows: fn(usize) -> Signature| {
-        let in_flight: &'static (Mutex<(usize, usize)>, Condvar) =
-            Box::leak(Box::new((Mutex::new((0, 0)), Condvar::new())));
-        let met: &'static Mutex<Vec<(Oid, usize)>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        let started: &'static (Mutex<usize>, Condvar) =
+            Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+        let steps: &'static Mutex<Vec<(usize, usize, usize)>> =
+            Box::leak(Box::new(Mutex::new(Vec::new())));
+        let met: &'static Mutex<Option<bool>> = Box::leak(Box::new(Mutex::new(None)));
         let stops = stop_flags(3);
-        let mut probers: Vec<Meeting> = (0..3)
-            .map(|_| {
+        let mut probers: Vec<MeetsAtOpening> = (0..3)
+            .map(|me| {
                 let mut inner = scripted(cancel, None);
                 inner.shows = Box::new(shows);
-                Meeting {
+                MeetsAtOpening {
                     inner,
-                    in_flight,
-                    meet: 3,
-                    met: Some(met),
+                    me,
+                    opening: ProbeRole::GoodEndpoint,
+                    started,
+                    workers: 3,
+                    steps,
+                    met,
                 }
             })
             .collect();
@@ -1687,19 +1692,13 @@ fn finding_a_fix_opens_the_first_round_with_the_old_end_beside_the_new_end_and_t
             .collect();
         let mut events = Events::default();
         let outcome = search_with_workers(&input, &mut workers, &mut events, cancel);
-        // The most in flight at once by the end of the old end's first run's wait.
-        let beside = met
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(c, _)| *c == oid(0))
-            .map(|m| m.1);
-        (outcome, beside)
+        let met = *met.lock().unwrap();
+        (outcome, met)
     };
     // The fault shows up to 9; 10 fixes it.
-    let (outcome, most) = run(|i| if i <= 9 { fault("gather") } else { clean() });
+    let (outcome, met) = run(|i| if i <= 9 { fault("gather") } else { clean() });
     assert_eq!(outcome.end, SearchEnd::Found(oid(10)));
-    assert_eq!(most, Some(3), "the old end ran alone");
+    assert_eq!(met, Some(true), "the old end ran alone");
     let first = &outcome.probes[0];
     assert_eq!(
         (first.commit.as_str(), first.role, first.verdict),
@@ -2033,11 +2032,14 @@ fn a_crowded_probe_that_runs_out_of_memory_drops_to_one_at_a_time_and_runs_again
         .all(|r| r.signature.class != FaultClass::OutOfMemory));
 }
 
-/// A worker that notes each probe it starts; the bad end's probe waits (bounded) until every other
-/// worker has started one, so a driver that ran the bad end alone fails.
-struct MeetsAtBadEnd {
+/// A worker that notes each probe it starts; the probe of the end that opens the first round (the bad
+/// end; finding a fix, the old end) waits (bounded) until every other worker has started one, so a driver
+/// that ran that end alone fails.
+struct MeetsAtOpening {
     inner: Scripted,
     me: usize,
+    /// The role of the end that opens the round.
+    opening: ProbeRole,
     /// Probes started so far, and a wake-up for the bad end.
     started: &'static (Mutex<usize>, Condvar),
     workers: usize,
@@ -2046,7 +2048,7 @@ struct MeetsAtBadEnd {
     met: &'static Mutex<Option<bool>>,
 }
 
-impl Probe for MeetsAtBadEnd {
+impl Probe for MeetsAtOpening {
     fn probe(
         &mut self,
         commit: Oid,
@@ -2061,7 +2063,7 @@ impl Probe for MeetsAtBadEnd {
         let (lock, cv) = self.started;
         *lock.lock().unwrap() += 1;
         cv.notify_all();
-        if ctx.role == ProbeRole::BadEndpoint {
+        if ctx.role == self.opening {
             // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
             let (n, _) = cv
                 .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |n| {
@@ -2098,10 +2100,11 @@ fn meeting_search(
         Box::leak(Box::new(Mutex::new(Vec::new())));
     let met: &'static Mutex<Option<bool>> = Box::leak(Box::new(Mutex::new(None)));
     let stops = stop_flags(workers);
-    let mut probers: Vec<MeetsAtBadEnd> = (0..workers)
-        .map(|me| MeetsAtBadEnd {
+    let mut probers: Vec<MeetsAtOpening> = (0..workers)
+        .map(|me| MeetsAtOpening {
             inner: scripted(cancel, None),
             me,
+            opening: ProbeRole::BadEndpoint,
             started,
             workers,
             steps,
@@ -2840,13 +2843,12 @@ fn a_probe_whose_sanitizer_run_was_stopped_is_abandoned_never_judged_without_its
     }
 }
 
-/// A worker whose runs wait (bounded) until as many as `meet` are in flight at once, and note the most
-/// they saw; `met` gets each run's commit and the most in flight at once by the end of its wait.
+/// A worker whose cross-check runs wait (bounded) until as many as `meet` are in flight at once, and note
+/// the most they saw.
 struct Meeting {
     inner: Scripted,
     in_flight: &'static (Mutex<(usize, usize)>, Condvar),
     meet: usize,
-    met: Option<&'static Mutex<Vec<(Oid, usize)>>>,
 }
 
 impl Probe for Meeting {
@@ -2867,9 +2869,6 @@ impl Probe for Meeting {
             let (mut seen, _) = cv
                 .wait_timeout_while(seen, Duration::from_secs(10), |s| s.1 < self.meet)
                 .unwrap();
-            if let Some(met) = self.met {
-                met.lock().unwrap().push((commit, seen.1));
-            }
             seen.0 -= 1;
         }
         self.inner.probe(commit, ctx, target, reporter)
@@ -2931,7 +2930,6 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
             inner: scripted(cancel, None),
             in_flight,
             meet,
-            met: None,
         };
         let (mut first, mut second) = (worker(), worker());
         let mut probers: Vec<&mut dyn Probe> = vec![&mut first];
