@@ -2,18 +2,13 @@
 //! the same graph, with the states swapped: a commit that shows the fault (as the OLD end shows it) is in
 //! the older state, a clean one in the newer, anything else a skip. The first OLD end opens the search's
 //! first round in the bad end's place (its fault is what every probe is measured by), with the NEW end
-//! checked beside the first probes. The search's judge swaps the verdicts around; the journal underneath
-//! keeps what each commit did, not the swapped verdicts.
-
-use std::sync::atomic::AtomicBool;
+//! checked beside the first probes (`SearchInput::finding_fix`). The search's judge swaps the verdicts
+//! around; the journal underneath keeps what each commit did, not the swapped verdicts. What is here: the
+//! caveats a fix carries for a backport.
 
 use git2::Oid;
 
-use crate::report::event::Reporter;
-
-use super::journal::JournaledProbe;
 use super::plan::Plan;
-use super::search::{search_with_workers, SearchInput, SearchOutcome, Worker};
 use crate::report::record::short_sha;
 
 /// What to know before backporting a fix, as git's bisect says it for merges: a fix that is a merge
@@ -58,26 +53,4 @@ pub fn fix_caveats(plan: &Plan, fix: Oid, first_parent: bool) -> Vec<String> {
         ));
     }
     notes
-}
-
-/// `--find-fix`: the search, with the first OLD end opening its first round (it must show a fault, whose
-/// fix the search then looks for) and every probe judged against that fault with its verdict swapped.
-pub fn search_for_fix(
-    input: &SearchInput,
-    journaled: &mut [JournaledProbe],
-    reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
-) -> SearchOutcome {
-    let input = &SearchInput {
-        finding_fix: true,
-        ..input.clone()
-    };
-    let mut workers: Vec<Worker> = journaled
-        .iter_mut()
-        .map(|j| {
-            let stop = j.cancel;
-            Worker { probe: j, stop }
-        })
-        .collect();
-    search_with_workers(input, &mut workers, reporter, cancel)
 }

@@ -49,7 +49,7 @@ fn search_input<'a>(
         policy: &plan.config.match_policy,
         goods_may_show_other_bugs: opts.goods_may_show_other_bugs,
         flaky: plan.config.flaky,
-        finding_fix: false,
+        finding_fix: opts.find_fix,
         steps_before: 0,
         sharing: Sharing {
             gauge,
@@ -121,22 +121,17 @@ fn search<'w>(
             }
         })
         .collect();
-    let outcome = if s.opts.find_fix {
-        with_cancel_passed_on(cancel, stops, || {
-            crate::run::find_fix::search_for_fix(input, &mut journaled, reporter, cancel)
+    // A search for a fix is the same search (`finding_fix` in its input).
+    let mut workers: Vec<Worker> = journaled
+        .iter_mut()
+        .map(|j| {
+            let stop = j.cancel;
+            Worker { probe: j, stop }
         })
-    } else {
-        let mut workers: Vec<Worker> = journaled
-            .iter_mut()
-            .map(|j| {
-                let stop = j.cancel;
-                Worker { probe: j, stop }
-            })
-            .collect();
-        with_cancel_passed_on(cancel, stops, || {
-            search_with_workers(input, &mut workers, reporter, cancel)
-        })
-    };
+        .collect();
+    let outcome = with_cancel_passed_on(cancel, stops, || {
+        search_with_workers(input, &mut workers, reporter, cancel)
+    });
     for message in journaled.into_iter().flat_map(|j| j.warnings) {
         reporter.event(&Event::Warning { message });
     }
