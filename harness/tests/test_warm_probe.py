@@ -27,6 +27,17 @@ def fork_server():
     return module
 
 
+def runner():
+    """The warm runner as a module (it imports `fork_server` from beside it)."""
+    import importlib.util
+
+    sys.modules.setdefault("fork_server", fork_server())
+    spec = importlib.util.spec_from_file_location("warm_probe", RUNNER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def listed(where, *names):
     """A file listing module names, as cudabisect hands a server what to import."""
     path = where / ("names-" + "-".join(names) + ".json")
@@ -303,6 +314,13 @@ def test_code_a_library_generated_and_loaded_from_its_cache_is_not_taught(server
     run, _, taught = taught_run(server, "gen.py")
     assert run.stdout == b"True\n", run
     assert "c0ffee" not in taught and any(n.split(".")[0] == "json" for n in taught), taught
+
+
+def test_a_module_that_started_cuda_leaves_out_its_package_or_its_siblings_but_not_more():
+    never = ["devlib", "torch._probe.query"]
+    names = ["devlib", "devlib.core", "devlibx", "torch", "torch.nn", "torch._probe.query", "numpy"]
+    out = [n for n in names if runner().left_out(never, n)]
+    assert out == ["devlib", "devlib.core", "torch.nn", "torch._probe.query"]
 
 
 def test_another_interpreter_or_command_runs_cold(server):

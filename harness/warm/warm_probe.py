@@ -124,7 +124,7 @@ def import_all(names, failed=None):
 def left_out(never, name):
     """Whether `name` is never imported here: a module in `never` started CUDA when preloaded; its package
     is then left out whole, or, for a submodule, the package's other submodules (the package itself is
-    still imported). cudabisect applies the same rule to the lists it hands over."""
+    still imported): so a server starts again once per package, not once per submodule."""
     for bad in never:
         package = bad.split(".")[0]
         if name == bad or (name != package and name.startswith(package + ".")):
@@ -136,7 +136,7 @@ def serve(sock_path, preload, never=()):
     import atexit
 
     atexit.register(child_exit)  # before any preload registers its own: it must run after them
-    tainted = import_all(preload)
+    tainted = import_all([n for n in preload if not left_out(never, n)])
     if tainted:
         # cudabisect starts another server without it; the repro imports it in its own child.
         sys.stdout.write(TAINTED + tainted + "\n")

@@ -82,19 +82,9 @@ struct Slot {
     /// something other than a preload that can be left out.
     off: Option<String>,
     /// Modules that started CUDA when preloaded (a library that queries the device at import): never
-    /// preloaded again; each run's child imports them itself.
+    /// preloaded again; each run's child imports them itself. Every server of the slot is told them, and
+    /// leaves out what they rule out (the warm runner's `left_out`).
     never: Vec<String>,
-}
-
-/// Whether `module` is left out of a preload because `never` names it: a package that started CUDA is
-/// left out whole; for a submodule that did, its package's other submodules are too (one of them may
-/// import it), and only the package itself is still preloaded. So a server starts again once per package,
-/// not once per submodule. (The warm runner's `left_out` applies the same rule to what a run teaches it.)
-fn left_out(never: &[String], module: &str) -> bool {
-    never.iter().any(|t| {
-        let package = t.split('.').next().unwrap_or(t);
-        module == t || (module != package && module.starts_with(&format!("{package}.")))
-    })
 }
 
 /// Adds what a run taught to what is known, in order, each name once.
@@ -246,17 +236,16 @@ impl WarmPool {
         spec: &CommandSpec,
         cancel: &AtomicBool,
     ) {
-        let mut preload = slot
+        let preload = slot
             .preload
             .clone()
             .unwrap_or_else(|| super::preload_guess::guess_preload(argv, &spec.cwd));
         let log = self.dir.join(slot_file(at, "server", ".log"));
         let listed = self.dir.join(slot_file(at, "preload", ".json"));
+        if write_names(&listed, &preload).is_err() {
+            return;
+        }
         for _ in 0..=preload.len() {
-            preload.retain(|m| !left_out(&slot.never, m));
-            if write_names(&listed, &preload).is_err() {
-                return;
-            }
             let mut argv = vec![
                 resolved.display().to_string(),
                 self.script.display().to_string(),
@@ -264,8 +253,8 @@ impl WarmPool {
                 listed.display().to_string(),
             ];
             if !slot.never.is_empty() {
-                // What a run teaches is imported by the server itself when the run ends: it must know
-                // what not to import.
+                // The server leaves out what these rule out, from this list and from what the runs
+                // teach it.
                 argv.extend(["--never".into(), slot.never.join(",")]);
             }
             // The server runs where no worktree module can shadow what it preloads.
@@ -311,11 +300,7 @@ impl WarmPool {
             self.start_server(slot, at, (&argv, &resolved, &env), spec, cancel);
         }
         let socket = slot.server.as_ref()?.socket().to_path_buf();
-        let preload_now = slot.preload.clone().map(|p| {
-            p.into_iter()
-                .filter(|m| !left_out(&slot.never, m))
-                .collect::<Vec<_>>()
-        });
+        let preload_now = slot.preload.clone();
         let status = self.dir.join(slot_file(at, "status", ""));
         let _ = std::fs::remove_file(&status);
         let learn = learning.then(|| self.dir.join(slot_file(at, "learned", ".json")));
@@ -435,27 +420,6 @@ mod tests {
         assert_eq!(
             started_with,
             [("PYTHONPATH".to_string(), "src".to_string())]
-        );
-    }
-
-    #[test]
-    fn a_module_that_started_cuda_leaves_out_its_package_or_its_siblings_but_not_more() {
-        let never = vec!["devlib".to_string(), "torch._probe.query".to_string()];
-        let out: Vec<&str> = [
-            "devlib",
-            "devlib.core",
-            "devlibx",
-            "torch",
-            "torch.nn",
-            "torch._probe.query",
-            "numpy",
-        ]
-        .into_iter()
-        .filter(|m| left_out(&never, m))
-        .collect();
-        assert_eq!(
-            out,
-            ["devlib", "devlib.core", "torch.nn", "torch._probe.query"]
         );
     }
 
