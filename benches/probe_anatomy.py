@@ -8,7 +8,8 @@ each probe's recorded time: what a probe costs outside the repro is the differen
 
     python3 benches/probe_anatomy.py CUDABISECT [OUT_DIR]
 
-Needs a CUDA GPU, torch and triton. Prints one line per run: its time, the time inside the repro, and
+`ANATOMY_JOBS=auto` runs only the default (a comma-separated list; `1,auto` when unset). Needs a CUDA
+GPU, torch and triton. Prints one line per run: its time, the time inside the repro, and
 its parts (those of 50 ms or more) in seconds.
 """
 
@@ -80,7 +81,7 @@ def main():
         print(f"cold {i}: wall {time.time() - t:.2f} | {line}", flush=True)
     config = out / "bisect.toml"
     config.write_text('[repro]\ncommand = "python3 train.py"\n')
-    for jobs in ("1", "auto"):
+    for jobs in os.environ.get("ANATOMY_JOBS", "1,auto").split(","):
         t = time.time()
         report = out / f"report-{jobs}.json"
         p = subprocess.run([bin_, "start", f"{root}..main", "--fresh", "--no-triage", "--no-shrink", "--jobs", jobs,

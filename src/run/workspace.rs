@@ -129,6 +129,7 @@ impl<'r> Workspace<'r> {
             lingering: Vec::new(),
             warm: None,
             executor: self.executor.clone(),
+            last_seen: None,
         }
     }
 

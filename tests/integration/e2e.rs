@@ -1332,22 +1332,15 @@ fn the_sanitizer_tells_lookalike_faults_apart() {
         *m = "tri-same-target";
     }
     let repo = history(&modes);
-    let dir = repo.path.parent().unwrap();
-    let fake = dir.join("compute-sanitizer");
-    std::fs::write(&fake, KERNEL_SANITIZER).unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let calls = dir.join("calls.txt");
-    let config_path = dir.join("sanitized.toml");
-    let text = config("").replace("[triage]\nenabled = false\n", "")
-        + &format!(
-            "[triage]\nsanitizer = \"{}\"\nenv = {{ SANITIZER_CALLS = \"{}\" }}\n",
-            fake.display(),
-            calls.display()
-        );
-    std::fs::write(&config_path, text).unwrap();
-    let run = start_with_config(&repo, &config_path, &["--no-shrink"]);
+    let (run, calls) = start_with_kernel_sanitizer(&repo);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(first_bad(&run), repo.commits[22].to_string());
+    // A fault PyTorch reports keeps the host frames in every sanitizer run.
+    assert!(!calls.is_empty());
+    assert!(
+        calls.iter().all(|c| c.ends_with(" host+device")),
+        "{calls:?}"
+    );
     let report = run.report.as_ref().unwrap();
     assert_eq!(
         report.target.as_ref().and_then(|t| t.kernel.as_deref()),
@@ -1364,6 +1357,58 @@ fn the_sanitizer_tells_lookalike_faults_apart() {
         run.stdout.contains("Another bug on the way"),
         "{}",
         run.stdout
+    );
+}
+
+/// `start --no-shrink` with [`KERNEL_SANITIZER`] as compute-sanitizer (triage on): the run, and one line per
+/// sanitizer run (`sanitized MODE FRAMES`).
+fn start_with_kernel_sanitizer(repo: &TestRepo) -> (Run, Vec<String>) {
+    let dir = repo.path.parent().unwrap();
+    let fake = dir.join("compute-sanitizer");
+    std::fs::write(&fake, KERNEL_SANITIZER).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let calls = dir.join("calls.txt");
+    let config_path = dir.join("sanitized.toml");
+    let text = config("").replace("[triage]\nenabled = false\n", "")
+        + &format!(
+            "[triage]\nsanitizer = \"{}\"\nenv = {{ SANITIZER_CALLS = \"{}\" }}\n",
+            fake.display(),
+            calls.display()
+        );
+    std::fs::write(&config_path, text).unwrap();
+    let run = start_with_config(repo, &config_path, &["--no-shrink"]);
+    let calls = std::fs::read_to_string(&calls).unwrap_or_default();
+    (run, calls.lines().map(str::to_string).collect())
+}
+
+/// A Triton kernel's fault (its launcher names no kernel): the sanitizer runs that learn its kernel at the
+/// bad end and triage it at the culprit record device frames only, where a 10⁵-thread fault spends its
+/// time on host frames that name only Triton's launcher.
+#[test]
+fn a_triton_fault_is_sanitized_with_device_frames_only() {
+    let mut modes = vec!["clean"; 20];
+    modes.extend(["tri-same-target-triton"; 10]);
+    let repo = history(&modes);
+    let (run, calls) = start_with_kernel_sanitizer(&repo);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(first_bad(&run), repo.commits[20].to_string());
+    let report = run.report.as_ref().unwrap();
+    let target = report.target.as_ref().unwrap();
+    assert_eq!(target.framework.as_deref(), Some("triton"), "{target:#?}");
+    assert_eq!(
+        target.kernel.as_deref(),
+        Some("_hash_embed_kernel"),
+        "{target:#?}"
+    );
+    assert_eq!(report.probes[1].role, ProbeRole::EndpointSanitizer);
+    let triage = report.triage.as_ref().unwrap();
+    assert_eq!(triage.status, TriageStatus::Found, "{triage:#?}");
+    assert!(calls.len() >= 2, "the bad end's and triage's: {calls:?}");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c == "sanitized tri-same-target-triton device"),
+        "{calls:?}"
     );
 }
 

@@ -454,7 +454,7 @@ fn triage_and_the_shrink_side_by_side_give_the_same_report_and_bundle_as_one_aft
     std::fs::write(
         &sanitizer,
         format!(
-            "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --tool|--save|--print-limit|--error-exitcode) shift 2 ;; --xml) shift ;; *) break ;; esac; done\n\
+            "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in --tool|--save|--print-limit|--error-exitcode|--show-backtrace) shift 2 ;; --xml) shift ;; *) break ;; esac; done\n\
              if [ -e {flag} ]; then i=0; while [ $i -lt 400 ]; do ls -d ../runs/*/shrink/* >/dev/null 2>&1 && {{ echo yes > {saw}; break; }}; i=$((i+1)); sleep 0.05; done; fi\n\
              exec \"$@\"\n",
             flag = wait_flag.display(),

@@ -18,6 +18,7 @@ use crate::exec::process::{self, RunOutput};
 use crate::git::{CheckoutError, ProbeWorktree};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
+use crate::run::probe::sanitizer::Backtraces;
 use crate::run::probe::warm::Serves;
 
 use crate::host::gpu_idle::{wait_idle, Devices, NvidiaSmi};
@@ -192,6 +193,9 @@ pub struct WorktreeProber<'a> {
     pub warm: Option<&'a crate::run::probe::warm::WarmPool>,
     /// Where its commands run, handed in by the job's workspace.
     pub executor: std::sync::Arc<dyn Executor>,
+    /// The commit its last repro ran at and what that run showed: a sanitizer run that follows it at
+    /// the same commit records the call stacks that fault calls for ([`Backtraces::for_fault`]).
+    pub last_seen: Option<(Oid, Signature)>,
 }
 
 impl Probe for WorktreeProber<'_> {
@@ -277,6 +281,8 @@ impl Probe for WorktreeProber<'_> {
             .command
             .clone()
             .unwrap_or_else(|| config.repro.command.clone());
+        let seen = self.last_seen.as_ref().filter(|(at, _)| *at == oid);
+        let backtraces = Backtraces::for_fault(seen.map(|(_, s)| s));
         let result = crate::run::probe::sanitizer::run_tools(
             self.executor.session().as_mut(),
             config,
@@ -284,7 +290,10 @@ impl Probe for WorktreeProber<'_> {
             &command,
             &out_dir,
             self.cancel,
-            &[crate::report::record::SanitizerTool::Memcheck],
+            (
+                &[crate::report::record::SanitizerTool::Memcheck],
+                backtraces,
+            ),
         );
         let mut finding = result.signature;
         if let Some(f) = finding.as_mut() {
@@ -501,6 +510,7 @@ impl<'a> WorktreeProber<'a> {
             let log = self.write_log(ctx.step, commit, &name, &run);
             let mut sig = run.signature();
             sig.relativize(self.worktree.path());
+            self.last_seen = Oid::from_str(commit).ok().map(|oid| (oid, sig.clone()));
             if sig.class == FaultClass::Infra
                 && infra_retried < repro.infra_retries
                 && !run.interrupted

@@ -134,9 +134,16 @@ fn side_by_side(
     let (triaged, shrunk) = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Event>();
         let to_triage = tx.clone();
-        let triaged =
-            s.spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
         let target = report.target.clone();
+        let seen = target.clone();
+        let triaged = s.spawn(move || {
+            triage_stage(
+                ctx,
+                prober,
+                (oid, seen.as_ref()),
+                &mut SendingReporter(to_triage),
+            )
+        });
         let parent = first_parent(report);
         // Triage's sanitizer run holds one of the GPU's places.
         let shrink_ctx = StageContext {
@@ -183,7 +190,7 @@ fn one_after_the_other(
 ) -> bool {
     let (prober, cancel) = (ctx.prober, ctx.cancel);
     if triage && !cancel.load(Ordering::SeqCst) {
-        let result = triage_stage(ctx, prober, oid, reporter);
+        let result = triage_stage(ctx, prober, (oid, report.target.as_ref()), reporter);
         let stopped = result.status == TriageStatus::Interrupted;
         report.triage = Some(result);
         if stopped {
@@ -212,11 +219,11 @@ fn first_parent(report: &Report) -> Option<Oid> {
         .and_then(|p| Oid::from_str(&p.commit).ok())
 }
 
-/// compute-sanitizer at `oid`, built in `prober`'s worktree.
+/// compute-sanitizer at `oid`, built in `prober`'s worktree, where the search `seen` its target.
 fn triage_stage(
     ctx: &StageContext,
     prober: &WorktreeProber,
-    oid: Oid,
+    (oid, seen): (Oid, Option<&Signature>),
     reporter: &mut dyn Reporter,
 ) -> TriageResult {
     reporter.event(&Event::StageBegan {
@@ -224,7 +231,7 @@ fn triage_stage(
     });
     crate::run::probe::sanitizer::at_commit(
         prober.executor.session().as_mut(),
-        ctx.config,
+        (ctx.config, seen),
         prober.worktree,
         oid,
         ctx.run_dir,

@@ -4,7 +4,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --tool) tool="$2"; shift 2 ;;
     --save) xml="$2"; shift 2 ;;
-    --print-limit|--error-exitcode) shift 2 ;;
+    --print-limit|--error-exitcode|--show-backtrace) shift 2 ;;
     --xml) shift ;;
     *) break ;;
   esac

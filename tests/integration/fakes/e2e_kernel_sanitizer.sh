@@ -1,15 +1,17 @@
 #!/bin/sh
+frames=host+device
 while [ $# -gt 0 ]; do
   case "$1" in
+    --show-backtrace) frames="$2"; shift 2 ;;
     --tool|--save|--print-limit|--error-exitcode) shift 2 ;;
     --xml) shift ;;
     *) break ;;
   esac
 done
-echo "sanitized $(cat mode.txt)" >> "$SANITIZER_CALLS"
+echo "sanitized $(cat mode.txt) $frames" >> "$SANITIZER_CALLS"
 case "$(cat mode.txt)" in
   tri-same-other) kernel=_bias_gelu_kernel ;;
-  tri-same-target) kernel=_hash_embed_kernel ;;
+  tri-same-target|tri-same-target-triton) kernel=_hash_embed_kernel ;;
   *) "$@"; exit $? ;;
 esac
 echo "========= COMPUTE-SANITIZER"

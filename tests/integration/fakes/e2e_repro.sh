@@ -42,7 +42,7 @@ case "$mode" in
     if [ "${CUDABISECT_WORKER:-1}" != 1 ]; then show native_oob_sync.log; exit 42; fi
     echo "step ok"; exit 0 ;;
   env) env | grep -E '^(CUDA_LAUNCH_BLOCKING|CUDABISECT_[A-Z]+)=' | sort; exit 0 ;;
-  tri-other|tri-target|tri-same-other|tri-same-target)
+  tri-other|tri-target|tri-same-other|tri-same-target|tri-same-target-triton)
     case "$mode" in
       tri-other) file=pkg/ops.py; func=bias_gelu ;;
       tri-target) file=pkg/embed.py; func=hash_embed ;;
@@ -53,7 +53,11 @@ case "$mode" in
     echo "    loss = step(batch)"
     echo "  File \"$CUDABISECT_WORKTREE/$file\", line $((20 + ${#mode})), in $func"
     echo "    out = kernel[grid](x, y)"
-    echo "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space"
+    case "$mode" in
+      # As Triton's launcher reports a fault: no kernel named.
+      *-triton) echo "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered" ;;
+      *) echo "torch.AcceleratorError: CUDA error: operation not supported on global/shared address space" ;;
+    esac
     exit 1 ;;
   import-err)
     echo "Traceback (most recent call last):"
