@@ -7,8 +7,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 /// The line the server prints once it listens (before it imports anything heavy).
 const READY: &str = "harness: listening";
@@ -36,6 +36,54 @@ pub struct Wait<'a> {
 /// How often a wait for the server looks at its cancel flag.
 const POLL: Duration = Duration::from_millis(50);
 
+/// A warm server that has not said it listens yet (it imports its preloads first); dropping it ends it.
+pub struct Starting {
+    server: WarmServer,
+    first_line: Receiver<std::io::Result<String>>,
+    started: Instant,
+}
+
+/// How a wait for a starting server ended.
+pub enum Ready {
+    /// It listens.
+    Listening(WarmServer),
+    /// The wait was stopped first; the server is still starting (its imports paid for, to be waited for
+    /// again by the next who needs it).
+    Stopped(Starting),
+    /// It will not listen (ended, said something else, or took too long): it is ended.
+    Failed(WarmError),
+}
+
+impl Starting {
+    /// Waits until the server listens, at most `wait.limit` from its start in all, and hands it back
+    /// still starting when `wait.cancel` is set first: the one who asked no longer waits, but the
+    /// imports it has paid for need not be paid again by the next.
+    pub fn ready(self, wait: Wait) -> Ready {
+        loop {
+            let left = wait.limit.saturating_sub(self.started.elapsed());
+            if left.is_zero() {
+                let why = format!(
+                    "it did not listen within {}",
+                    humantime::format_duration(wait.limit)
+                );
+                return Ready::Failed(WarmError::NotReady(why));
+            }
+            if wait.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+                return Ready::Stopped(self);
+            }
+            match self.first_line.recv_timeout(left.min(POLL)) {
+                Ok(Ok(line)) if line.trim() == READY => return Ready::Listening(self.server),
+                Ok(Ok(line)) => return Ready::Failed(WarmError::NotReady(line.trim().to_string())),
+                Ok(Err(e)) => return Ready::Failed(WarmError::Io(e)),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Ready::Failed(WarmError::NotReady(String::new()))
+                }
+            }
+        }
+    }
+}
+
 /// A running warm server; dropping it ends the server and any child it still has.
 pub struct WarmServer {
     child: Child,
@@ -56,6 +104,20 @@ impl WarmServer {
         log: &Path,
         wait: Wait,
     ) -> Result<Self, WarmError> {
+        match Self::spawn(argv, cwd, env, log)?.ready(wait) {
+            Ready::Listening(server) => Ok(server),
+            Ready::Stopped(_) => Err(WarmError::NotReady("interrupted".into())),
+            Ready::Failed(e) => Err(e),
+        }
+    }
+
+    /// Starts the server as [`WarmServer::start`] does, without waiting for it to listen.
+    pub fn spawn(
+        argv: &[String],
+        cwd: &Path,
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Starting, WarmError> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| WarmError::NotReady("no command".into()))?;
@@ -92,33 +154,15 @@ impl WarmServer {
                 let _ = tx.send(read.map(|_| line));
             });
         }
-        let server = Self {
-            child,
-            socket,
-            _dir: dir,
-        };
-        let started = std::time::Instant::now();
-        loop {
-            let left = wait.limit.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                return Err(WarmError::NotReady(format!(
-                    "it did not listen within {}",
-                    humantime::format_duration(wait.limit)
-                )));
-            }
-            if wait.cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
-                return Err(WarmError::NotReady("interrupted".into()));
-            }
-            match rx.recv_timeout(left.min(POLL)) {
-                Ok(Ok(line)) if line.trim() == READY => return Ok(server),
-                Ok(Ok(line)) => return Err(WarmError::NotReady(line.trim().to_string())),
-                Ok(Err(e)) => return Err(WarmError::Io(e)),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(WarmError::NotReady(String::new()))
-                }
-            }
-        }
+        Ok(Starting {
+            server: Self {
+                child,
+                socket,
+                _dir: dir,
+            },
+            first_line: rx,
+            started: Instant::now(),
+        })
     }
 
     /// The socket clients pass as `--via`.

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::CommandLine;
 use crate::exec::process::CommandSpec;
-use crate::protocol::warm::{Wait, WarmError, WarmServer};
+use crate::protocol::warm::{Ready, Starting, Wait, WarmError, WarmServer};
 
 /// How a repro run ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +71,9 @@ pub struct WarmRun {
 
 struct Slot {
     server: Option<WarmServer>,
+    /// A server still importing its preloads when the probe that started it was stopped (abandoned by
+    /// the search): the next run of this worker waits for it instead of paying those imports again.
+    starting: Option<Starting>,
     /// The interpreter and environment the server was started for.
     key: String,
     /// What to preload, once known: module names, submodules included, in the order they were imported.
@@ -206,6 +209,7 @@ impl WarmPool {
             .remove(&at);
         let mut slot = taken.unwrap_or_else(|| Slot {
             server: None,
+            starting: None,
             key: key.clone(),
             // `[repro] preload` names the repro's imports; a build's are learned from its runs.
             preload: match at.1 {
@@ -225,9 +229,11 @@ impl WarmPool {
     }
 
     /// Starts `slot`'s warm server, preloading what the runs taught (else what the script imports by
-    /// name), listed in a file (a learned list runs to thousands of names). A preload that starts CUDA is left out and the server started again without it, so a
-    /// library that queries the device at import costs its own import, not the warm runner. A server that
-    /// does not start leaves the slot without one: its runs go cold.
+    /// name), listed in a file (a learned list runs to thousands of names), or goes on waiting for the
+    /// one a stopped run left starting. A preload that starts CUDA is left out and the server started
+    /// again without it, so a library that queries the device at import costs its own import, not the
+    /// warm runner. A server that does not start leaves the slot without one: its runs go cold. One still
+    /// starting when `cancel` is set (the search abandoned this probe) stays in the slot, still starting.
     fn start_server(
         &self,
         slot: &mut Slot,
@@ -236,42 +242,56 @@ impl WarmPool {
         spec: &CommandSpec,
         cancel: &AtomicBool,
     ) {
+        let mut pending = slot.starting.take();
         let preload = slot
             .preload
             .clone()
             .unwrap_or_else(|| super::preload_guess::guess_preload(argv, &spec.cwd));
         let log = self.dir.join(slot_file(at, "server", ".log"));
         let listed = self.dir.join(slot_file(at, "preload", ".json"));
-        if write_names(&listed, &preload).is_err() {
+        if pending.is_none() && write_names(&listed, &preload).is_err() {
             return;
         }
-        for _ in 0..=preload.len() {
-            let mut argv = vec![
-                resolved.display().to_string(),
-                self.script.display().to_string(),
-                "--preload-file".into(),
-                listed.display().to_string(),
-            ];
-            if !slot.never.is_empty() {
-                // The server leaves out what these rule out, from this list and from what the runs
-                // teach it.
-                argv.extend(["--never".into(), slot.never.join(",")]);
-            }
-            // The server runs where no worktree module can shadow what it preloads.
+        for _ in 0..=preload.len() + 1 {
+            let starting = match pending.take() {
+                Some(starting) => starting,
+                None => {
+                    let mut argv = vec![
+                        resolved.display().to_string(),
+                        self.script.display().to_string(),
+                        "--preload-file".into(),
+                        listed.display().to_string(),
+                    ];
+                    if !slot.never.is_empty() {
+                        // The server leaves out what these rule out, from this list and from what the
+                        // runs teach it.
+                        argv.extend(["--never".into(), slot.never.join(",")]);
+                    }
+                    // The server runs where no worktree module can shadow what it preloads.
+                    match WarmServer::spawn(&argv, &self.dir, env, &log) {
+                        Ok(starting) => starting,
+                        Err(_) => return,
+                    }
+                }
+            };
             // It may take as long as a run of the repro may, and no longer.
             let wait = Wait {
                 limit: spec.timeout,
                 cancel: Some(cancel),
             };
-            match WarmServer::start(&argv, &self.dir, env, &log, wait) {
-                Ok(server) => {
+            match starting.ready(wait) {
+                Ready::Listening(server) => {
                     slot.server = Some(server);
                     return;
                 }
-                Err(WarmError::NotReady(line)) if tainted_by(&line).is_some() => {
+                Ready::Stopped(still) => {
+                    slot.starting = Some(still);
+                    return;
+                }
+                Ready::Failed(WarmError::NotReady(line)) if tainted_by(&line).is_some() => {
                     slot.never.extend(tainted_by(&line).map(str::to_string));
                 }
-                Err(_) => return,
+                Ready::Failed(_) => return,
             }
         }
     }
@@ -293,6 +313,7 @@ impl WarmPool {
         if slot.key != key {
             // Another interpreter or environment: what was preloaded may not be what this run imports.
             slot.server = None;
+            slot.starting = None;
             slot.key = key;
         }
         let learning = slot.learns || slot.preload.is_none();
@@ -420,6 +441,69 @@ mod tests {
         assert_eq!(
             started_with,
             [("PYTHONPATH".to_string(), "src".to_string())]
+        );
+    }
+
+    #[test]
+    fn a_server_still_importing_when_its_probe_is_stopped_serves_the_next_run_of_its_worker() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (site, work) = (dir.path().join("site"), dir.path().join("work"));
+        std::fs::create_dir_all(&site).expect("mkdir");
+        std::fs::create_dir_all(&work).expect("mkdir");
+        let (gate, log) = (dir.path().join("gate"), dir.path().join("imports.log"));
+        let c_gate = std::ffi::CString::new(gate.display().to_string()).expect("path");
+        // SAFETY: a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c_gate.as_ptr(), 0o600) }, 0);
+        // A preload whose import is held open by the test: it says who imported it, then reads the
+        // gate until the test closes it.
+        std::fs::write(
+            site.join("slowmod.py"),
+            format!(
+                "import os\nwith open({log:?}, 'a') as f:\n    f.write(str(os.getpid()) + '\\n')\nopen({gate:?}).read()\n",
+                log = log.display().to_string(),
+                gate = gate.display().to_string()
+            ),
+        )
+        .expect("write");
+        std::fs::write(work.join("train.py"), "import slowmod\n").expect("write");
+        let pool = WarmPool::new(&dir.path().join("warm"), None).expect("pool");
+        let spec = || CommandSpec {
+            command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
+            cwd: work.clone(),
+            env: vec![
+                ("PYTHONPATH".into(), site.display().to_string()),
+                ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            ],
+            timeout: std::time::Duration::from_secs(10),
+            grace: std::time::Duration::from_secs(1),
+            stack_dump: None,
+        };
+        let (stop, at) = (AtomicBool::new(false), (1, Serves::Repro));
+        std::thread::scope(|s| {
+            let first = s.spawn(|| pool.prepare(at, &mut spec(), &stop).is_some());
+            // Opening the gate to write returns once the server's import has opened it to read: the
+            // server is importing its preloads. Then the search abandons the probe.
+            let held = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&gate)
+                .expect("gate");
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(
+                !first.join().expect("thread"),
+                "a stopped probe is not served"
+            );
+            drop(held);
+        });
+        stop.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            pool.prepare(at, &mut spec(), &stop).is_some(),
+            "the next run is served by the server the stopped one started"
+        );
+        let imports = std::fs::read_to_string(&log).expect("log");
+        assert_eq!(
+            imports.lines().count(),
+            1,
+            "imported once, by one server: {imports}"
         );
     }
 
