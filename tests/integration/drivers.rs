@@ -1780,6 +1780,11 @@ struct OnSharedGpu {
     /// Probes started since the gauge started, and a wake-up for the bad end.
     watched: &'static (Mutex<usize>, Condvar),
     workers: usize,
+    /// Whether the commit that runs out of memory (`Oom::At`) has given its first answer, and a wake-up
+    /// for the probes after the first round, which wait for it: otherwise, on a loaded machine, they
+    /// could settle the range before that answer came, and the run would never meet the out-of-memory
+    /// the test is about.
+    oom_answered: &'static (Mutex<bool>, Condvar),
 }
 
 impl Probe for OnSharedGpu {
@@ -1802,6 +1807,14 @@ impl Probe for OnSharedGpu {
                 })
                 .unwrap();
         }
+        let (answered, told) = self.oom_answered;
+        if let Oom::At(i) = self.oom_when_crowded {
+            if i != index(commit) && ctx.step > self.workers {
+                let _ = told
+                    .wait_timeout_while(answered.lock().unwrap(), Duration::from_secs(10), |a| !*a)
+                    .unwrap();
+            }
+        }
         self.crowded
             .lock()
             .unwrap()
@@ -1817,6 +1830,10 @@ impl Probe for OnSharedGpu {
                 FaultClass::OutOfMemory,
                 "torch.OutOfMemoryError: CUDA out of memory",
             );
+        }
+        if oom {
+            *answered.lock().unwrap() = true;
+            told.notify_all();
         }
         out
     }
@@ -1902,6 +1919,8 @@ fn on_one_gpu_with(
         Box::leak(Box::new(Mutex::new(Vec::new())));
     let watched: &'static (Mutex<usize>, Condvar) =
         Box::leak(Box::new((Mutex::new(0), Condvar::new())));
+    let oom_answered: &'static (Mutex<bool>, Condvar) =
+        Box::leak(Box::new((Mutex::new(false), Condvar::new())));
     let stops = stop_flags(workers);
     let gauge: &'static FixedGauge = Box::leak(Box::new(FixedGauge {
         watched,
@@ -1920,6 +1939,7 @@ fn on_one_gpu_with(
             oom_when_crowded,
             watched,
             workers,
+            oom_answered,
         })
         .collect();
     // The plan had eight places; the search used three workers.
