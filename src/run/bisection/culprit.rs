@@ -12,6 +12,7 @@ use crate::report::record::Report;
 use crate::run::outputs::{bundle_root, write_bundle};
 use crate::run::plan::{Plan, StartOptions};
 use crate::run::probe::prober::WorktreeProber;
+use crate::run::probe::sanitizer::Backtraces;
 use crate::run::stages::pipeline::{stages_beside_environment, StageChoice, StageContext, Staged};
 
 /// Which stages the options ask for.
@@ -44,6 +45,7 @@ pub(super) fn at_the_first_bad(
         run_dir,
         cancel,
         at_once: u32::try_from(at_once).unwrap_or(1),
+        backtraces: Backtraces::for_fault(report.target.as_ref()),
     };
     let choice = stage_choice(opts);
     stages_then_bundle(&ctx, (plan, opts), (choice, oid, staged), report, reporter);

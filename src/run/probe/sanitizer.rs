@@ -58,11 +58,11 @@ impl Backtraces {
     }
 }
 
-/// Runs triage at `oid` in the probe worktree (already built by the probe that found it); `seen` is the
-/// fault the search saw there.
+/// Runs triage at `oid` in the probe worktree (already built by the probe that found it), recording
+/// `backtraces`.
 pub fn at_commit(
     session: &mut dyn Session,
-    (config, seen): (&Config, Option<&Signature>),
+    (config, backtraces): (&Config, Backtraces),
     worktree: &ProbeWorktree,
     oid: Oid,
     out_dir: &Path,
@@ -87,7 +87,7 @@ pub fn at_commit(
             &command,
             out_dir,
             cancel,
-            (&SanitizerTool::ESCALATION, Backtraces::for_fault(seen)),
+            (&SanitizerTool::ESCALATION, backtraces),
         ),
     };
     reporter.event(&Event::TriageFinished {

@@ -20,6 +20,7 @@ use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, Tr
 use crate::run::cancel::with_cancel_passed_on;
 use crate::run::outputs::Asked;
 use crate::run::probe::prober::WorktreeProber;
+use crate::run::probe::sanitizer::Backtraces;
 use crate::run::search::{SearchEnd, SearchOutcome};
 use crate::run::stages::shrink::{shrink_then_check_parent, ShrinkStage};
 
@@ -50,6 +51,8 @@ pub struct StageContext<'a> {
     pub cancel: &'a AtomicBool,
     /// Probes the search ran at once on one GPU (measured; 1 when they ran one at a time).
     pub at_once: u32,
+    /// The call stacks triage's sanitizer runs record, for the fault the search saw.
+    pub backtraces: Backtraces,
 }
 
 /// Runs the chosen stages at `oid`, filling `report`. Returns true when Ctrl-C stopped one of them.
@@ -134,16 +137,9 @@ fn side_by_side(
     let (triaged, shrunk) = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Event>();
         let to_triage = tx.clone();
+        let triaged =
+            s.spawn(move || triage_stage(ctx, prober, oid, &mut SendingReporter(to_triage)));
         let target = report.target.clone();
-        let seen = target.clone();
-        let triaged = s.spawn(move || {
-            triage_stage(
-                ctx,
-                prober,
-                (oid, seen.as_ref()),
-                &mut SendingReporter(to_triage),
-            )
-        });
         let parent = first_parent(report);
         // Triage's sanitizer run holds one of the GPU's places.
         let shrink_ctx = StageContext {
@@ -190,7 +186,7 @@ fn one_after_the_other(
 ) -> bool {
     let (prober, cancel) = (ctx.prober, ctx.cancel);
     if triage && !cancel.load(Ordering::SeqCst) {
-        let result = triage_stage(ctx, prober, (oid, report.target.as_ref()), reporter);
+        let result = triage_stage(ctx, prober, oid, reporter);
         let stopped = result.status == TriageStatus::Interrupted;
         report.triage = Some(result);
         if stopped {
@@ -219,11 +215,11 @@ fn first_parent(report: &Report) -> Option<Oid> {
         .and_then(|p| Oid::from_str(&p.commit).ok())
 }
 
-/// compute-sanitizer at `oid`, built in `prober`'s worktree, where the search `seen` its target.
+/// compute-sanitizer at `oid`, built in `prober`'s worktree.
 fn triage_stage(
     ctx: &StageContext,
     prober: &WorktreeProber,
-    (oid, seen): (Oid, Option<&Signature>),
+    oid: Oid,
     reporter: &mut dyn Reporter,
 ) -> TriageResult {
     reporter.event(&Event::StageBegan {
@@ -231,7 +227,7 @@ fn triage_stage(
     });
     crate::run::probe::sanitizer::at_commit(
         prober.executor.session().as_mut(),
-        (ctx.config, seen),
+        (ctx.config, ctx.backtraces),
         prober.worktree,
         oid,
         ctx.run_dir,
@@ -335,6 +331,7 @@ pub fn cross_check_beside_stages(
                     run_dir: early.run_dir,
                     cancel: stop,
                     at_once: early.at_once,
+                    backtraces: Backtraces::for_fault(report.target.as_ref()),
                 };
                 let mut events = SendingReporter(tx);
                 let (interrupted, asked) = stages_beside_environment(
