@@ -58,14 +58,16 @@ fn with_lazy_parts(names: Vec<String>, script: &str) -> Vec<String> {
         let parts = LAZY_PARTS
             .iter()
             .find(|(framework, _)| *framework == name)
-            .map_or(&[][..], |(_, parts)| *parts);
-        let sets_its_env = script.lines().any(|l| {
-            (l.contains("environ") || l.contains("putenv")) && l.contains(&name.to_uppercase())
-        });
+            .map(|(_, parts)| *parts)
+            .filter(|_| {
+                let variable = name.to_uppercase();
+                !script.lines().any(|l| {
+                    (l.contains("environ") || l.contains("putenv")) && l.contains(&variable)
+                })
+            })
+            .unwrap_or_default();
         out.push(name);
-        if !sets_its_env {
-            out.extend(parts.iter().map(|p| p.to_string()));
-        }
+        out.extend(parts.iter().map(|p| p.to_string()));
     }
     out
 }
