@@ -66,6 +66,9 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// `[executor]` cannot be used on this repository (its `workdir`); the message names the key.
+    #[error("{0}")]
+    Executor(String),
     /// The match policy is invalid.
     #[error("{path}: [search] match: {source}")]
     Match {

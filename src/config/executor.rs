@@ -1,11 +1,12 @@
 //! `[executor]`: where probes' builds and repros run (this machine, or Slurm allocations), read into a
 //! closed type: the settings of the kind written, and a key of another kind refused.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::error::ConfigError;
 use super::values::opt_duration;
 
 /// `[executor]`, checked: where probes run, with that kind's settings only.
@@ -17,6 +18,18 @@ pub struct ExecutorSection {
     /// A directory the compute nodes see (a shared filesystem): probe worktrees and the allocations'
     /// output files go there instead of the repository's `.git/cudabisect/`. Any kind may set it.
     pub workdir: Option<PathBuf>,
+}
+
+impl ExecutorSection {
+    /// `workdir` made absolute once, against the repository root (`~` expanded, a relative path taken
+    /// from the root, as every path in the config is), and refused when it cannot hold worktrees outside
+    /// the user's working tree. Writes nothing that stays.
+    pub fn resolve_workdir(&mut self, root: &Path) -> Result<(), ConfigError> {
+        if let Some(dir) = self.workdir.take() {
+            self.workdir = Some(resolve_workdir(&dir, root)?);
+        }
+        Ok(())
+    }
 }
 
 /// `[executor] kind`, with the settings of that kind.
@@ -117,6 +130,63 @@ impl TryFrom<RawExecutor> for ExecutorSection {
             workdir: raw.workdir,
         })
     }
+}
+
+fn resolve_workdir(dir: &Path, root: &Path) -> Result<PathBuf, ConfigError> {
+    let refuse = |why: String| {
+        ConfigError::Executor(format!("[executor] workdir = \"{}\" {why}", dir.display()))
+    };
+    if dir.as_os_str().is_empty() {
+        return Err(refuse(
+            "is empty: name a directory outside the repository, or leave workdir out".into(),
+        ));
+    }
+    let home = || std::env::var_os("HOME").map(PathBuf::from);
+    let expanded = match dir.strip_prefix("~") {
+        Ok(rest) => home()
+            .ok_or_else(|| refuse("starts with ~, and HOME is not set".into()))?
+            .join(rest),
+        Err(_) => dir.to_path_buf(),
+    };
+    let absolute = if expanded.is_absolute() {
+        expanded
+    } else {
+        root.join(expanded)
+    };
+    // Compared through the nearest directory that exists, so a link or `..` cannot hide the checkout.
+    let mut existing = absolute.as_path();
+    while !existing.exists() {
+        existing = existing.parent().unwrap_or(Path::new("/"));
+    }
+    let real = existing
+        .canonicalize()
+        .map_err(|e| refuse(format!("cannot be read: {e}")))?;
+    let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let rest = absolute.strip_prefix(existing).unwrap_or(Path::new(""));
+    if real.join(rest).starts_with(&real_root) {
+        return Err(refuse(format!(
+            "is inside the repository's working tree ({}): probe worktrees there would show up in the checkout; give a directory outside it",
+            real_root.display()
+        )));
+    }
+    if !real.is_dir() {
+        return Err(refuse(format!(
+            "is not a directory ({} is a file)",
+            real.display()
+        )));
+    }
+    // Tried, not guessed from permission bits (root may "write" /proc, which takes no directory): a
+    // directory made and removed at once in the nearest one that exists.
+    if let Err(e) = tempfile::Builder::new()
+        .prefix(".cudabisect-check-")
+        .tempdir_in(&real)
+    {
+        return Err(refuse(format!(
+            "cannot be written ({}: {e})",
+            real.display()
+        )));
+    }
+    Ok(real.join(rest))
 }
 
 #[cfg(test)]

@@ -107,6 +107,15 @@ impl Config {
         })
     }
 
+    /// The config of a job on the repository at `root`: found ([`Config::find`]), read and checked, and
+    /// resolved against the root (`[executor] workdir` made absolute once, here). Writes nothing.
+    pub fn load_at(root: &Path, given: Option<&Path>) -> Result<Self, ConfigError> {
+        let path = Self::find(root, given)?;
+        let mut config = Self::load(&path)?;
+        config.executor.resolve_workdir(root)?;
+        Ok(config)
+    }
+
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -7,7 +7,6 @@ pub mod cancel;
 pub mod ci;
 pub mod cross_check;
 pub mod error;
-pub mod find_fix;
 pub mod jobs;
 pub mod journal;
 pub mod lock;

@@ -10,11 +10,11 @@ use crate::exec::executor::Executor;
 use crate::git::Repo;
 use crate::host::environment;
 use crate::report::bundle::{self, BundleInput};
-use crate::report::environment::Environment;
 use crate::report::event::{Event, Reporter};
 use crate::report::record::{ProbeRole, Report};
 
 use super::plan::Plan;
+use super::stages::pipeline::{speaks_torch, Asked};
 
 /// The bundle root: `--bundle-dir`, else `[bundle] dir` (relative to the repository root), else
 /// `bundles/` in the state directory under the git directory, never the working tree.
@@ -54,10 +54,6 @@ pub fn write_bundle_with_env(
     write_bundle_asked(input, (None, at), reporter, cancel)
 }
 
-/// The environment, asked while the stages ran (it does not depend on them), and whether PyTorch's
-/// report was asked with it.
-pub(super) type Asked = (Environment, bool);
-
 /// Writes the bundle with the environment `asked` beside the stages (PyTorch's report added now if the
 /// run turned out to use torch), or asked now; either asked where the run's commands run (`at`).
 pub(super) fn write_bundle_asked(
@@ -90,17 +86,6 @@ pub(super) fn write_bundle_asked(
 /// it. Only then is `torch.utils.collect_env` asked (it imports torch: seconds, and hundreds of MiB).
 fn used_torch(input: &BundleInput) -> bool {
     speaks_torch(input.target.as_ref()) || speaks_torch(input.shrink)
-}
-
-/// Whether PyTorch's report is asked beside the stages: the fault speaks of torch, or of Triton (which runs
-/// under it); else it is added after the stages when only the shrink speaks of torch.
-pub(super) fn torch_before_the_stages(target: Option<&crate::classify::Signature>) -> bool {
-    speaks_torch(target) || target.is_some_and(|t| t.framework.as_deref() == Some("triton"))
-}
-
-fn speaks_torch(v: Option<&impl serde::Serialize>) -> bool {
-    v.and_then(|v| serde_json::to_string(v).ok())
-        .is_some_and(|t| t.contains("torch"))
 }
 
 /// The hand-off bundle for a found first bad commit.
@@ -159,29 +144,4 @@ pub(super) fn write_bundle(
         full_repro: Some(crate::report::bundle::FullRepro { build: plan.config.build.as_ref(), repro: &plan.config.repro }),
     };
     write_bundle_asked(&input, asked, reporter, cancel)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::classify::{FaultClass, Signature};
-
-    #[test]
-    fn pytorchs_report_is_asked_beside_the_stages_for_a_torch_or_triton_fault_only() {
-        let mut sig = Signature::new(
-            FaultClass::IllegalAddress,
-            "Triton Error [CUDA]: an illegal memory access",
-        );
-        assert!(
-            !torch_before_the_stages(Some(&sig)),
-            "nothing names torch or Triton"
-        );
-        sig.framework = Some("triton".into());
-        assert!(torch_before_the_stages(Some(&sig)));
-        sig.framework = Some("jax".into());
-        assert!(!torch_before_the_stages(Some(&sig)));
-        sig.exception = Some("torch.AcceleratorError".into());
-        assert!(torch_before_the_stages(Some(&sig)));
-        assert!(!torch_before_the_stages(None));
-    }
 }

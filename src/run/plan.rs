@@ -7,8 +7,13 @@ use std::path::{Path, PathBuf};
 
 use git2::Oid;
 
-use crate::config::{CommandLine, Config};
+use std::sync::atomic::AtomicBool;
+
+use crate::config::{CommandLine, Config, ExecutorKind};
+use crate::exec::child_env::WorkerSlot;
 use crate::git::{GitError, RangeCommit, RangeOptions, Repo};
+use crate::host::devices::visible_devices;
+use crate::run::probe::workers::worker_slots;
 
 /// What `start` was asked to do.
 #[derive(Clone, Debug, Default)]
@@ -75,8 +80,11 @@ pub struct Plan {
     pub bad: (String, Oid),
     /// The candidates.
     pub range: Vec<RangeCommit>,
-    /// Notes for the user about what the plan did (merge bases, implied goods).
+    /// Notes for the user about what the plan did (merge bases, implied goods, workers capped).
     pub notes: Vec<PlanNote>,
+    /// The workers' slots (none: probes one at a time) and the places planned on the first worker's GPU
+    /// ([`worker_slots`]).
+    pub slots: (Vec<WorkerSlot>, usize),
 }
 
 /// Splits `GOOD..BAD`.
@@ -94,86 +102,36 @@ pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunErro
     Ok((repo, config))
 }
 
-/// The config of a job on `repo`, read and resolved against it: `[executor] workdir` is made absolute
-/// once, here (`~` expanded, a relative path taken from the repository root, as every path in the
-/// config is), and refused when it cannot hold worktrees outside the user's working tree. Writes nothing.
+/// The config of a job on `repo`, read and resolved against its root (see [`Config::load_at`]).
 pub fn load_config(repo: &Repo, given: Option<&Path>) -> Result<Config, RunError> {
-    let mut config = Config::load(&Config::find(&repo.workdir(), given)?)?;
-    if let Some(dir) = config.executor.workdir.take() {
-        config.executor.workdir = Some(resolve_workdir(&dir, &repo.workdir())?);
-    }
-    Ok(config)
+    Ok(Config::load_at(&repo.workdir(), given)?)
 }
 
-fn resolve_workdir(dir: &Path, root: &Path) -> Result<PathBuf, RunError> {
-    let refuse =
-        |why: String| RunError::Usage(format!("[executor] workdir = \"{}\" {why}", dir.display()));
-    if dir.as_os_str().is_empty() {
-        return Err(refuse(
-            "is empty: name a directory outside the repository, or leave workdir out".into(),
-        ));
-    }
-    let home = || std::env::var_os("HOME").map(PathBuf::from);
-    let expanded = match dir.strip_prefix("~") {
-        Ok(rest) => home()
-            .ok_or_else(|| refuse("starts with ~, and HOME is not set".into()))?
-            .join(rest),
-        Err(_) => dir.to_path_buf(),
-    };
-    let absolute = if expanded.is_absolute() {
-        expanded
-    } else {
-        root.join(expanded)
-    };
-    // Compared through the nearest directory that exists, so a link or `..` cannot hide the checkout.
-    let mut existing = absolute.as_path();
-    while !existing.exists() {
-        existing = existing.parent().unwrap_or(Path::new("/"));
-    }
-    let real = existing
-        .canonicalize()
-        .map_err(|e| refuse(format!("cannot be read: {e}")))?;
-    let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-    let rest = absolute.strip_prefix(existing).unwrap_or(Path::new(""));
-    if real.join(rest).starts_with(&real_root) {
-        return Err(refuse(format!(
-            "is inside the repository's working tree ({}): probe worktrees there would show up in the checkout; give a directory outside it",
-            real_root.display()
-        )));
-    }
-    if !real.is_dir() {
-        return Err(refuse(format!(
-            "is not a directory ({} is a file)",
-            real.display()
-        )));
-    }
-    // Tried, not guessed from permission bits (root may "write" /proc, which takes no directory): a
-    // directory made and removed at once in the nearest one that exists.
-    if let Err(e) = tempfile::Builder::new()
-        .prefix(".cudabisect-check-")
-        .tempdir_in(&real)
-    {
-        return Err(refuse(format!(
-            "cannot be written ({}: {e})",
-            real.display()
-        )));
-    }
-    Ok(real.join(rest))
-}
-
-/// Checks the input and builds the plan; writes nothing.
-pub fn plan(opts: &StartOptions) -> Result<Plan, RunError> {
+/// Checks the input and builds the plan, with its workers' slots; writes nothing.
+pub fn plan(opts: &StartOptions, cancel: &AtomicBool) -> Result<Plan, RunError> {
     // A refusal speaks the run's own terms (`broken`/`fixed` with --find-fix, --term-old/--term-new).
-    plan_in_good_and_bad(opts).map_err(|e| match e {
+    let mut plan = plan_in_good_and_bad(opts).map_err(|e| match e {
         RunError::Usage(m) => RunError::Usage(opts.terms.speak(&m)),
         RunError::Git(g) if g.is_usage() && opts.terms != Default::default() => {
             RunError::Usage(opts.terms.speak(&g.to_string()))
         }
         other => other,
-    })
+    })?;
+    // Slurm gives each job its GPUs itself: nothing here is pinned.
+    let scheduled = matches!(plan.config.executor.kind, ExecutorKind::Slurm(_));
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    plan.slots = worker_slots(
+        &plan.config.workers,
+        (scheduled, || visible_devices(cancel)),
+        (cores, plan.range.len()),
+        &mut plan.notes,
+    )
+    .map_err(RunError::Usage)?;
+    Ok(plan)
 }
 
 fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
+    check_outputs(opts)?;
     let (good, bad) = split_range(&opts.range)?;
     let repo = Repo::open(&opts.dir)?;
     let bad = (bad.to_string(), repo.resolve(bad)?);
@@ -195,7 +153,7 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         pathspec: opts.pathspec.clone(),
     };
     let range = repo.range(&all_goods, bad.1, &range_opts)?;
-    let config = load_config(&repo, opts.config.as_deref())?;
+    let mut config = Config::load_at(&repo.workdir(), opts.config.as_deref())?;
     for command in config
         .build
         .iter()
@@ -204,7 +162,31 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
     {
         check_command(&repo, bad.1, command, &mut notes)?;
     }
-    check_options(opts, &repo, &config, bad.1)?;
+    // The command line's layer over the config: `--clean` and `--jobs`.
+    if let Some(b) = config.build.as_mut().filter(|_| opts.clean) {
+        b.clean = true;
+    }
+    config.workers.jobs = opts.jobs.unwrap_or(config.workers.jobs);
+    // A native-harness model must be in the bad commit: found out now, not after a three-hour search.
+    let shrink = config
+        .shrink
+        .as_ref()
+        .filter(|s| s.enabled && !opts.no_shrink);
+    if let Some(crate::config::Harness::Native(model)) = shrink.map(|s| s.named_harness()) {
+        if repo.executable_at(bad.1, model).is_none() {
+            return Err(RunError::Usage(format!(
+                "[shrink] model `{model}` does not exist at the bad commit (or pass --no-shrink)"
+            )));
+        }
+    }
+    // A flaky search for a fix would read every statement the other way round (a clean run is the
+    // fault's "not shown"), so it is refused before anything runs.
+    if opts.find_fix && (config.flaky.asked || config.flaky.endpoint_runs > 1) {
+        return Err(RunError::Usage(
+            "--find-fix needs a fault that shows on every run: [search] confidence and endpoint-runs (the flaky search) cannot be used with it; remove them for this run"
+                .into(),
+        ));
+    }
     Ok(Plan {
         repo,
         config,
@@ -214,6 +196,7 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         bad,
         range,
         notes,
+        slots: (Vec::new(), 0),
     })
 }
 
@@ -306,36 +289,8 @@ fn bases_to_test(
     Ok(checked_bases)
 }
 
-/// What the options and the config ask for that can be refused before anything runs: a native-harness
-/// model missing at the bad commit, a flaky search for a fix, outputs that cannot be written.
-fn check_options(
-    opts: &StartOptions,
-    repo: &Repo,
-    config: &Config,
-    bad: Oid,
-) -> Result<(), RunError> {
-    // A native-harness model must be in the bad commit: found out now, not after a three-hour search.
-    if let Some(shrink) = config
-        .shrink
-        .as_ref()
-        .filter(|s| s.enabled && !opts.no_shrink)
-    {
-        if let crate::config::Harness::Native(model) = shrink.named_harness() {
-            if repo.executable_at(bad, model).is_none() {
-                return Err(RunError::Usage(format!(
-                    "[shrink] model `{model}` does not exist at the bad commit (or pass --no-shrink)"
-                )));
-            }
-        }
-    }
-    // A flaky search for a fix would read every statement the other way round (a clean run is the
-    // fault's "not shown"), so it is refused before anything runs.
-    if opts.find_fix && (config.flaky.asked || config.flaky.endpoint_runs > 1) {
-        return Err(RunError::Usage(
-            "--find-fix needs a fault that shows on every run: [search] confidence and endpoint-runs (the flaky search) cannot be used with it; remove them for this run"
-                .into(),
-        ));
-    }
+/// The outputs asked on the command line, which must be writable when the run ends: refused now.
+fn check_outputs(opts: &StartOptions) -> Result<(), RunError> {
     if let Some(report) = &opts.report {
         check_writable_file(report, "--report")?;
     }

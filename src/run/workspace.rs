@@ -1,7 +1,8 @@
 //! Everything a job sets up before it runs user code, in one place: the state directory's lock, the run's
 //! id and directory with a copy of its config, the worktree base (honouring `[executor] workdir`, so a
-//! node that does not see the repository sees the worktrees), the executor every command goes through, and
-//! the probe worktrees, removed when the job ends (or when the workspace is dropped on an early return).
+//! node that does not see the repository sees the worktrees), the executor every command goes through, the
+//! workers (their scratch directories, worktrees, warm interpreters and probers), and the probe
+//! worktrees, removed when the job ends (or when the workspace is dropped on an early return).
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -79,6 +80,7 @@ impl<'r> Workspace<'r> {
             .join("runs")
             .join(format!("{}{}", opening.prefix, run_id()));
         let log_dir = opening.log_dir.unwrap_or_else(|| run_dir.join("logs"));
+        let worktree_base = worktree_base(repo, &state_dir, config.executor.workdir.as_deref());
         // The executor is asked first, before anything is written: a cluster that would refuse every
         // probe (an unknown partition, no sbatch) is bad input.
         let executor = executor_for(config, &log_dir);
@@ -91,7 +93,6 @@ impl<'r> Workspace<'r> {
         std::fs::create_dir_all(&run_dir).map_err(RunError::io(&run_dir))?;
         std::fs::write(run_dir.join("bisect.toml"), &config.text)
             .map_err(RunError::io(&run_dir))?;
-        let worktree_base = worktree_base(repo, &state_dir, config.executor.workdir.as_deref());
         Ok(Workspace {
             repo,
             state_dir,
@@ -111,6 +112,36 @@ impl<'r> Workspace<'r> {
         let worktree = self.repo.probe_worktree(&path)?;
         self.made.borrow_mut().push(worktree.path().to_path_buf());
         Ok(worktree)
+    }
+
+    /// Each parallel worker's own places: a scratch directory (temporary files, JIT caches), kept between
+    /// runs so its caches stay warm, and a worktree for each after the first (sharing the object store, so
+    /// its build directory stays warm from probe to probe). Nothing for probes one at a time.
+    pub fn worker_places(&self, slots: &mut [WorkerSlot]) -> Result<Vec<ProbeWorktree>, RunError> {
+        if slots.len() < 2 {
+            return Ok(Vec::new());
+        }
+        for slot in slots.iter_mut() {
+            let dir = self.state_dir.join("workers").join(slot.worker.to_string());
+            for (_, sub) in crate::exec::child_env::WORKER_PRIVATE_DIRS {
+                std::fs::create_dir_all(dir.join(sub)).map_err(RunError::io(&dir))?;
+            }
+            slot.scratch = Some(dir);
+        }
+        slots
+            .iter()
+            .skip(1)
+            .map(|slot| self.worktree(&format!("worktree-{}", slot.worker)))
+            .collect()
+    }
+
+    /// Warm interpreters for a Python repro and a Python build, per worker, ended with the run (a pool
+    /// that cannot be set up means cold runs, as before).
+    pub fn warm_pool(&self, config: &Config) -> Option<WarmPool> {
+        let build_warm = config.build.as_ref().is_some_and(|b| b.warm);
+        (config.repro.warm || build_warm)
+            .then(|| WarmPool::new(&self.run_dir.join("warm"), config.repro.preload.clone()).ok())
+            .flatten()
     }
 
     /// A prober of one worktree, one probe at a time, with this job's executor and logs.

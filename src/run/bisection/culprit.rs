@@ -24,7 +24,8 @@ pub(super) fn stage_choice(opts: &StartOptions) -> StageChoice {
 }
 
 /// Triage and the shrink at the first bad commit (`at`: it, the probes the GPU held at once, and what the
-/// stages started beside the cross-check gave there), then the bundle: in `prober`'s worktree, the shrink
+/// stages started beside the cross-check gave there, if they did), then the bundle, with the environment
+/// asked beside the stages so the bundle does not wait for it after: in `prober`'s worktree, the shrink
 /// in the second worker's when the GPU held two probes at once, and its check at the parent in the
 /// third's, beside its final check, when it held three.
 pub(super) fn at_the_first_bad(
@@ -35,32 +36,17 @@ pub(super) fn at_the_first_bad(
     report: &mut Report,
     reporter: &mut dyn Reporter,
 ) {
-    let beside = others.first().filter(|_| at_once >= 2);
-    let spare = others.get(1).filter(|_| at_once >= 3);
+    let (choice, bundle) = (stage_choice(opts), plan.config.bundle.enabled);
     let ctx = StageContext {
         config: &plan.config,
         prober,
-        beside,
-        spare,
+        beside: others.first().filter(|_| at_once >= 2),
+        spare: others.get(1).filter(|_| at_once >= 3),
         run_dir,
         cancel,
         at_once: u32::try_from(at_once).unwrap_or(1),
         backtraces: Backtraces::for_fault(report.target.as_ref()),
     };
-    let choice = stage_choice(opts);
-    stages_then_bundle(&ctx, (plan, opts), (choice, oid, staged), report, reporter);
-}
-
-/// The stages at the first bad commit (or what they gave when they started beside the cross-check), then
-/// the bundle, with the environment asked beside the stages so the bundle does not wait for it after.
-fn stages_then_bundle(
-    ctx: &StageContext,
-    (plan, opts): (&Plan, &StartOptions),
-    (choice, oid, staged): (StageChoice, Oid, Option<Staged>),
-    report: &mut Report,
-    reporter: &mut dyn Reporter,
-) {
-    let (cancel, bundle) = (ctx.cancel, plan.config.bundle.enabled);
     let (stopped, asked) = match staged {
         // Started at the answer while the cross-check ran (their events are passed on already).
         Some(staged) => {
@@ -68,19 +54,18 @@ fn stages_then_bundle(
             report.shrink = staged.shrink;
             (staged.interrupted, staged.asked)
         }
-        None => stages_beside_environment(ctx, (choice, oid, bundle), report, reporter),
+        None => stages_beside_environment(&ctx, (choice, oid, bundle), report, reporter),
     };
     report.interrupted |= stopped;
     if !bundle || cancel.load(Ordering::SeqCst) {
         return;
     }
     let root = bundle_root(&plan.repo, &plan.config, opts.bundle_dir.as_deref());
-    let at = ctx.prober.executor.as_ref();
     match write_bundle(
         plan,
         report,
-        (ctx.run_dir, root),
-        (asked, at),
+        (run_dir, root),
+        (asked, prober.executor.as_ref()),
         reporter,
         cancel,
     ) {

@@ -1,13 +1,13 @@
 //! One bisection end to end, as `start` runs it and `nightly` runs it for a regression, as a short
-//! pipeline of steps, each in a file of its own: the plan and the workspace with its workers
-//! (`opening`), the search and the cross-check of its answer (`searching`), the report of the result,
-//! saved as soon as it is known (`result`), the stages at the first bad commit and the bundle
-//! (`culprit`), and the end (`finish`): the report and the `finished` event come before any fallible
-//! cleanup, and cleanup failures are warnings.
+//! pipeline: the plan ([`crate::run::plan`]: the range, the config with the command line's layer, the
+//! workers' slots, every refusal before anything is written), the workspace (which builds the workers),
+//! the journal of earlier runs, the search and the cross-check of its answer (`searching`), the report of
+//! the result, saved as soon as it is known (`result`), the stages at the first bad commit and the
+//! bundle (`culprit`), and the end (`finish`): the report and the `finished` event come before any
+//! fallible cleanup, and cleanup failures are warnings.
 
 mod culprit;
 mod finish;
-mod opening;
 mod result;
 mod searching;
 
@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::report::event::Reporter;
 use crate::report::record::Report;
 
-use crate::run::plan::{RunError, StartOptions};
+use crate::run::journal::open_for_start;
+use crate::run::plan::{plan, RunError, StartOptions};
+use crate::run::workspace::{Opening, Workspace};
 use culprit::at_the_first_bad;
 use finish::{finish, Before};
-use opening::{extra_worktrees, open_workspace, planned, settle_slots, warm_pool_for};
 use result::{report_of, save_report};
 use searching::searched;
 
@@ -30,17 +31,21 @@ pub fn bisect(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Result<Report, RunError> {
-    let (mut plan, slots) = planned(opts, cancel)?;
+    let mut plan = plan(opts, cancel)?;
     let before = Before::of(&plan, opts);
-    let mut ws = open_workspace((&plan.repo, &plan.config), opts)?;
+    let (mut slots, places) = std::mem::take(&mut plan.slots);
+    let lock = format!("start {}", opts.range);
+    let opening = Opening {
+        lock: (!opts.state_locked).then_some(lock.as_str()),
+        ..Opening::default()
+    };
+    let mut ws = Workspace::open(&plan.repo, &plan.config, opening)?;
+    ws.prune_runs();
     let worktree = ws.worktree("worktree")?;
-    let candidates = plan.range.len();
-    let (slots, places) = settle_slots((&mut plan.notes, candidates), slots, &ws.state_dir)?;
-    // Each further worker has a worktree of its own (sharing the object store), so its build directory
-    // stays warm from probe to probe; all go at the end unless --keep-worktree.
-    let extra_worktrees = extra_worktrees(&ws, &slots)?;
+    // All go at the end unless --keep-worktree.
+    let extra_worktrees = ws.worker_places(&mut slots)?;
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
-    let warm_pool = warm_pool_for(&plan, &ws.run_dir);
+    let warm_pool = ws.warm_pool(&plan.config);
     let (mut prober, mut others) = ws.workers(
         &plan.config,
         (&worktree, &extra_worktrees),
@@ -48,9 +53,10 @@ pub fn bisect(
         (warm_pool.as_ref(), cancel),
     );
     let workers = (&mut prober, others.as_mut_slice());
+    let journal = open_for_start(&plan, opts, &ws.state_dir, cancel);
     let (outcome, staged) = searched(
         (&plan, opts),
-        &ws,
+        (&ws, journal),
         (places, &stops),
         workers,
         reporter,

@@ -1,17 +1,16 @@
-//! The search step: the run announced, the journal of earlier runs opened, the search over every worker,
+//! The search step: the run announced, the search over every worker (each probe journaled),
 //! and the cross-check of a parallel answer (with the stages started beside it where there is room).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::host::environment;
 use crate::report::event::{Event, Reporter};
 
 use super::culprit::stage_choice;
 use super::result::report_of;
 use crate::config::Jobs;
 use crate::run::cancel::with_cancel_passed_on;
-use crate::run::journal::{self, Journal, JournaledProbe};
+use crate::run::journal::{Journal, JournaledProbe, StartJournal};
 use crate::run::plan::{Plan, StartOptions};
 use crate::run::probe::prober::WorktreeProber;
 use crate::run::search::{
@@ -198,90 +197,29 @@ fn cross_check_answer<'w>(
     }
 }
 
-/// The journal of earlier runs killed before they finished, whose probes this run reuses (none with
-/// `--fresh`; one that cannot be used is said, and the run journals nothing): with its path and the
-/// fingerprint of what judges a probe.
-fn open_journal(
-    plan: &Plan,
-    opts: &StartOptions,
-    state_dir: &Path,
-    reporter: &mut dyn Reporter,
-    cancel: &AtomicBool,
-) -> (Journal, PathBuf, String) {
-    let path = opts
-        .journal
-        .clone()
-        .unwrap_or_else(|| journal::journal_path(state_dir));
-    let fingerprint = journal::fingerprint(
-        &plan.config.text,
-        &journal::outside_programs(&plan.config, &plan.repo.workdir()),
-        &environment::fingerprint(cancel),
-    );
-    let opened = if opts.fresh {
-        Ok((Journal::empty(&path, &fingerprint), Vec::new()))
-    } else {
-        Journal::open(&path, &fingerprint)
-    };
-    let journal = match opened {
-        Ok((journal, warnings)) => {
-            for message in warnings {
-                reporter.event(&Event::Warning { message });
-            }
-            resume_notes(&journal, plan, reporter);
-            journal
-        }
-        Err(e) => {
-            reporter.event(&Event::Warning {
-                message: format!(
-                    "{}: the probe journal cannot be used ({e}); this run starts from scratch and journals nothing",
-                    path.display()
-                ),
-            });
-            Journal::off(&fingerprint)
-        }
-    };
-    (journal, path, fingerprint)
-}
-
-/// Says what the journal lets this run reuse, and what it runs again.
-fn resume_notes(journal: &Journal, plan: &Plan, reporter: &mut dyn Reporter) {
-    let commits: std::collections::HashSet<String> = plan
-        .range
-        .iter()
-        .map(|c| c.oid.to_string())
-        .chain(std::iter::once(plan.bad.1.to_string()))
-        .chain(plan.goods.iter().map(|g| g.1.to_string()))
-        .chain(plan.merge_bases.iter().map(|o| o.to_string()))
-        .collect();
-    let reusable = journal.reusable_among(&commits);
-    let retried = journal.retried();
-    if reusable > 0 || retried > 0 {
-        reporter.event(&Event::Resumed { reusable, retried });
-    }
-}
-
-/// The search step: the run announced, the journal opened, the search over `workers` and the
+/// The search step: the run announced (then what its journal says), the search over `workers` and the
 /// cross-check of its answer (with the stages started beside it where there is room).
 pub(super) fn searched<'w>(
     (plan, opts): (&Plan, &StartOptions),
-    ws: &Workspace,
+    (ws, journal): (&Workspace, StartJournal),
     (places, stops): (usize, &[AtomicBool]),
     workers: (&mut WorktreeProber<'w>, &mut [WorktreeProber<'w>]),
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> (SearchOutcome, Option<Staged>) {
     announce(plan, opts, &ws.run_dir, reporter);
+    for event in &journal.said {
+        reporter.event(event);
+    }
     let gauge = crate::host::gpu_memory::NvidiaSmiGauge::default();
     let input = search_input(plan, opts, &gauge, places);
-    let (journal, journal_path, fingerprint) =
-        open_journal(plan, opts, &ws.state_dir, reporter, cancel);
     let searching = Searching {
         plan,
         opts,
         input: &input,
-        journal: Some(journal),
-        journal_path: &journal_path,
-        fingerprint: &fingerprint,
+        journal: Some(journal.journal),
+        journal_path: &journal.path,
+        fingerprint: &journal.fingerprint,
         log_dir: &ws.log_dir,
         stops,
     };

@@ -7,10 +7,48 @@
 use crate::config::{Jobs, WorkerSettings};
 use crate::exec::child_env::WorkerSlot;
 use crate::host::gpu_memory::MemoryReading;
+use crate::report::event::PlanNote;
 
 /// Probes at once on one GPU that `auto` allows at most: past 8, a round answers little more (log2(k+1)
 /// bits) while every probe slows the others.
 pub const MOST_PER_GPU: usize = 8;
+
+/// The run's worker slots, checked before anything is written (none: probes one at a time, as with
+/// `jobs = 1`, the repro seeing every GPU), with the places planned on the first worker's GPU (which the
+/// runs after the search may use where that GPU holds them). `visible` asks the machine for its GPUs when
+/// the config names none and no scheduler gives each job its own (`scheduled`). More workers than
+/// `candidates` would only make checkouts (each worker costs a full worktree): capped, and noted.
+pub fn worker_slots(
+    settings: &WorkerSettings,
+    (scheduled, visible): (bool, impl FnOnce() -> Vec<String>),
+    (cores, candidates): (usize, usize),
+    notes: &mut Vec<PlanNote>,
+) -> Result<(Vec<WorkerSlot>, usize), String> {
+    if settings.jobs == Jobs::One {
+        return Ok((Vec::new(), 0));
+    }
+    let visible = if scheduled || settings.devices.is_some() {
+        Vec::new()
+    } else {
+        visible()
+    };
+    let mut slots = plan_slots(settings, &visible, cores)?;
+    if slots.len() < 2 {
+        return Ok((Vec::new(), 0));
+    }
+    let first = slots[0].devices.clone();
+    let places = slots.iter().filter(|s| s.devices == first).count();
+    let useful = candidates.max(2);
+    if slots.len() > useful {
+        notes.push(PlanNote::WorkersCapped {
+            asked: slots.len(),
+            candidates,
+            used: useful,
+        });
+        slots.truncate(useful);
+    }
+    Ok((slots, places))
+}
 
 /// The worker slots: one per probe at once, each with its own devices when GPUs are known. `visible` is
 /// what this machine shows when the config names no devices; `cores` the host's. `auto` gives each GPU
@@ -140,6 +178,45 @@ mod tests {
             devices: devices.map(|d| d.iter().map(|s| s.to_string()).collect()),
             gpus_per_probe: per,
         }
+    }
+
+    #[test]
+    fn the_runs_slots_are_capped_at_its_candidates_and_count_the_first_gpus_places() {
+        let none =
+            || -> Vec<String> { panic!("the machine is asked only when the config names no GPU") };
+        let mut notes = Vec::new();
+        // Four workers, two on each of two GPUs, for three candidates: capped at three, and said.
+        let four = settings(Jobs::Count(4), Some(&["0", "1"]), 1);
+        let (slots, places) = worker_slots(&four, (false, none), (16, 3), &mut notes).unwrap();
+        assert_eq!((slots.len(), places), (3, 2));
+        assert!(matches!(
+            notes.as_slice(),
+            [PlanNote::WorkersCapped {
+                asked: 4,
+                candidates: 3,
+                used: 3
+            }]
+        ));
+        // One candidate still gets two workers (its ends); one at a time is no slots at all.
+        let (slots, _) = worker_slots(&four, (false, none), (16, 1), &mut notes).unwrap();
+        assert_eq!(slots.len(), 2);
+        let one = settings(Jobs::One, None, 1);
+        assert!(worker_slots(&one, (false, none), (16, 9), &mut notes)
+            .unwrap()
+            .0
+            .is_empty());
+        // A scheduler gives each job its GPUs: the machine here is not asked, and nothing is pinned.
+        let auto = settings(Jobs::Count(2), None, 1);
+        let (slots, _) = worker_slots(&auto, (true, none), (16, 9), &mut notes).unwrap();
+        assert!(slots.iter().all(|s| s.devices.is_none()), "{slots:?}");
+        // Otherwise the machine's GPUs are what the workers share.
+        let seen = || vec!["3".to_string()];
+        let (slots, places) = worker_slots(&auto, (false, seen), (16, 9), &mut notes).unwrap();
+        assert_eq!(places, 2);
+        assert!(
+            slots.iter().all(|s| s.devices.as_deref() == Some("3")),
+            "{slots:?}"
+        );
     }
 
     fn devices_of(slots: &[WorkerSlot]) -> Vec<Option<&str>> {

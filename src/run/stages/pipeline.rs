@@ -17,8 +17,8 @@ use crate::config::ShrinkSection;
 use crate::report::event::{Event, Reporter, SendingReporter};
 use crate::report::record::{Report, ShrinkReport, ShrinkStatus, TriageResult, TriageStatus};
 
+use crate::report::environment::Environment;
 use crate::run::cancel::with_cancel_passed_on;
-use crate::run::outputs::Asked;
 use crate::run::probe::prober::WorktreeProber;
 use crate::run::probe::sanitizer::Backtraces;
 use crate::run::search::{SearchEnd, SearchOutcome};
@@ -93,6 +93,21 @@ pub fn run_stages(
     stopped || cancel.load(Ordering::SeqCst)
 }
 
+/// The environment, asked while the stages ran (it does not depend on them), and whether PyTorch's
+/// report was asked with it.
+pub(crate) type Asked = (Environment, bool);
+
+/// Whether PyTorch's report is asked beside the stages: the fault speaks of torch, or of Triton (which runs
+/// under it); else it is added after the stages when only the shrink speaks of torch.
+fn torch_before_the_stages(target: Option<&crate::classify::Signature>) -> bool {
+    speaks_torch(target) || target.is_some_and(|t| t.framework.as_deref() == Some("triton"))
+}
+
+pub(crate) fn speaks_torch(v: Option<&impl serde::Serialize>) -> bool {
+    v.and_then(|v| serde_json::to_string(v).ok())
+        .is_some_and(|t| t.contains("torch"))
+}
+
 /// The chosen stages at `oid` ([`run_stages`]), with the bundle's environment asked beside them when
 /// `bundle` (it does not depend on them; PyTorch's report too when the fault already speaks of torch, or
 /// of Triton, which runs under it): whether Ctrl-C stopped one, and the environment.
@@ -103,7 +118,7 @@ pub fn stages_beside_environment(
     reporter: &mut dyn Reporter,
 ) -> (bool, Option<Asked>) {
     let cancel = ctx.cancel;
-    let torch = crate::run::outputs::torch_before_the_stages(report.target.as_ref());
+    let torch = torch_before_the_stages(report.target.as_ref());
     // Asked where the probes ran: through their executor (a scheduler's node), not necessarily here.
     let at = ctx.prober.executor.clone();
     std::thread::scope(|s| {
@@ -363,4 +378,29 @@ pub fn cross_check_beside_stages(
             (checked, staged)
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::FaultClass;
+
+    #[test]
+    fn pytorchs_report_is_asked_beside_the_stages_for_a_torch_or_triton_fault_only() {
+        let mut sig = Signature::new(
+            FaultClass::IllegalAddress,
+            "Triton Error [CUDA]: an illegal memory access",
+        );
+        assert!(
+            !torch_before_the_stages(Some(&sig)),
+            "nothing names torch or Triton"
+        );
+        sig.framework = Some("triton".into());
+        assert!(torch_before_the_stages(Some(&sig)));
+        sig.framework = Some("jax".into());
+        assert!(!torch_before_the_stages(Some(&sig)));
+        sig.exception = Some("torch.AcceleratorError".into());
+        assert!(torch_before_the_stages(Some(&sig)));
+        assert!(!torch_before_the_stages(None));
+    }
 }
