@@ -34,6 +34,7 @@ pub fn bisect(
     let mut plan = plan(opts, cancel)?;
     let before = Before::of(&plan, opts);
     let (mut slots, places) = std::mem::take(&mut plan.slots);
+    // Locked for this range, unless the caller (the nightly job) holds the state directory's lock already.
     let lock = format!("start {}", opts.range);
     let opening = Opening {
         lock: (!opts.state_locked).then_some(lock.as_str()),
@@ -42,7 +43,7 @@ pub fn bisect(
     let mut ws = Workspace::open(&plan.repo, &plan.config, opening)?;
     ws.prune_runs();
     let worktree = ws.worktree("worktree")?;
-    // All go at the end unless --keep-worktree.
+    // Every worker's worktree, like the first, goes at the end unless --keep-worktree.
     let extra_worktrees = ws.worker_places(&mut slots)?;
     let stops: Vec<AtomicBool> = slots.iter().map(|_| AtomicBool::new(false)).collect();
     let warm_pool = ws.warm_pool(&plan.config);
