@@ -82,9 +82,10 @@ pub struct Plan {
     pub range: Vec<RangeCommit>,
     /// Notes for the user about what the plan did (merge bases, implied goods, workers capped).
     pub notes: Vec<PlanNote>,
-    /// The workers' slots (none: probes one at a time) and the places planned on the first worker's GPU
-    /// ([`worker_slots`]).
-    pub slots: (Vec<WorkerSlot>, usize),
+    /// The workers' slots (none: probes one at a time), from [`worker_slots`].
+    pub slots: Vec<WorkerSlot>,
+    /// The workers planned on the first worker's GPU: the places the runs after the search may use there.
+    pub places: usize,
 }
 
 /// Splits `GOOD..BAD`.
@@ -98,13 +99,8 @@ pub fn split_range(range: &str) -> Result<(&str, &str), RunError> {
 /// Opens the repository containing `dir` and its config.
 pub fn load(dir: &Path, config: Option<&Path>) -> Result<(Repo, Config), RunError> {
     let repo = Repo::open(dir)?;
-    let config = load_config(&repo, config)?;
+    let config = Config::load_at(&repo.workdir(), config)?;
     Ok((repo, config))
-}
-
-/// The config of a job on `repo`, read and resolved against its root (see [`Config::load_at`]).
-pub fn load_config(repo: &Repo, given: Option<&Path>) -> Result<Config, RunError> {
-    Ok(Config::load_at(&repo.workdir(), given)?)
 }
 
 /// Checks the input and builds the plan, with its workers' slots; writes nothing.
@@ -120,7 +116,7 @@ pub fn plan(opts: &StartOptions, cancel: &AtomicBool) -> Result<Plan, RunError> 
     // Slurm gives each job its GPUs itself: nothing here is pinned.
     let scheduled = matches!(plan.config.executor.kind, ExecutorKind::Slurm(_));
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    plan.slots = worker_slots(
+    (plan.slots, plan.places) = worker_slots(
         &plan.config.workers,
         (scheduled, || visible_devices(cancel)),
         (cores, plan.range.len()),
@@ -196,7 +192,8 @@ fn plan_in_good_and_bad(opts: &StartOptions) -> Result<Plan, RunError> {
         bad,
         range,
         notes,
-        slots: (Vec::new(), 0),
+        slots: Vec::new(),
+        places: 0,
     })
 }
 

@@ -33,7 +33,7 @@ pub fn bisect(
 ) -> Result<Report, RunError> {
     let mut plan = plan(opts, cancel)?;
     let before = Before::of(&plan, opts);
-    let (mut slots, places) = std::mem::take(&mut plan.slots);
+    let (mut slots, places) = (std::mem::take(&mut plan.slots), plan.places);
     // Locked for this range, unless the caller (the nightly job) holds the state directory's lock already.
     let lock = format!("start {}", opts.range);
     let opening = Opening {

@@ -217,7 +217,7 @@ fn night(
     let repo = Repo::open(&opts.dir)?;
     let (branch, head) = branch_and_head(&repo, opts)?;
     let since = opts.since.as_deref().map(|s| repo.resolve(s)).transpose()?;
-    let config = crate::run::plan::load_config(&repo, opts.config.as_deref())?;
+    let config = crate::config::Config::load_at(&repo.workdir(), opts.config.as_deref())?;
     check_notify(&config, &repo)?;
     let state_dir = state_dir_of(opts, &repo)?;
     let path = state_file(&state_dir, &repo_key(&repo), &branch, &config.text);
