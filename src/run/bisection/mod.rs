@@ -1,13 +1,14 @@
 //! One bisection end to end, as `start` runs it and `nightly` runs it for a regression, as a short
 //! pipeline: the plan ([`crate::run::plan`]: the range, the config with the command line's layer, the
 //! workers' slots, every refusal before anything is written), the workspace (which builds the workers),
-//! the journal of earlier runs, the search and the cross-check of its answer (`searching`), the report of
-//! the result, saved as soon as it is known (`result`), the stages at the first bad commit and the
-//! bundle (`culprit`), and the end (`finish`): the report and the `finished` event come before any
-//! fallible cleanup, and cleanup failures are warnings.
+//! the journal of earlier runs (`journaled`), the search and the cross-check of its answer
+//! (`searching`), the report of the result, saved as soon as it is known (`result`), the stages at the
+//! first bad commit and the bundle (`culprit`), and the end (`finish`): the report and the `finished`
+//! event come before any fallible cleanup, and cleanup failures are warnings.
 
 mod culprit;
 mod finish;
+mod journaled;
 mod result;
 mod searching;
 
@@ -16,11 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::report::event::Reporter;
 use crate::report::record::Report;
 
-use crate::run::journal::open_for_start;
 use crate::run::plan::{plan, RunError, StartOptions};
 use crate::run::workspace::{Opening, Workspace};
 use culprit::at_the_first_bad;
 use finish::{finish, Before};
+use journaled::open_for_start;
 use result::{report_of, save_report};
 use searching::searched;
 

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::report::event::{Event, Reporter};
 
 use super::culprit::stage_choice;
+use super::journaled::StartJournal;
 use super::result::report_of;
 use crate::config::Jobs;
 use crate::run::cancel::with_cancel_passed_on;
-use crate::run::journal::{Journal, JournaledProbe, StartJournal};
+use crate::run::journal::{Journal, JournaledProbe};
 use crate::run::plan::{Plan, StartOptions};
 use crate::run::probe::prober::WorktreeProber;
 use crate::run::search::{
