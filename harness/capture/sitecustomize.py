@@ -2,7 +2,9 @@
 
 Python imports `sitecustomize` at start-up; cudabisect puts this directory first on PYTHONPATH for two runs
 of the repro command, and this file does nothing unless CUDABISECT_CAPTURE is set (like coverage.py's
-process start-up hook):
+process start-up hook). A run served by a warm interpreter (which imported `sitecustomize` long before)
+names this directory in CUDABISECT_CAPTURE_HOOK instead, and its forked child loads this file before the
+script runs:
 
     CUDABISECT_CAPTURE=find     note the step, the phase (forward, loss, backward, optimizer) and the module
                                 and Triton kernel that were running when the run failed: fault.json
@@ -462,18 +464,27 @@ class _AfterImport:
 
         def exec_module(module):
             run(module)
-            try:
-                install()
-            except Exception as e:  # noqa: BLE001 - the run goes on uncaptured; the driver says what was missing
-                print(f"cudabisect capture: not installed for {name}: {type(e).__name__}: {e}", file=sys.stderr)
+            _installed(name, install)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
+def _installed(name, install):
+    try:
+        install()
+    except Exception as e:  # noqa: BLE001 - the run goes on uncaptured; the driver says what was missing
+        print(f"cudabisect capture: not installed for {name}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def _install():
     _install_common()
-    sys.meta_path.insert(0, _AfterImport({"torch": _install_torch, "jax": _install_jax}))
+    installers = {"torch": _install_torch, "jax": _install_jax}
+    # Armed in a child of a warm interpreter (after the fork, before the script runs), a framework the
+    # interpreter imported already is instrumented now; in a fresh one, right after its import.
+    for name in [n for n in installers if n in sys.modules]:
+        _installed(name, installers.pop(name))
+    sys.meta_path.insert(0, _AfterImport(installers))
 
 
 def _install_torch():

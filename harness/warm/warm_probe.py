@@ -222,6 +222,7 @@ def run_child(req, preloaded):
         place_pythonpath(os.getcwd())
         forget_shadowed(preloaded, first)
         announce_triton_launches()
+        arm_capture()
         # The interpreter's own command line, as a fresh `python …` of this command has it (a repro
         # that starts itself again from sys.orig_argv must not start the server).
         sys.orig_argv = list(req.get("argv") or [req.get("interpreter") or sys.executable, target, *args])
@@ -257,6 +258,23 @@ def run_child(req, preloaded):
     global CHILD_EXIT
     CHILD_EXIT = code
     raise SystemExit(code)
+
+
+def arm_capture():
+    """A run of cudabisect's capture (CUDABISECT_CAPTURE set): the hook a fresh interpreter would import at
+    start-up as `sitecustomize` from the directory CUDABISECT_CAPTURE_HOOK names, loaded here, in the child,
+    before the script runs. It instruments the frameworks this interpreter preloaded at once."""
+    hook = os.environ.get("CUDABISECT_CAPTURE_HOOK")
+    if not hook or not os.environ.get("CUDABISECT_CAPTURE"):
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cudabisect_capture_hook", os.path.join(hook, "sitecustomize.py"))
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
 
 
 def place_pythonpath(here):
@@ -328,7 +346,14 @@ def print_as_fresh(e):
     tb = e.__traceback__
     while tb is not None and ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb)
+    if sys.excepthook is not sys.__excepthook__:
+        # The repro's own hook (or the capture's), which a fresh interpreter hands an uncaught exception.
+        try:
+            sys.excepthook(type(e), e, tb)
+        except BaseException:  # noqa: BLE001 - a hook that fails: the interpreter prints as usual then
+            traceback.print_exception(type(e), e, tb)
+    else:
+        traceback.print_exception(type(e), e, tb)
     sys.stderr.flush()
 
 
@@ -490,6 +515,12 @@ def client(sock_path, status_path, argv):
                 f.write("cold: " + why + "\n")
         except OSError:
             pass
+        hook = os.environ.get("CUDABISECT_CAPTURE_HOOK")
+        if hook and os.environ.get("CUDABISECT_CAPTURE"):
+            # A capture run gone cold: its hook is found at start-up, as in cudabisect's own cold runs.
+            path = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = hook + (os.pathsep + path if path else "")
+            os.environ.setdefault("PYTHONHASHSEED", "0")
         os.execvp(argv[0], argv)
 
     parsed = parse_command(argv)

@@ -113,6 +113,30 @@ pub fn seen_value(env: &[(String, String)], key: &str) -> Option<String> {
         .or_else(|| std::env::var(key).ok())
 }
 
+/// `PYTHONPATH`'s entries (`value`) with the relative ones resolved against `dir`, where the repro runs:
+/// `src` in a worktree is that worktree's `src` for a process started anywhere else.
+pub fn pythonpath_under(value: &str, dir: &Path) -> String {
+    value
+        .split(':')
+        .filter(|e| !e.is_empty())
+        .map(|e| dir.join(e).display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// The relative entries of `[repro] env`'s `PYTHONPATH` (`src` of a src layout): the project's own
+/// folders, found under wherever the project is checked out.
+pub fn relative_pythonpath(env: &BTreeMap<String, String>) -> Vec<String> {
+    env.get("PYTHONPATH")
+        .map(|p| {
+            p.split(':')
+                .filter(|e| !e.is_empty() && !Path::new(e).is_absolute())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The virtual environment of a probe worktree (`[build] venv`): beside it, named after it, so each
 /// worker's worktree has its own and the next run reuses it.
 pub fn venv_dir(worktree: &Path) -> std::path::PathBuf {

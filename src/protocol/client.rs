@@ -271,7 +271,13 @@ impl ProcessHarness {
         torch: bool,
     ) -> Self {
         let ctx = ChildContext::shrink(cwd, commit);
-        let mut env = shrink.env.clone();
+        // The repro's environment with `[shrink] env` over it: what the model needs to import and run
+        // as the repro ran it (`PYTHONPATH = "src"`, a library's flags), its relative paths the worktree's.
+        let mut env = config.repro.env.clone();
+        env.extend(shrink.env.clone());
+        if let Some(path) = env.get_mut("PYTHONPATH") {
+            *path = crate::exec::child_env::pythonpath_under(path, cwd);
+        }
         if let Some(rank) = fault_rank {
             env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());
             env.insert(
@@ -421,13 +427,22 @@ impl ProcessHarness {
             return Ok(None);
         };
         let mut env = self.env.clone();
+        // The project (the worktree, and its folders the repro's PYTHONPATH names) only when the file
+        // says it imports it, as reproduce.sh gives it; every other entry as the harness had it.
+        let path = crate::exec::child_env::seen_value(&env, "PYTHONPATH").unwrap_or_default();
+        let (project, rest): (Vec<&str>, Vec<&str>) = path
+            .split(':')
+            .filter(|e| !e.is_empty())
+            .partition(|e| Path::new(e).starts_with(&self.cwd));
+        let mut entries: Vec<String> = Vec::new();
         if super::torch::needs_project(repro).is_some() {
-            let path = match crate::exec::child_env::seen_value(&env, "PYTHONPATH") {
-                Some(p) if !p.is_empty() => format!("{}:{p}", self.cwd.display()),
-                _ => self.cwd.display().to_string(),
-            };
-            env.retain(|(k, _)| k != "PYTHONPATH");
-            env.push(("PYTHONPATH".into(), path));
+            entries.push(self.cwd.display().to_string());
+            entries.extend(project.iter().map(|e| e.to_string()));
+        }
+        entries.extend(rest.iter().map(|e| e.to_string()));
+        env.retain(|(k, _)| k != "PYTHONPATH");
+        if !entries.is_empty() {
+            env.push(("PYTHONPATH".into(), entries.join(":")));
         }
         let command = CommandLine::Argv(vec![python.clone(), repro.display().to_string()]);
         let (command, env) = match sanitizer {

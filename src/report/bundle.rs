@@ -129,9 +129,17 @@ pub fn write(input: &BundleInput, env: &Environment) -> Result<PathBuf, BundleEr
         if let Some(src) = minimal.parent().filter(|p| p.is_dir()) {
             copy_dir(src, &dir.join("minimal")).map_err(io(&dir))?;
             reproduce = Some(if minimal.extension().is_some_and(|e| e == "py") {
-                let project = needs_project(&minimal)
-                    .zip(input.commit.as_ref())
-                    .map(|(modules, c)| (modules, c.commit.as_str()));
+                let folders = input.full_repro.map_or_else(Vec::new, |f| {
+                    crate::exec::child_env::relative_pythonpath(&f.repro.env)
+                });
+                let project =
+                    needs_project(&minimal)
+                        .zip(input.commit.as_ref())
+                        .map(|(modules, c)| Project {
+                            modules,
+                            commit: c.commit.as_str(),
+                            folders,
+                        });
                 let memcheck = input.shrink.is_some_and(|s| s.memcheck.is_some());
                 write_python_script(&dir, project, memcheck)?
             } else {
@@ -179,13 +187,21 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The project a minimal repro imports: its modules, the commit to check out, and the folders of the
+/// checkout that go on `PYTHONPATH` beside its root (the relative entries of `[repro] env`'s: `src`).
+struct Project<'a> {
+    modules: String,
+    commit: &'a str,
+    folders: Vec<String>,
+}
+
 /// `reproduce.sh` for a PyTorch minimal repro: `python repro.py`. When the repro's copied code imports
 /// the project under test (`project`: its modules and the culprit commit), the script checks the
 /// project out at that commit in a fresh directory and puts it on `PYTHONPATH` first. With `memcheck`
 /// (the fault showed only under it), repro.py runs under compute-sanitizer's memcheck.
 fn write_python_script(
     dir: &Path,
-    project: Option<(String, &str)>,
+    project: Option<Project>,
     memcheck: bool,
 ) -> Result<String, BundleError> {
     let (run, shows, line) = if memcheck {
@@ -208,7 +224,12 @@ fn write_python_script(
             "CUDA_LAUNCH_BLOCKING=1 python minimal/repro.py".to_string(),
         )
     };
-    let Some((modules, commit)) = project else {
+    let Some(Project {
+        modules,
+        commit,
+        folders,
+    }) = project
+    else {
         let script = format!(
             r#"#!/bin/sh
 # Reproduces the fault from this bundle alone: minimal/repro.py with its saved values (repro_data.pt, or
@@ -230,11 +251,19 @@ export CUDA_LAUNCH_BLOCKING=1
 # Usage: ./reproduce.sh [REPOSITORY]   Set PYTHON to pick the interpreter.
 {shows}
 here=$(cd "$(dirname "$0")" && pwd)
-{clone}export PYTHONPATH="$work/src${{PYTHONPATH:+:$PYTHONPATH}}"
+{clone}export PYTHONPATH="$work/src{folders}${{PYTHONPATH:+:$PYTHONPATH}}"
 export CUDA_LAUNCH_BLOCKING=1
 {run}
 "#,
-        clone = clone_at(commit)
+        clone = clone_at(commit),
+        // Only plain relative paths go into the script (one with shell syntax would run there).
+        folders = folders
+            .iter()
+            .filter(|f| f
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._/-".contains(c)))
+            .map(|f| format!(":$work/src/{f}"))
+            .collect::<String>()
     );
     write_script(dir, &script)?;
     Ok(format!(

@@ -458,6 +458,10 @@ pub struct CapturedFault {
     /// model run eagerly, autocast): the reason to give when the harness does not reproduce the fault.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// How its two runs ran: `warm` (forked from the worker's warm interpreter), `cold` (fresh
+    /// processes), or `cold after warm: <why>` (the warm capture saved nothing and was run again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
 }
 
 impl CapturedFault {

@@ -278,6 +278,47 @@ fn a_jax_training_script_without_factories_is_captured_and_shrunk() {
 }
 
 #[test]
+fn a_capture_that_a_preloaded_library_hides_from_the_hook_runs_again_in_fresh_processes() {
+    crate::common::require_python("import jax", "a real JAX: pip install 'jax[cpu]'");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    // An installed library (outside the project, on PYTHONPATH) that binds `jax.jit` when imported: the
+    // worker's warm interpreter imported it before a capture's hook could arm, so the jitted step is
+    // hidden from the warm capture; fresh processes arm the hook at `import jax`, before the library.
+    let site = tmp.path().join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("jitlib.py"), "from jax import jit\n").unwrap();
+    let jax = |p: &str| crate::common::fixture_text("jax", p);
+    let mut files: Vec<(&str, String)> = ["toy/__init__.py", "toy/ops.py", "train.py"]
+        .iter()
+        .map(|p| (*p, jax(p)))
+        .collect();
+    let step = jax("toy/fn.py").replace("@jax.jit", "@jitlib.jit");
+    files.push(("toy/fn.py", format!("import jitlib\n{step}")));
+    let config = format!(
+        "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"180s\"\nenv = {{ JAX_PLATFORMS = \"cpu\", PYTHONPATH = {:?} }}\n",
+        site.display().to_string()
+    );
+    let commits = history(
+        &dir,
+        &files,
+        ("toy/rows.py", "ROWS = 99", "ROWS = 6"),
+        &config,
+    );
+    let (code, r, text) = start(&dir, commits[0], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    let s = shrink_of(&r, &text);
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    let runs = captured(s).runs.clone().unwrap_or_default();
+    assert!(runs.starts_with("cold after warm: "), "{s:?}");
+    assert_eq!(
+        captured(s).function.as_deref(),
+        Some("toy.fn:train_step"),
+        "{s:?}"
+    );
+}
+
+#[test]
 fn a_repro_that_is_not_a_python_program_is_not_shrunk_and_the_report_says_why() {
     // With no [shrink] section, and with one that only tunes the shrink (C20): neither asks for a
     // capture of a shell script.
@@ -365,14 +406,15 @@ for step in range(1, 6):
 "#;
 
 #[test]
-fn the_capture_runs_as_the_workers_probes_ran_with_its_caches_and_device() {
+fn the_capture_runs_as_the_workers_probes_ran_warm_with_its_caches_and_device() {
     crate::common::require_python("import torch", "a real torch: pip install torch");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     let seen = tmp.path().join("seen.txt");
-    // The script notes, in its capture runs, which worker's environment it got.
+    // The script notes, in its capture runs, which worker's environment it got, and whether torch was
+    // imported before the script ran (in a child of the worker's warm interpreter, which preloaded it).
     let script = format!(
-        "import os\nif os.environ.get('CUDABISECT_CAPTURE'):\n    open({seen:?}, 'a').write(os.environ.get('CUDABISECT_WORKER', 'none') + ' ' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'none') + '\\n')\n{SCRIPT_FUNCTION}",
+        "import os, sys\nif os.environ.get('CUDABISECT_CAPTURE'):\n    open({seen:?}, 'a').write(os.environ.get('CUDABISECT_WORKER', 'none') + ' ' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'none') + ' ' + str('torch' in sys.modules) + '\\n')\n{SCRIPT_FUNCTION}",
         seen = seen.display().to_string()
     );
     let config = "[repro]\ncommand = \"python3 train.py\"\ntimeout = \"120s\"\n";
@@ -394,11 +436,17 @@ fn the_capture_runs_as_the_workers_probes_ran_with_its_caches_and_device() {
     let lines: Vec<&str> = seen.lines().collect();
     assert_eq!(lines.len(), 2, "the find and the replay run: {seen}");
     for line in lines {
-        let (worker, cache) = line.split_once(' ').unwrap();
+        let [worker, cache, preloaded] = line.split(' ').collect::<Vec<_>>()[..] else {
+            panic!("{seen}")
+        };
         assert_ne!(worker, "none", "{seen}");
         assert!(
             cache.contains(&format!("workers/{worker}/")),
             "the worker's own Inductor cache: {seen}"
+        );
+        assert_eq!(
+            preloaded, "True",
+            "forked from the worker's warm interpreter, which had imported torch: {seen}"
         );
     }
 }

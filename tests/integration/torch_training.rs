@@ -124,15 +124,25 @@ fn a_capture_of_a_script_that_never_fails_says_so() {
 /// The training fixture at one commit of a history: `limit` is where the embedding's backward starts to
 /// fault (in `toy/limits.py`, which the backward imports inside its body, as library code often does).
 fn files_with_limit(limit: u32, config: &str) -> Files {
+    files_with_limit_in("", limit, config)
+}
+
+/// [`files_with_limit`] with the package in the folder `src` names (`"src/"`: a src layout).
+fn files_with_limit_in(src: &str, limit: u32, config: &str) -> Files {
     let mut f = Files::new();
     let model = fixture("toy/model.py").replace(
         "        if int(idx.max()) >= 3 and",
         "        from toy import limits\n\n        if int(idx.max()) >= limits.LIMIT and",
     );
     assert!(model.contains("limits.LIMIT"));
-    put(&mut f, "toy/__init__.py", "", false);
-    put(&mut f, "toy/model.py", model, false);
-    put(&mut f, "toy/limits.py", format!("LIMIT = {limit}\n"), false);
+    put(&mut f, &format!("{src}toy/__init__.py"), "", false);
+    put(&mut f, &format!("{src}toy/model.py"), model, false);
+    put(
+        &mut f,
+        &format!("{src}toy/limits.py"),
+        format!("LIMIT = {limit}\n"),
+        false,
+    );
     put(&mut f, "train.py", fixture("train.py"), false);
     put(&mut f, "bisect.toml", config.to_string(), false);
     f
@@ -185,6 +195,43 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
         String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{out}");
     assert!(out.contains("an illegal memory access"), "{out}");
+    assert!(out.contains("node=emb__Gather__backward"), "{out}");
+}
+
+#[test]
+fn a_src_layout_found_through_the_repros_pythonpath_is_shrunk_and_reproduces_from_the_bundle() {
+    require_torch();
+    // What a user writes for a src layout: the repro's own PYTHONPATH, and no [shrink] section.
+    let config = "[repro]\ncommand = [\"python3\", \"train.py\"]\ntimeout = \"120s\"\nenv = { PYTHONPATH = \"src\" }\n\n[triage]\nenabled = false\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    let commits = linear_history(
+        &dir,
+        [99, 99, 3, 3].map(|limit| files_with_limit_in("src/", limit, config)),
+    )
+    .unwrap();
+    let (code, r, text) = start_report(&dir, &[&format!("{}..main", commits[0])], tmp.path());
+    assert_eq!(code, 0, "{text}");
+    let r = r.unwrap_or_else(|| panic!("no report: {text}"));
+    assert_eq!(first_bad(&r), Some(commits[2].to_string()), "{text}");
+    let s = shrink_of(&r, &text);
+    // The harness imports the project as the repro did, and repro.py alone found it the same way.
+    assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
+    assert_eq!(kept(s), ["emb__Gather__backward"], "{text}");
+    let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
+    let script = std::fs::read_to_string(bundle.join("reproduce.sh")).unwrap();
+    assert!(script.contains("$work/src:$work/src/src"), "{script}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = Command::new(bundle.join("reproduce.sh"))
+        .arg(&dir)
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .env_remove("PYTHONPATH")
+        .output()
+        .unwrap();
+    let out =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{out}");
     assert!(out.contains("node=emb__Gather__backward"), "{out}");
 }
 

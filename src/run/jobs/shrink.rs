@@ -156,6 +156,7 @@ fn shrink_in(
         fault_rank: None,
         target: None,
         slot: None,
+        warm: prober.and_then(|p| p.repro_warm()),
         at_once: 1,
         parent_beside: None,
     };

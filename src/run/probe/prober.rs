@@ -560,6 +560,13 @@ impl<'a> WorktreeProber<'a> {
         self.slot.as_ref().map_or(1, |s| s.worker)
     }
 
+    /// Its warm interpreter for the repro, for a stage's run of the repro in its worktree (the shrink's
+    /// capture); `None` when its repro runs cold.
+    pub fn repro_warm(&self) -> Option<crate::run::probe::warm::WarmAt<'a>> {
+        self.warm_pool(Serves::Repro)
+            .map(|pool| (pool, (self.worker(), Serves::Repro)))
+    }
+
     /// The warm interpreters its repro (`[repro] warm`) or its build (`[build] warm`) runs in, on this
     /// machine only.
     fn warm_pool(&self, serves: Serves) -> Option<&'a crate::run::probe::warm::WarmPool> {

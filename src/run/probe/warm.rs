@@ -51,6 +51,10 @@ pub enum Serves {
 /// A worker's warm interpreter for one of its commands.
 pub type WarmSlot = (usize, Serves);
 
+/// A worker's warm interpreter, for a run that is not one of its probes (the shrink's capture runs the
+/// repro at the first bad commit in that worker's worktree).
+pub type WarmAt<'a> = (&'a WarmPool, WarmSlot);
+
 /// The name of a file of `slot`'s server in the pool's directory: `server-2.log` for worker 2's repro,
 /// `build-server-2.log` for its build.
 fn slot_file((worker, serves): WarmSlot, stem: &str, ext: &str) -> String {

@@ -4,9 +4,10 @@
 //! to run alone (`--capture DIR`).
 
 use crate::exec::executor::Executor;
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::{CommandLine, Config, ShrinkSection};
 use crate::exec::child_env::{command_spec, ChildCommand, ChildContext, WorkerSlot};
@@ -14,6 +15,7 @@ use crate::exec::process;
 use crate::protocol::torch::install_capture_hook;
 pub use crate::report::record::CapturedFault;
 use crate::report::record::{ShrinkReport, ShrinkStatus};
+use crate::run::probe::warm::{Runner, WarmAt};
 
 /// Why no step was captured: each says it in a maintainer's words.
 #[derive(Debug, thiserror::Error)]
@@ -87,33 +89,76 @@ fn check_saved(dir: &Path, fault: &CapturedFault) -> Result<(), CaptureError> {
     }
 }
 
-/// Runs the find and replay runs in `cwd` and returns the capture directory (in `run_dir`).
+/// Runs the find and replay runs in `cwd` at `commit` (built there, on the worker `slot`'s device) and
+/// returns the capture directory (in `run_dir`). Both runs are forked from `warm` (that worker's warm
+/// interpreter, which arms the hook in its child) when it serves them: a training script's imports are
+/// paid once per worker, not twice more here. A warm capture that saved nothing is run again in fresh
+/// processes, the way the hook was written for, before it is given up.
 pub fn capture(
     executor: &dyn Executor,
     config: &Config,
     section: &ShrinkSection,
-    (cwd, commit, slot): (&Path, &str, Option<&WorkerSlot>),
+    (cwd, commit, slot, warm): (&Path, &str, Option<&WorkerSlot>, Option<WarmAt>),
     run_dir: &Path,
     fault_rank: Option<u32>,
     cancel: &AtomicBool,
 ) -> Result<(PathBuf, CapturedFault), CaptureError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CaptureError::Io { path, source }
+    let runs = Runs {
+        executor,
+        config,
+        command: capture_command(config, section),
+        at: (cwd, commit, slot),
+        fault_rank,
+        cancel,
+        forked: Cell::new(false),
     };
-    let hook = install_capture_hook(run_dir).map_err(io(run_dir))?;
-    let dir = run_dir.join("capture");
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    let mut cold = "cold".to_string();
+    if let Some(w) = warm {
+        match find_and_replay(&runs, Some(w), run_dir) {
+            // A library that bound a framework's function before the hook armed (the warm interpreter
+            // imported it first) hides calls from it: the fresh runs arm it before any import.
+            Err(e @ (CaptureError::NoFault(_) | CaptureError::NotSaved { .. }))
+                if runs.forked.get() && !cancel.load(Ordering::SeqCst) =>
+            {
+                cold = format!("cold after warm: {e}");
+            }
+            other => return other,
+        }
     }
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let command = capture_command(config, section);
-    let run = |extra: &[(&str, String)], log: &str| -> Result<String, CaptureError> {
-        let mut env: BTreeMap<String, String> = config.repro.env.clone();
-        prepend_pythonpath(&mut env, &hook);
-        env.insert("PYTHONHASHSEED".into(), "0".into());
+    find_and_replay(&runs, None, run_dir).map(|(dir, mut fault)| {
+        fault.runs = fault.runs.map(|_| cold);
+        (dir, fault)
+    })
+}
+
+/// What every run of one capture shares: the command, where it runs, and who stops it.
+struct Runs<'a> {
+    executor: &'a dyn Executor,
+    config: &'a Config,
+    command: CommandLine,
+    at: (&'a Path, &'a str, Option<&'a WorkerSlot>),
+    fault_rank: Option<u32>,
+    cancel: &'a AtomicBool,
+    /// Whether a run was forked from the warm interpreter (one it could not serve ran cold).
+    forked: Cell<bool>,
+}
+
+impl Runs<'_> {
+    /// One run of the command under the hook in `hook` with `extra` variables, forked from `warm` when it
+    /// serves it: its output (kept in `dir/log`, headed by how it ran) and how it ran.
+    fn run(
+        &self,
+        (hook, dir): (&Path, &Path),
+        warm: Option<WarmAt>,
+        extra: &[(&str, String)],
+        log: &str,
+    ) -> Result<(String, String), CaptureError> {
+        let (cwd, commit, slot) = self.at;
+        let mut env: BTreeMap<String, String> = self.config.repro.env.clone();
         env.insert("CUDABISECT_CAPTURE_DIR".into(), dir.display().to_string());
-        if let Some(rank) = fault_rank {
+        // A warm child loads the hook from here; a fresh interpreter finds it on PYTHONPATH (below).
+        env.insert("CUDABISECT_CAPTURE_HOOK".into(), hook.display().to_string());
+        if let Some(rank) = self.fault_rank {
             // Of several ranks, the one that faulted captures.
             env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());
         }
@@ -126,37 +171,78 @@ pub fn capture(
             slot,
             ..ChildContext::shrink(cwd, commit)
         };
-        let spec = command_spec(
-            config,
-            ChildCommand {
-                command: &command,
-                timeout: config.repro.timeout,
-                env: &env,
-            },
-            &ctx,
+        let spec_of = |env: &BTreeMap<String, String>| {
+            command_spec(
+                self.config,
+                ChildCommand {
+                    command: &self.command,
+                    timeout: self.config.repro.timeout,
+                    env,
+                },
+                &ctx,
+            )
+        };
+        let mut spec = spec_of(&env);
+        // The variables above are per-run ones: the warm interpreter the worker's probes ran in serves it.
+        let forked = warm.and_then(|(pool, slot)| {
+            pool.prepare(slot, &mut spec, self.cancel)
+                .map(|run| (pool, run))
+        });
+        if forked.is_none() {
+            prepend_pythonpath(&mut env, hook);
+            // Both runs hash strings alike (a warm interpreter's children share its seed).
+            env.insert("PYTHONHASHSEED".into(), "0".into());
+            spec = spec_of(&env);
+        }
+        let out = self.executor.session().run(&spec, self.cancel);
+        let runner = forked.map(|(pool, run)| pool.finish(run));
+        self.forked
+            .set(self.forked.get() || runner == Some(Runner::Warm));
+        let how = runner.map_or_else(|| "cold".to_string(), |r| r.describe());
+        let out = out?;
+        let _ = std::fs::write(
+            dir.join(log),
+            format!("# cudabisect: this run was {how}\n{}", out.output),
         );
-        let out = executor.session().run(&spec, cancel)?;
-        let _ = std::fs::write(dir.join(log), &out.output);
-        Ok(out.output)
+        Ok((out.output, how))
+    }
+}
+
+/// The find run, then the replay of the step it found, forked from `warm` when it serves them.
+fn find_and_replay(
+    runs: &Runs,
+    warm: Option<WarmAt>,
+    run_dir: &Path,
+) -> Result<(PathBuf, CapturedFault), CaptureError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CaptureError::Io { path, source }
     };
-    let output = run(&[("CUDABISECT_CAPTURE", "find".into())], "find.log")?;
+    let hook = install_capture_hook(run_dir).map_err(io(run_dir))?;
+    let dir = run_dir.join("capture");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let places = (hook.as_path(), dir.as_path());
+    let find = [("CUDABISECT_CAPTURE", "find".to_string())];
+    let (output, _) = runs.run(places, warm, &find, "find.log")?;
     let fault =
         read_fault(&dir).ok_or_else(|| CaptureError::NoFault(why_nothing(&dir, &output)))?;
     // The first run's account is the one the report gives; the replay writes its own over it.
     let found = dir.join("fault-found.json");
     let _ = std::fs::copy(dir.join("fault.json"), &found);
-    run(
-        &[
-            ("CUDABISECT_CAPTURE", "replay".into()),
-            ("CUDABISECT_CAPTURE_STEP", fault.step.to_string()),
-            ("CUDABISECT_CAPTURE_CALL", fault.call.to_string()),
-        ],
-        "replay.log",
-    )?;
+    let replay = [
+        ("CUDABISECT_CAPTURE", "replay".to_string()),
+        ("CUDABISECT_CAPTURE_STEP", fault.step.to_string()),
+        ("CUDABISECT_CAPTURE_CALL", fault.call.to_string()),
+    ];
+    let (_, how) = runs.run(places, warm, &replay, "replay.log")?;
     let _ = std::fs::copy(&found, dir.join("fault.json"));
     check_saved(&dir, &fault)?;
     let mut fault = fault;
     fault.notes = read_notes(&dir);
+    fault.runs = Some(how);
     Ok((dir, fault))
 }
 
@@ -187,8 +273,13 @@ fn why_nothing(dir: &Path, output: &str) -> String {
 pub const JAX_CAPTURE_MODULE_FILE: &str = "cudabisect_jax_capture.py";
 
 /// The `[shrink]` section the JAX harness runs a captured jitted call under: its `function` and
-/// `inputs` from the module the capture wrote in `dir`, which goes first on `PYTHONPATH`.
-pub fn jax_section(section: &ShrinkSection, dir: &Path) -> ShrinkSection {
+/// `inputs` from the module the capture wrote in `dir`, which goes first on `PYTHONPATH` (before the
+/// section's own, else the repro's: `repro_env`).
+pub fn jax_section(
+    section: &ShrinkSection,
+    dir: &Path,
+    repro_env: &BTreeMap<String, String>,
+) -> ShrinkSection {
     let mut jax = section.clone();
     jax.framework = crate::config::ShrinkFramework::Jax;
     jax.capture = false;
@@ -197,6 +288,11 @@ pub fn jax_section(section: &ShrinkSection, dir: &Path) -> ShrinkSection {
     jax.train = None;
     jax.function = Some("cudabisect_jax_capture:function".into());
     jax.inputs = Some("cudabisect_jax_capture:inputs".into());
+    if !jax.env.contains_key("PYTHONPATH") {
+        if let Some(path) = repro_env.get("PYTHONPATH") {
+            jax.env.insert("PYTHONPATH".into(), path.clone());
+        }
+    }
     prepend_pythonpath(&mut jax.env, dir);
     jax
 }
@@ -263,6 +359,7 @@ mod tests {
             notes: vec![],
             framework: None,
             function: None,
+            runs: None,
             forward_trace: Some("Error detected in ScatterBackward. Traceback of forward call that caused the error:\n  File \"/w/train.py\", line 11, in <module>\n    out = model(idx)\n  File \"/h/capture-hook/sitecustomize.py\", line 192, in module_call\n  File \"/v/lib/python3.11/site-packages/torch/nn/modules/module.py\", line 1787, in _wrapped_call_impl\n  File \"/w/toy/model.py\", line 31, in forward\n    return Scatter.apply(self.weight, idx)\n".into()),
         };
         assert_eq!(fault.forward_line().as_deref(), Some("/w/toy/model.py:31"));

@@ -278,6 +278,7 @@ fn shrink_stage(
         fault_rank,
         target,
         slot: prober.slot.as_ref(),
+        warm: prober.repro_warm(),
         at_once: ctx.at_once,
         parent_beside: ctx.spare.zip(parent),
     };

@@ -18,6 +18,7 @@ use crate::report::event::{Event, Reporter, Stage};
 use crate::report::record::{ParentCheck, ShrinkPathTried, ShrinkReport, ShrinkStatus};
 
 use crate::run::probe::prober::WorktreeProber;
+use crate::run::probe::warm::WarmAt;
 use crate::run::stages::reducer::{
     check_parent, not_started, shrink, ParentBeside, ShrinkSettings,
 };
@@ -42,6 +43,9 @@ pub struct ShrinkStage<'a> {
     pub target: Option<Signature>,
     /// The search's worker whose worktree `cwd` is (its device and caches), when the job had workers.
     pub slot: Option<&'a WorkerSlot>,
+    /// That worker's warm interpreter, which the capture's runs are forked from (they pay no imports);
+    /// `None`: fresh processes.
+    pub warm: Option<WarmAt<'a>>,
     /// Harness runs the GPU holds at once beside whatever else the stage shares it with (the search's
     /// measured probes at once, less one while triage runs beside); 1 when unknown.
     pub at_once: u32,
@@ -319,7 +323,7 @@ fn run_way(
         stage.executor.as_ref(),
         stage.config,
         &section,
-        (stage.cwd, stage.commit, stage.slot),
+        (stage.cwd, stage.commit, stage.slot, stage.warm),
         stage.run_dir,
         stage.fault_rank,
         cancel,
@@ -328,7 +332,11 @@ fn run_way(
             // A jitted JAX call runs through the JAX harness on the module the capture wrote.
             let way = if fault.framework.as_deref() == Some("jax") {
                 ShrinkWay::Capture(
-                    crate::run::stages::capture::jax_section(&section, &dir),
+                    crate::run::stages::capture::jax_section(
+                        &section,
+                        &dir,
+                        &stage.config.repro.env,
+                    ),
                     None,
                 )
             } else {
