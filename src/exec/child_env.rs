@@ -190,7 +190,7 @@ const DISTRIBUTED_DEFAULTS: [(&str, &str); 2] = [
 /// Defaults for a worker that shares its GPU with others, set where neither cudabisect's own environment
 /// nor the phase's `env` says otherwise: JAX takes 75% of the GPU at start and TensorFlow nearly all of
 /// it, so a second probe on the GPU could not start; both then take memory as the run needs it.
-const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
+pub const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
     ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
     ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
 ];

@@ -278,6 +278,14 @@ impl ProcessHarness {
         if let Some(path) = env.get_mut("PYTHONPATH") {
             *path = crate::exec::child_env::pythonpath_under(path, cwd);
         }
+        // A shrink's runs share the GPU (the final check's confirmations at once, repro.py's writer, the
+        // parent check and triage beside them): a framework that takes most of the device's memory when
+        // it starts (JAX, TensorFlow) takes what it uses instead, as the probes of a shared GPU do.
+        for (k, v) in crate::exec::child_env::SHARED_GPU_DEFAULTS {
+            if std::env::var_os(k).is_none() {
+                env.entry(k.into()).or_insert_with(|| v.into());
+            }
+        }
         if let Some(rank) = fault_rank {
             env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());
             env.insert(
