@@ -226,18 +226,9 @@ fn start_on_a_jax_training_script_bisects_and_hands_off_a_repro_that_reproduces(
     assert_eq!(s.status, ShrinkStatus::Minimal, "{text}");
     assert_eq!(kept(s), ["e000_pure_callback"], "{text}");
     let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
-    let elsewhere = tempfile::tempdir().unwrap();
-    let run = Command::new(bundle.join("reproduce.sh"))
-        .arg(&dir)
-        .current_dir(elsewhere.path())
-        .env("TMPDIR", elsewhere.path())
-        .env("JAX_PLATFORMS", "cpu")
-        .env_remove("PYTHONPATH")
-        .output()
-        .unwrap();
-    let out =
-        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{out}");
+    let (code, out) =
+        crate::common::reproduce_from_elsewhere(&bundle, &dir, &[("JAX_PLATFORMS", "cpu")]);
+    assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("an illegal memory access"), "{out}");
 }
 

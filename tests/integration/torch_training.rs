@@ -5,7 +5,6 @@
 //! (`python3 -c "import torch"`); CI installs it. Without it they fail, saying so: they never pass unrun.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use crate::common::histories::linear_history;
 use crate::common::repo_builder::{put, Files, RepoBuilder};
@@ -183,17 +182,8 @@ fn start_on_a_training_script_ends_with_a_bundle_whose_repro_reproduces_with_the
             && md.contains("toy/model.py:"),
         "{md}"
     );
-    let elsewhere = tempfile::tempdir().unwrap();
-    let run = Command::new(bundle.join("reproduce.sh"))
-        .arg(&dir)
-        .current_dir(elsewhere.path())
-        .env("TMPDIR", elsewhere.path())
-        .env_remove("PYTHONPATH")
-        .output()
-        .unwrap();
-    let out =
-        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{out}");
+    let (code, out) = crate::common::reproduce_from_elsewhere(&bundle, &dir, &[]);
+    assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("an illegal memory access"), "{out}");
     assert!(out.contains("node=emb__Gather__backward"), "{out}");
 }
@@ -221,17 +211,8 @@ fn a_src_layout_found_through_the_repros_pythonpath_is_shrunk_and_reproduces_fro
     let bundle = PathBuf::from(r.bundle.as_deref().unwrap());
     let script = std::fs::read_to_string(bundle.join("reproduce.sh")).unwrap();
     assert!(script.contains("$work/src:$work/src/src"), "{script}");
-    let elsewhere = tempfile::tempdir().unwrap();
-    let run = Command::new(bundle.join("reproduce.sh"))
-        .arg(&dir)
-        .current_dir(elsewhere.path())
-        .env("TMPDIR", elsewhere.path())
-        .env_remove("PYTHONPATH")
-        .output()
-        .unwrap();
-    let out =
-        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{out}");
+    let (code, out) = crate::common::reproduce_from_elsewhere(&bundle, &dir, &[]);
+    assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("node=emb__Gather__backward"), "{out}");
 }
 

@@ -217,6 +217,29 @@ pub fn run_repro_alone(
     )
 }
 
+/// Runs a bundle's `reproduce.sh` against the repository `repo` from a fresh directory, with no
+/// `PYTHONPATH` of ours and `env` added: its exit status and everything it printed.
+pub fn reproduce_from_elsewhere(
+    bundle: &Path,
+    repo: &Path,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bundle.join("reproduce.sh"));
+    cmd.arg(repo)
+        .current_dir(elsewhere.path())
+        .env("TMPDIR", elsewhere.path())
+        .env_remove("PYTHONPATH");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
 /// Waits until `ready()` holds, looking again each time a file in `dir` is created, written and closed,
 /// or moved in (inotify): the fakes say how far they got by writing files there. Fails with `never` after
 /// `within`.
