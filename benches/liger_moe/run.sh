@@ -8,42 +8,59 @@
 # library from its checkout would; LIGER_FUSED_MOE_AUTOTUNE=0 (the library's own switch) pins one config
 # per kernel where the library has it, as a training job does to keep autotune's memory out.
 #
+# QUESTION=regression asks the other question of the same history: which commit brought the fault, over
+# 1faa0131~1..96ce8e85~1 (44 commits; the kernels arrive with the bug, so the answer is 1faa0131), with
+# moe_regress.py, which exits 0 where the kernels do not exist yet. That is `start` as users run it, with
+# its stages (triage, the shrink, the bundle) after the search.
+#
 # Usage (on a machine with a CUDA GPU of 40 GB or more, torch and triton):
-#   benches/liger_moe/run.sh CUDABISECT LIGER_REPO OUT_DIR [git|cudabisect|both]
+#   [QUESTION=regression] benches/liger_moe/run.sh CUDABISECT LIGER_REPO OUT_DIR [git|cudabisect|both]
 # LIGER_REPO: a clone of https://github.com/linkedin/Liger-Kernel (it is cloned again into OUT_DIR).
 # Both tools share the machine's Triton cache; git bisect run goes first, on the cache as it finds it.
 set -eu
 bin=$(realpath "$1"); src=$2; out=$(realpath -m "$3"); which=${4:-both}
 here=$(dirname "$(realpath "$0")")
-old=${OLD:-1faa0131}; new=${NEW:-e1eeb997}  # OLD, NEW: the same commits in a rewritten copy of the history
+question=${QUESTION:-fix}
+if [ "$question" = regression ]; then
+  old=${OLD:-1faa0131~1}; new=${NEW:-96ce8e85~1}; repro=moe_regress.py
+else
+  old=${OLD:-1faa0131}; new=${NEW:-e1eeb997}; repro=moe_repro.py
+fi  # OLD, NEW: the same commits in a rewritten copy of the history
 mkdir -p "$out"
 repo=$out/liger
 rm -rf "$repo" && git clone -q "$src" "$repo"
 old=$(git -C "$repo" rev-parse "$old"); new=$(git -C "$repo" rev-parse "$new")
 git -C "$repo" checkout -q "$new"
-printf '[repro]\ncommand = "python3 %s/moe_repro.py"\ntimeout = "300s"\nenv = { PYTHONPATH = "src", LIGER_FUSED_MOE_AUTOTUNE = "0" }\n' "$here" > "$out/bisect.toml"
+printf '[repro]\ncommand = "python3 %s/%s"\ntimeout = "300s"\nenv = { PYTHONPATH = "src", LIGER_FUSED_MOE_AUTOTUNE = "0" }\n' "$here" "$repro" > "$out/bisect.toml"
 if [ "$which" != cudabisect ]; then
-  # git's terms for a fix: the old state is "broken" (the step exits 0 when the repro faults), the new "fixed".
+  # For a fix, git's terms: the old state is "broken" (the step exits 0 when the repro faults), the new
+  # "fixed". For the regression, plain good and bad: the step exits 1 when the repro faults.
+  if [ "$question" = regression ]; then faults=1 clean=0; else faults=0 clean=1; fi
   cat > "$out/step.sh" <<STEP
 #!/bin/sh
-out=\$(CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=src LIGER_FUSED_MOE_AUTOTUNE=0 python3 "$here/moe_repro.py" 2>&1); rc=\$?
+out=\$(CUDA_LAUNCH_BLOCKING=1 PYTHONPATH=src LIGER_FUSED_MOE_AUTOTUNE=0 python3 "$here/$repro" 2>&1); rc=\$?
 printf '%s\n' "\$out" | tail -3
-if [ \$rc -eq 0 ]; then exit 1; fi
-if printf '%s' "\$out" | grep -q 'illegal memory access'; then exit 0; fi
+if [ \$rc -eq 0 ]; then exit $clean; fi
+if printf '%s' "\$out" | grep -q 'illegal memory access'; then exit $faults; fi
 exit 125
 STEP
   chmod +x "$out/step.sh"
   s=$(date +%s)
-  git -C "$repo" bisect start --term-old=broken --term-new=fixed "$new" "$old" >/dev/null
+  if [ "$question" = regression ]; then
+    git -C "$repo" bisect start "$new" "$old" >/dev/null
+  else
+    git -C "$repo" bisect start --term-old=broken --term-new=fixed "$new" "$old" >/dev/null
+  fi
   (cd "$repo" && git bisect run "$out/step.sh") > "$out/git-bisect.log" 2>&1 || true
-  echo "git bisect run: $(( $(date +%s) - s )) s, $(grep -c '^running' "$out/git-bisect.log") steps, $(grep 'is the first fixed commit' "$out/git-bisect.log")"
+  echo "git bisect run: $(( $(date +%s) - s )) s, $(grep -c '^running' "$out/git-bisect.log") steps, $(grep -E 'is the first (fixed|bad) commit' "$out/git-bisect.log")"
   git -C "$repo" bisect reset "$new" >/dev/null 2>&1
 fi
 if [ "$which" != git ]; then
   s=$(date +%s)
-  "$bin" start "$old..$new" --find-fix --fresh --config "$out/bisect.toml" -C "$repo" --report "$out/report.json" \
+  if [ "$question" = regression ]; then fix=; else fix=--find-fix; fi
+  "$bin" start "$old..$new" $fix --fresh --config "$out/bisect.toml" -C "$repo" --report "$out/report.json" \
     --message-format json 2> "$out/cudabisect.stderr" \
     | while IFS= read -r l; do printf '%s\t%s\n' "$(date +%s.%N)" "$l"; done > "$out/events.tsv"
-  echo "cudabisect start --find-fix: $(( $(date +%s) - s )) s (events with their arrival times in $out/events.tsv)"
+  echo "cudabisect start $fix: $(( $(date +%s) - s )) s (events with their arrival times in $out/events.tsv)"
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['result'], (r.get('first_bad') or r.get('fix') or {}).get('commit'), (r.get('first_bad') or r.get('fix') or {}).get('subject'), len(r['probes']), 'probes')" "$out/report.json"
 fi
