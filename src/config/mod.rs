@@ -78,6 +78,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// The repro's `env` with a stage's own (`[triage] env`, `[shrink] env`) over it: a stage runs the
+    /// repro's code, which needs what the repro was given (its `PYTHONPATH`, its data paths, its flags).
+    pub fn repro_env_under(
+        &self,
+        stage: &std::collections::BTreeMap<String, String>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut env = self.repro.env.clone();
+        env.extend(stage.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
+    }
+
     /// The shrink to run at the first bad commit: the `[shrink]` section unless it says
     /// `enabled = false`, and with no section a capture of the repro command.
     pub fn shrink_section(&self) -> Option<ShrinkSection> {

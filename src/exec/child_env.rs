@@ -60,10 +60,13 @@ pub struct ChildContext<'a> {
     /// The parallel worker running it, and the devices it owns (`CUDA_VISIBLE_DEVICES`); `None` when
     /// probes run one at a time.
     pub slot: Option<&'a WorkerSlot>,
+    /// Whether it shares the GPU with runs of its own kind whatever its slot says: a shrink harness's
+    /// runs (the final check's confirmations at once, repro.py's writer, the parent check, triage beside).
+    pub side_by_side: bool,
 }
 
 impl<'a> ChildContext<'a> {
-    /// A shrink-phase child (the harness, a capture of the repro) in `worktree` at `commit`.
+    /// A shrink-phase child (a capture of the repro) in `worktree` at `commit`.
     pub fn shrink(worktree: &'a Path, commit: &'a str) -> Self {
         Self {
             worktree,
@@ -71,6 +74,15 @@ impl<'a> ChildContext<'a> {
             phase: ChildPhase::Shrink,
             attempt: 1,
             slot: None,
+            side_by_side: false,
+        }
+    }
+
+    /// A run of the shrink's harness in `worktree` at `commit`, one of several side by side on the GPU.
+    pub fn harness(worktree: &'a Path, commit: &'a str) -> Self {
+        Self {
+            side_by_side: true,
+            ..Self::shrink(worktree, commit)
         }
     }
 }
@@ -190,7 +202,7 @@ const DISTRIBUTED_DEFAULTS: [(&str, &str); 2] = [
 /// Defaults for a worker that shares its GPU with others, set where neither cudabisect's own environment
 /// nor the phase's `env` says otherwise: JAX takes 75% of the GPU at start and TensorFlow nearly all of
 /// it, so a second probe on the GPU could not start; both then take memory as the run needs it.
-pub const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
+const SHARED_GPU_DEFAULTS: [(&str, &str); 2] = [
     ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
     ("TF_FORCE_GPU_ALLOW_GROWTH", "true"),
 ];
@@ -222,7 +234,7 @@ pub fn command_spec(config: &Config, command: ChildCommand, ctx: &ChildContext) 
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if ctx.phase != ChildPhase::Build {
-        let shared = ctx.slot.is_some_and(|s| s.shares_gpu);
+        let shared = ctx.side_by_side || ctx.slot.is_some_and(|s| s.shares_gpu);
         let defaults = DISTRIBUTED_DEFAULTS
             .iter()
             .chain(SHARED_GPU_DEFAULTS.iter().filter(|_| shared))
@@ -304,6 +316,7 @@ mod tests {
             phase: ChildPhase::Repro,
             attempt: 1,
             slot: slot.as_ref(),
+            side_by_side: false,
         };
         let command = ChildCommand {
             command: &config.repro.command,
@@ -338,6 +351,23 @@ mod tests {
         // What the user's env says stays theirs.
         let env = spec_of(true, &[("XLA_PYTHON_CLIENT_PREALLOCATE", "true")]);
         assert_eq!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE"), ["true"]);
+        // A shrink harness's run, with no slot: its runs go side by side on the GPU.
+        let config = Config::parse(
+            Path::new("bisect.toml"),
+            "[repro]\ncommand = \"python3 train.py\"\n",
+        )
+        .unwrap();
+        let command = ChildCommand {
+            command: &config.repro.command,
+            timeout: Duration::from_secs(1),
+            env: &BTreeMap::new(),
+        };
+        let harness = ChildContext::harness(Path::new("/w"), "abc");
+        let env = command_spec(&config, command, &harness).env;
+        assert_eq!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE"), ["false"]);
+        let capture = ChildContext::shrink(Path::new("/w"), "abc");
+        let env = command_spec(&config, command, &capture).env;
+        assert!(get(&env, "XLA_PYTHON_CLIENT_PREALLOCATE").is_empty());
     }
 
     #[test]

@@ -270,21 +270,12 @@ impl ProcessHarness {
         native: Option<BackendChoice>,
         torch: bool,
     ) -> Self {
-        let ctx = ChildContext::shrink(cwd, commit);
-        // The repro's environment with `[shrink] env` over it: what the model needs to import and run
-        // as the repro ran it (`PYTHONPATH = "src"`, a library's flags), its relative paths the worktree's.
-        let mut env = config.repro.env.clone();
-        env.extend(shrink.env.clone());
+        let ctx = ChildContext::harness(cwd, commit);
+        // What the model needs to import and run as the repro ran it (`PYTHONPATH = "src"`, a library's
+        // flags), its relative paths the worktree's.
+        let mut env = config.repro_env_under(&shrink.env);
         if let Some(path) = env.get_mut("PYTHONPATH") {
             *path = crate::exec::child_env::pythonpath_under(path, cwd);
-        }
-        // A shrink's runs share the GPU (the final check's confirmations at once, repro.py's writer, the
-        // parent check and triage beside them): a framework that takes most of the device's memory when
-        // it starts (JAX, TensorFlow) takes what it uses instead, as the probes of a shared GPU do.
-        for (k, v) in crate::exec::child_env::SHARED_GPU_DEFAULTS {
-            if std::env::var_os(k).is_none() {
-                env.entry(k.into()).or_insert_with(|| v.into());
-            }
         }
         if let Some(rank) = fault_rank {
             env.insert("CUDABISECT_FAULT_RANK".into(), rank.to_string());

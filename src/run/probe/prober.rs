@@ -551,6 +551,7 @@ impl<'a> WorktreeProber<'a> {
                 phase: ChildPhase::Repro,
                 attempt,
                 slot: self.slot.as_ref(),
+                side_by_side: false,
             },
         )
     }
@@ -715,6 +716,7 @@ impl<'a> WorktreeProber<'a> {
                 phase: ChildPhase::Build,
                 attempt: 1,
                 slot: self.slot.as_ref(),
+                side_by_side: false,
             },
         );
         let (result, runner) = self.run_warm_or_cold(session, &mut spec, Serves::Build);

@@ -198,6 +198,7 @@ fn run_tool(
             phase: ChildPhase::Triage,
             attempt: 1,
             slot: None,
+            side_by_side: false,
         },
     );
     let run = session.run(&spec, cancel).map_err(|e| {
@@ -290,9 +291,7 @@ fn refine(mut finding: Signature, program: &Signature) -> Signature {
 /// probes ran it: its `PYTHONPATH`, its data paths, the switch that makes it fault), then `[triage] env`
 /// over it.
 fn triage_env(config: &Config) -> std::collections::BTreeMap<String, String> {
-    let mut env = config.repro.env.clone();
-    env.extend(config.triage.env.clone());
-    env
+    config.repro_env_under(&config.triage.env)
 }
 
 /// The environment of a run under compute-sanitizer: the frameworks' pooling allocators off, so memcheck

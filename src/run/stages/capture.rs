@@ -112,23 +112,22 @@ pub fn capture(
         cancel,
         forked: Cell::new(false),
     };
-    let mut cold = "cold".to_string();
-    if let Some(w) = warm {
-        match find_and_replay(&runs, Some(w), run_dir) {
-            // A library that bound a framework's function before the hook armed (the warm interpreter
-            // imported it first) hides calls from it: the fresh runs arm it before any import.
-            Err(e @ (CaptureError::NoFault(_) | CaptureError::NotSaved { .. }))
-                if runs.forked.get() && !cancel.load(Ordering::SeqCst) =>
-            {
-                cold = format!("cold after warm: {e}");
-            }
-            other => return other,
+    let Some(warm) = warm else {
+        return find_and_replay(&runs, None, run_dir);
+    };
+    match find_and_replay(&runs, Some(warm), run_dir) {
+        // A library that bound a framework's function before the hook armed (the warm interpreter
+        // imported it first) hides calls from it: the fresh runs arm it before any import.
+        Err(e @ (CaptureError::NoFault(_) | CaptureError::NotSaved { .. }))
+            if runs.forked.get() && !cancel.load(Ordering::SeqCst) =>
+        {
+            find_and_replay(&runs, None, run_dir).map(|(dir, mut fault)| {
+                fault.runs = Some(format!("cold after warm: {e}"));
+                (dir, fault)
+            })
         }
+        other => other,
     }
-    find_and_replay(&runs, None, run_dir).map(|(dir, mut fault)| {
-        fault.runs = fault.runs.map(|_| cold);
-        (dir, fault)
-    })
 }
 
 /// What every run of one capture shares: the command, where it runs, and who stops it.
