@@ -6,6 +6,8 @@ Runs under pytest, or alone (`python3 harness/tests/test_codegen.py`), which is 
 
 import importlib.util
 import operator
+from abc import abstractmethod
+from functools import partial
 import os
 import sys
 import types
@@ -285,6 +287,36 @@ def test_a_users_own_module_class_is_revived_from_its_source():
     ]:
         assert want in text, (want, text)
     assert "NOT STANDALONE" not in text and "weights_only=False" not in text, text
+
+
+SCALES = (2.0,)
+
+
+class LossBase(nn.Module):
+    @abstractmethod
+    def score(self, x):
+        pass
+
+
+class ScaledLoss(LossBase):
+    FACTORS = SCALES
+
+    def score(self, x):
+        return partial(operator.mul, self.FACTORS[0])(x)
+
+
+def test_copied_classes_come_after_their_bases_with_what_their_bodies_read():
+    text_imports, sources = h.user_source([ScaledLoss])
+    text = "\n".join(text_imports) + "\n" + "\n\n".join(sources)
+    # The base comes first (a class statement needs it), the decorator and partial are imported from the
+    # standard library, not copied, and the class attribute's value is carried.
+    assert text.index("class LossBase") < text.index("class ScaledLoss"), text
+    for want in ["from abc import abstractmethod", "from functools import partial", "SCALES = (2.0,)"]:
+        assert want in text, (want, text)
+    assert "class partial" not in text, text
+    namespace = {"nn": nn, "operator": operator}
+    exec(compile(text, "repro.py", "exec"), namespace)  # noqa: S102 - the generated text itself
+    assert namespace["ScaledLoss"]().score(3.0) == 6.0
 
 
 def test_unknown_shapes_are_unknown_not_empty():

@@ -104,6 +104,7 @@ class Needs:
     project: list = field(default_factory=list)  # the project's own modules the copied code imports
     generated: int = 0  # recorded values repro.py generates instead of loading
     loss_ref: Optional[str] = None  # how repro.py names the user's own loss, when captured
+    loss_module: Optional[object] = None  # the loss's module object, when repro.py revives it (LOSS_MODULE)
     autocast: Optional[dict] = None  # the autocast the captured step ran under
 
 
@@ -280,10 +281,31 @@ def user_source(fns, missing=None, carried_ops=None):
             ]
             if state:
                 code += "\n\n" + "\n".join(state) + "\n"
-        out.append(code)
+        out.append((target, code))
         imports.update(body_imports(code, getattr(target, "__module__", None)))
         queue.extend(globals_used(target, imports))
-    return sorted(imports), out
+    return sorted(imports), bases_first(out)
+
+
+def bases_first(copied):
+    """The copied definitions in the order found, except that a class comes after the copied classes it
+    derives from (a class statement needs its bases defined when it runs)."""
+    done, out = set(), []
+
+    def emit(i):
+        if i in done:
+            return
+        done.add(i)
+        target = copied[i][0]
+        for base in getattr(target, "__bases__", ()) if inspect.isclass(target) else ():
+            for j, (other, _) in enumerate(copied):
+                if other is base:
+                    emit(j)
+        out.append(copied[i][1])
+
+    for i in range(len(copied)):
+        emit(i)
+    return out
 
 
 def body_imports(code, module):
@@ -355,10 +377,28 @@ def globals_used(target, imports):
         module = sys.modules.get(target.__module__)
         code = source_of(target)
         if module is not None and code is not None:
-            found.extend(named_globals(base_names(code), vars(module), imports))
+            # Its bases, and what its body reads outside the methods' code (decorators, class attributes).
+            found.extend(named_globals(base_names(code) + class_body_names(code), vars(module), imports))
         return found
     names = getattr(getattr(target, "__code__", None), "co_names", ())
     return named_globals(names, getattr(target, "__globals__", {}), imports)
+
+
+def class_body_names(class_code):
+    """The names a class statement reads at its own level: its methods' decorators and its class
+    attributes' values (`@abstractmethod`, `x = SOME_CONSTANT`); the methods' code is read apart."""
+    try:
+        node = ast.parse(class_code).body[0]
+    except (SyntaxError, IndexError):
+        return []
+    out = []
+    for item in getattr(node, "body", []):
+        parts = list(getattr(item, "decorator_list", []))
+        if isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None:
+            parts.append(item.value)
+        for part in parts:
+            out.extend(n.id for n in ast.walk(part) if isinstance(n, ast.Name))
+    return out
 
 
 def base_names(class_code):
@@ -392,8 +432,10 @@ def named_globals(names, globs, imports):
             continue
         if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
             mod = getattr(g, "__module__", "") or ""
-            if mod.split(".")[0] in ("torch", "triton", "builtins", "math", "typing", "dataclasses"):
-                # A library function the user imported by name (`from torch.library import wrap_triton`).
+            top = mod.split(".")[0]
+            if top in ("torch", "triton") or top in sys.stdlib_module_names:
+                # A library function the user imported by name (`from torch.library import wrap_triton`,
+                # `from functools import partial`).
                 real = getattr(g, "__name__", name)
                 imports.add(f"from {mod} import {real}" + (f" as {name}" if real != name else ""))
                 continue
@@ -938,9 +980,15 @@ def safe_value(v):
     return None  # an object of the library's own (a key-value cache): no kept node reads it from here
 
 
+# The name repro.py's `modules` gives a loss that is a module object of the user's own class.
+LOSS_MODULE = "cudabisect_loss"
+
+
 def loss_reference(spec, needs):
     """How repro.py names the captured loss: a function by `function_ref`, a method of the user's class
-    (an autograd.Function's apply) by the class's copied source; an object's method it cannot carry."""
+    (an autograd.Function's apply) by the class's copied source, a torch.nn module by its constructor, a
+    module of the user's own class revived like the model's (`revived_ctor`, under LOSS_MODULE); an
+    object's method it cannot carry."""
     fn = spec["fn"]
     if "qualname" in fn:
         return function_ref(loss_callable(spec), needs)
@@ -954,6 +1002,9 @@ def loss_reference(spec, needs):
     ctor = checked_ctor(owner, importlib.import_module("torch")) if hasattr(owner, "state_dict") else None
     if ctor:
         return f"{ctor}.{fn['method']}"
+    if hasattr(owner, "state_dict") and revived_ctor(LOSS_MODULE, owner) is not None:
+        needs.loss_module = owner
+        return f"modules[{LOSS_MODULE!r}].{fn['method']}"
     raise ExtractError(
         f"the loss is the {fn['method']} of a {type(owner).__qualname__} object, which repro.py "
         "cannot rebuild from code"
@@ -1039,6 +1090,12 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
             training[s.module] = m.training
         else:
             pickled[s.module] = m
+    if needs.loss_module is not None:
+        # The loss's module, built like a kept module of the model's own class.
+        m, classes = needs.loss_module, []
+        specs.append(ModuleSpec(LOSS_MODULE, revived_ctor(LOSS_MODULE, m, classes=classes), tuple(classes)))
+        states[LOSS_MODULE] = to_device(m.state_dict(), "cpu")
+        training[LOSS_MODULE] = m.training
     foreign = sorted({f"{type(m).__module__}.{type(m).__name__}" for m in pickled.values()})
     if foreign:
         title += (
