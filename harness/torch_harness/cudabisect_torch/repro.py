@@ -378,31 +378,16 @@ def globals_used(target, imports):
         code = source_of(target)
         if module is not None and code is not None:
             # Its bases, and what its body reads outside the methods' code (decorators, class attributes).
-            found.extend(named_globals(base_names(code) + class_body_names(code), vars(module), imports))
+            found.extend(named_globals(class_level_names(code), vars(module), imports))
         return found
     names = getattr(getattr(target, "__code__", None), "co_names", ())
     return named_globals(names, getattr(target, "__globals__", {}), imports)
 
 
-def class_body_names(class_code):
-    """The names a class statement reads at its own level: its methods' decorators and its class
-    attributes' values (`@abstractmethod`, `x = SOME_CONSTANT`); the methods' code is read apart."""
-    try:
-        node = ast.parse(class_code).body[0]
-    except (SyntaxError, IndexError):
-        return []
-    out = []
-    for item in getattr(node, "body", []):
-        parts = list(getattr(item, "decorator_list", []))
-        if isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None:
-            parts.append(item.value)
-        for part in parts:
-            out.extend(n.id for n in ast.walk(part) if isinstance(n, ast.Name))
-    return out
-
-
-def base_names(class_code):
-    """The root names of a class statement's bases (`nn` for `nn.Module`)."""
+def class_level_names(class_code):
+    """The names a class statement reads at its own level: the roots of its bases (`nn` for `nn.Module`),
+    its methods' decorators and its class attributes' values (`@abstractmethod`, `x = SOME_CONSTANT`); the
+    methods' code is read apart."""
     try:
         node = ast.parse(class_code).body[0]
     except (SyntaxError, IndexError):
@@ -413,6 +398,12 @@ def base_names(class_code):
             base = base.value
         if isinstance(base, ast.Name):
             out.append(base.id)
+    for item in getattr(node, "body", []):
+        parts = list(getattr(item, "decorator_list", []))
+        if isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None:
+            parts.append(item.value)
+        for part in parts:
+            out.extend(n.id for n in ast.walk(part) if isinstance(n, ast.Name))
     return out
 
 
