@@ -252,7 +252,7 @@ def user_source(fns, missing=None, carried_ops=None):
                 src, deps = custom_op_source(qual, fn, missing)
                 if src:
                     var = fn._init_fn.__name__
-                    out.append(src + (f"\n\n{alias} = {var}\n" if alias and alias != var else ""))
+                    out.append((fn, src + (f"\n\n{alias} = {var}\n" if alias and alias != var else "")))
                     for dep in deps:
                         queue.extend(globals_used(dep, imports))
             continue
