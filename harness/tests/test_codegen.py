@@ -319,6 +319,73 @@ def test_copied_classes_come_after_their_bases_with_what_their_bodies_read():
     assert namespace["ScaledLoss"]().score(3.0) == 6.0
 
 
+TUNED_KERNELS = """import triton
+import triton.language as tl
+
+
+def tuning_configs():
+    return [triton.Config({"BLOCK": 64}, num_warps=4)]
+
+
+@triton.autotune(configs=tuning_configs(), key=["n"])
+@triton.jit
+def tuned_copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.heuristics({"EVEN": lambda args: args["n"] % 64 == 0})
+@triton.jit
+def guided_copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+
+def launch(x, out):
+    tuned_copy[(4,)](x, out, x.numel())
+    guided_copy[(4,)](x, out, x.numel(), BLOCK=64)
+    return out
+"""
+
+
+def test_autotuned_and_heuristic_triton_kernels_are_copied_with_their_decorators_not_imported():
+    # Real Triton (CI's torch brings it): an autotuned kernel's own `__module__` is the autotuner's, and
+    # repro.py once imported the user's kernel from `triton.runtime.autotuner`, an ImportError.
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
+        with open(os.path.join(tmp, "tunedmod_cb.py"), "w") as f:
+            f.write(TUNED_KERNELS)
+        sys.path.insert(0, tmp)
+        try:
+            mod = importlib.import_module("tunedmod_cb")
+            assert type(mod.tuned_copy).__name__ == "Autotuner", type(mod.tuned_copy)
+            text_imports, sources = h.user_source([mod.launch])
+        finally:
+            sys.path.remove(tmp)
+            sys.modules.pop("tunedmod_cb", None)
+    text = "\n".join(text_imports) + "\n" + "\n\n".join(sources)
+    assert "triton.runtime" not in text, text
+    for want in [
+        '@triton.autotune(configs=tuning_configs(), key=["n"])\n@triton.jit\ndef tuned_copy(',
+        "@triton.heuristics(",
+        "def guided_copy(",
+        "def tuning_configs(",
+        "import triton.language as tl",
+    ]:
+        assert want in text, (want, text)
+    assert h.lint(text) is None, text
+    import runpy
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "repro.py")  # triton.jit reads a kernel's source from its file
+        with open(path, "w") as f:
+            f.write(text)
+        namespace = runpy.run_path(path)
+    assert type(namespace["tuned_copy"]).__name__ == "Autotuner"
+
+
 def test_unknown_shapes_are_unknown_not_empty():
     steps = [h.Step("y", "relu", "relu", (R("x", None),), {}, "relu", "call_method")]
     d = h.describe(steps, ["x"])

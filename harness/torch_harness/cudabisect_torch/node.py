@@ -9,6 +9,20 @@ from .protocol import MARKER, say, timing
 from .graph import Ref, Step, refs_in
 
 
+def is_triton_kernel(fn):
+    return type(fn).__name__ in ("JITFunction", "Autotuner", "Heuristics")
+
+
+def python_function(fn):
+    """The Python function under a Triton kernel's wrappers, `fn` itself for anything else. `@triton.autotune`
+    over `@triton.heuristics` over `@triton.jit` each keep the next as `.fn`; only the innermost is the
+    user's code. An autotuned kernel's own `__module__` is the autotuner's (`triton.runtime.autotuner`), so
+    read from the wrapper it named a library that does not define the kernel."""
+    while is_triton_kernel(fn) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return fn
+
+
 class MissingValue(Exception):
     """A kept step needs a value that neither a kept step made nor the recording holds."""
 

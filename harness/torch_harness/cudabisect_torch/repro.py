@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 from . import store
 from .graph import Ref, refs_in
-from .node import LAUNCH, announce_triton_launches, markers, to_device
+from .node import LAUNCH, announce_triton_launches, is_triton_kernel, markers, python_function, to_device
 from .training import (
     GRADS_VALUE,
     TRAINING_KINDS,
@@ -218,16 +218,12 @@ def strip_decorators(code):
 
 def source_of(fn):
     """The dedented source of a function, a class or a Triton kernel, or None when it cannot be read."""
-    target = getattr(fn, "fn", fn)  # a triton JITFunction wraps the Python function
+    target = python_function(fn)
     try:
         return textwrap.dedent(inspect.getsource(target))
     except (OSError, TypeError):
         src = getattr(fn, "src", None)  # Triton keeps the kernel's text even when the file is gone
         return textwrap.dedent(src) if isinstance(src, str) else None
-
-
-def is_triton_kernel(fn):
-    return type(fn).__name__ in ("JITFunction", "Autotuner", "Heuristics")
 
 
 def user_source(fns, missing=None, carried_ops=None):
@@ -256,7 +252,7 @@ def user_source(fns, missing=None, carried_ops=None):
                     for dep in deps:
                         queue.extend(globals_used(dep, imports))
             continue
-        target = getattr(fn, "fn", fn)
+        target = python_function(fn)
         code = source_of(fn)
         if code is None:
             missing.append(
@@ -284,28 +280,44 @@ def user_source(fns, missing=None, carried_ops=None):
         out.append((target, code))
         imports.update(body_imports(code, getattr(target, "__module__", None)))
         queue.extend(globals_used(target, imports))
-    return sorted(imports), bases_first(out)
+    return sorted(imports), definitions_first(out)
 
 
-def bases_first(copied):
-    """The copied definitions in the order found, except that a class comes after the copied classes it
-    derives from (a class statement needs its bases defined when it runs)."""
+def definitions_first(copied):
+    """The copied definitions in the order found, except that a definition comes after the copied ones its
+    statement reads when it runs: a class after its bases, a kernel after the function its
+    `@triton.autotune(configs=...)` calls, a function after the constant its default names."""
+    defined = [top_level_names(code) for _, code in copied]
     done, out = set(), []
 
     def emit(i):
         if i in done:
             return
         done.add(i)
-        target = copied[i][0]
-        for base in getattr(target, "__bases__", ()) if inspect.isclass(target) else ():
-            for j, (other, _) in enumerate(copied):
-                if other is base:
-                    emit(j)
+        reads = set(definition_names(copied[i][1]))
+        for j, names in enumerate(defined):
+            if j != i and reads & names:
+                emit(j)
         out.append(copied[i][1])
 
     for i in range(len(copied)):
         emit(i)
     return out
+
+
+def top_level_names(code):
+    """The names a copied piece of code binds at its top level (its `def`s, `class`es and assignments)."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def body_imports(code, module):
@@ -378,33 +390,40 @@ def globals_used(target, imports):
         code = source_of(target)
         if module is not None and code is not None:
             # Its bases, and what its body reads outside the methods' code (decorators, class attributes).
-            found.extend(named_globals(class_level_names(code), vars(module), imports))
+            found.extend(named_globals(definition_names(code), vars(module), imports))
         return found
-    names = getattr(getattr(target, "__code__", None), "co_names", ())
+    names = list(getattr(getattr(target, "__code__", None), "co_names", ()))
+    code = source_of(target)
+    if code is not None:
+        # A copied `def` keeps its decorators and defaults, which read names its body may not.
+        names += definition_names(code)
     return named_globals(names, getattr(target, "__globals__", {}), imports)
 
 
-def class_level_names(class_code):
-    """The names a class statement reads at its own level: the roots of its bases (`nn` for `nn.Module`),
-    its methods' decorators and its class attributes' values (`@abstractmethod`, `x = SOME_CONSTANT`); the
-    methods' code is read apart."""
+def definition_names(code):
+    """The names a `def` or `class` statement reads when it runs, apart from what its functions' bodies read
+    (their code is read apart): its decorators (`@triton.autotune(configs=tuning_configs())`), its
+    arguments' defaults, and for a class its bases (`nn` for `nn.Module`), its methods' decorators and
+    defaults and its class attributes' values (`@abstractmethod`, `x = SOME_CONSTANT`)."""
     try:
-        node = ast.parse(class_code).body[0]
+        node = ast.parse(code).body[0]
     except (SyntaxError, IndexError):
         return []
-    out = []
-    for base in getattr(node, "bases", []):
-        while isinstance(base, ast.Attribute):
-            base = base.value
-        if isinstance(base, ast.Name):
-            out.append(base.id)
-    for item in getattr(node, "body", []):
-        parts = list(getattr(item, "decorator_list", []))
-        if isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None:
-            parts.append(item.value)
-        for part in parts:
-            out.extend(n.id for n in ast.walk(part) if isinstance(n, ast.Name))
-    return out
+    parts = list(getattr(node, "decorator_list", []))
+
+    def defaults(fn):
+        return list(fn.args.defaults) + [d for d in fn.args.kw_defaults if d is not None]
+
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        parts += defaults(node)
+    elif isinstance(node, ast.ClassDef):
+        parts += node.bases + [k.value for k in node.keywords]
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                parts += item.decorator_list + defaults(item)
+            elif isinstance(item, (ast.Assign, ast.AnnAssign)) and item.value is not None:
+                parts.append(item.value)
+    return [n.id for part in parts for n in ast.walk(part) if isinstance(n, ast.Name)]
 
 
 def named_globals(names, globs, imports):
@@ -422,7 +441,7 @@ def named_globals(names, globs, imports):
             found.append((g, name))  # carried with its registration
             continue
         if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
-            mod = getattr(g, "__module__", "") or ""
+            mod = getattr(python_function(g), "__module__", "") or ""
             top = mod.split(".")[0]
             if top in ("torch", "triton") or top in sys.stdlib_module_names:
                 # A library function the user imported by name (`from torch.library import wrap_triton`,

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from . import store
 from .graph import Ref, Step, readable_path, refs_in
-from .node import MissingValue, call, model_call, resolve, to_device
+from .node import MissingValue, call, model_call, python_function, resolve, to_device
 
 
 LOSS_NODE = "loss"
@@ -133,7 +133,7 @@ def step_source(step, root):
             fn = step.target
         else:
             return None
-        fn = getattr(fn, "fn", fn)
+        fn = python_function(fn)
         _, line = inspect.getsourcelines(fn)
         return f"{readable_path(inspect.getsourcefile(fn))}:{line}"
     except (OSError, TypeError, ValueError):
