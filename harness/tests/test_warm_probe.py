@@ -451,6 +451,65 @@ def test_a_learned_preload_that_starts_cuda_sends_that_run_cold_and_names_it(tmp
         proc.kill()
 
 
+def test_a_library_asking_at_import_whether_cuda_is_there_is_preloaded_and_the_run_stays_warm(tmp_path):
+    # The stand-in torch answers `cuda.is_available()` as the real one does: through NVML where
+    # PYTORCH_NVML_BASED_CUDA_CHECK=1, else by starting the driver (cudaGetDeviceCount), after which the
+    # server could fork no child that uses CUDA. Liger-Kernel's `infer_device()` asks at import.
+    site = fake_cuda_site(tmp_path)
+    (site / "torch" / "__init__.py").write_text(
+        "import os\n\n\nclass cuda:\n    started = False\n\n"
+        "    @staticmethod\n    def is_initialized():\n        return cuda.started\n\n"
+        "    @staticmethod\n    def is_available():\n"
+        "        if os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') != '1':\n            cuda.started = True\n"
+        "        return True\n"
+    )
+    (site / "asklib").mkdir()
+    (site / "asklib" / "__init__.py").write_text(
+        "import torch\n\nDEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    sock = tmp_path / "s.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(RUNNER),
+            "--preload-file",
+            listed(tmp_path, "torch", "asklib"),
+            "serve",
+            "--socket",
+            str(sock),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout.readline().decode().strip() == "harness: listening"
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "repro.py").write_text(
+            "import os, asklib, torch\n"
+            "print(asklib.DEVICE, torch.cuda.started, os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))\n"
+        )
+        status = tmp_path / "status"
+        run = subprocess.run(
+            [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status)]
+            + ["--", sys.executable, "repro.py"],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        # Preloaded, warm, and the repro sees its own environment (torch's later answers come from the driver).
+        assert status.read_text().strip() == "warm", status.read_text()
+        assert run.stdout == b"cuda False None\n", run
+    finally:
+        proc.stdin.close()
+        proc.kill()
+
+
 def test_two_messages_in_one_read_are_both_read():
     # A child that exits at once: the server's `pid` and `status` can reach the client in one read.
     import socket

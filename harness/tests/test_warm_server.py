@@ -26,7 +26,7 @@ from cudabisect_torch import cli, warm as warm_server
 
 
 def prepare(a):
-    print(f"built in {{os.getpid()}}", flush=True)
+    print(f"built in {{os.getpid()}} nvml={{os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')}}", flush=True)
     if os.environ.get("WARM_TEST_DIE_BUILDING") and sys.argv[-2] == "--socket":
         os._exit(9)  # the server dies while building the model (an out-of-memory, say)
     return types.SimpleNamespace(key=cli.prepare_key(a))
@@ -43,7 +43,8 @@ def warm_device(a, root=None, captured=None):
 def execute(a, w):
     what = a.keep
     print(f"ran {{what}} pid={{os.getpid()}} pgid={{os.getpgrp()}} cwd={{os.getcwd()}} "
-          f"x={{os.environ.get('WARM_TEST_X')}} warmed={{WARMED[0] == os.getpid()}}", flush=True)
+          f"x={{os.environ.get('WARM_TEST_X')}} warmed={{WARMED[0] == os.getpid()}} "
+          f"nvml={{os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')}}", flush=True)
     if what == "exit3":
         return 3
     if what == "segv":
@@ -128,6 +129,7 @@ def test_requests_run_in_children_forked_from_the_built_model():
         work = os.path.join(tmp, "work")
         os.mkdir(work)
         env = dict(os.environ, WARM_TEST_X="from-client")
+        env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
         c = s.client(["--keep", "ok"], cwd=work, env=env)
         out = c.communicate(timeout=60)[0].decode()
         assert c.returncode == 0, out
@@ -138,6 +140,10 @@ def test_requests_run_in_children_forked_from_the_built_model():
         assert int(field(line, "pgid")) == c.pid, out  # in the client's process group
         assert field(line, "cwd") == os.path.realpath(work) or field(line, "cwd") == work, out
         assert field(line, "x") == "from-client", out
+        # The server built the model asking NVML, not the driver, whether CUDA is there (a library that asks
+        # at import would otherwise start the driver and leave every call cold); the child has the client's
+        # environment, as a fresh process does.
+        assert field(line, "nvml") == "None", out
         c = s.client(["--keep", "exit3"])
         out = c.communicate(timeout=60)[0].decode()
         assert c.returncode == 3, out
@@ -145,7 +151,7 @@ def test_requests_run_in_children_forked_from_the_built_model():
         out = c.communicate(timeout=60)[0].decode()
         assert c.returncode == -signal.SIGSEGV, (c.returncode, out)
         log = s.stop()
-        assert log.count("built in") == 1 and "warm server ready" in log, log
+        assert log.count("built in") == 1 and "nvml=1" in log and "warm server ready" in log, log
 
 
 def hanging_child(s):

@@ -103,6 +103,19 @@ class Messages:
 # ------------------------------------------------------------------------------------------- the server
 
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def ask_nvml_for_devices():
+    """In a server, before it imports anything: torch answers `torch.cuda.is_available()` through NVML
+    instead of starting the CUDA driver (`cudaGetDeviceCount`), which would leave the server unable to fork
+    children that use CUDA. Libraries ask it at import, to pick a device or a block size (Liger-Kernel's
+    `infer_device()`, transformers); NVML gives the same answer and torch falls back to the driver where
+    NVML is missing. A child takes its client's environment (`become`), so the repro's own calls are
+    answered as in a fresh process. A value the user set is kept."""
+    os.environ.setdefault(NVML_CHECK, "1")
+
+
 def cuda_initialised(where="the warm interpreter"):
     """Why this process can no longer fork children that use CUDA, or None: torch initialised it, or the
     driver was (a library that queried the device through it). Checked before every fork: a request can

@@ -136,6 +136,7 @@ def serve(sock_path, preload, never=()):
     import atexit
 
     atexit.register(child_exit)  # before any preload registers its own: it must run after them
+    fork_server.ask_nvml_for_devices()
     tainted = import_all([n for n in preload if not left_out(never, n)])
     if tainted:
         # cudabisect starts another server without it; the repro imports it in its own child.

@@ -116,7 +116,8 @@ DEVICE_ENV = ("CUDA_", "NVIDIA", "PYTORCH", "TORCH", "TRITON", "NCCL", "LD_", "C
 
 
 def device_env(env):
-    return {k: v for k, v in env.items() if k.startswith(DEVICE_ENV)}
+    # How torch asks whether CUDA is there is not a device setting: the server sets it for itself only.
+    return {k: v for k, v in env.items() if k.startswith(DEVICE_ENV) and k != fork_server.NVML_CHECK}
 
 
 def preload(req, warm, app):
@@ -222,6 +223,7 @@ def serve(a, app):
     # From here on stdout is the server's log, like stderr: the driver reads only the line above.
     os.dup2(2, 1)
     warm, why = None, None
+    fork_server.ask_nvml_for_devices()
     try:
         warm = app.prepare(a)
         hash_triton_kernels()
