@@ -16,7 +16,8 @@
 # Usage (on a machine with a CUDA GPU of 40 GB or more, torch and triton):
 #   [QUESTION=regression] benches/liger_moe/run.sh CUDABISECT LIGER_REPO OUT_DIR [git|cudabisect|both]
 # LIGER_REPO: a clone of https://github.com/linkedin/Liger-Kernel (it is cloned again into OUT_DIR).
-# Both tools share the machine's Triton cache; git bisect run goes first, on the cache as it finds it.
+# Each tool starts on an empty Triton cache of its own (TRITON_CACHE_DIR under OUT_DIR), so neither reuses
+# the other's compiled kernels; CACHE=shared leaves the machine's cache to both (git bisect run goes first).
 set -eu
 bin=$(realpath "$1"); src=$2; out=$(realpath -m "$3"); which=${4:-both}
 here=$(dirname "$(realpath "$0")")
@@ -27,6 +28,7 @@ else
   old=${OLD:-1faa0131}; new=${NEW:-e1eeb997}; repro=moe_repro.py
 fi  # OLD, NEW: the same commits in a rewritten copy of the history
 mkdir -p "$out"
+cache() { if [ "${CACHE:-own}" != shared ]; then rm -rf "$out/triton-$1"; export TRITON_CACHE_DIR="$out/triton-$1"; fi; }
 repo=$out/liger
 rm -rf "$repo" && git clone -q "$src" "$repo"
 old=$(git -C "$repo" rev-parse "$old"); new=$(git -C "$repo" rev-parse "$new")
@@ -45,6 +47,7 @@ if printf '%s' "\$out" | grep -q 'illegal memory access'; then exit $faults; fi
 exit 125
 STEP
   chmod +x "$out/step.sh"
+  cache git
   s=$(date +%s)
   if [ "$question" = regression ]; then
     git -C "$repo" bisect start "$new" "$old" >/dev/null
@@ -56,6 +59,7 @@ STEP
   git -C "$repo" bisect reset "$new" >/dev/null 2>&1
 fi
 if [ "$which" != git ]; then
+  cache cudabisect
   s=$(date +%s)
   if [ "$question" = regression ]; then fix=; else fix=--find-fix; fi
   "$bin" start "$old..$new" $fix --fresh --config "$out/bisect.toml" -C "$repo" --report "$out/report.json" \
