@@ -342,6 +342,9 @@ impl ProcessHarness {
         ];
         args.extend_from_slice(extra);
         let run = self.exec(&args, cancel)?;
+        // The writer's output beside what it wrote (`minimal.log` for `minimal/`): what it said, and with
+        // CUDABISECT_HARNESS_TIMING=1 when each part of it ran.
+        let _ = std::fs::write(out.with_extension("log"), &run.output);
         match run.exit {
             Exit::Code(0) => Ok(()),
             _ => Err(ProtocolError::Extract(ended(&run))),

@@ -637,6 +637,8 @@ struct FakeHarness {
     generates: Option<Arc<Gate>>,
     /// Where runs of the exact repro.py alone meet.
     alone_gate: Option<Arc<Gate>>,
+    /// The nodes' inputs are small though the exact repro's data is large (a loss call's arguments).
+    small_inputs: bool,
 }
 
 /// Where concurrent runs of the minimal subgraph meet: after the first `skip` runs of it (the reducer's
@@ -730,7 +732,11 @@ impl HarnessClient for FakeHarness {
                 // A harness that generates values records large inputs (9 MiB of int8 each).
                 inputs: vec![GraphTensor {
                     name: format!("t{i}"),
-                    shape: Some(vec![if self.generates.is_some() { 9 << 20 } else { 4 }]),
+                    shape: Some(vec![if self.generates.is_some() && !self.small_inputs {
+                        9 << 20
+                    } else {
+                        4
+                    }]),
                     dtype: self.generates.as_ref().map(|_| "int8".into()),
                     producer: (i > 0).then(|| format!("n{}", i - 1)),
                 }],
@@ -875,6 +881,7 @@ fn harness(len: usize, faulty: usize, needs: Vec<usize>) -> FakeHarness {
         alone: None,
         generates: None,
         alone_gate: None,
+        small_inputs: false,
     }
 }
 
@@ -1109,6 +1116,35 @@ fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_che
     let shared = Arc::new(Gate::new(4, skip, false));
     let mut h = harness(12, 7, vec![7]);
     h.alone = Some(true);
+    h.generates = Some(shared.clone());
+    h.gate = Some(shared.clone());
+    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);
+    assert_eq!(shared.state.lock().unwrap().most, 4);
+    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
+    let data = r.data.as_ref().unwrap();
+    assert!(data.generated, "{data:?}");
+    assert_eq!(
+        data.alone.as_ref().map(|a| (a.runs, a.reproduced)),
+        Some((3, 3))
+    );
+    assert_eq!(
+        r.harness_runs,
+        h.runs.load(Ordering::SeqCst),
+        "every run counted"
+    );
+}
+
+#[test]
+fn a_repro_shipping_large_values_behind_small_inputs_has_its_generating_repro_run_beside_the_final_check(
+) {
+    // What repro.py ships is large though the kept nodes' inputs looked small (a loss call's arguments,
+    // the parameters): the generating repro is tried as soon as the writer says so, beside the
+    // confirmations, not after them. The gate opens at four in flight: only both at once reach it.
+    let skip = tries_before_the_final_check();
+    let shared = Arc::new(Gate::new(4, skip, false));
+    let mut h = harness(12, 7, vec![7]);
+    h.alone = Some(true);
+    h.small_inputs = true;
     h.generates = Some(shared.clone());
     h.gate = Some(shared.clone());
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);

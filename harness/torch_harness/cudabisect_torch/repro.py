@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
 from . import store
+from .protocol import timing
 from .graph import Ref, refs_in
 from .node import LAUNCH, announce_triton_launches, is_triton_kernel, markers, python_function, to_device
 from .training import (
@@ -901,6 +902,7 @@ def render_repro(kept, boundary_names, modules, title, device="cuda", needs=None
                 sys.exit(1)
         """)
     text = head + body
+    timing("extract: text made")
     problem = lint(text)
     if problem:
         raise ExtractError(f"a defect of cudabisect's code generator: the repro.py it generated {problem}", text)
@@ -1076,6 +1078,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
     training graph) it also writes the backward and update nodes it keeps."""
     import torch
 
+    timing("extract: start")
     specs, states, training, pickled = [], {}, {}, {}
     needs = Needs(autocast=autocast)
     extra = {}
@@ -1084,6 +1087,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
         for s in kept:
             s.inplace = s.kind not in TRAINING_KINDS and step_is_inplace(s, root)
         extra = training_data(kept, w, env, recording, needs)
+        timing("extract: training data")
     for s in kept:
         if s.module is None or s.module in states or s.module in pickled:
             continue
@@ -1113,6 +1117,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
             f"({', '.join(foreign)}) from repro_modules.pt, so their package must be importable."
         )
         print(f"harness: repro.py needs the model's package for {', '.join(foreign)}", file=sys.stderr)
+    timing("extract: modules")
     names = sorted(env)
     data = {"values": {k: safe_value(to_device(env[k], "cpu")) for k in names}, "states": states, "training": training}
     data.update(extra)
@@ -1123,6 +1128,7 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
                 data[key] = with_generated(data[key], generate_over)
         generated = count_generated(data)
     needs.generated = generated
+    timing("extract: values")
     os.makedirs(out_dir, exist_ok=True)
     try:
         text = render_repro(kept, names, specs, title, device, needs)
@@ -1134,8 +1140,10 @@ def extract(kept, root, env, out_dir, title, device, w=None, recording=None, gen
                 f.write(e.text)
             raise ExtractError(f"{e} (the text: {rejected})") from e
         raise
+    timing("extract: repro.py rendered")
     data_path = os.path.join(out_dir, "repro_data.pt")
     torch.save(data, data_path)
+    timing("extract: data saved")
     try:
         store.load(data_path, weights_only=True)  # mapped: what is checked is that it unpickles safely
     except Exception as e:  # whatever torch refuses, the bundle would not open safely

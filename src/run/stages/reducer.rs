@@ -884,11 +884,14 @@ fn final_check(
     let places = oracle.places;
     // Where the GPU holds several runs at once, repro.py is written beside the check (the written file
     // does not depend on it), and where the kept inputs are large the repro with generated values is
-    // written and run alone beside it too: the places bound every run of the three.
+    // written and run alone beside it too: the places bound every run of the three. Where the inputs
+    // looked small but what repro.py ships is large (a loss call's arguments, the parameters), the
+    // repro with generated values is tried as soon as that is known, still beside the check.
     let minimal = job.minimal();
     let generated = minimal.with_file_name("minimal-generated");
     let alone_runs = job.alone_runs();
     let mut side = oracle.beside("alone-generated");
+    let mut late_side = oracle.beside("alone-generated");
     let mut exact_side = oracle.beside("alone");
     let (reproduced, extracted, tried) = if settings.confirm_jobs > 1 {
         let large = harness.generates_values() && inputs_bytes(nodes, result) > REDUCE_ABOVE;
@@ -896,15 +899,26 @@ fn final_check(
         std::thread::scope(|s| {
             let written = s.spawn(|| {
                 let extracted = harness.extract(keep, record, &minimal, cancel);
+                let repro = minimal.join("repro.py");
+                let ships_large = harness.generates_values() && dir_bytes(&minimal) > REDUCE_ABOVE;
                 // A repro.py whose data stays as recorded (the common case) is run alone as soon as
                 // it is written, beside the check, in the check's places.
-                let repro = minimal.join("repro.py");
-                let alone = (extracted.is_ok()
-                    && repro.is_file()
-                    && !(harness.generates_values() && dir_bytes(&minimal) > REDUCE_ABOVE))
+                let written = extracted.is_ok() && repro.is_file();
+                let alone = (written && !ships_large)
                     .then(|| exact_side.alone(&repro, alone_runs, true, 1, cancel))
                     .flatten();
-                (extracted, alone)
+                let late = (written && ships_large && !large).then(|| {
+                    try_generated(
+                        harness,
+                        &mut late_side,
+                        keep,
+                        record,
+                        &generated,
+                        (alone_runs, at_once),
+                        cancel,
+                    )
+                });
+                (extracted, alone, late)
             });
             let tried = large.then(|| {
                 s.spawn(|| {
@@ -920,10 +934,14 @@ fn final_check(
                 })
             });
             let reproduced = oracle.confirm(keep, record, settings.confirm, at_once, cancel);
+            let (extracted, late) = match written.join() {
+                Ok((extracted, alone, late)) => (Some((extracted, alone)), late),
+                Err(_) => (None, None),
+            };
             (
                 reproduced,
-                written.join().ok(),
-                tried.and_then(|t| t.join().ok()),
+                extracted,
+                tried.and_then(|t| t.join().ok()).or(late),
             )
         })
     } else {
@@ -940,9 +958,11 @@ fn final_check(
     });
     report.harness_runs += std::mem::take(&mut oracle.runs)
         + std::mem::take(&mut side.runs)
+        + std::mem::take(&mut late_side.runs)
         + std::mem::take(&mut exact_side.runs);
     report.rejected.append(&mut oracle.rejected);
     report.rejected.append(&mut side.rejected);
+    report.rejected.append(&mut late_side.rejected);
     report.rejected.append(&mut exact_side.rejected);
     let (extracted, exact_alone) = extracted.map_or((None, None), |(e, alone)| (Some(e), alone));
     Ok(Checked {
