@@ -29,6 +29,8 @@ def prepare(a):
     print(f"built in {{os.getpid()}} nvml={{os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')}}", flush=True)
     if os.environ.get("WARM_TEST_DIE_BUILDING") and sys.argv[-2] == "--socket":
         os._exit(9)  # the server dies while building the model (an out-of-memory, say)
+    if os.environ.get("WARM_TEST_FAIL_BUILDING"):
+        raise ModuleNotFoundError("No module named 'm.fused'")  # a commit without the model's code
     return types.SimpleNamespace(key=cli.prepare_key(a))
 
 
@@ -72,7 +74,7 @@ BASE = ["--model", "m:build", "--example-inputs", "m:inputs", "--device", "cpu"]
 
 
 class Server:
-    def __init__(self, tmp, device="cpu"):
+    def __init__(self, tmp, device="cpu", env=None):
         self.base = [*BASE[:-1], device]
         self.driver = os.path.join(tmp, "driver.py")
         with open(self.driver, "w") as f:
@@ -85,6 +87,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=self.log,
             process_group=0,
+            env=env,
         )
         first = self.proc.stdout.readline().decode()
         assert first.strip() == "harness: listening", first
@@ -213,6 +216,29 @@ def test_a_server_that_dies_before_a_call_started_leaves_the_call_to_run_cold():
         # (then nobody listened), nothing had run there: the call runs cold, here.
         assert "running cold" in out and "ran ok" in out and out.count("ran ok") == 1, out
         assert s.proc.wait(timeout=30) == 9
+
+
+def test_a_server_whose_build_failed_has_each_call_build_again_in_a_child_of_its_own():
+    # A commit without the model's code (the check at the culprit's parent): each call fails as a cold
+    # run would, with the build's own error, but in a child forked from the server, on its imports.
+    with tempfile.TemporaryDirectory() as tmp:
+        failing = dict(os.environ, WARM_TEST_FAIL_BUILDING="1")
+        s = Server(tmp, env=failing)
+        c = s.client(["--keep", "ok"], env=failing)
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode != 0, out
+        assert "No module named 'm.fused'" in out and "running cold" not in out, out
+        built = [line for line in out.splitlines() if line.startswith("built in")]
+        assert built and int(built[0].split()[2]) != c.pid, out  # built again, in a forked child
+        # The child builds afresh: a call whose environment lets the build through runs there too.
+        plain = {k: v for k, v in os.environ.items() if k != "WARM_TEST_FAIL_BUILDING"}
+        c = s.client(["--keep", "ok"], env=plain)
+        out = c.communicate(timeout=60)[0].decode()
+        assert c.returncode == 0, out
+        ran = [line for line in out.splitlines() if line.startswith("ran ok")]
+        assert ran and int(field(ran[0], "pid")) != c.pid and "running cold" not in out, out
+        log = s.stop()
+        assert "every call builds it again in a child of its own" in log, log
 
 
 def test_a_spare_child_that_started_the_device_takes_the_next_call():

@@ -187,11 +187,17 @@ class Harness(fork_server.Service):
     """Serves harness calls from the model built once: each in a child of the server, or in a spare
     child that started the device while the server waited."""
 
-    def __init__(self, a, app, warm, why):
+    def __init__(self, a, app, warm, why, rebuild=False):
         self.a, self.app, self.warm, self.why = a, app, warm, why
         self.on_device = str(a.device).startswith("cuda")
+        self.rebuild = rebuild  # the build failed here: each call's child builds again
 
     def admit(self, req):
+        if self.warm is None and self.rebuild:
+            touched = self.app.cuda_initialised() if self.on_device else None
+            if not touched:
+                return None
+            self.rebuild, self.why = False, f"{touched}: a forked child could not use it"
         if self.warm is not None:
             preload(req, self.warm, self.app)
             touched = self.app.cuda_initialised() if self.on_device else None
@@ -222,7 +228,7 @@ def serve(a, app):
     listener = fork_server.listen(a.socket)
     # From here on stdout is the server's log, like stderr: the driver reads only the line above.
     os.dup2(2, 1)
-    warm, why = None, None
+    warm, why, rebuild = None, None, False
     fork_server.ask_nvml_for_devices()
     try:
         warm = app.prepare(a)
@@ -231,7 +237,18 @@ def serve(a, app):
             warm, why = None, "the model's factory initialised CUDA, which a forked child cannot use"
         elif not hasattr(os, "pidfd_open"):
             warm, why = None, "this Python has no os.pidfd_open"
-    except BaseException as e:  # noqa: BLE001 - every request then runs cold and reports it itself
+    except BaseException as e:  # noqa: BLE001 - every request then builds again and reports it itself
         why = f"building the model failed: {type(e).__name__}: {e}"
-    say(f"harness: warm server {'ready' if warm else 'cold: ' + why}")
-    fork_server.serve(listener, Harness(a, app, warm, why))
+        # Each call then builds it again in a child of its own, as a cold run would, on what the failed
+        # build imported here: at a parent commit that lacks the code (`ModuleNotFoundError`) a call
+        # fails at once instead of importing torch and the libraries again.
+        rebuild = hasattr(os, "pidfd_open") and not (
+            app.cuda_initialised() if str(a.device).startswith("cuda") else None
+        )
+    if warm:
+        say("harness: warm server ready")
+    elif rebuild:
+        say(f"harness: warm server: {why}; every call builds it again in a child of its own")
+    else:
+        say(f"harness: warm server cold: {why}")
+    fork_server.serve(listener, Harness(a, app, warm, why, rebuild))

@@ -1109,9 +1109,20 @@ pub fn check_parent(
             } else if sig.class == FaultClass::None {
                 ParentCheck::Passed
             } else {
-                ParentCheck::FailedDifferently(sig.short())
+                ParentCheck::FailedDifferently(failed_how(&sig))
             }
         }
+    }
+}
+
+/// What a parent check that failed differently says: the signature, and for a failure that is no fault
+/// (a parent without the code: `ModuleNotFoundError`) the line that says what it was.
+fn failed_how(sig: &Signature) -> String {
+    let what = sig.summary.trim();
+    if sig.class == FaultClass::Other && !what.is_empty() {
+        format!("{}: {what}", sig.short())
+    } else {
+        sig.short()
     }
 }
 
@@ -1125,6 +1136,22 @@ mod tests {
         s.launch = launch.map(String::from);
         s.exception = Some("RuntimeError".into());
         s
+    }
+
+    #[test]
+    fn a_parent_that_fails_without_a_fault_says_what_it_was() {
+        let mut s = Signature::new(
+            FaultClass::Other,
+            "ModuleNotFoundError: No module named 'lib.ops.fused'",
+        );
+        s.site = Some("train.py:5".into());
+        assert_eq!(
+            failed_how(&s),
+            "other at train.py:5: ModuleNotFoundError: No module named 'lib.ops.fused'"
+        );
+        let mut fault = sig(Some("_other_kernel"), None);
+        fault.summary = "RuntimeError: CUDA error: misaligned address".into();
+        assert_eq!(failed_how(&fault), fault.short());
     }
 
     #[test]
