@@ -45,6 +45,19 @@ def listed(where, *names):
     return str(path)
 
 
+def listening(tmp_path, sock, env, *preload):
+    """A warm server preloading `preload`, once it listens on `sock`."""
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), "--preload-file", listed(tmp_path, *preload), "serve", "--socket", str(sock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.stdout.readline().decode().strip() == "harness: listening"
+    return proc
+
+
 @pytest.fixture()
 def server(tmp_path):
     """A warm server preloading `json` and a module `sharedlib` from a site directory outside the
@@ -56,22 +69,7 @@ def server(tmp_path):
     work.mkdir()
     sock = tmp_path / "s.sock"
     env = dict(os.environ, PYTHONPATH=str(site))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(RUNNER),
-            "--preload-file",
-            listed(tmp_path, "json", "sharedlib"),
-            "serve",
-            "--socket",
-            str(sock),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.stdout.readline().decode().strip() == "harness: listening"
+    proc = listening(tmp_path, sock, env, "json", "sharedlib")
     yield sock, site, work, env
     proc.stdin.close()
     proc.wait(timeout=10)
@@ -470,23 +468,8 @@ def test_a_library_asking_at_import_whether_cuda_is_there_is_preloaded_and_the_r
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     sock = tmp_path / "s.sock"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(RUNNER),
-            "--preload-file",
-            listed(tmp_path, "torch", "asklib"),
-            "serve",
-            "--socket",
-            str(sock),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-    )
+    proc = listening(tmp_path, sock, env, "torch", "asklib")
     try:
-        assert proc.stdout.readline().decode().strip() == "harness: listening"
         work = tmp_path / "work"
         work.mkdir()
         (work / "repro.py").write_text(

@@ -1106,16 +1106,16 @@ fn tries_before_the_final_check() -> usize {
     entries - 3
 }
 
-#[test]
-fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_check_within_its_places(
-) {
+/// Five places: the writer's and four runs. Three confirmations and three runs of the generating repro
+/// meet at one gate that opens at four in flight: only runs of both at once reach four, and the places
+/// never let a fifth in. With `small_inputs` the kept nodes' inputs look small and only what repro.py
+/// ships is large.
+fn generating_beside_the_final_check(small_inputs: bool) {
     let skip = tries_before_the_final_check();
-    // Five places: the writer's and four runs. Three confirmations and three runs of the generating
-    // repro meet at one gate that opens at four in flight: only runs of both at once reach four, and
-    // the places never let a fifth in.
     let shared = Arc::new(Gate::new(4, skip, false));
     let mut h = harness(12, 7, vec![7]);
     h.alone = Some(true);
+    h.small_inputs = small_inputs;
     h.generates = Some(shared.clone());
     h.gate = Some(shared.clone());
     let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);
@@ -1135,32 +1135,18 @@ fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_che
 }
 
 #[test]
+fn large_inputs_have_their_generating_repro_written_and_run_beside_the_final_check_within_its_places(
+) {
+    generating_beside_the_final_check(false);
+}
+
+#[test]
 fn a_repro_shipping_large_values_behind_small_inputs_has_its_generating_repro_run_beside_the_final_check(
 ) {
     // What repro.py ships is large though the kept nodes' inputs looked small (a loss call's arguments,
     // the parameters): the generating repro is tried as soon as the writer says so, beside the
-    // confirmations, not after them. The gate opens at four in flight: only both at once reach it.
-    let skip = tries_before_the_final_check();
-    let shared = Arc::new(Gate::new(4, skip, false));
-    let mut h = harness(12, 7, vec![7]);
-    h.alone = Some(true);
-    h.small_inputs = true;
-    h.generates = Some(shared.clone());
-    h.gate = Some(shared.clone());
-    let (r, _) = run_shrink_jobs(&h, &AtomicBool::new(false), 5);
-    assert_eq!(shared.state.lock().unwrap().most, 4);
-    assert_eq!(r.confirmation.as_ref().map(|c| c.reproduced), Some(3));
-    let data = r.data.as_ref().unwrap();
-    assert!(data.generated, "{data:?}");
-    assert_eq!(
-        data.alone.as_ref().map(|a| (a.runs, a.reproduced)),
-        Some((3, 3))
-    );
-    assert_eq!(
-        r.harness_runs,
-        h.runs.load(Ordering::SeqCst),
-        "every run counted"
-    );
+    // confirmations, not after them.
+    generating_beside_the_final_check(true);
 }
 
 #[test]

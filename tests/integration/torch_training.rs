@@ -30,6 +30,7 @@ fn repo(config: &str) -> (tempfile::TempDir, PathBuf) {
         "toy/model.py",
         "train.py",
         "train_amp.py",
+        "train_loss_module.py",
     ] {
         put(&mut f, p, fixture(p), false);
     }
@@ -286,6 +287,28 @@ fn a_custom_op_backward_is_carried_with_its_register_autograd_into_a_standalone_
         "{repro}"
     );
     assert!(repro.contains("toy::gather_backward"), "{repro}");
+}
+
+#[test]
+fn a_loss_that_is_a_module_of_the_users_own_class_is_revived_into_a_standalone_repro() {
+    require_torch();
+    let (_tmp, dir) = repo(&BASE.replace("\"train.py\"", "\"train_loss_module.py\""));
+    let (code, r, out) = shrink(&dir, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(r.status, ShrinkStatus::Minimal, "{out}");
+    assert_eq!(captured(&r).phase, "loss", "{r:?}");
+    assert_eq!(kept(&r), ["loss"], "{out}");
+    // repro.py rebuilds the loss from its class's source (its buffer and the library loss inside from
+    // the recorded state), so it runs away from the project, where `toy` cannot be imported.
+    let repro = std::fs::read_to_string(r.minimal_model.as_deref().unwrap()).unwrap();
+    assert!(repro.contains("class ScoredLoss(nn.Module):"), "{repro}");
+    assert!(
+        !repro.contains("import toy") && !repro.contains("from toy"),
+        "{repro}"
+    );
+    let (exit, text) = run_alone(&r, &[]);
+    assert_eq!(exit, Some(1), "{text}");
+    assert!(text.contains("an illegal memory access"), "{text}");
 }
 
 #[test]
