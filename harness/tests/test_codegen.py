@@ -348,23 +348,73 @@ def launch(x, out):
 """
 
 
-def test_autotuned_and_heuristic_triton_kernels_are_copied_with_their_decorators_not_imported():
-    # Real Triton (CI's torch brings it): an autotuned kernel's own `__module__` is the autotuner's, and
-    # repro.py once imported the user's kernel from `triton.runtime.autotuner`, an ImportError.
+KERNEL_GLOBALS = """import functools
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+BLOCK = tl.constexpr(64)
+
+
+@triton.jit
+def _twice(x):
+    return x * 2
+
+
+@triton.jit(do_not_specialize=["n"])
+def exp_twice(x_ptr, out_ptr, n):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, libdevice.exp(_twice(v)), mask=offs < n)
+
+
+@functools.lru_cache(maxsize=None)
+def grid_for(n):
+    return (triton.cdiv(n, 64),)
+
+
+def launch(x, out):
+    exp_twice[grid_for(x.numel())](x, out, x.numel())
+    return out
+"""
+
+
+def copied(source, module, entry):
+    """The text user_source copies for `entry` of a module with `source` (imports, then constants, then
+    definitions, as repro.py lays them out; annotations are not evaluated there either)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
-        with open(os.path.join(tmp, "tunedmod_cb.py"), "w") as f:
-            f.write(TUNED_KERNELS)
+        with open(os.path.join(tmp, f"{module}.py"), "w") as f:
+            f.write(source)
         sys.path.insert(0, tmp)
         try:
-            mod = importlib.import_module("tunedmod_cb")
-            assert type(mod.tuned_copy).__name__ == "Autotuner", type(mod.tuned_copy)
-            text_imports, sources = h.user_source([mod.launch])
+            text_imports, sources = h.user_source([getattr(importlib.import_module(module), entry)])
         finally:
             sys.path.remove(tmp)
-            sys.modules.pop("tunedmod_cb", None)
-    text = "\n".join(text_imports) + "\n" + "\n\n".join(sources)
+            sys.modules.pop(module, None)
+    plain = [i for i in text_imports if i.startswith(("import ", "from "))]
+    consts = [i for i in text_imports if i not in plain]
+    return "\n".join(["from __future__ import annotations", *plain, *consts]) + "\n\n" + "\n\n".join(sources)
+
+
+def run_as_a_file(text):
+    """What running `text` as repro.py defines (triton.jit reads a kernel's source from its file)."""
+    import runpy
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "repro.py")
+        with open(path, "w") as f:
+            f.write(text)
+        return runpy.run_path(path)
+
+
+def test_autotuned_and_heuristic_triton_kernels_are_copied_with_their_decorators_not_imported():
+    # Real Triton (CI's torch brings it): an autotuned kernel's own `__module__` is the autotuner's, and
+    # repro.py once imported the user's kernel from `triton.runtime.autotuner`, an ImportError.
+    text = copied(TUNED_KERNELS, "tunedmod_cb", "launch")
     assert "triton.runtime" not in text, text
     for want in [
         '@triton.autotune(configs=tuning_configs(), key=["n"])\n@triton.jit\ndef tuned_copy(',
@@ -375,15 +425,108 @@ def test_autotuned_and_heuristic_triton_kernels_are_copied_with_their_decorators
     ]:
         assert want in text, (want, text)
     assert h.lint(text) is None, text
-    import runpy
-    import tempfile
+    assert type(run_as_a_file(text)["tuned_copy"]).__name__ == "Autotuner"
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "repro.py")  # triton.jit reads a kernel's source from its file
-        with open(path, "w") as f:
-            f.write(text)
-        namespace = runpy.run_path(path)
-    assert type(namespace["tuned_copy"]).__name__ == "Autotuner"
+
+def test_a_kernels_constexpr_globals_helpers_and_a_cached_grid_function_are_carried():
+    # What Triton code reads besides the kernel: a `tl.constexpr` global (Triton reads no other kind), a
+    # `@triton.jit` helper, `libdevice`, and a grid function behind `functools.lru_cache` (a wrapper, not a
+    # function: once left out, so repro.py named a function it never defined).
+    text = copied(KERNEL_GLOBALS, "kernelglobals_cb", "launch")
+    for want in [
+        "BLOCK = triton.language.constexpr(64)",
+        "import triton.language.extra.libdevice as libdevice",
+        "def _twice(",
+        "@functools.lru_cache(maxsize=None)\ndef grid_for(",
+        "import functools",
+    ]:
+        assert want in text, (want, text)
+    assert h.lint(text) is None, text
+    defined = run_as_a_file(text)
+    assert defined["grid_for"](130) == (3,) and defined["BLOCK"].value == 64
+
+
+LIBRARY_IDIOMS = """import enum
+import functools
+import logging
+from typing import Callable, TypeVar
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.autotuner import Autotuner
+
+logger = logging.getLogger("idioms_cb")
+F = TypeVar("F", bound=Callable)
+custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+BOUNDARY = enum.FlagBoundary.EJECT
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    SAFE = "safe"
+
+
+MODE = Mode.FAST
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4) for b in (32, 64)]
+
+
+class CachedTuner(Autotuner):
+    \"\"\"A library's own autotuner.\"\"\"
+
+
+def cached_autotune(configs, key):
+    def decorator(fn: F) -> F:
+        return CachedTuner(fn, fn.arg_names, configs, key, None, None)
+
+    return decorator
+
+
+@cached_autotune(configs=CONFIGS, key=["n"])
+@triton.jit
+def scale(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+def guard(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        logger.debug("%s %s", MODE, BOUNDARY)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    @guard
+    @custom_fwd
+    def forward(ctx, x):
+        scale[(1,)](x, x.numel())
+        return x
+"""
+
+
+def test_what_real_kernel_libraries_define_at_module_level_is_carried():
+    # Idioms of real kernel libraries (flash-linear-attention's among them): a logger, a functools.partial
+    # of torch's, enum members (the standard library's and the module's own), a list of triton.Configs, a
+    # library's own Autotuner subclass built by its own decorator at definition time, a decorator whose
+    # inner function reads globals and annotates with a TypeVar. Each once left repro.py naming something
+    # it never defined, or defining it too late.
+    text = copied(LIBRARY_IDIOMS, "idioms_cb", "Scale")
+    for want in [
+        "logger = logging.getLogger('idioms_cb')",
+        "custom_fwd = functools.partial(torch.amp.autocast_mode.custom_fwd, device_type='cuda')",
+        "BOUNDARY = FlagBoundary.EJECT",
+        "MODE = Mode.FAST",
+        "CONFIGS = [triton.Config(",
+        "class CachedTuner(Autotuner):",
+    ]:
+        assert want in text, (want, text)
+    assert h.lint(text) is None, text
+    defined = run_as_a_file(text)
+    assert type(defined["scale"]).__name__ == "CachedTuner" and defined["MODE"].name == "FAST"
 
 
 def test_unknown_shapes_are_unknown_not_empty():

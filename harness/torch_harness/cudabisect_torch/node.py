@@ -9,17 +9,31 @@ from .protocol import MARKER, say, timing
 from .graph import Ref, Step, refs_in
 
 
+TRITON_WRAPPERS = ("JITFunction", "Autotuner", "Heuristics")
+
+
 def is_triton_kernel(fn):
-    return type(fn).__name__ in ("JITFunction", "Autotuner", "Heuristics")
+    """A `@triton.jit` kernel or a wrapper of one, a library's own subclass of Triton's autotuner included
+    (flash-linear-attention's `CachedAutotuner`)."""
+    return type(fn).__name__ in TRITON_WRAPPERS or any(
+        c.__name__ in TRITON_WRAPPERS and c.__module__.startswith("triton.") for c in type(fn).__mro__
+    )
 
 
 def python_function(fn):
-    """The Python function under a Triton kernel's wrappers, `fn` itself for anything else. `@triton.autotune`
-    over `@triton.heuristics` over `@triton.jit` each keep the next as `.fn`; only the innermost is the
-    user's code. An autotuned kernel's own `__module__` is the autotuner's (`triton.runtime.autotuner`), so
-    read from the wrapper it named a library that does not define the kernel."""
-    while is_triton_kernel(fn) and hasattr(fn, "fn"):
-        fn = fn.fn
+    """The Python function under a Triton kernel's or a decorator's wrappers, `fn` itself for anything
+    else. `@triton.autotune` over `@triton.heuristics` over `@triton.jit` each keep the next as `.fn`, and
+    `functools.wraps` decorators (`functools.lru_cache`, `torch.no_grad()`) keep it as `__wrapped__`; only
+    the innermost is the user's code, and its source carries the decorators. An autotuned kernel's own
+    `__module__` is the autotuner's (`triton.runtime.autotuner`), so read from the wrapper it named a
+    library that does not define the kernel."""
+    for _ in range(16):
+        if is_triton_kernel(fn) and hasattr(fn, "fn"):
+            fn = fn.fn
+        elif not isinstance(fn, type) and callable(getattr(fn, "__wrapped__", None)):
+            fn = fn.__wrapped__
+        else:
+            break
     return fn
 
 

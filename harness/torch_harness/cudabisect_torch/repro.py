@@ -4,9 +4,11 @@ generate (torch is imported lazily), so it is tested without torch."""
 import ast
 import builtins
 import collections
+import enum
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 import textwrap
@@ -253,6 +255,14 @@ def user_source(fns, missing=None, carried_ops=None):
                     for dep in deps:
                         queue.extend(globals_used(dep, imports))
             continue
+        if isinstance(fn, Assigned):
+            # A global written as a statement of its own (`_CONFIGS = [triton.Config(...) ...]`), once.
+            if (fn.code, id(fn.globs)) in seen:
+                continue
+            seen.add((fn.code, id(fn.globs)))
+            out.append((fn, fn.code))
+            queue.extend(named_globals(all_names(fn.code), fn.globs, imports))
+            continue
         target = python_function(fn)
         code = source_of(fn)
         if code is None:
@@ -286,24 +296,45 @@ def user_source(fns, missing=None, carried_ops=None):
 
 def definitions_first(copied):
     """The copied definitions in the order found, except that a definition comes after the copied ones its
-    statement reads when it runs: a class after its bases, a kernel after the function its
-    `@triton.autotune(configs=...)` calls, a function after the constant its default names."""
+    statement runs: a class after its bases, a kernel after the function its
+    `@triton.autotune(configs=...)` calls and everything that function calls in turn (a library's
+    autotune decorator builds its own autotuner class), a function after the constant its default names."""
     defined = [top_level_names(code) for _, code in copied]
-    done, out = set(), []
+    statement = [set(definition_names(code)) for _, code in copied]
+    body = [all_names(code) for _, code in copied]
+    done, reached, out = set(), set(), []
+
+    def named(reads, i):
+        return [j for j, names in enumerate(defined) if j != i and reads & names]
 
     def emit(i):
         if i in done:
             return
         done.add(i)
-        reads = set(definition_names(copied[i][1]))
-        for j, names in enumerate(defined):
-            if j != i and reads & names:
-                emit(j)
+        for j in named(statement[i], i):
+            reach(j)
         out.append(copied[i][1])
+
+    def reach(j):
+        # `j` runs while a statement runs: it, and what it reads when called, are defined first.
+        if j in reached:
+            return
+        reached.add(j)
+        emit(j)
+        for k in named(body[j], j):
+            reach(k)
 
     for i in range(len(copied)):
         emit(i)
     return out
+
+
+def all_names(code):
+    """Every name `code` reads anywhere."""
+    try:
+        return {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
 
 
 def top_level_names(code):
@@ -318,6 +349,8 @@ def top_level_names(code):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
     return names
 
 
@@ -384,7 +417,8 @@ def globals_used(target, imports):
             if inspect.isfunction(fn):
                 # torch wraps some methods in place (an optimizer's `step`): the user's own is inside.
                 fn = inspect.unwrap(fn)
-                if (getattr(fn, "__module__", "") or "").split(".")[0] == "torch":
+                # torch's, Triton's and the standard library's own (an Enum's machinery) are not copied.
+                if requirement((getattr(fn, "__module__", "") or "").split(".")[0]) is None:
                     continue
                 found.extend(globals_used(fn, imports))
         module = sys.modules.get(target.__module__)
@@ -393,12 +427,24 @@ def globals_used(target, imports):
             # Its bases, and what its body reads outside the methods' code (decorators, class attributes).
             found.extend(named_globals(definition_names(code), vars(module), imports))
         return found
-    names = list(getattr(getattr(target, "__code__", None), "co_names", ()))
+    names = code_names(getattr(target, "__code__", None))
     code = source_of(target)
     if code is not None:
         # A copied `def` keeps its decorators and defaults, which read names its body may not.
         names += definition_names(code)
     return named_globals(names, getattr(target, "__globals__", {}), imports)
+
+
+def code_names(code):
+    """The global names a function's code reads, its nested functions' and lambdas' included (a
+    decorator factory's inner `decorator` and `wrapper` read what the outer code never names)."""
+    if code is None:
+        return []
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names += code_names(const)
+    return names
 
 
 def definition_names(code):
@@ -417,6 +463,8 @@ def definition_names(code):
 
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         parts += defaults(node)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        parts.append(node.value)  # a copied global's own statement runs its value
     elif isinstance(node, ast.ClassDef):
         parts += node.bases + [k.value for k in node.keywords]
         for item in node.body:
@@ -441,7 +489,29 @@ def named_globals(names, globs, imports):
         if type(g).__name__ == "CustomOpDef":
             found.append((g, name))  # carried with its registration
             continue
-        if is_triton_kernel(g) or inspect.isfunction(g) or inspect.isclass(g):
+        top = type(g).__module__.split(".")[0]
+        if isinstance(g, enum.Enum) and requirement(top) != "project" and "." not in type(g).__qualname__:
+            # A library's or the standard library's enum member (`EJECT` from `enum`): named, not copied.
+            imports.add(f"from {type(g).__module__} import {type(g).__qualname__}")
+            imports.add(f"{name} = {type(g).__qualname__}.{g.name}")
+            continue
+        if isinstance(g, logging.Logger):
+            # `logger = logging.getLogger(__name__)`: the same logger by name.
+            imports.update({"import logging", f"{name} = logging.getLogger({g.name!r})"})
+            continue
+        if partial_of_library(g):
+            # `autocast_custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")`.
+            func = g.func
+            args = [repr(a) for a in g.args] + [f"{k}={v!r}" for k, v in g.keywords.items()]
+            imports.update({"import functools", f"import {func.__module__}"})
+            imports.add(f"{name} = functools.partial({func.__module__}.{func.__qualname__}, {', '.join(args)})")
+            continue
+        if type(g).__name__ == "constexpr" and plain_literal(getattr(g, "value", None)):
+            # A Triton kernel's global (`BLOCK = tl.constexpr(64)`): Triton reads only constexpr globals.
+            imports.add("import triton.language")
+            imports.add(f"{name} = triton.language.constexpr({g.value!r})")
+            continue
+        if is_triton_kernel(g) or inspect.isfunction(python_function(g)) or inspect.isclass(g):
             mod = getattr(python_function(g), "__module__", "") or ""
             top = mod.split(".")[0]
             if top in ("torch", "triton") or top in sys.stdlib_module_names:
@@ -453,14 +523,90 @@ def named_globals(names, globs, imports):
             found.append((g, name))
         elif plain_literal(g):
             imports.add(f"{name} = {g!r}")
+        elif isinstance(g, enum.Enum) and "." not in type(g).__qualname__:
+            # The project's own enum member: its class is copied, the member named after it.
+            found.append((Assigned(f"{name} = {type(g).__name__}.{g.name}\n", globs), name))
+        elif library_attribute(g, name):
+            # A library's object imported by name (`from typing import Callable`).
+            imports.add(f"from {g.__module__} import {name}")
+        else:
+            statement = assignment_source(globs, name)
+            if statement is not None:
+                found.append((Assigned(statement, globs), name))
     return found
+
+
+def library_attribute(g, name):
+    """Whether `g` is what a library's module (not the project's) holds as `name`."""
+    module = getattr(g, "__module__", None)
+    if not isinstance(module, str) or not module or requirement(module.split(".")[0]) == "project":
+        return False
+    try:
+        return getattr(sys.modules.get(module), name, None) is g
+    except Exception:  # noqa: BLE001 - a lazy module attribute that fails to load: not this
+        return False
+
+
+@dataclass(eq=False)
+class Assigned:
+    """A global of the user's module that repro.py writes as a statement: the module's own assignment of it
+    (a list of `triton.Config`s, a table of kernels), or a project enum's member named after its class.
+    `globs` is the module's namespace, where the names the statement reads are found."""
+
+    code: str
+    globs: dict
+
+
+def assignment_source(globs, name):
+    """The source of the last top-level `name = ...` statement in the module whose namespace is `globs`,
+    or None (no such file, or `name` is bound another way)."""
+    path = globs.get("__file__")
+    if not path or not path.endswith(".py"):
+        return None
+    try:
+        with open(path) as f:
+            text = f.read()
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    found = None
+    for node in tree.body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and getattr(node, "value", None) is not None:
+            found = node
+    if found is None:
+        return None
+    return textwrap.dedent(ast.get_source_segment(text, found) or "") + "\n" or None
+
+
+def partial_of_library(g):
+    """Whether `g` is a `functools.partial` of a library's top-level function with literal arguments,
+    which repro.py can write as one line."""
+    import functools
+
+    if type(g) is not functools.partial:
+        return False
+    func = g.func
+    module, qual = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
+    return (
+        bool(module)
+        and "." not in qual
+        and "<" not in qual
+        and requirement(module.split(".")[0]) != "project"
+        and getattr(sys.modules.get(module), qual, None) is func
+        and all(plain_literal(a) for a in g.args)
+        and all(plain_literal(v) for v in g.keywords.values())
+    )
 
 
 def plain_literal(v, depth=0):
     """Whether `v` is written back exactly by its repr: a number, string, bool or None, or a (small) dict,
     list, tuple or set of those (a flag table the copied code reads)."""
-    if isinstance(v, (bool, int, float, str)) or v is None:
-        return not (isinstance(v, float) and v != v) and v not in (float("inf"), float("-inf"))
+    # Exactly these types: a subclass's repr (an IntEnum's or a StrEnum's `<Flag.X: 'x'>`) is no literal.
+    if type(v) in (bool, int, float, str) or v is None:
+        return not (type(v) is float and v != v) and v not in (float("inf"), float("-inf"))
     if depth > 4 or type(v) not in (dict, list, tuple, set) or len(v) > 256:
         return False
     items = list(v.items()) if isinstance(v, dict) else [(x, None) for x in v]
@@ -924,8 +1070,40 @@ def lint(text):
 
     out = io.StringIO()
     api.check(text, "repro.py", reporter.Reporter(out, out))
-    undefined = [line for line in out.getvalue().splitlines() if "undefined name" in line]
+    # repro.py never evaluates an annotation (`from __future__ import annotations`): a copied
+    # `def decorator(func: F) -> F` may name a TypeVar it does not carry.
+    annotations = annotation_names(text)
+    undefined = [
+        line
+        for line in out.getvalue().splitlines()
+        if "undefined name" in line and (line.split(":")[1], line.rsplit("'", 2)[-2]) not in annotations
+    ]
     return f"uses a name it never defines: {undefined[0]}" if undefined else None
+
+
+def annotation_names(text):
+    """(line as text, name) for every name read inside an annotation of `text`."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        parts = []
+        if isinstance(node, ast.arg):
+            parts.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            parts.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            parts.append(node.annotation)
+        for part in parts:
+            for n in ast.walk(part) if part is not None else ():
+                if isinstance(n, ast.Name):
+                    found.add((str(n.lineno), n.id))
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    # A string annotation: its names, on its own line.
+                    try:
+                        inner = ast.parse(n.value, mode="eval")
+                    except SyntaxError:
+                        continue
+                    found.update((str(n.lineno), m.id) for m in ast.walk(inner) if isinstance(m, ast.Name))
+    return found
 
 
 def optimizer_spec(opt, root):
