@@ -381,19 +381,25 @@ def launch(x, out):
 
 
 def copied(source, module, entry):
-    """The text user_source copies for `entry` of a module with `source` (imports, then constants, then
-    definitions, as repro.py lays them out; annotations are not evaluated there either)."""
+    """The text user_source copies for `entry` of `module`, whose source is `source` (or of a package:
+    `source` maps paths to their text): imports, then constants, then definitions, as repro.py lays them
+    out (annotations are not evaluated there either)."""
     import tempfile
 
+    files = source if isinstance(source, dict) else {f"{module}.py": source}
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
-        with open(os.path.join(tmp, f"{module}.py"), "w") as f:
-            f.write(source)
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            with open(os.path.join(tmp, rel), "w") as f:
+                f.write(text)
         sys.path.insert(0, tmp)
         try:
             text_imports, sources = h.user_source([getattr(importlib.import_module(module), entry)])
         finally:
             sys.path.remove(tmp)
-            sys.modules.pop(module, None)
+            top = module.split(".")[0]
+            for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                del sys.modules[name]
     plain = [i for i in text_imports if i.startswith(("import ", "from "))]
     consts = [i for i in text_imports if i not in plain]
     return "\n".join(["from __future__ import annotations", *plain, *consts]) + "\n\n" + "\n\n".join(sources)
@@ -527,6 +533,26 @@ def test_what_real_kernel_libraries_define_at_module_level_is_carried():
     assert h.lint(text) is None, text
     defined = run_as_a_file(text)
     assert type(defined["scale"]).__name__ == "CachedTuner" and defined["MODE"].name == "FAST"
+
+
+def test_an_installed_packages_class_is_imported_and_a_table_another_module_defines_is_copied():
+    # An installed package's class is imported by name, not copied (packaging's `Version` once brought
+    # 1,000 lines of it into repro.py); a table the op's module imports from the project's other module
+    # is found where it is assigned (Liger-Kernel's `torch_to_triton_dtype`), under the name the op uses.
+    files = {
+        "tablepkg_cb/__init__.py": "",
+        "tablepkg_cb/utils.py": "import triton.language as tl\n\nDOWNCAST = {tl.float32: tl.float16}\n",
+        "tablepkg_cb/ops.py": (
+            "from packaging.version import Version\n\nfrom .utils import DOWNCAST as TABLE\n\n\n"
+            "def pick(dtype):\n    return TABLE.get(dtype), Version('1.0')\n"
+        ),
+    }
+    text = copied(files, "tablepkg_cb.ops", "pick")
+    for want in ["from packaging.version import Version", "DOWNCAST = {tl.float32: tl.float16}", "TABLE = DOWNCAST"]:
+        assert want in text, (want, text)
+    assert "class Version" not in text and "tablepkg_cb" not in text, text
+    assert h.lint(text) is None, text
+    assert len(run_as_a_file(text)["TABLE"]) == 1
 
 
 def test_unknown_shapes_are_unknown_not_empty():

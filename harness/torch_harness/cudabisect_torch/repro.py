@@ -402,7 +402,10 @@ def requirement(top):
             spec = None
         path = getattr(spec, "origin", None)
     here = os.path.realpath(os.getcwd()) + os.sep
-    if path and os.path.realpath(path).startswith(here):
+    real = os.path.realpath(path) if path else ""
+    # An environment inside the checkout (`.venv/`) holds installed packages, not the project.
+    installed = any(part in ("site-packages", "dist-packages") for part in real.split(os.sep))
+    if real.startswith(here) and not installed:
         return "project"
     return "package"
 
@@ -514,10 +517,11 @@ def named_globals(names, globs, imports):
         if is_triton_kernel(g) or inspect.isfunction(python_function(g)) or inspect.isclass(g):
             mod = getattr(python_function(g), "__module__", "") or ""
             top = mod.split(".")[0]
-            if top in ("torch", "triton") or top in sys.stdlib_module_names:
-                # A library function the user imported by name (`from torch.library import wrap_triton`,
-                # `from functools import partial`).
-                real = getattr(g, "__name__", name)
+            real = getattr(python_function(g), "__name__", name)
+            if requirement(top) != "project" and library_attribute(g, real, mod):
+                # A library's function or class the user imported by name (`from torch.library import
+                # wrap_triton`, `from functools import partial`, `from packaging.version import Version`):
+                # imported the same way, and an installed package is named in what repro.py needs.
                 imports.add(f"from {mod} import {real}" + (f" as {name}" if real != name else ""))
                 continue
             found.append((g, name))
@@ -532,13 +536,14 @@ def named_globals(names, globs, imports):
         else:
             statement = assignment_source(globs, name)
             if statement is not None:
-                found.append((Assigned(statement, globs), name))
+                found.append((Assigned(*statement), name))
     return found
 
 
-def library_attribute(g, name):
-    """Whether `g` is what a library's module (not the project's) holds as `name`."""
-    module = getattr(g, "__module__", None)
+def library_attribute(g, name, module=None):
+    """Whether `g` is what a library's module (not the project's) holds as `name`: its own `__module__`,
+    or `module`."""
+    module = module or getattr(g, "__module__", None)
     if not isinstance(module, str) or not module or requirement(module.split(".")[0]) == "project":
         return False
     try:
@@ -557,11 +562,13 @@ class Assigned:
     globs: dict
 
 
-def assignment_source(globs, name):
+def assignment_source(globs, name, depth=0):
     """The source of the last top-level `name = ...` statement in the module whose namespace is `globs`,
-    or None (no such file, or `name` is bound another way)."""
+    with the namespace it reads from; followed through `from module import name` (a table that
+    `liger_kernel.ops.utils` defines and the op's module imports). None where there is no such file or
+    `name` is bound another way."""
     path = globs.get("__file__")
-    if not path or not path.endswith(".py"):
+    if depth > 4 or not path or not path.endswith(".py"):
         return None
     try:
         with open(path) as f:
@@ -569,16 +576,35 @@ def assignment_source(globs, name):
         tree = ast.parse(text)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
-    found = None
+    found, imported = None, None
     for node in tree.body:
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and getattr(node, "value", None) is not None:
-            found = node
-    if found is None:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        found, imported = None, (node, alias.name)
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            found, imported = node, None
+    if found is not None:
+        return textwrap.dedent(ast.get_source_segment(text, found) or "") + "\n", globs
+    if imported is None:
         return None
-    return textwrap.dedent(ast.get_source_segment(text, found) or "") + "\n" or None
+    node, original = imported
+    try:
+        module = importlib.util.resolve_name("." * node.level + (node.module or ""), globs.get("__package__"))
+    except (ImportError, ValueError):
+        return None
+    source = sys.modules.get(module)
+    got = assignment_source(vars(source), original, depth + 1) if source is not None else None
+    if got is None:
+        return None
+    code, where = got
+    return (code + (f"{name} = {original}\n" if original != name else "")), where
 
 
 def partial_of_library(g):
