@@ -662,15 +662,25 @@ pub fn render(
                 })
                 .collect();
             if !boundary.is_empty() {
+                let place = if s
+                    .minimal_model
+                    .as_deref()
+                    .is_some_and(|m| m.ends_with(".py"))
+                {
+                    "minimal/repro_data.pt"
+                } else {
+                    "minimal/inputs/"
+                };
+                // Where the large values were generated, the sentence says so rather than "exact".
+                let what = if s.data.as_ref().is_some_and(|d| d.generated) {
+                    "the tensors the full model produced at this commit, the large ones generated from their recorded shape, dtype and range (see above) and the rest exact"
+                } else {
+                    "the exact tensors the full model produced at this commit"
+                };
                 let _ = writeln!(
                     md,
-                    "The kept nodes read {} from cut nodes: the exact tensors the full model produced at this commit, recorded in `{}` (not random stand-ins).",
+                    "The kept nodes read {} from cut nodes: {what}, recorded in `{place}` (not random stand-ins).",
                     boundary.join(", "),
-                    if s.minimal_model.as_deref().is_some_and(|m| m.ends_with(".py")) {
-                        "minimal/repro_data.pt"
-                    } else {
-                        "minimal/inputs/"
-                    }
                 );
             }
             md.push('\n');

@@ -119,3 +119,31 @@ fn the_node_the_fault_was_located_in_names_the_kernel_that_faulted_not_its_funct
     assert!(row.contains("| _hash_embed_kernel |"), "{row}");
     assert!(!row.contains("| forward |"), "{row}");
 }
+
+#[test]
+fn values_read_from_cut_nodes_are_called_exact_only_when_they_are() {
+    // A kept node that reads a cut node's output: REPORT.md says how repro_data.pt holds it. Where the
+    // large values were generated (the Liger-Kernel MoE bundle), it once still said "the exact tensors".
+    let mut r = report("torch");
+    let shrink = r.shrink.as_mut().expect("a shrink");
+    let input = &mut shrink.kept[0].inputs[0];
+    input.producer = Some("cut_node".into());
+    let exact = report_md_of(r.clone(), "sh reproduce.sh");
+    assert!(
+        exact.contains("from cut nodes: the exact tensors the full model produced"),
+        "{exact}"
+    );
+    r.shrink
+        .as_mut()
+        .unwrap()
+        .data
+        .as_mut()
+        .expect("data")
+        .generated = true;
+    let generated = report_md_of(r, "sh reproduce.sh");
+    assert!(
+        generated.contains("the large ones generated from their recorded shape, dtype and range"),
+        "{generated}"
+    );
+    assert!(!generated.contains("the exact tensors"), "{generated}");
+}
