@@ -417,38 +417,43 @@ def run_as_a_file(text):
         return runpy.run_path(path)
 
 
+def carried(source, module, entry, wants):
+    """Copies `entry` as repro.py would, checks that the text holds each of `wants`, passes the lint, and
+    runs as a file; returns the text and what it defined."""
+    text = copied(source, module, entry)
+    for want in wants:
+        assert want in text, (want, text)
+    assert h.lint(text) is None, text
+    return text, run_as_a_file(text)
+
+
 def test_autotuned_and_heuristic_triton_kernels_are_copied_with_their_decorators_not_imported():
     # Real Triton (CI's torch brings it): an autotuned kernel's own `__module__` is the autotuner's, and
     # repro.py once imported the user's kernel from `triton.runtime.autotuner`, an ImportError.
-    text = copied(TUNED_KERNELS, "tunedmod_cb", "launch")
-    assert "triton.runtime" not in text, text
-    for want in [
+    wants = [
         '@triton.autotune(configs=tuning_configs(), key=["n"])\n@triton.jit\ndef tuned_copy(',
         "@triton.heuristics(",
         "def guided_copy(",
         "def tuning_configs(",
         "import triton.language as tl",
-    ]:
-        assert want in text, (want, text)
-    assert h.lint(text) is None, text
-    assert type(run_as_a_file(text)["tuned_copy"]).__name__ == "Autotuner"
+    ]
+    text, defined = carried(TUNED_KERNELS, "tunedmod_cb", "launch", wants)
+    assert "triton.runtime" not in text, text
+    assert type(defined["tuned_copy"]).__name__ == "Autotuner"
 
 
 def test_a_kernels_constexpr_globals_helpers_and_a_cached_grid_function_are_carried():
     # What Triton code reads besides the kernel: a `tl.constexpr` global (Triton reads no other kind), a
     # `@triton.jit` helper, `libdevice`, and a grid function behind `functools.lru_cache` (a wrapper, not a
     # function: once left out, so repro.py named a function it never defined).
-    text = copied(KERNEL_GLOBALS, "kernelglobals_cb", "launch")
-    for want in [
+    wants = [
         "BLOCK = triton.language.constexpr(64)",
         "import triton.language.extra.libdevice as libdevice",
         "def _twice(",
         "@functools.lru_cache(maxsize=None)\ndef grid_for(",
         "import functools",
-    ]:
-        assert want in text, (want, text)
-    assert h.lint(text) is None, text
-    defined = run_as_a_file(text)
+    ]
+    _, defined = carried(KERNEL_GLOBALS, "kernelglobals_cb", "launch", wants)
     assert defined["grid_for"](130) == (3,) and defined["BLOCK"].value == 64
 
 
@@ -520,18 +525,15 @@ def test_what_real_kernel_libraries_define_at_module_level_is_carried():
     # library's own Autotuner subclass built by its own decorator at definition time, a decorator whose
     # inner function reads globals and annotates with a TypeVar. Each once left repro.py naming something
     # it never defined, or defining it too late.
-    text = copied(LIBRARY_IDIOMS, "idioms_cb", "Scale")
-    for want in [
+    wants = [
         "logger = logging.getLogger('idioms_cb')",
         "custom_fwd = functools.partial(torch.amp.autocast_mode.custom_fwd, device_type='cuda')",
         "BOUNDARY = FlagBoundary.EJECT",
         "MODE = Mode.FAST",
         "CONFIGS = [triton.Config(",
         "class CachedTuner(Autotuner):",
-    ]:
-        assert want in text, (want, text)
-    assert h.lint(text) is None, text
-    defined = run_as_a_file(text)
+    ]
+    _, defined = carried(LIBRARY_IDIOMS, "idioms_cb", "Scale", wants)
     assert type(defined["scale"]).__name__ == "CachedTuner" and defined["MODE"].name == "FAST"
 
 
@@ -547,12 +549,10 @@ def test_an_installed_packages_class_is_imported_and_a_table_another_module_defi
             "def pick(dtype):\n    return TABLE.get(dtype), Version('1.0')\n"
         ),
     }
-    text = copied(files, "tablepkg_cb.ops", "pick")
-    for want in ["from packaging.version import Version", "DOWNCAST = {tl.float32: tl.float16}", "TABLE = DOWNCAST"]:
-        assert want in text, (want, text)
+    wants = ["from packaging.version import Version", "DOWNCAST = {tl.float32: tl.float16}", "TABLE = DOWNCAST"]
+    text, defined = carried(files, "tablepkg_cb.ops", "pick", wants)
     assert "class Version" not in text and "tablepkg_cb" not in text, text
-    assert h.lint(text) is None, text
-    assert len(run_as_a_file(text)["TABLE"]) == 1
+    assert len(defined["TABLE"]) == 1
 
 
 def test_unknown_shapes_are_unknown_not_empty():
