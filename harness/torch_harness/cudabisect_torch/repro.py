@@ -492,11 +492,14 @@ def named_globals(names, globs, imports):
         if type(g).__name__ == "CustomOpDef":
             found.append((g, name))  # carried with its registration
             continue
-        top = type(g).__module__.split(".")[0]
-        if isinstance(g, enum.Enum) and requirement(top) != "project" and "." not in type(g).__qualname__:
-            # A library's or the standard library's enum member (`EJECT` from `enum`): named, not copied.
-            imports.add(f"from {type(g).__module__} import {type(g).__qualname__}")
-            imports.add(f"{name} = {type(g).__qualname__}.{g.name}")
+        if isinstance(g, enum.Enum) and "." not in type(g).__qualname__:
+            cls = type(g).__qualname__
+            if library_attribute(type(g), cls):
+                # A library's or the standard library's enum member (`EJECT` from `enum`): named, not copied.
+                imports.update({f"from {type(g).__module__} import {cls}", f"{name} = {cls}.{g.name}"})
+            else:
+                # The project's own: its class is copied, the member named after it.
+                found.append((Assigned(f"{name} = {cls}.{g.name}\n", globs), name))
             continue
         if isinstance(g, logging.Logger):
             # `logger = logging.getLogger(__name__)`: the same logger by name.
@@ -514,11 +517,11 @@ def named_globals(names, globs, imports):
             imports.add("import triton.language")
             imports.add(f"{name} = triton.language.constexpr({g.value!r})")
             continue
-        if is_triton_kernel(g) or inspect.isfunction(python_function(g)) or inspect.isclass(g):
-            mod = getattr(python_function(g), "__module__", "") or ""
-            top = mod.split(".")[0]
-            real = getattr(python_function(g), "__name__", name)
-            if requirement(top) != "project" and library_attribute(g, real, mod):
+        inner = python_function(g)
+        if is_triton_kernel(g) or inspect.isfunction(inner) or inspect.isclass(g):
+            mod = getattr(inner, "__module__", "") or ""
+            real = getattr(inner, "__name__", name)
+            if library_attribute(g, real, mod):
                 # A library's function or class the user imported by name (`from torch.library import
                 # wrap_triton`, `from functools import partial`, `from packaging.version import Version`):
                 # imported the same way, and an installed package is named in what repro.py needs.
@@ -527,9 +530,6 @@ def named_globals(names, globs, imports):
             found.append((g, name))
         elif plain_literal(g):
             imports.add(f"{name} = {g!r}")
-        elif isinstance(g, enum.Enum) and "." not in type(g).__qualname__:
-            # The project's own enum member: its class is copied, the member named after it.
-            found.append((Assigned(f"{name} = {type(g).__name__}.{g.name}\n", globs), name))
         elif library_attribute(g, name):
             # A library's object imported by name (`from typing import Callable`).
             imports.add(f"from {g.__module__} import {name}")
@@ -614,14 +614,8 @@ def partial_of_library(g):
 
     if type(g) is not functools.partial:
         return False
-    func = g.func
-    module, qual = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
     return (
-        bool(module)
-        and "." not in qual
-        and "<" not in qual
-        and requirement(module.split(".")[0]) != "project"
-        and getattr(sys.modules.get(module), qual, None) is func
+        library_attribute(g.func, getattr(g.func, "__qualname__", ""))
         and all(plain_literal(a) for a in g.args)
         and all(plain_literal(v) for v in g.keywords.values())
     )

@@ -241,10 +241,9 @@ def serve(a, app):
         why = f"building the model failed: {type(e).__name__}: {e}"
         # Each call then builds it again in a child of its own, as a cold run would, on what the failed
         # build imported here: at a parent commit that lacks the code (`ModuleNotFoundError`) a call
-        # fails at once instead of importing torch and the libraries again.
-        rebuild = hasattr(os, "pidfd_open") and not (
-            app.cuda_initialised() if str(a.device).startswith("cuda") else None
-        )
+        # fails at once instead of importing torch and the libraries again. Whether CUDA started here
+        # is checked before every fork (`admit`).
+        rebuild = hasattr(os, "pidfd_open")
     if warm:
         say("harness: warm server ready")
     elif rebuild:

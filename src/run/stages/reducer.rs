@@ -891,11 +891,17 @@ fn final_check(
     let generated = minimal.with_file_name("minimal-generated");
     let alone_runs = job.alone_runs();
     let mut side = oracle.beside("alone-generated");
-    let mut late_side = oracle.beside("alone-generated");
     let mut exact_side = oracle.beside("alone");
     let (reproduced, extracted, tried) = if settings.confirm_jobs > 1 {
         let large = harness.generates_values() && inputs_bytes(nodes, result) > REDUCE_ABOVE;
         let at_once = places.total() as u32;
+        // The generating repro is tried at most once: from the start when the inputs are large, else by
+        // the writer's thread once it knows what repro.py ships.
+        let (mut early_side, mut late_side) = if large {
+            (Some(&mut side), None)
+        } else {
+            (None, Some(&mut side))
+        };
         std::thread::scope(|s| {
             let written = s.spawn(|| {
                 let extracted = harness.extract(keep, record, &minimal, cancel);
@@ -907,27 +913,31 @@ fn final_check(
                 let alone = (written && !ships_large)
                     .then(|| exact_side.alone(&repro, alone_runs, true, 1, cancel))
                     .flatten();
-                let late = (written && ships_large && !large).then(|| {
-                    try_generated(
-                        harness,
-                        &mut late_side,
-                        keep,
-                        record,
-                        &generated,
-                        (alone_runs, at_once),
-                        cancel,
-                    )
-                });
+                let late = late_side
+                    .as_mut()
+                    .filter(|_| written && ships_large)
+                    .map(|side| {
+                        try_generated(
+                            harness,
+                            side,
+                            keep,
+                            record,
+                            &generated,
+                            (alone_runs, at_once),
+                            cancel,
+                        )
+                    });
                 (extracted, alone, late)
             });
-            let tried = large.then(|| {
-                s.spawn(|| {
+            let tried = early_side.as_mut().map(|side| {
+                let generated = &generated;
+                s.spawn(move || {
                     try_generated(
                         harness,
-                        &mut side,
+                        side,
                         keep,
                         record,
-                        &generated,
+                        generated,
                         (alone_runs, at_once),
                         cancel,
                     )
@@ -958,11 +968,9 @@ fn final_check(
     });
     report.harness_runs += std::mem::take(&mut oracle.runs)
         + std::mem::take(&mut side.runs)
-        + std::mem::take(&mut late_side.runs)
         + std::mem::take(&mut exact_side.runs);
     report.rejected.append(&mut oracle.rejected);
     report.rejected.append(&mut side.rejected);
-    report.rejected.append(&mut late_side.rejected);
     report.rejected.append(&mut exact_side.rejected);
     let (extracted, exact_alone) = extracted.map_or((None, None), |(e, alone)| (Some(e), alone));
     Ok(Checked {
