@@ -276,6 +276,60 @@ def test_what_a_run_imported_is_in_the_server_before_the_next_run_without_being_
     assert second.stdout == b"True\n", second
 
 
+def test_what_a_run_imported_before_it_started_the_device_is_in_the_server_while_the_run_goes_on(server):
+    # A library that imports a heavy dependency at its first use (Liger-Kernel's `infer_device()` imports
+    # transformers: 8 s on a GPU machine) is only seen by the run: the server learned it when the run
+    # ended, and the next fork waited for it. Now the run tells the server as it starts the device, and
+    # the server imports it in a thread while the run goes on. CUDA cannot start here, so `torch` is a
+    # stand-in with the two calls of PyTorch's that the runner uses (the next test holds real PyTorch to
+    # them). `heavylib`, imported in the server (not in the run: the run's environment says so), opens a
+    # FIFO that the run reads: the run ends only once the server has imported it, and without the early
+    # lesson it never would (the test's timeout).
+    _, site, work, _ = server
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("from torch import cuda\n")
+    (site / "torch" / "cuda.py").write_text(
+        "_queued_calls = []\n"
+        "def _lazy_call(fn):\n    _queued_calls.append((fn, []))\n"
+        "def init():\n    for fn, _ in _queued_calls:\n        fn()\n"
+    )
+    fifo = work.parent / "imported"
+    os.mkfifo(fifo)
+    (site / "heavylib.py").write_text(
+        f"import os\nif not os.environ.get('IN_RUN'):\n    open({str(fifo)!r}, 'w').write(str(os.getpid()))\n"
+    )
+    (work / "train.py").write_text(
+        "import os, sys, torch, heavylib\ntorch.cuda.init()\n"
+        f"server = open({str(fifo)!r}).read()\n"
+        "print(int(server) == os.getppid(), flush=True)\n"  # the server that forked this run
+    )
+    sock, _, _, env = server
+    learned = work.parent / "learned.json"
+    status = work.parent / "status"
+    client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "train.py"]
+    run = subprocess.run(
+        client, cwd=work, env=dict(env, IN_RUN="1", CUDABISECT_WARM_LEARN=str(learned)), capture_output=True, timeout=30
+    )
+    assert run.returncode == 0 and run.stdout == b"True\n", run
+    assert "heavylib" in json.loads(Path(str(learned) + ".early").read_text())
+    (work / "again.py").write_text("import sys\nprint('heavylib' in sys.modules, flush=True)\n")
+    again, status, _ = taught_run(server, "again.py", learn=False)
+    assert status == "warm" and again.stdout == b"True\n", again
+
+
+def test_pytorch_queues_a_call_for_when_cuda_starts_as_the_runner_expects():
+    # What the early lesson relies on, held against the real PyTorch installed here (no GPU: CUDA never
+    # starts, so the call stays queued).
+    import torch
+
+    def lesson():
+        pass
+
+    assert not torch.cuda.is_initialized()
+    torch.cuda._lazy_call(lesson)
+    assert any(call is lesson for call, *_ in torch.cuda._queued_calls)
+
+
 def test_a_module_imported_after_the_repro_changed_its_environment_is_not_taught(server):
     # A training script sets a library's knob in its own environment, then imports the library's config
     # module, which reads the knob at import (as `torch._inductor.config` reads `TORCHINDUCTOR_*`).

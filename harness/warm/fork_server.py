@@ -8,7 +8,8 @@ On the wire (a Unix socket): the client sends one request, 8 bytes of length and
 stdout and stderr passed as descriptors. The server answers in JSON lines: `{"cold": why}` when it cannot
 serve the request (nothing ran; the client runs it itself), else `{"pid": n}` once the child is forked and
 `{"status": waitstatus}` when it ended. A client may send `signal:N ` words, which the server passes on to
-the child; a client that hangs up takes its child along.
+the child; a client that hangs up takes its child along. A forked child may tell its server something
+while it runs (`tell_server`, JSON lines on a pipe of its own), which the service hears (`told`).
 """
 
 import json
@@ -138,6 +139,21 @@ def cuda_initialised(where="the warm interpreter"):
     return None
 
 
+# In a forked child: the write end of its pipe to the server (`tell_server`); None in the server.
+TO_SERVER = None
+
+
+def tell_server(obj):
+    """In a forked child: sends `obj` to the server that forked it, which hears it while the child runs.
+    Never fails: a server that is gone, or a child without a pipe (a spare), hears nothing."""
+    if TO_SERVER is None:
+        return
+    try:
+        os.write(TO_SERVER, json.dumps(obj).encode() + b"\n")
+    except (OSError, TypeError, ValueError):
+        pass
+
+
 def kill_group(pid, sig):
     """Signals the group `pid` leads, or `pid` alone when it leads none (a child that joined its client's
     group, or one just forked whose setsid has not run yet)."""
@@ -172,7 +188,10 @@ class Service:
     `run(req)`, in the child once it is the client's process: runs the request and never returns.
     `spare()`: True when the server keeps a spare child that started the device before any request;
     `warm_spare()` runs in it, and `spare_takes(req)` says whether a request may go to it. `ended(req)`
-    runs in the server when a child has ended and may hand back work for after its client's answer."""
+    runs in the server when a child has ended and may hand back work for after its client's answer.
+    `told(req, msg)` runs in the server when the child running `req` told it `msg` (`tell_server`);
+    `settle()` runs before every fork: work a service started in a thread of its own ends there, since a
+    process forked while another thread runs may inherit a lock that thread held."""
 
     def admit(self, req):
         return None
@@ -193,6 +212,12 @@ class Service:
         """In the server, once the child that ran `req` has ended, before its client is answered: None, or
         work to do right after the answer (the time between runs), as a function."""
         return None
+
+    def told(self, req, msg):
+        pass
+
+    def settle(self):
+        pass
 
 
 def become(req, fds, closing):
@@ -232,6 +257,7 @@ class _Server:
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
         self.sel.register(lifeline, selectors.EVENT_READ, ("lifeline", None))
         self.jobs = {}  # pid -> (conn, pidfd)
+        self.pipes = {}  # pid -> the read end of what its child tells the server
         self.requests = {}  # pid -> the request its child runs
         self.watching = set()  # children whose client connection is still watched for a hang-up
         self.spare = None  # (pid, socket to it, pidfd)
@@ -241,6 +267,7 @@ class _Server:
         """The server's descriptors, which no child keeps."""
         fds = [self.lifeline, self.listener.fileno()]
         fds += [fd for conn, pidfd in self.jobs.values() for fd in (conn.fileno(), pidfd)]
+        fds += list(self.pipes.values())
         if self.spare:
             fds += [self.spare[1].fileno(), self.spare[2]]
         if hasattr(self.sel, "fileno"):
@@ -248,21 +275,28 @@ class _Server:
         return [fd for fd in fds if fd >= 0]
 
     def fork(self, req, fds, closing):
+        """Forks the child that runs `req`: (pid, the read end of what it tells the server)."""
+        self.service.settle()
+        told, telling = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            global TO_SERVER
+            TO_SERVER = telling
             try:
-                become(req, fds, closing)
+                become(req, fds, closing + [told])
             except BaseException:  # noqa: BLE001 - a child that cannot become the client's runs nothing
                 os._exit(70)
             self.service.run(req)
             os._exit(70)
-        return pid
+        os.close(telling)
+        return pid, told
 
     def start_spare(self):
         if self.ending or not self.service.spare():
             return None
+        self.service.settle()
         mine, theirs = socket.socketpair()
         closing = self.own_fds() + [mine.fileno()]
         sys.stdout.flush()
@@ -319,6 +353,8 @@ class _Server:
                     self.child_ended(pid)
                 elif kind == "client":
                     self.client_data(pid)
+                elif kind == "told":
+                    self.child_told(pid)
             if self.ending and not self.jobs:
                 self.shutdown()
 
@@ -344,7 +380,9 @@ class _Server:
             return
         taken = self.to_spare(req, fds)
         if taken is None:
-            pid = self.fork(req, fds, self.own_fds() + [conn.fileno()])
+            pid, told = self.fork(req, fds, self.own_fds() + [conn.fileno()])
+            self.pipes[pid] = told
+            self.sel.register(told, selectors.EVENT_READ, ("told", pid))
             taken = (pid, os.pidfd_open(pid))
         pid, pidfd = taken
         close_all(fds)
@@ -384,11 +422,37 @@ class _Server:
         os.close(pidfd)
         mine.close()
 
+    def child_told(self, pid):
+        told = self.pipes.get(pid)
+        if told is None:
+            return  # its child ended in this same batch of events: its pipe is closed
+        data = os.read(told, 1 << 16)
+        if not data:
+            self.close_pipe(pid)
+            return
+        for line in data.splitlines():
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            try:
+                self.service.told(self.requests.get(pid), msg)
+            except Exception as e:  # noqa: BLE001 - nothing a child says may stop the server
+                print(f"harness: told by a child: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    def close_pipe(self, pid):
+        told = self.pipes.pop(pid, None)
+        if told is not None:
+            self.sel.unregister(told)
+            os.close(told)
+
     def child_ended(self, pid):
         conn, pidfd = self.jobs.pop(pid)
         _, status = os.waitpid(pid, 0)
         self.sel.unregister(pidfd)
         os.close(pidfd)
+        # What it told and was not heard yet is dropped: `ended` hears the whole run.
+        self.close_pipe(pid)
         if pid in self.watching:
             self.watching.discard(pid)
             self.sel.unregister(conn)

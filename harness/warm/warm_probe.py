@@ -159,16 +159,22 @@ class Repros(fork_server.Service):
         self.tainted = None  # the module whose import here started CUDA, once one did
         self.rewritten = None  # a taught module imported from bytecode older than its source
         self.failed = set()  # taught names that did not import here: not tried again
+        self.lesson = None  # the thread importing what a running child taught early, while it runs
 
-    def take(self, names):
+    def take(self, names, failed=None):
         """Imports what `names` lists and this interpreter lacks: what a run taught, imported here once,
-        instead of in every child or by another server."""
+        instead of in every child or by another server. `failed`: where names that did not import go
+        (`self.failed`, never tried again, unless given)."""
+        self.settle()
+        self.take_now(names, self.failed if failed is None else failed)
+
+    def take_now(self, names, failed):
         more = [n for n in names if n not in sys.modules and n not in self.failed and not left_out(self.never, n)]
         if not more or self.tainted:
             return
         files = self.files
         known = set(files)
-        self.tainted = import_all(more, self.failed)
+        self.tainted = import_all(more, failed)
         # Only the new modules' files are recorded now: a preloaded module's record stays what it was
         # when it was imported, so a file rewritten since is still seen as changed.
         for path, mtime in module_files().items():
@@ -186,6 +192,25 @@ class Repros(fork_server.Service):
         learn = (req or {}).get("learn")
         names = read_names(learn) if learn else []
         return (lambda: self.take(names)) if names else None
+
+    def told(self, req, msg):
+        """A running child's early lesson (what it had imported once it reached the device): imported here
+        in a thread while the child goes on, so the next fork does not wait for it. A name that fails to
+        import in that thread (a module that sets signal handlers at import) is tried again after the run,
+        in the server's own thread."""
+        path = (msg or {}).get("lesson")
+        if not path or path != early_lesson_path((req or {}).get("learn")) or self.lesson is not None:
+            return
+        import threading
+
+        names = read_names(path)
+        self.lesson = threading.Thread(target=self.take_now, args=(names, set()), daemon=True)
+        self.lesson.start()
+
+    def settle(self):
+        if self.lesson is not None:
+            self.lesson.join()
+            self.lesson = None
 
     def admit(self, req):
         self.take(req.get("preload", []))
@@ -234,6 +259,7 @@ def run_child(req, preloaded):
             watch = EnvironmentWatch()
             sys.meta_path.insert(0, watch)
             atexit.register(write_learned, learn, first, watch)
+            teach_early(early_lesson_path(learn), first, watch)
         import runpy
 
         if mode == "script":
@@ -259,6 +285,72 @@ def run_child(req, preloaded):
     global CHILD_EXIT
     CHILD_EXIT = code
     raise SystemExit(code)
+
+
+def early_lesson_path(learn):
+    """Where a learning run writes what it taught early, beside the file of its whole lesson."""
+    return learn + ".early" if learn else None
+
+
+def teach_early(path, first, watch):
+    """Tells the server what this run has imported once it starts the device (PyTorch's CUDA start), not
+    only when it ends: a training script has imported its libraries by then, and the server imports them
+    while the run goes on, so its next fork does not wait for them (seconds a round, with a library that
+    imports transformers at its first use). Said once; what the run imports later is taught at its end."""
+
+    def lesson():
+        try:
+            write_learned(path, first, watch)
+            fork_server.tell_server({"lesson": path})
+        except BaseException:  # noqa: BLE001 - a lesson that cannot be given never stops the repro
+            pass
+
+    def at_device_start(cuda):
+        try:
+            # Queued until CUDA starts, run by torch inside its start (at once when it has started).
+            cuda._lazy_call(lesson)
+        except BaseException:  # noqa: BLE001 - a torch without it: the run teaches at its end
+            pass
+
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None:
+        at_device_start(cuda)
+    else:
+        after_import("torch.cuda", at_device_start)
+
+
+def after_import(name, then):
+    """Calls `then(module)` each time the run imports module `name` (a finder on `sys.meta_path` that
+    wraps the module's loader), or at once when it already has."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+        return
+    import importlib.abc
+    import importlib.util
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(fullname)
+            finally:
+                # Kept: a module the run drops from `sys.modules` and imports again is seen again.
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            original = spec.loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                then(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
 
 
 def arm_capture():
@@ -372,34 +464,7 @@ def announce_triton_launches():
     autotuned, heuristic and plain kernels all take): with synchronous launches the last name before a
     fault is the kernel that faulted, so no sanitizer run is needed to tell two Triton bugs apart. When
     Triton is not imported yet, it is patched as soon as the run imports it."""
-    jit = sys.modules.get("triton.runtime.jit")
-    if jit is not None:
-        patch_jit(jit)
-        return
-    import importlib.abc
-    import importlib.util
-
-    class AfterImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "triton.runtime.jit":
-                return None
-            sys.meta_path.remove(self)
-            try:
-                spec = importlib.util.find_spec(name)
-            finally:
-                sys.meta_path.insert(0, self)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            original = spec.loader.exec_module
-
-            def exec_module(module):
-                original(module)
-                patch_jit(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, AfterImport())
+    after_import("triton.runtime.jit", patch_jit)
 
 
 def patch_jit(jit):

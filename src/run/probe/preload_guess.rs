@@ -21,8 +21,10 @@ const LAZY_PARTS: &[(&str, &[&str])] = &[("torch", &["torch._dynamo"])];
 /// script's (or `-m` module's) imports, then, through the worktree's modules it imports (their packages'
 /// `__init__.py` first, as Python runs them), what those import unconditionally (lines at the top level:
 /// an import inside a function, a `try` or an `if` may never run). The first run still teaches the whole
-/// list.
-pub fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
+/// list. `pythonpath`: the `PYTHONPATH` the repro sees; its entries inside the worktree (`src` in a
+/// src-layout project) hold the worktree's modules too, searched where Python searches them: after the
+/// script's directory.
+pub fn guess_preload(argv: &[String], cwd: &Path, pythonpath: Option<&str>) -> Vec<String> {
     let script = match argv.get(1).map(String::as_str) {
         Some("-m") => argv
             .get(2)
@@ -34,10 +36,15 @@ pub fn guess_preload(argv: &[String], cwd: &Path) -> Vec<String> {
     let Some(script) = script else {
         return Vec::new();
     };
-    let roots = [
-        script.parent().unwrap_or(cwd).to_path_buf(),
-        cwd.to_path_buf(),
-    ];
+    let mut roots = vec![script.parent().unwrap_or(cwd).to_path_buf()];
+    roots.extend(
+        std::env::split_paths(pythonpath.unwrap_or(""))
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|p| cwd.join(p))
+            // An entry outside the worktree is the same at every commit: what it holds is preloaded.
+            .filter(|p| p.starts_with(cwd)),
+    );
+    roots.push(cwd.to_path_buf());
     let mut guess = Guess {
         roots: &roots,
         names: Vec::new(),
@@ -225,16 +232,20 @@ mod tests {
             "import os, sys\nimport torch.nn as nn\nfrom triton import language as tl\nfrom mypkg.model import Net\nimport helpers\nfrom . import x\n    import numpy  # inside a function\n",
         );
         assert_eq!(
-            guess_preload(&argv(&["python3", "train.py", "--steps", "3"]), dir.path()),
+            guess_preload(
+                &argv(&["python3", "train.py", "--steps", "3"]),
+                dir.path(),
+                None
+            ),
             ["os", "sys", "torch", "torch._dynamo", "triton", "numpy"]
         );
         write(dir.path(), "mypkg/cli.py", "import jax\n");
         assert_eq!(
-            guess_preload(&argv(&["python3", "-m", "mypkg.cli"]), dir.path()),
+            guess_preload(&argv(&["python3", "-m", "mypkg.cli"]), dir.path(), None),
             ["jax"]
         );
-        assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path()).is_empty());
-        assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path()).is_empty());
+        assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path(), None).is_empty());
+        assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path(), None).is_empty());
     }
 
     #[test]
@@ -276,7 +287,7 @@ mod tests {
         // Imports itself back: read once.
         write(d, "pkg/launch.py", "from pkg import model\nimport numpy\n");
         assert_eq!(
-            guess_preload(&argv(&["python3", "train.py"]), d),
+            guess_preload(&argv(&["python3", "train.py"]), d, None),
             [
                 "torch",
                 "torch._dynamo",
@@ -289,11 +300,64 @@ mod tests {
     }
 
     #[test]
+    fn a_src_layout_package_on_pythonpath_is_followed_as_the_worktrees_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let worktree = dir.path().join("worktree");
+        let d = worktree.as_path();
+        // The script outside the worktree, as a user's job script is; the library under `src`.
+        write(
+            dir.path(),
+            "job/train.py",
+            "import torch\ntry:\n    from mylib.ops.fused import moe\nexcept ImportError:\n    raise SystemExit(0)\n",
+        );
+        write(d, "src/mylib/__init__.py", "");
+        write(
+            d,
+            "src/mylib/ops/__init__.py",
+            "from mylib.ops.rope import rope\n",
+        );
+        write(d, "src/mylib/ops/rope.py", "import transformers\n");
+        write(
+            d,
+            "src/mylib/ops/fused.py",
+            "import triton\nfrom mylib.utils import infer\n",
+        );
+        write(d, "src/mylib/utils.py", "import packaging\n");
+        write(d, "mylib_ignored/__init__.py", "import never_read\n");
+        let script = dir.path().join("job/train.py").display().to_string();
+        let guess = |pythonpath| guess_preload(&argv(&["python3", &script]), d, pythonpath);
+        assert_eq!(
+            guess(Some("src")),
+            [
+                "torch",
+                "torch._dynamo",
+                "transformers",
+                "triton",
+                "packaging"
+            ]
+        );
+        let absolute = format!("/elsewhere:{}", d.join("src").display());
+        assert_eq!(
+            guess(Some(&absolute)),
+            [
+                "torch",
+                "torch._dynamo",
+                "transformers",
+                "triton",
+                "packaging"
+            ],
+            "an absolute entry inside the worktree"
+        );
+        // Without the entry the package is not the worktree's: its name is all the guess can say.
+        assert_eq!(guess(None), ["torch", "torch._dynamo", "mylib"]);
+    }
+
+    #[test]
     fn torch_brings_what_its_optimizers_import_lazily_unless_the_script_sets_torchs_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let guess = |script: &str| {
             write(dir.path(), "train.py", script);
-            guess_preload(&argv(&["python3", "train.py"]), dir.path())
+            guess_preload(&argv(&["python3", "train.py"]), dir.path(), None)
         };
         assert_eq!(
             guess("import numpy\nimport torch\nimport jax\n"),

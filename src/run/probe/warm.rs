@@ -247,10 +247,10 @@ impl WarmPool {
         cancel: &AtomicBool,
     ) {
         let mut pending = slot.starting.take();
-        let preload = slot
-            .preload
-            .clone()
-            .unwrap_or_else(|| super::preload_guess::guess_preload(argv, &spec.cwd));
+        let preload = slot.preload.clone().unwrap_or_else(|| {
+            let pythonpath = crate::exec::child_env::seen_value(&spec.env, "PYTHONPATH");
+            super::preload_guess::guess_preload(argv, &spec.cwd, pythonpath.as_deref())
+        });
         let log = self.dir.join(slot_file(at, "server", ".log"));
         let listed = self.dir.join(slot_file(at, "preload", ".json"));
         if pending.is_none() && write_names(&listed, &preload).is_err() {
