@@ -284,6 +284,8 @@ class _Server:
         if pid == 0:
             global TO_SERVER
             TO_SERVER = telling
+            # A server that stopped reading never holds the child up: what does not fit is dropped.
+            os.set_blocking(telling, False)
             try:
                 become(req, fds, closing + [told])
             except BaseException:  # noqa: BLE001 - a child that cannot become the client's runs nothing
