@@ -276,6 +276,18 @@ def test_what_a_run_imported_is_in_the_server_before_the_next_run_without_being_
     assert second.stdout == b"True\n", second
 
 
+def standin_torch(site):
+    """A stand-in `torch` in `site` with what the runner uses of PyTorch's CUDA start: `torch.cuda._lazy_call`
+    queues a call, `torch.cuda.init()` (the device's start) runs the queue."""
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("from torch import cuda\n")
+    (site / "torch" / "cuda.py").write_text(
+        "_queued_calls = []\n"
+        "def _lazy_call(fn):\n    _queued_calls.append((fn, []))\n"
+        "def init():\n    for fn, _ in _queued_calls:\n        fn()\n"
+    )
+
+
 def test_what_a_run_imported_before_it_started_the_device_is_in_the_server_while_the_run_goes_on(server):
     # A library that imports a heavy dependency at its first use (Liger-Kernel's `infer_device()` imports
     # transformers: 8 s on a GPU machine) is only seen by the run: the server learned it when the run
@@ -286,13 +298,7 @@ def test_what_a_run_imported_before_it_started_the_device_is_in_the_server_while
     # FIFO that the run reads: the run ends only once the server has imported it, and without the early
     # lesson it never would (the test's timeout).
     _, site, work, _ = server
-    (site / "torch").mkdir()
-    (site / "torch" / "__init__.py").write_text("from torch import cuda\n")
-    (site / "torch" / "cuda.py").write_text(
-        "_queued_calls = []\n"
-        "def _lazy_call(fn):\n    _queued_calls.append((fn, []))\n"
-        "def init():\n    for fn, _ in _queued_calls:\n        fn()\n"
-    )
+    standin_torch(site)
     fifo = work.parent / "imported"
     os.mkfifo(fifo)
     (site / "heavylib.py").write_text(
@@ -313,6 +319,27 @@ def test_what_a_run_imported_before_it_started_the_device_is_in_the_server_while
     assert run.returncode == 0 and run.stdout == b"True\n", run
     assert "heavylib" in json.loads(Path(str(learned) + ".early").read_text())
     (work / "again.py").write_text("import sys\nprint('heavylib' in sys.modules, flush=True)\n")
+    again, status, _ = taught_run(server, "again.py", learn=False)
+    assert status == "warm" and again.stdout == b"True\n", again
+
+
+def test_a_module_that_cannot_be_imported_in_the_lessons_thread_is_imported_after_the_run(server):
+    # A library that installs a signal handler at import can only be imported in a main thread: in the
+    # thread that imports a run's early lesson it fails. It is not given up on: the server imports it in
+    # its own thread once the run has ended, so the next run finds it preloaded, its handler in place.
+    _, site, work, _ = server
+    standin_torch(site)
+    (site / "sighandling.py").write_text(
+        "import signal\ndef on_alarm(*_):\n    pass\nsignal.signal(signal.SIGALRM, on_alarm)\n"
+    )
+    (work / "train.py").write_text("import torch, sighandling\ntorch.cuda.init()\n")
+    first, status, _ = taught_run(server, "train.py")
+    assert first.returncode == 0 and status == "warm", first
+    assert "sighandling" in json.loads(Path(str(work.parent / "learned.json") + ".early").read_text())
+    (work / "again.py").write_text(
+        "import signal, sys\nm = sys.modules.get('sighandling')\n"
+        "print(m is not None and signal.getsignal(signal.SIGALRM) is m.on_alarm, flush=True)\n"
+    )
     again, status, _ = taught_run(server, "again.py", learn=False)
     assert status == "warm" and again.stdout == b"True\n", again
 
