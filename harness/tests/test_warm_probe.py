@@ -417,6 +417,40 @@ def test_another_interpreter_or_command_runs_cold(server):
     assert status.read_text().startswith("cold:")
 
 
+def test_a_signal_handler_a_preloaded_library_installed_at_import_is_the_runs_as_in_a_fresh_interpreter(tmp_path):
+    # A library that handles SIGUSR1 or SIGTERM itself (a stack dump, a checkpoint on preemption) installs
+    # its handler at import. Preloaded, the import ran in the server: the child must still have the
+    # handler, not the server's own (SIGTERM shuts the server down) nor the default (death by the signal).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "handlers.py").write_text(
+        "import signal\n"
+        "def on(sig, _):\n    print('handled', signal.Signals(sig).name, flush=True)\n"
+        "signal.signal(signal.SIGUSR1, on)\nsignal.signal(signal.SIGTERM, on)\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "repro.py").write_text(
+        "import os, signal, sys\nimport handlers\n"
+        "print('preloaded' if 'handlers' in sys.modules else 'fresh', file=sys.stderr)\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\nos.kill(os.getpid(), signal.SIGTERM)\nprint('after', flush=True)\n"
+    )
+    sock = tmp_path / "h.sock"
+    env = dict(os.environ, PYTHONPATH=str(site))
+    proc = listening(tmp_path, sock, env, "handlers")
+    try:
+        cold = subprocess.run(["python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
+        status = tmp_path / "status"
+        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
+        warm = subprocess.run([*client, "python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    assert status.read_text().strip() == "warm" and warm.stderr.startswith(b"preloaded"), warm
+    assert cold.returncode == 0 and cold.stdout == b"handled SIGUSR1\nhandled SIGTERM\nafter\n", cold
+    assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout), warm
+
+
 def test_a_killed_client_takes_its_child_along(server):
     sock, _, work, env = server
     pidfile = work / "child.pid"

@@ -220,6 +220,12 @@ class Service:
         pass
 
 
+# The handlers the server replaced with its own (SIGTERM: shut down), by signal: a forked child gets them
+# back, as a fresh interpreter has them (inherited, or installed at import by a preloaded library). The
+# server's other dispositions are left to the child as they are, for the same reason.
+RESTORE = {}
+
+
 def become(req, fds, closing):
     """In a forked child: the server's own descriptors closed, the client's process group joined (`pgid`
     in the request) or a session of its own started (the server then signals its group), the client's
@@ -239,8 +245,8 @@ def become(req, fds, closing):
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig, handler in RESTORE.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(req["cwd"])
     os.environ.clear()
@@ -339,7 +345,7 @@ class _Server:
         os._exit(0)
 
     def loop(self):
-        signal.signal(signal.SIGTERM, self.shutdown)
+        RESTORE[signal.SIGTERM] = signal.signal(signal.SIGTERM, self.shutdown)
         self.spare = self.start_spare()
         while True:
             for key, _ in self.sel.select():
