@@ -357,6 +357,30 @@ def test_pytorch_queues_a_call_for_when_cuda_starts_as_the_runner_expects():
     assert any(call is lesson for call, *_ in torch.cuda._queued_calls)
 
 
+def test_a_server_that_preloaded_triton_hands_its_children_tritons_hash_of_itself(tmp_path):
+    # Every process hashes Triton's own files once, at its first kernel launch (0.35 s here): computed in
+    # the server that preloaded Triton, each probe's child inherits it. Real Triton, no kernel launched.
+    sock = tmp_path / "t.sock"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "repro.py").write_text(
+        "from triton.runtime.cache import triton_key\nprint(triton_key.cache_info().currsize, flush=True)\n"
+    )
+    env = dict(os.environ)
+    proc = listening(tmp_path, sock, env, "triton")
+    try:
+        status = tmp_path / "status"
+        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
+        warm = subprocess.run([*client, "python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    cold = subprocess.run(["python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
+    assert status.read_text().strip() == "warm"
+    assert cold.stdout == b"0\n", cold
+    assert warm.stdout == b"1\n", warm
+
+
 def test_a_module_imported_after_the_repro_changed_its_environment_is_not_taught(server):
     # A training script sets a library's knob in its own environment, then imports the library's config
     # module, which reads the knob at import (as `torch._inductor.config` reads `TORCHINDUCTOR_*`).

@@ -117,6 +117,22 @@ def ask_nvml_for_devices():
     os.environ.setdefault(NVML_CHECK, "1")
 
 
+def hash_triton():
+    """In a server where Triton is imported: computes Triton's hash of itself (every file of the package
+    and its compiler library: about 0.35 s), which each process computes once, at its first kernel launch,
+    and keeps. Computed here, every forked child inherits it. On the CPU only; never fails."""
+    if "triton" not in sys.modules:
+        return
+    try:
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:
+            from triton.compiler.compiler import triton_key
+        triton_key()
+    except Exception:  # noqa: BLE001 - only a head start
+        pass
+
+
 def cuda_initialised(where="the warm interpreter"):
     """Why this process can no longer fork children that use CUDA, or None: torch initialised it, or the
     driver was (a library that queried the device through it). Checked before every fork: a request can

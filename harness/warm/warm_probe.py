@@ -143,6 +143,7 @@ def serve(sock_path, preload, never=()):
         sys.stdout.write(TAINTED + tainted + "\n")
         sys.stdout.flush()
         sys.exit(3)
+    fork_server.hash_triton()
     files = module_files()
     preloaded = sorted({m.split(".")[0] for m in sys.modules})
     # The driver waits for the listening line; it comes once the preloads are in.
@@ -175,6 +176,7 @@ class Repros(fork_server.Service):
         files = self.files
         known = set(files)
         self.tainted = import_all(more, failed)
+        fork_server.hash_triton()
         # Only the new modules' files are recorded now: a preloaded module's record stays what it was
         # when it was imported, so a file rewritten since is still seen as changed.
         for path, mtime in module_files().items():

@@ -51,14 +51,7 @@ def hash_triton_kernels():
     launch in a child fell from about 0.48 s to 0.12 s). Never touches the device."""
     if "triton" not in sys.modules:
         return
-    try:
-        try:
-            from triton.runtime.cache import triton_key
-        except ImportError:
-            from triton.compiler.compiler import triton_key
-        triton_key()
-    except Exception:  # noqa: BLE001 - only a head start
-        pass
+    fork_server.hash_triton()
     try:
         from triton.runtime.jit import JITFunction
     except Exception:  # noqa: BLE001
