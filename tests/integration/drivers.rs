@@ -215,6 +215,7 @@ fn run_search_with(
         flaky: Default::default(),
         finding_fix: false,
         steps_before: 0,
+        checkout: None,
         sharing: Sharing::NONE,
     };
     let mut prober = Scripted {
@@ -1603,6 +1604,7 @@ fn fix_input<'a>(
         flaky: Default::default(),
         finding_fix: true,
         steps_before: 0,
+        checkout: None,
         sharing: Sharing::NONE,
     }
 }
@@ -1780,6 +1782,7 @@ fn search_16<P: Probe>(
         flaky: Default::default(),
         finding_fix: false,
         steps_before: 0,
+        checkout: None,
         sharing,
     };
     let mut events = Events::default();

@@ -906,6 +906,64 @@ fn a_warm_probe_finds_the_worktrees_package_through_a_relative_pythonpath() {
 }
 
 #[test]
+fn a_good_end_failing_in_code_of_the_users_checkout_is_refused_naming_the_installed_copy() {
+    // The project installed for development (`pip install -e .`): the environment's site-packages holds
+    // a path entry to the checkout's `src`, which Python searches before any worktree, so every probe ran
+    // the checkout's code and the good end "faulted". The refusal says which file and what to do.
+    let train = "import verpkg\nverpkg.step()\n";
+    let package = "import os\nHERE = os.path.dirname(os.path.abspath(__file__))\nV = int(open(os.path.join(HERE, '..', '..', 'version.txt')).read())\ndef step():\n    if V >= 17:\n        raise RuntimeError('CUDA error: an illegal memory access was encountered')\n";
+    let config = |env: &str| {
+        format!("[repro]\ncommand = \"@SCRATCH@/venv/bin/python3 @SCRATCH@/train.py\"\ntimeout = \"30s\"\n{env}[triage]\nenabled = false\n")
+    };
+    let repo = linear_with(
+        24,
+        17,
+        &[("src/verpkg/__init__.py", package)],
+        "#!/bin/sh\nexit 0\n",
+        &config(""),
+    );
+    std::fs::write(repo.scratch.join("train.py"), train).unwrap();
+    let venv = repo.scratch.join("venv");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip", "--system-site-packages"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let lib = std::fs::read_dir(venv.join("lib"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(
+        lib.join("site-packages/__editable__.verpkg-0.1.pth"),
+        format!("{}\n", repo.path.join("src").display()),
+    )
+    .unwrap();
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 3, "{err}");
+    let message = &rep(&report).message;
+    let file = repo.path.join("src/verpkg/__init__.py");
+    assert!(
+        message.contains(&format!("your checkout's ({})", file.display()))
+            && message.contains("pip install -e")
+            && message.contains("PYTHONPATH"),
+        "{message}"
+    );
+    // With the worktree's source first, as the refusal says, the same environment finds the culprit.
+    std::fs::write(
+        repo.scratch.join("bisect.toml"),
+        config("env = { PYTHONPATH = \"src\" }\n")
+            .replace("@SCRATCH@", &repo.scratch.display().to_string()),
+    )
+    .unwrap();
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first_bad_subject(&repo, &report), "commit 17", "{err}");
+}
+
+#[test]
 fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
     let repo = python_repo(", HANG = \"1\"");
     let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);

@@ -51,6 +51,7 @@ fn search_input<'a>(
         flaky: plan.config.flaky,
         finding_fix: opts.find_fix,
         steps_before: 0,
+        checkout: Some(plan.repo.workdir()),
         sharing: Sharing {
             gauge,
             asked: matches!(plan.config.workers.jobs, Jobs::Count(_))

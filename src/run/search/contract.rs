@@ -37,6 +37,9 @@ pub struct SearchInput<'a> {
     /// Steps the run numbered before this search (an earlier search, run again after a cross-check):
     /// its probes are numbered on from there, so no two runs share a number.
     pub steps_before: usize,
+    /// Your checkout's work tree: a fault in code read from there (not from the probe's worktree, which
+    /// lies under its `.git`) is not the commit's code, and a refused good end says so.
+    pub checkout: Option<std::path::PathBuf>,
 }
 
 /// How the search learns how many probes one GPU holds at once, when several workers share it: the first
@@ -109,6 +112,14 @@ pub enum EndpointProblem {
         /// What it showed.
         seen: String,
     },
+    /// A good end fails in code read from your checkout, not from the probe's worktree: an installed
+    /// copy of the project (`pip install -e .`) is imported before the commit's own code.
+    CheckoutCodeRan {
+        /// Which (`good commit v1`).
+        what: String,
+        /// The file of your checkout the failure was in.
+        path: String,
+    },
     /// Finding a fix: the fault does not show at the OLD end.
     FaultNotAtOld {
         /// The old revision as given.
@@ -144,6 +155,12 @@ impl std::fmt::Display for EndpointProblem {
                 "{what} is bad: the bug was fixed between it and the good commit; bisect from the merge base or give another good commit"
             ),
             Self::GoodDoesNotPass { what, seen } => write!(f, "{what} does not pass: {seen}"),
+            Self::CheckoutCodeRan { what, path } => write!(
+                f,
+                "{what} does not pass, but the code that failed is your checkout's ({path}), not the commit's: \
+                 an installed copy of the project (`pip install -e .`) is imported before the worktree's code; \
+                 put the worktree's source first in [repro] env (`PYTHONPATH = \"src\"` for a src layout)"
+            ),
             Self::FaultNotAtOld { old, seen } => {
                 write!(f, "the fault does not show at old commit {old} ({seen}): {FIX}")
             }

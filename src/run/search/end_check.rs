@@ -63,12 +63,37 @@ pub(super) fn settle(
             }))
         }
         _ => Err(SearchEnd::EndpointsInvalid(
-            EndpointProblem::GoodDoesNotPass {
-                what,
-                seen: rec.signature.short(),
+            match input
+                .checkout
+                .as_deref()
+                .and_then(|c| checkout_file(&rec.signature, c))
+            {
+                Some(path) => EndpointProblem::CheckoutCodeRan { what, path },
+                None => EndpointProblem::GoodDoesNotPass {
+                    what,
+                    seen: rec.signature.short(),
+                },
             },
         )),
     }
+}
+
+/// The first file of `checkout` that the failure's frames name (its site, launch site, then its stack
+/// from the innermost frame), outside the checkout's `.git` (where the probe worktrees are). Paths inside
+/// the probe's worktree were made relative to it before: an absolute one under the checkout was read from
+/// your working tree.
+fn checkout_file(sig: &crate::classify::Signature, checkout: &std::path::Path) -> Option<String> {
+    let mut frames = [&sig.site, &sig.launch]
+        .into_iter()
+        .flatten()
+        .chain(sig.stack.iter().rev());
+    frames.find_map(|frame| {
+        let path = std::path::Path::new(frame.split(':').next().unwrap_or(""));
+        let inside = path.is_absolute()
+            && path.starts_with(checkout)
+            && !path.starts_with(checkout.join(".git"));
+        inside.then(|| path.display().to_string())
+    })
 }
 
 /// A check of a search for a fix, judged in its swapped terms: another OLD end must show the fault (the
@@ -101,5 +126,55 @@ fn settle_for_fix(check: &EndCheck, rec: &ProbeRecord) -> Result<Option<Event>, 
                 seen,
             },
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::{FaultClass, Signature};
+    use std::path::Path;
+
+    fn failing(site: &str, stack: &[&str]) -> Signature {
+        let mut sig = Signature::new(FaultClass::IllegalAddress, "CUDA error");
+        sig.site = Some(site.to_string());
+        sig.stack = stack.iter().map(|s| s.to_string()).collect();
+        sig
+    }
+
+    #[test]
+    fn a_failure_in_a_file_of_the_users_checkout_is_named_and_one_in_the_worktree_is_not() {
+        let checkout = Path::new("/home/u/proj");
+        // The probe's own files were made relative to its worktree: the commit's code.
+        assert_eq!(
+            checkout_file(&failing("src/pkg/ops.py:12", &[]), checkout),
+            None
+        );
+        // An installed copy pointing at the checkout (an editable install).
+        assert_eq!(
+            checkout_file(&failing("/home/u/proj/src/pkg/ops.py:12", &[]), checkout).as_deref(),
+            Some("/home/u/proj/src/pkg/ops.py")
+        );
+        // The site is a library's; the stack's innermost frame of the checkout is named.
+        let stack = [
+            "train.py:3 in <module>: step()",
+            "/home/u/proj/src/pkg/model.py:8 in step: ops.run()",
+            "/home/u/proj/src/pkg/ops.py:12 in run: launch()",
+        ];
+        assert_eq!(
+            checkout_file(
+                &failing("/usr/lib/python3/site-packages/torch/x.py:1", &stack),
+                checkout
+            )
+            .as_deref(),
+            Some("/home/u/proj/src/pkg/ops.py")
+        );
+        // cudabisect's own worktrees live under the checkout's .git; another project beside it is not it.
+        let ours = "/home/u/proj/.git/cudabisect/worktrees/w1/src/pkg/ops.py:12";
+        assert_eq!(checkout_file(&failing(ours, &[]), checkout), None);
+        assert_eq!(
+            checkout_file(&failing("/home/u/proj2/ops.py:1", &[]), checkout),
+            None
+        );
     }
 }
