@@ -81,17 +81,22 @@ pub(super) fn settle(
 /// The first file of `checkout` that the failure's frames name (its site, launch site, then its stack
 /// from the innermost frame), outside the checkout's `.git` (where the probe worktrees are). Paths inside
 /// the probe's worktree were made relative to it before: an absolute one under the checkout was read from
-/// your working tree.
+/// your working tree. The repro's own script (the outermost frame) is left out: one kept in the checkout
+/// and named by its absolute path runs from there by design; what it imports from there does not.
 fn checkout_file(sig: &crate::classify::Signature, checkout: &std::path::Path) -> Option<String> {
+    let file = |frame: &str| frame.split(':').next().unwrap_or("").to_string();
+    let script = sig.stack.first().map(|f| file(f));
     let mut frames = [&sig.site, &sig.launch]
         .into_iter()
         .flatten()
         .chain(sig.stack.iter().rev());
     frames.find_map(|frame| {
-        let path = std::path::Path::new(frame.split(':').next().unwrap_or(""));
+        let name = file(frame);
+        let path = std::path::Path::new(&name);
         let inside = path.is_absolute()
             && path.starts_with(checkout)
-            && !path.starts_with(checkout.join(".git"));
+            && !path.starts_with(checkout.join(".git"))
+            && script.as_deref() != Some(name.as_str());
         inside.then(|| path.display().to_string())
     })
 }
@@ -168,6 +173,24 @@ mod tests {
             )
             .as_deref(),
             Some("/home/u/proj/src/pkg/ops.py")
+        );
+        // The repro's own script kept in the checkout, named by its absolute path: it runs from there by
+        // design. What it imports from there is the checkout's code all the same.
+        let script = "/home/u/proj/repro.py:3 in <module>: step()";
+        assert_eq!(
+            checkout_file(&failing("/home/u/proj/repro.py:3", &[script]), checkout),
+            None
+        );
+        assert_eq!(
+            checkout_file(
+                &failing(
+                    "/home/u/proj/pkg/ops.py:12",
+                    &[script, "/home/u/proj/pkg/ops.py:12 in run: x"]
+                ),
+                checkout
+            )
+            .as_deref(),
+            Some("/home/u/proj/pkg/ops.py")
         );
         // cudabisect's own worktrees live under the checkout's .git; another project beside it is not it.
         let ours = "/home/u/proj/.git/cudabisect/worktrees/w1/src/pkg/ops.py:12";
