@@ -357,26 +357,34 @@ def test_pytorch_queues_a_call_for_when_cuda_starts_as_the_runner_expects():
     assert any(call is lesson for call, *_ in torch.cuda._queued_calls)
 
 
+def warm_and_cold(tmp_path, env, preload, script="repro.py"):
+    """`python3 script` in `tmp_path/work`, run warm through a server preloading `preload` and cold (a fresh
+    interpreter): (warm run, cold run, how the warm one ran)."""
+    sock = tmp_path / "wc.sock"
+    proc = listening(tmp_path, sock, env, *preload)
+    try:
+        status = tmp_path / "status"
+        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
+        warm = subprocess.run(
+            [*client, "python3", script], cwd=tmp_path / "work", env=env, capture_output=True, timeout=60
+        )
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    cold = subprocess.run(["python3", script], cwd=tmp_path / "work", env=env, capture_output=True, timeout=60)
+    return warm, cold, status.read_text().strip()
+
+
 def test_a_server_that_preloaded_triton_hands_its_children_tritons_hash_of_itself(tmp_path):
     # Every process hashes Triton's own files once, at its first kernel launch (0.35 s here): computed in
     # the server that preloaded Triton, each probe's child inherits it. Real Triton, no kernel launched.
-    sock = tmp_path / "t.sock"
     work = tmp_path / "work"
     work.mkdir()
     (work / "repro.py").write_text(
         "from triton.runtime.cache import triton_key\nprint(triton_key.cache_info().currsize, flush=True)\n"
     )
-    env = dict(os.environ)
-    proc = listening(tmp_path, sock, env, "triton")
-    try:
-        status = tmp_path / "status"
-        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
-        warm = subprocess.run([*client, "python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-    cold = subprocess.run(["python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
-    assert status.read_text().strip() == "warm"
+    warm, cold, status = warm_and_cold(tmp_path, dict(os.environ), ["triton"])
+    assert status == "warm"
     assert cold.stdout == b"0\n", cold
     assert warm.stdout == b"1\n", warm
 
@@ -459,18 +467,8 @@ def test_a_signal_handler_a_preloaded_library_installed_at_import_is_the_runs_as
         "print('preloaded' if 'handlers' in sys.modules else 'fresh', file=sys.stderr)\n"
         "os.kill(os.getpid(), signal.SIGUSR1)\nos.kill(os.getpid(), signal.SIGTERM)\nprint('after', flush=True)\n"
     )
-    sock = tmp_path / "h.sock"
-    env = dict(os.environ, PYTHONPATH=str(site))
-    proc = listening(tmp_path, sock, env, "handlers")
-    try:
-        cold = subprocess.run(["python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
-        status = tmp_path / "status"
-        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--"]
-        warm = subprocess.run([*client, "python3", "repro.py"], cwd=work, env=env, capture_output=True, timeout=60)
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-    assert status.read_text().strip() == "warm" and warm.stderr.startswith(b"preloaded"), warm
+    warm, cold, status = warm_and_cold(tmp_path, dict(os.environ, PYTHONPATH=str(site)), ["handlers"])
+    assert status == "warm" and warm.stderr.startswith(b"preloaded"), warm
     assert cold.returncode == 0 and cold.stdout == b"handled SIGUSR1\nhandled SIGTERM\nafter\n", cold
     assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout), warm
 

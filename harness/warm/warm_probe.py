@@ -162,14 +162,15 @@ class Repros(fork_server.Service):
         self.failed = set()  # taught names that did not import here: not tried again
         self.lesson = None  # the thread importing what a running child taught early, while it runs
 
-    def take(self, names, failed=None):
+    def take(self, names):
         """Imports what `names` lists and this interpreter lacks: what a run taught, imported here once,
-        instead of in every child or by another server. `failed`: where names that did not import go
-        (`self.failed`, never tried again, unless given)."""
+        instead of in every child or by another server; a name that does not import is never tried again."""
         self.settle()
-        self.take_now(names, self.failed if failed is None else failed)
+        self.take_now(names, self.failed)
 
     def take_now(self, names, failed):
+        """`take` without waiting for an early lesson's thread (it is that thread's work): names that do not
+        import go to `failed`."""
         more = [n for n in names if n not in sys.modules and n not in self.failed and not left_out(self.never, n)]
         if not more or self.tainted:
             return
