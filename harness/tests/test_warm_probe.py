@@ -713,3 +713,60 @@ def test_a_server_stopped_with_sigterm_takes_its_running_children_along(tmp_path
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_child_signalled_before_it_took_its_own_handlers_back_leaves_the_server_serving(tmp_path):
+    """A probe the search stops just as its child is forked sends SIGTERM to the client's group, which the
+    child has joined but whose handlers are still the server's: the child ends as a fresh interpreter
+    would, and the server's socket stays, so the worker's next run is still warm."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ran.py").write_text("print('ran')\n")
+    sock = tmp_path / "s.sock"
+    # The server as cudabisect starts it, with one change: a child whose run asks for it is sent SIGTERM
+    # at the start of `become`, before it has its own handlers back, and then runs Python code (where an
+    # interpreter runs the handler of a signal it took in).
+    wrapper = tmp_path / "signalled_server.py"
+    wrapper.write_text(
+        textwrap.dedent(
+            f"""
+            import os, runpy, signal, sys
+            sys.path.insert(0, {str(RUNNER.parent)!r})
+            import fork_server
+            plain = fork_server.become
+            def become(req, fds, closing):
+                if req["env"].get("SIGNAL_EARLY"):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    sum(range(100000))
+                return plain(req, fds, closing)
+            fork_server.become = become
+            sys.argv = [{str(RUNNER)!r}] + sys.argv[1:]
+            runpy.run_path({str(RUNNER)!r}, run_name="__main__")
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(wrapper), "--preload-file", listed(tmp_path, "json"), "serve", "--socket", str(sock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout.readline().decode().strip() == "harness: listening"
+        env = dict(os.environ)
+        client = [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(tmp_path / "status"), "--"]
+        signalled = subprocess.run(
+            [*client, "python3", "ran.py"],
+            cwd=work,
+            env=dict(env, SIGNAL_EARLY="1"),
+            capture_output=True,
+            timeout=60,
+        )
+        assert (tmp_path / "status").read_text().strip() == "warm"
+        assert signalled.returncode == -signal.SIGTERM, signalled
+        assert b"ran" not in signalled.stdout
+        cold, warm, status = both((sock, None, work, env), "print('still serving')\n")
+        assert (status, warm) == ("warm", cold)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)

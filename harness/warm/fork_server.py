@@ -242,6 +242,32 @@ class Service:
 RESTORE = {}
 
 
+# What a forked child must not be run by before it has its own handlers back: the server's SIGTERM handler
+# would remove the server's socket (every later client then finds no server) and kill the server's other
+# children. The server holds these while it forks; the child takes them once its handlers are its own.
+HELD = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+
+
+def forking():
+    """Holds the signals of `HELD` in this thread until `take_back_signals` (the child) or `forked` (the
+    server): one sent in between is delivered then, to the handler in place by then."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+
+
+def forked():
+    """In the server after a fork: the signals it held are delivered again (one that came meanwhile now)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+
+
+def take_back_signals():
+    """In a forked child: the handlers the server replaced are back (SIGINT raises KeyboardInterrupt, as in
+    a fresh interpreter), then the signals held since the fork are delivered to them."""
+    for sig, handler in RESTORE.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+
+
 def become(req, fds, closing):
     """In a forked child: the server's own descriptors closed, the client's process group joined (`pgid`
     in the request) or a session of its own started (the server then signals its group), the client's
@@ -261,9 +287,7 @@ def become(req, fds, closing):
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    for sig, handler in RESTORE.items():
-        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_back_signals()
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
@@ -274,6 +298,7 @@ class _Server:
 
     def __init__(self, listener, service, lifeline):
         self.listener, self.service, self.lifeline = listener, service, lifeline
+        self.pid = os.getpid()  # the server's: a forked child that runs its SIGTERM handler is not it
         self.path = listener.getsockname()  # kept: a server that stops listening still removes it
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ, ("accept", None))
@@ -302,7 +327,12 @@ class _Server:
         told, telling = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        forking()
+        try:
+            pid = os.fork()
+        except OSError:
+            forked()
+            raise
         if pid == 0:
             global TO_SERVER
             TO_SERVER = telling
@@ -314,6 +344,7 @@ class _Server:
                 os._exit(70)
             self.service.run(req)
             os._exit(70)
+        forked()
         os.close(telling)
         return pid, told
 
@@ -325,8 +356,15 @@ class _Server:
         closing = self.own_fds() + [mine.fileno()]
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        forking()
+        try:
+            pid = os.fork()
+        except OSError:
+            forked()
+            raise
         if pid == 0:
+            # Until a request comes, the spare ends on a signal as a fresh interpreter would.
+            take_back_signals()
             for fd in closing:
                 try:
                     os.close(fd)
@@ -340,6 +378,7 @@ class _Server:
                 os._exit(0)
             self.service.run(req)
             os._exit(70)
+        forked()
         theirs.close()
         pidfd = os.pidfd_open(pid)
         self.sel.register(pidfd, selectors.EVENT_READ, ("spare", pid))
@@ -352,6 +391,13 @@ class _Server:
         return pid, mine, pidfd
 
     def shutdown(self, *_):
+        if os.getpid() != self.pid:
+            # A child run by a SIGTERM the server had taken in just before it forked: the child ends as
+            # SIGTERM ends a fresh interpreter; the socket and the other children are the server's.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(128 + signal.SIGTERM)
         for pid in list(self.jobs) + ([self.spare[0]] if self.spare else []):
             kill_group(pid, signal.SIGKILL)
         try:

@@ -396,7 +396,7 @@ impl WarmPool {
             }
             if let Runner::Cold(why) = &runner {
                 // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
-                if why.contains("changed since") {
+                if why.contains("changed since") || server_lost(why) {
                     slot.server = None;
                 }
                 if let Some(module) = tainted_by(why) {
@@ -412,6 +412,18 @@ impl WarmPool {
         }
         runner
     }
+}
+
+/// Whether the warm client found the server gone (no socket, no answer): its runs would all go cold, so
+/// the next run starts another.
+fn server_lost(why: &str) -> bool {
+    [
+        "no warm server listening",
+        "the warm server did not answer",
+        "the warm server went away",
+    ]
+    .iter()
+    .any(|lost| why.starts_with(lost))
 }
 
 /// Writes module names as the JSON list the warm runner reads.
@@ -509,6 +521,58 @@ mod tests {
             1,
             "imported once, by one server: {imports}"
         );
+    }
+
+    #[test]
+    fn a_server_whose_socket_is_gone_is_replaced_for_the_next_run_of_its_worker() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).expect("mkdir");
+        std::fs::write(work.join("train.py"), "import json\n").expect("write");
+        let pool =
+            WarmPool::new(&dir.path().join("warm"), Some(vec!["json".into()])).expect("pool");
+        let stop = AtomicBool::new(false);
+        let at = (1, Serves::Repro);
+        let run = || {
+            let mut spec = CommandSpec {
+                command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
+                cwd: work.clone(),
+                env: vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())],
+                timeout: std::time::Duration::from_secs(30),
+                grace: std::time::Duration::from_secs(1),
+                stack_dump: None,
+            };
+            let warm = pool.prepare(at, &mut spec, &stop).expect("served");
+            let CommandLine::Argv(argv) = &spec.command else {
+                panic!("the warm client runs as argv");
+            };
+            let socket = PathBuf::from(&argv[5]);
+            (socket, spec, warm)
+        };
+        let exec = |spec: &CommandSpec| {
+            let CommandLine::Argv(argv) = &spec.command else {
+                unreachable!()
+            };
+            let status = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(&spec.cwd)
+                .envs(spec.env.iter().map(|(k, v)| (k, v)))
+                .status()
+                .expect("client");
+            assert!(status.success());
+        };
+        let (socket, spec, warm) = run();
+        // What a server is left with once something removed its socket: it runs, and nobody reaches it.
+        std::fs::remove_file(&socket).expect("socket");
+        exec(&spec);
+        let Runner::Cold(why) = pool.finish(warm) else {
+            panic!("a run that reached no server is cold");
+        };
+        assert!(why.starts_with("no warm server listening"), "{why}");
+        let (again, spec, warm) = run();
+        assert_ne!(again, socket, "another server");
+        exec(&spec);
+        assert!(matches!(pool.finish(warm), Runner::Warm));
     }
 
     #[test]
