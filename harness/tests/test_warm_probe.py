@@ -770,3 +770,34 @@ def test_a_child_signalled_before_it_took_its_own_handlers_back_leaves_the_serve
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
+
+
+def test_a_run_whose_server_went_away_says_so_instead_of_passing_for_the_runs_end(tmp_path):
+    """A server killed while its child runs leaves the client without the run's end: the client exits
+    non-zero and its status says the server was lost, which cudabisect reads as the machine failing."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hang.py").write_text("import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n")
+    sock = tmp_path / "s.sock"
+    server = listening(tmp_path, sock, dict(os.environ), "json")
+    status = tmp_path / "status"
+    client = subprocess.Popen(
+        [sys.executable, "-S", "-E", str(RUNNER), "client", str(sock), str(status), "--", "python3", "hang.py"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        int(client.stdout.readline())  # the child runs: it said its pid
+        assert status.read_text().strip() == "warm"
+        server.kill()
+        server.wait()
+        assert client.wait(timeout=30) == 1
+        assert status.read_text().strip() == "lost: the warm server went away during the run"
+    finally:
+        try:
+            os.killpg(client.pid, signal.SIGKILL)  # the child, should it outlive its server
+        except ProcessLookupError:
+            pass
+        client.wait()
+        client.stdout.close()

@@ -626,6 +626,13 @@ def client(sock_path, status_path, argv):
     if outcome == "cold":
         cold(detail)
     if outcome == "gone":
+        # The run's end is unknown (the child may have gone with its server): cudabisect reads this as the
+        # machine failing under the run, never as what the commit did.
+        try:
+            with open(status_path, "w") as f:
+                f.write(f"lost: {detail}\n")
+        except OSError:
+            pass
         os._exit(1)
     fork_server.end_as(detail)
 

@@ -19,7 +19,7 @@ use crate::git::{CheckoutError, ProbeWorktree};
 use crate::report::event::{Event, Phase, Reporter};
 use crate::report::record::{ProbeRecord, ProbeRole};
 use crate::run::probe::sanitizer::Backtraces;
-use crate::run::probe::warm::Serves;
+use crate::run::probe::warm::{Runner, Serves};
 
 use crate::host::gpu_idle::{wait_idle, Devices, NvidiaSmi};
 
@@ -344,7 +344,19 @@ struct Finished<'r> {
 struct Built {
     run: RunOutput,
     log: Option<String>,
-    runner: Option<String>,
+    runner: Option<Runner>,
+}
+
+/// What a run tells when its warm interpreter went away before it ended: the machine failed under it,
+/// whatever the client's exit says (retried as one, never judged as the commit's).
+fn lost_run(runner: Option<&Runner>) -> Option<Signature> {
+    match runner {
+        Some(Runner::Lost(why)) => Some(Signature::new(
+            FaultClass::Infra,
+            format!("the warm interpreter the run was forked from went away: {why}"),
+        )),
+        _ => None,
+    }
 }
 
 impl Finished<'_> {
@@ -414,8 +426,8 @@ impl<'a> WorktreeProber<'a> {
                     return Err(Box::new(record.done(sig, None, None, None, 0)));
                 }
                 Some(Ok(Built { run, log, runner })) if run.exit != Exit::Code(0) => {
-                    record.build_runner = runner;
-                    let seen = run.signature();
+                    let seen = lost_run(runner.as_ref()).unwrap_or_else(|| run.signature());
+                    record.build_runner = runner.map(|r| r.describe());
                     if seen.class == FaultClass::Infra && !run.interrupted {
                         if infra_retried < self.config.repro.infra_retries {
                             infra_retried += 1;
@@ -427,7 +439,7 @@ impl<'a> WorktreeProber<'a> {
                     return Err(Box::new(record.done(sig, Some(&run), log.clone(), log, 0)));
                 }
                 Some(Ok(Built { log, runner, .. })) => {
-                    record.build_runner = runner;
+                    record.build_runner = runner.map(|r| r.describe());
                     return Ok(log);
                 }
             }
@@ -444,16 +456,16 @@ impl<'a> WorktreeProber<'a> {
         session: &mut dyn Session,
         spec: &mut process::CommandSpec,
         serves: Serves,
-    ) -> (Result<RunOutput, process::ProcessError>, Option<String>) {
+    ) -> (Result<RunOutput, process::ProcessError>, Option<Runner>) {
         let at = (self.worker(), serves);
         let pool = self.warm_pool(serves);
         let warm = pool.and_then(|pool| pool.prepare(at, spec, self.cancel).map(|run| (pool, run)));
         let result = session.run(spec, self.cancel);
         let runner = match warm {
-            Some((pool, run)) => Some(pool.finish(run).describe()),
+            Some((pool, run)) => Some(pool.finish(run)),
             None => pool
                 .and_then(|p| p.off(at))
-                .map(|why| format!("cold: warm probes are off for this run: {why}")),
+                .map(|why| Runner::Cold(format!("warm probes are off for this run: {why}"))),
         };
         (result, runner)
     }
@@ -508,7 +520,7 @@ impl<'a> WorktreeProber<'a> {
             };
             self.lingering = run.lingering.clone();
             let log = self.write_log(ctx.step, commit, &name, &run);
-            let mut sig = run.signature();
+            let mut sig = lost_run(runner.as_ref()).unwrap_or_else(|| run.signature());
             sig.relativize(self.worktree.path());
             self.last_seen = Oid::from_str(commit).ok().map(|oid| (oid, sig.clone()));
             if sig.class == FaultClass::Infra
@@ -530,7 +542,7 @@ impl<'a> WorktreeProber<'a> {
                 continue;
             }
             let mut out = record.done(sig, Some(&run), build_log, log, attempt);
-            out.record.runner = runner;
+            out.record.runner = runner.map(|r| r.describe());
             return out;
         }
     }

@@ -26,14 +26,18 @@ pub enum Runner {
     Warm,
     /// As a fresh process, and why.
     Cold(String),
+    /// In a child of the warm interpreter, which went away before the run ended: what the run did is
+    /// unknown (its exit is the client's, not the run's).
+    Lost(String),
 }
 
 impl Runner {
-    /// For the probe record: `warm`, or `cold: <why>`.
+    /// For the probe record: `warm`, `cold: <why>` or `lost: <why>`.
     pub fn describe(&self) -> String {
         match self {
             Runner::Warm => "warm".into(),
             Runner::Cold(why) => format!("cold: {why}"),
+            Runner::Lost(why) => format!("lost: {why}"),
         }
     }
 }
@@ -375,6 +379,7 @@ impl WarmPool {
     pub fn finish(&self, run: WarmRun) -> Runner {
         let runner = match std::fs::read_to_string(&run.status) {
             Ok(text) if text.trim() == "warm" => Runner::Warm,
+            Ok(text) if text.starts_with("lost: ") => Runner::Lost(text.trim()[6..].to_string()),
             Ok(text) => Runner::Cold(
                 text.trim()
                     .strip_prefix("cold: ")
@@ -393,6 +398,9 @@ impl WarmPool {
             if let Some(names) = learned {
                 // The running server keeps serving, instead of a new one preloading everything again.
                 merge(slot.preload.get_or_insert_with(Vec::new), names);
+            }
+            if let Runner::Lost(_) = &runner {
+                slot.server = None;
             }
             if let Runner::Cold(why) = &runner {
                 // It exits when it can serve no one any more (CUDA touched, a preloaded file changed).
@@ -573,6 +581,19 @@ mod tests {
         assert_ne!(again, socket, "another server");
         exec(&spec);
         assert!(matches!(pool.finish(warm), Runner::Warm));
+        // A client whose server went away during the run says so in its status (as the runner's own
+        // test shows): the run is lost, and the worker's next run has another server.
+        let (_, _, warm) = run();
+        std::fs::write(
+            &warm.status,
+            "lost: the warm server went away during the run\n",
+        )
+        .expect("status");
+        assert_eq!(
+            pool.finish(warm),
+            Runner::Lost("the warm server went away during the run".into())
+        );
+        assert_ne!(run().0, again, "another server after a lost run");
     }
 
     #[test]
