@@ -19,8 +19,8 @@ const LAZY_PARTS: &[(&str, &[&str])] = &[("torch", &["torch._dynamo"])];
 
 /// The top-level names of what the repro imports from outside the worktree, in the order first met: the
 /// script's (or `-m` module's) imports, then, through the worktree's modules it imports (their packages'
-/// `__init__.py` first, as Python runs them), what those import unconditionally (lines at the top level:
-/// an import inside a function, a `try` or an `if` may never run). The first run still teaches the whole
+/// `__init__.py` first, as Python runs them), what those import at every import (lines at the top level
+/// and in a top-level `try:`'s body: an import inside a function, an `if` or an `except` may never run). The first run still teaches the whole
 /// list. `pythonpath`: the `PYTHONPATH` the repro sees; its entries inside the worktree (`src` in a
 /// src-layout project) hold the worktree's modules too, searched where Python searches them: after the
 /// script's directory.
@@ -99,8 +99,9 @@ impl Guess<'_> {
         let Ok(text) = std::fs::read_to_string(path) else {
             return;
         };
+        let mut top = TopLevel::default();
         for line in text.lines() {
-            if top_only && line.starts_with(char::is_whitespace) {
+            if top_only && !top.runs(line) {
                 continue;
             }
             for (module, names) in imports_of(line.trim()) {
@@ -162,6 +163,39 @@ impl Guess<'_> {
                     self.file(f, true);
                 }
             }
+        }
+    }
+}
+
+/// Which lines of a module run whenever it is imported, read line by line: those at the top level, and
+/// those directly in the body of a top-level `try:` (the optional dependency, `try: import apex`, runs at
+/// every import; only its `except` depends on the outcome). A function's, an `if`'s or an `except`'s body
+/// may never run.
+#[derive(Default)]
+struct TopLevel {
+    /// In a top-level `try:`'s body: its lines' indentation, once its first line is met.
+    in_try: Option<Option<usize>>,
+}
+
+impl TopLevel {
+    fn runs(&mut self, line: &str) -> bool {
+        let text = line.trim_start();
+        if text.is_empty() || text.starts_with('#') {
+            return false;
+        }
+        let indent = line.len() - text.len();
+        if indent == 0 {
+            let code = text.split('#').next().unwrap_or("").trim_end();
+            self.in_try = (code == "try:").then_some(None);
+            return true;
+        }
+        match &mut self.in_try {
+            Some(body @ None) => {
+                *body = Some(indent);
+                true
+            }
+            Some(Some(body)) => *body == indent,
+            None => false,
         }
     }
 }
@@ -270,11 +304,12 @@ mod tests {
             "pkg/embed.py",
             "import triton\nimport triton.language as tl\nfrom pkg.launch import run\n",
         );
-        // Imports that may never run: in a function, a `try`, an `if`.
+        // Imports that may never run: in a function, an `if`, an `except`, a block inside a `try`. The
+        // body of a top-level `try` runs at every import (the optional dependency).
         write(
             d,
             "pkg/ops.py",
-            "import numpy as np\ntry:\n    import apex\nexcept ImportError:\n    pass\ndef f():\n    import tensorflow\n",
+            "import numpy as np\ntry:  # optional\n    import apex\n\n# fused kernels\n    from flash_attn import f\n    if X:\n        import jax\nexcept ImportError:\n    import keras\ndef f():\n    import tensorflow\nif TYPE_CHECKING:\n    import pandas\n",
         );
         write(
             d,
@@ -294,6 +329,8 @@ mod tests {
                 "einops",
                 "triton",
                 "numpy",
+                "apex",
+                "flash_attn",
                 "scipy"
             ]
         );
