@@ -136,11 +136,20 @@ impl<'r> Workspace<'r> {
     }
 
     /// Warm interpreters for a Python repro and a Python build, per worker, ended with the run (a pool
-    /// that cannot be set up means cold runs, as before).
+    /// that cannot be set up means cold runs, as before); what their runs teach is kept in the state
+    /// directory for the next run.
     pub fn warm_pool(&self, config: &Config) -> Option<WarmPool> {
         let build_warm = config.build.as_ref().is_some_and(|b| b.warm);
+        let memory = self.state_dir.join("warm");
         (config.repro.warm || build_warm)
-            .then(|| WarmPool::new(&self.run_dir.join("warm"), config.repro.preload.clone()).ok())
+            .then(|| {
+                WarmPool::new(
+                    &self.run_dir.join("warm"),
+                    config.repro.preload.clone(),
+                    Some(&memory),
+                )
+                .ok()
+            })
             .flatten()
     }
 

@@ -19,6 +19,8 @@ use crate::config::CommandLine;
 use crate::exec::process::CommandSpec;
 use crate::protocol::warm::{Ready, Starting, Wait, WarmError, WarmServer};
 
+use super::warm_memory::{memory_key, Taught, WarmMemory};
+
 /// How a repro run ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Runner {
@@ -96,6 +98,10 @@ struct Slot {
     /// preloaded again; each run's child imports them itself. Every server of the slot is told them, and
     /// leaves out what they rule out (the warm runner's `left_out`).
     never: Vec<String>,
+    /// Under which key what this slot's runs teach is kept for later runs (`None`: not kept).
+    memory_key: Option<String>,
+    /// What earlier runs of the command taught, preloaded by the first server ahead of the guess.
+    recalled: Vec<String>,
 }
 
 /// Adds what a run taught to what is known, in order, each name once.
@@ -118,6 +124,7 @@ pub struct WarmPool {
     dir: PathBuf,
     script: PathBuf,
     configured: Option<Vec<String>>,
+    memory: Option<WarmMemory>,
     slots: Mutex<HashMap<WarmSlot, Slot>>,
 }
 
@@ -177,14 +184,20 @@ fn server_key(interpreter: &Path, env: &[(String, String)]) -> (String, Vec<(Str
 
 impl WarmPool {
     /// A pool whose servers live in `dir` (their logs, the installed runner). `configured`: `[repro]
-    /// preload`.
-    pub fn new(dir: &Path, configured: Option<Vec<String>>) -> std::io::Result<WarmPool> {
+    /// preload`. `memory`: where what the runs teach is kept for later runs (the state directory's), and
+    /// what earlier runs taught is found.
+    pub fn new(
+        dir: &Path,
+        configured: Option<Vec<String>>,
+        memory: Option<&Path>,
+    ) -> std::io::Result<WarmPool> {
         std::fs::create_dir_all(dir)?;
         let script = crate::protocol::torch::install_warm_probe(dir)?;
         Ok(WarmPool {
             dir: dir.to_path_buf(),
             script,
             configured,
+            memory: memory.map(WarmMemory::new),
             slots: Mutex::new(HashMap::new()),
         })
     }
@@ -215,18 +228,29 @@ impl WarmPool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&at);
-        let mut slot = taken.unwrap_or_else(|| Slot {
-            server: None,
-            starting: None,
-            key: key.clone(),
-            // `[repro] preload` names the repro's imports; a build's are learned from its runs.
-            preload: match at.1 {
-                Serves::Repro => self.configured.clone(),
-                Serves::Build => None,
-            },
-            learns: at.1 == Serves::Build || self.configured.is_none(),
-            off: None,
-            never: Vec::new(),
+        let mut slot = taken.unwrap_or_else(|| {
+            let learns = at.1 == Serves::Build || self.configured.is_none();
+            // What is learned is kept; a configured list is the user's, and kept in the config.
+            let memory_key = learns.then(|| memory_key(&key, at.1, &argv));
+            let recalled = match (&self.memory, &memory_key) {
+                (Some(memory), Some(k)) => memory.recall(k),
+                _ => Taught::default(),
+            };
+            Slot {
+                server: None,
+                starting: None,
+                key: key.clone(),
+                // `[repro] preload` names the repro's imports; a build's are learned from its runs.
+                preload: match at.1 {
+                    Serves::Repro => self.configured.clone(),
+                    Serves::Build => None,
+                },
+                learns,
+                off: None,
+                never: recalled.never,
+                memory_key,
+                recalled: recalled.preload,
+            }
         });
         let out = self.prepare_slot(&mut slot, (at, key, cancel), argv, resolved, env, spec);
         self.slots
@@ -253,7 +277,10 @@ impl WarmPool {
         let mut pending = slot.starting.take();
         let preload = slot.preload.clone().unwrap_or_else(|| {
             let pythonpath = crate::exec::child_env::seen_value(&spec.env, "PYTHONPATH");
-            super::preload_guess::guess_preload(argv, &spec.cwd, pythonpath.as_deref())
+            let guess = super::preload_guess::guess_preload(argv, &spec.cwd, pythonpath.as_deref());
+            let mut preload = slot.recalled.clone();
+            merge(&mut preload, guess);
+            preload
         });
         let log = self.dir.join(slot_file(at, "server", ".log"));
         let listed = self.dir.join(slot_file(at, "preload", ".json"));
@@ -395,6 +422,7 @@ impl WarmPool {
                 .as_ref()
                 .and_then(|l| std::fs::read_to_string(l).ok())
                 .and_then(|t| serde_json::from_str(&t).ok());
+            let taught = learned.is_some();
             if let Some(names) = learned {
                 // The running server keeps serving, instead of a new one preloading everything again.
                 merge(slot.preload.get_or_insert_with(Vec::new), names);
@@ -415,6 +443,15 @@ impl WarmPool {
                     // Started by nothing that can be left out: it would happen in every new server.
                     slot.server = None;
                     slot.off = Some(why.clone());
+                }
+            }
+            if let (Some(memory), Some(key)) = (&self.memory, &slot.memory_key) {
+                if taught || !slot.never.is_empty() {
+                    let lesson = Taught {
+                        preload: slot.preload.clone().unwrap_or_default(),
+                        never: slot.never.clone(),
+                    };
+                    memory.keep(key, &lesson);
                 }
             }
         }
@@ -490,7 +527,7 @@ mod tests {
         )
         .expect("write");
         std::fs::write(work.join("train.py"), "import slowmod\n").expect("write");
-        let pool = WarmPool::new(&dir.path().join("warm"), None).expect("pool");
+        let pool = WarmPool::new(&dir.path().join("warm"), None, None).expect("pool");
         let spec = || CommandSpec {
             command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
             cwd: work.clone(),
@@ -538,7 +575,7 @@ mod tests {
         std::fs::create_dir_all(&work).expect("mkdir");
         std::fs::write(work.join("train.py"), "import json\n").expect("write");
         let pool =
-            WarmPool::new(&dir.path().join("warm"), Some(vec!["json".into()])).expect("pool");
+            WarmPool::new(&dir.path().join("warm"), Some(vec!["json".into()]), None).expect("pool");
         let stop = AtomicBool::new(false);
         let at = (1, Serves::Repro);
         let run = || {
@@ -594,6 +631,65 @@ mod tests {
             Runner::Lost("the warm server went away during the run".into())
         );
         assert_ne!(run().0, again, "another server after a lost run");
+    }
+
+    #[test]
+    fn what_one_run_taught_is_preloaded_by_the_first_server_of_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (site, work) = (dir.path().join("site"), dir.path().join("work"));
+        std::fs::create_dir_all(&site).expect("mkdir");
+        std::fs::create_dir_all(&work).expect("mkdir");
+        std::fs::write(site.join("hiddenlib.py"), "VALUE = 1\n").expect("write");
+        // Imported inside a function of the worktree's module: the first guess cannot see it.
+        std::fs::write(
+            work.join("helper.py"),
+            "def load():\n    import hiddenlib\n",
+        )
+        .expect("write");
+        std::fs::write(work.join("train.py"), "import helper\nhelper.load()\n").expect("write");
+        let memory = dir.path().join("state-warm");
+        let stop = AtomicBool::new(false);
+        let at = (1, Serves::Repro);
+        let spec = || CommandSpec {
+            command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
+            cwd: work.clone(),
+            env: vec![
+                ("PYTHONPATH".into(), site.display().to_string()),
+                ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            ],
+            timeout: std::time::Duration::from_secs(30),
+            grace: std::time::Duration::from_secs(1),
+            stack_dump: None,
+        };
+        let preloaded = |run: &str| {
+            let listed = dir.path().join(run).join(slot_file(at, "preload", ".json"));
+            let text = std::fs::read_to_string(listed).expect("preload list");
+            serde_json::from_str::<Vec<String>>(&text).expect("names")
+        };
+        {
+            let pool = WarmPool::new(&dir.path().join("run1"), None, Some(&memory)).expect("pool");
+            let mut spec = spec();
+            let warm = pool.prepare(at, &mut spec, &stop).expect("served");
+            let CommandLine::Argv(argv) = &spec.command else {
+                panic!("the warm client runs as argv");
+            };
+            let status = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(&spec.cwd)
+                .envs(spec.env.iter().map(|(k, v)| (k, v)))
+                .status()
+                .expect("client");
+            assert!(status.success());
+            assert_eq!(pool.finish(warm), Runner::Warm);
+            assert!(!preloaded("run1").contains(&"hiddenlib".to_string()));
+        }
+        let pool = WarmPool::new(&dir.path().join("run2"), None, Some(&memory)).expect("pool");
+        assert!(pool.prepare(at, &mut spec(), &stop).is_some());
+        assert!(
+            preloaded("run2").contains(&"hiddenlib".to_string()),
+            "{:?}",
+            preloaded("run2")
+        );
     }
 
     #[test]

@@ -1,0 +1,141 @@
+//! What earlier runs taught a command's warm interpreters, kept in the state directory for the next run:
+//! the modules its runs imported from outside the worktree, and those that started CUDA when preloaded.
+//! A hint, never a fact: it only decides what a server imports before its first fork (a module no longer
+//! installed costs one failed import; one that starts CUDA is found and left out as on any first run), so
+//! a nightly job's or a second `start`'s first round is forked from a server that has already imported
+//! what the runs import, instead of each first run importing it itself.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::warm::Serves;
+
+/// Where the lessons are kept: one file per command, interpreter and environment.
+pub struct WarmMemory {
+    dir: PathBuf,
+}
+
+/// What the runs of one command taught.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Taught {
+    /// Module names, submodules included, in the order they were first imported.
+    pub preload: Vec<String>,
+    /// Modules that started CUDA when preloaded: each run's child imports them itself.
+    pub never: Vec<String>,
+}
+
+/// The key of a command's lessons: its server's key (interpreter and environment), which of a worker's
+/// commands it is, and its argv (another script imports other modules).
+pub fn memory_key(server_key: &str, serves: Serves, argv: &[String]) -> String {
+    let mut h = Sha256::new();
+    h.update(server_key.as_bytes());
+    h.update([0]);
+    h.update(format!("{serves:?}").as_bytes());
+    for a in argv {
+        h.update([0]);
+        h.update(a.as_bytes());
+    }
+    h.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl WarmMemory {
+    /// Lessons kept in `dir` (made when the first is kept).
+    pub fn new(dir: &Path) -> WarmMemory {
+        WarmMemory {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.json"))
+    }
+
+    /// What earlier runs of `key` taught; nothing when none did or the file cannot be read.
+    pub fn recall(&self, key: &str) -> Taught {
+        std::fs::read(self.path(key))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Adds `taught` to what is kept for `key` (what was kept first, in its order), writing only when that
+    /// adds something. A lesson that cannot be kept is lost, and costs the next run only time.
+    pub fn keep(&self, key: &str, taught: &Taught) {
+        let kept = self.recall(key);
+        let mut merged = kept.clone();
+        add_new(&mut merged.preload, &taught.preload);
+        add_new(&mut merged.never, &taught.never);
+        if merged == kept || std::fs::create_dir_all(&self.dir).is_err() {
+            return;
+        }
+        if let Ok(bytes) = serde_json::to_vec(&merged) {
+            let _ = crate::atomic_file::write_atomic(&self.path(key), &bytes);
+        }
+    }
+}
+
+/// `known` with the names of `more` it lacks after it, in their order.
+fn add_new(known: &mut Vec<String>, more: &[String]) {
+    let seen: std::collections::HashSet<String> = known.iter().cloned().collect();
+    known.extend(more.iter().filter(|n| !seen.contains(*n)).cloned());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn lessons_add_up_in_order_per_command_and_a_torn_or_missing_file_is_no_lesson() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let memory = WarmMemory::new(&dir.path().join("warm"));
+        let argv = names(&["python3", "train.py"]);
+        let key = memory_key("k1", Serves::Repro, &argv);
+        assert_eq!(memory.recall(&key), Taught::default());
+        memory.keep(
+            &key,
+            &Taught {
+                preload: names(&["torch", "transformers"]),
+                never: Vec::new(),
+            },
+        );
+        memory.keep(
+            &key,
+            &Taught {
+                preload: names(&["torch", "peft", "transformers"]),
+                never: names(&["apex"]),
+            },
+        );
+        assert_eq!(
+            memory.recall(&key),
+            Taught {
+                preload: names(&["torch", "transformers", "peft"]),
+                never: names(&["apex"]),
+            }
+        );
+        // Another script, another interpreter or the build: lessons of their own.
+        for other in [
+            memory_key("k1", Serves::Repro, &names(&["python3", "eval.py"])),
+            memory_key("k2", Serves::Repro, &argv),
+            memory_key("k1", Serves::Build, &argv),
+        ] {
+            assert_ne!(other, key);
+            assert_eq!(memory.recall(&other), Taught::default());
+        }
+        std::fs::write(
+            dir.path().join("warm").join(format!("{key}.json")),
+            b"{\"pre",
+        )
+        .expect("tear");
+        assert_eq!(memory.recall(&key), Taught::default());
+    }
+}
