@@ -18,6 +18,7 @@
 # LIGER_REPO: a clone of https://github.com/linkedin/Liger-Kernel (it is cloned again into OUT_DIR).
 # Each tool starts on an empty Triton cache of its own (TRITON_CACHE_DIR under OUT_DIR), so neither reuses
 # the other's compiled kernels; CACHE=shared leaves the machine's cache to both (git bisect run goes first).
+# AGAIN=1 runs `start` a second time on the same clone (below).
 set -eu
 bin=$(realpath "$1"); src=$2; out=$(realpath -m "$3"); which=${4:-both}
 here=$(dirname "$(realpath "$0")")
@@ -59,12 +60,16 @@ STEP
   git -C "$repo" bisect reset "$new" >/dev/null 2>&1
 fi
 if [ "$which" != git ]; then
-  cache cudabisect
-  s=$(date +%s)
   if [ "$question" = regression ]; then fix=; else fix=--find-fix; fi
-  "$bin" start "$old..$new" $fix --fresh --config "$out/bisect.toml" -C "$repo" --report "$out/report.json" \
-    --message-format json 2> "$out/cudabisect.stderr" \
-    | while IFS= read -r l; do printf '%s\t%s\n' "$(date +%s.%N)" "$l"; done > "$out/events.tsv"
-  echo "cudabisect start $fix: $(( $(date +%s) - s )) s (events with their arrival times in $out/events.tsv)"
-  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['result'], (r.get('first_bad') or r.get('fix') or {}).get('commit'), (r.get('first_bad') or r.get('fix') or {}).get('subject'), len(r['probes']), 'probes')" "$out/report.json"
+  # AGAIN=1: `start` a second time on the same clone, as a nightly job or a second try does (the journal
+  # not replayed, the Triton cache emptied again; what the first run's warm probes taught is kept).
+  for again in "" $( [ "${AGAIN:-0}" = 1 ] && echo -again ); do
+    cache cudabisect
+    s=$(date +%s)
+    "$bin" start "$old..$new" $fix --fresh --config "$out/bisect.toml" -C "$repo" --report "$out/report$again.json" \
+      --message-format json 2> "$out/cudabisect$again.stderr" \
+      | while IFS= read -r l; do printf '%s\t%s\n' "$(date +%s.%N)" "$l"; done > "$out/events$again.tsv"
+    echo "cudabisect start $fix${again:+ (again)}: $(( $(date +%s) - s )) s (events with their arrival times in $out/events$again.tsv)"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['result'], (r.get('first_bad') or r.get('fix') or {}).get('commit'), (r.get('first_bad') or r.get('fix') or {}).get('subject'), len(r['probes']), 'probes')" "$out/report$again.json"
+  done
 fi
