@@ -74,9 +74,14 @@ impl WarmMemory {
         if merged == kept || std::fs::create_dir_all(&self.dir).is_err() {
             return;
         }
-        if let Ok(bytes) = serde_json::to_vec(&merged) {
-            let _ = crate::atomic_file::write_atomic(&self.path(key), &bytes);
-        }
+        // Renamed into place, never torn; not synced to disk: this runs between a probe's end and its
+        // answer, and a hint lost with the machine costs only time.
+        let written = serde_json::to_vec(&merged).ok().and_then(|bytes| {
+            let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).ok()?;
+            std::io::Write::write_all(&mut tmp, &bytes).ok()?;
+            tmp.persist(self.path(key)).ok()
+        });
+        drop(written);
     }
 }
 
