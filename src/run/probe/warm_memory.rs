@@ -3,7 +3,8 @@
 //! A hint, never a fact: it only decides what a server imports before its first fork (a module no longer
 //! installed costs one failed import; one that starts CUDA is found and left out as on any first run), so
 //! a nightly job's or a second `start`'s first round is forked from a server that has already imported
-//! what the runs import, instead of each first run importing it itself.
+//! what the runs import, instead of each first run importing it itself. Each run's lesson replaces the
+//! last run's: a module the history stopped importing is not preloaded night after night.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +16,8 @@ use super::warm::Serves;
 /// Where the lessons are kept: one file per command, interpreter and environment.
 pub struct WarmMemory {
     dir: PathBuf,
+    /// The keys this run has kept a lesson under: the first replaces the last run's, later ones add to it.
+    kept: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What the runs of one command taught.
@@ -49,6 +52,7 @@ impl WarmMemory {
     pub fn new(dir: &Path) -> WarmMemory {
         WarmMemory {
             dir: dir.to_path_buf(),
+            kept: std::sync::Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -64,10 +68,20 @@ impl WarmMemory {
             .unwrap_or_default()
     }
 
-    /// Adds `taught` to what is kept for `key` (what was kept first, in its order), writing only when that
-    /// adds something. A lesson that cannot be kept is lost, and costs the next run only time.
+    /// Adds `taught` to what this run kept for `key` (what was kept first, in its order; the first lesson
+    /// of a run replaces the last run's), writing only when that changes it. A lesson that cannot be kept
+    /// is lost, and costs the next run only time.
     pub fn keep(&self, key: &str, taught: &Taught) {
-        let kept = self.recall(key);
+        let first = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string());
+        let kept = if first {
+            Taught::default()
+        } else {
+            self.recall(key)
+        };
         let mut merged = kept.clone();
         add_new(&mut merged.preload, &taught.preload);
         add_new(&mut merged.never, &taught.never);
@@ -100,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn lessons_add_up_in_order_per_command_and_a_torn_or_missing_file_is_no_lesson() {
+    fn lessons_add_up_per_command_and_run_each_run_replacing_the_last_a_torn_file_none() {
         let dir = tempfile::tempdir().expect("tempdir");
         let memory = WarmMemory::new(&dir.path().join("warm"));
         let argv = names(&["python3", "train.py"]);
@@ -136,6 +150,33 @@ mod tests {
             assert_ne!(other, key);
             assert_eq!(memory.recall(&other), Taught::default());
         }
+        // The next run: what it teaches replaces the last run's lesson, then adds up again.
+        let next = WarmMemory::new(&dir.path().join("warm"));
+        assert_eq!(
+            next.recall(&key).preload,
+            names(&["torch", "transformers", "peft"])
+        );
+        next.keep(
+            &key,
+            &Taught {
+                preload: names(&["torch", "jax"]),
+                never: Vec::new(),
+            },
+        );
+        next.keep(
+            &key,
+            &Taught {
+                preload: names(&["flax"]),
+                never: Vec::new(),
+            },
+        );
+        assert_eq!(
+            next.recall(&key),
+            Taught {
+                preload: names(&["torch", "jax", "flax"]),
+                never: Vec::new(),
+            }
+        );
         std::fs::write(
             dir.path().join("warm").join(format!("{key}.json")),
             b"{\"pre",
