@@ -242,9 +242,10 @@ class Service:
 RESTORE = {}
 
 
-# What a forked child must not be run by before it has its own handlers back: the server's SIGTERM handler
-# would remove the server's socket (every later client then finds no server) and kill the server's other
-# children. The server holds these while it forks; the child takes them once its handlers are its own.
+# The signals a forked child must not take in before it has its own handlers back: the server's SIGTERM
+# handler, run in the child, would remove the server's socket (every later client then finds no server) and
+# kill the server's other children. The server holds them while it forks; the child lets them in once its
+# handlers are its own.
 HELD = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
 
 
