@@ -963,6 +963,38 @@ fn a_good_end_failing_in_code_of_the_users_checkout_is_refused_naming_the_instal
     assert_eq!(first_bad_subject(&repo, &report), "commit 17", "{err}");
 }
 
+/// A Python repro that, the first time it runs at a bad commit in a warm interpreter's child, kills that
+/// interpreter (as the machine's OOM killer might) before it can say anything.
+const PY_REPRO_KILLING_ITS_SERVER: &str = "import os, sys, time\nv = int(open('version.txt').read())\nmark = os.path.join(os.environ['SCRATCH'], 'killed')\nwith open(f'/proc/{os.getppid()}/cmdline', 'rb') as f:\n    parent = f.read()\nif v >= @BAD@ and b'warm_probe.py' in parent and not os.path.exists(mark):\n    open(mark, 'w').close()\n    os.kill(os.getppid(), 9)\n    time.sleep(5)\nif v >= @BAD@:\n    print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr)\n    sys.exit(1)\n";
+
+#[test]
+fn a_probe_whose_warm_interpreter_died_under_it_is_run_again_not_judged() {
+    let config = "[repro]\ncommand = \"python3 repro.sh\"\ngrace-period = \"1s\"\ntimeout = \"20s\"\nenv = { SCRATCH = \"@SCRATCH@\" }\n[triage]\nenabled = false\n";
+    let repo = linear(24, 13, PY_REPRO_KILLING_ITS_SERVER, config);
+    let (code, report, err) = start(&repo, &["v1..main", "--fresh"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        repo.scratch.join("killed").exists(),
+        "no run killed its server"
+    );
+    assert_eq!(first_bad_subject(&repo, &report), "commit 13");
+    // The bad end's run was lost with its interpreter; its second run, in another, is the one judged.
+    let bad_end = rep(&report)
+        .probes
+        .iter()
+        .find(|p| p.role == ProbeRole::BadEndpoint)
+        .expect("the bad end's probe");
+    assert_eq!(
+        (bad_end.attempts, bad_end.runner.as_deref()),
+        (2, Some("warm")),
+        "{bad_end:?}"
+    );
+    assert_eq!(
+        rep(&report).target.as_ref().unwrap().class,
+        FaultClass::IllegalAddress
+    );
+}
+
 #[test]
 fn a_warm_repro_that_hangs_is_a_hang_and_leaves_no_process_behind() {
     let repo = python_repo(", HANG = \"1\"");
