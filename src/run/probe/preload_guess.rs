@@ -50,10 +50,49 @@ pub fn guess_preload(argv: &[String], cwd: &Path, pythonpath: Option<&str>) -> V
         names: Vec::new(),
         read: HashSet::new(),
     };
-    // The script's own imports count wherever they stand: it is what runs.
-    guess.file(&script, false);
-    let script_text = std::fs::read_to_string(&script).unwrap_or_default();
-    with_lazy_parts(guess.names, &script_text)
+    // The script's own imports count wherever they stand: it is what runs. So do those of a Python file
+    // it names (a bisect script that checks the commit, then runs the real repro with
+    // `runpy.run_path(".../repro.py")` or `exec(open("train.py").read())`).
+    let mut scripts = vec![script.clone()];
+    let mut texts = String::new();
+    let mut k = 0;
+    while k < scripts.len() && k < MAX_SCRIPTS {
+        let text = std::fs::read_to_string(&scripts[k]).unwrap_or_default();
+        guess.file(&scripts[k], false);
+        let dir = scripts[k].parent().unwrap_or(cwd).to_path_buf();
+        for named in named_python_files(&text) {
+            let found = [dir.join(named), cwd.join(named)]
+                .into_iter()
+                .find(|p| p.is_file() && !scripts.contains(p));
+            scripts.extend(found);
+        }
+        texts.push_str(&text);
+        k += 1;
+    }
+    with_lazy_parts(guess.names, &texts)
+}
+
+/// At most this many scripts are read for one guess: the repro's and the Python files it names.
+const MAX_SCRIPTS: usize = 8;
+
+/// The Python files a script names in its string literals (`"moe_repro.py"`, `'train.py'`), in order of
+/// the quotes, double first.
+fn named_python_files(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for quote in ['"', '\''] {
+        let pattern = format!(".py{quote}");
+        for (end, _) in text.match_indices(&pattern) {
+            let before = &text[..end];
+            let Some(start) = before.rfind(|c: char| c == quote || c == '\n') else {
+                continue;
+            };
+            let name = &text[start + 1..end + 3];
+            if before[start..].starts_with(quote) && !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
 }
 
 /// `names` with each framework's [`LAZY_PARTS`] after it, unless the script sets the framework's
@@ -280,6 +319,42 @@ mod tests {
         );
         assert!(guess_preload(&argv(&["pytest", "-q"]), dir.path(), None).is_empty());
         assert!(guess_preload(&argv(&["python3", "missing.py"]), dir.path(), None).is_empty());
+    }
+
+    #[test]
+    fn a_python_file_the_script_names_is_read_as_a_script_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        // A bisect script that runs the real repro, found beside it or in the working directory.
+        write(
+            d,
+            "bench/regress.py",
+            "import os, runpy, sys\nif not os.path.exists('src/pkg/moe.py'):\n    sys.exit(0)\nrunpy.run_path(os.path.join(os.path.dirname(__file__), \"moe_repro.py\"), run_name='__main__')\nexec(open('train.py').read())\nprint('missing.py')\n",
+        );
+        write(
+            d,
+            "bench/moe_repro.py",
+            "import torch\nfrom pkg.moe import run\n",
+        );
+        write(d, "train.py", "import numpy\n");
+        write(d, "src/pkg/__init__.py", "");
+        write(d, "src/pkg/moe.py", "import triton\n");
+        assert_eq!(
+            guess_preload(&argv(&["python3", "bench/regress.py"]), d, Some("src")),
+            [
+                "os",
+                "runpy",
+                "sys",
+                "torch",
+                "torch._dynamo",
+                "triton",
+                "numpy"
+            ]
+        );
+        assert_eq!(
+            named_python_files("x = 'a.py' + \"b/c.py\"\ny = 'no.pyc'\n"),
+            ["b/c.py", "a.py"]
+        );
     }
 
     #[test]
