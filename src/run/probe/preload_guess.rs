@@ -83,7 +83,7 @@ fn named_python_files(text: &str) -> Vec<&str> {
         let pattern = format!(".py{quote}");
         for (end, _) in text.match_indices(&pattern) {
             let before = &text[..end];
-            let Some(start) = before.rfind(|c: char| c == quote || c == '\n') else {
+            let Some(start) = before.rfind([quote, '\n']) else {
                 continue;
             };
             let name = &text[start + 1..end + 3];
