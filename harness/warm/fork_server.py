@@ -249,15 +249,20 @@ RESTORE = {}
 HELD = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
 
 
-def forking():
-    """Holds the signals of `HELD` in this thread until `take_back_signals` (the child) or `forked` (the
-    server): one sent in between is delivered then, to the handler in place by then."""
+def fork_holding_signals():
+    """`os.fork()` with the signals of `HELD` held across it (the streams flushed first, so neither side
+    writes the other's buffered output): the server lets them in again at once (one sent meanwhile is
+    delivered then); the child (0) holds them until `take_back_signals`, once its handlers are its own."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-
-
-def forked():
-    """In the server after a fork: the signals it held are delivered again (one that came meanwhile now)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+    pid = None
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+    return pid
 
 
 def take_back_signals():
@@ -326,14 +331,7 @@ class _Server:
         """Forks the child that runs `req`: (pid, the read end of what it tells the server)."""
         self.service.settle()
         told, telling = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        forking()
-        try:
-            pid = os.fork()
-        except OSError:
-            forked()
-            raise
+        pid = fork_holding_signals()
         if pid == 0:
             global TO_SERVER
             TO_SERVER = telling
@@ -345,7 +343,6 @@ class _Server:
                 os._exit(70)
             self.service.run(req)
             os._exit(70)
-        forked()
         os.close(telling)
         return pid, told
 
@@ -355,14 +352,7 @@ class _Server:
         self.service.settle()
         mine, theirs = socket.socketpair()
         closing = self.own_fds() + [mine.fileno()]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        forking()
-        try:
-            pid = os.fork()
-        except OSError:
-            forked()
-            raise
+        pid = fork_holding_signals()
         if pid == 0:
             # Until a request comes, the spare ends on a signal as a fresh interpreter would.
             take_back_signals()
@@ -379,7 +369,6 @@ class _Server:
                 os._exit(0)
             self.service.run(req)
             os._exit(70)
-        forked()
         theirs.close()
         pidfd = os.pidfd_open(pid)
         self.sel.register(pidfd, selectors.EVENT_READ, ("spare", pid))
