@@ -480,6 +480,38 @@ fn write_names(path: &Path, names: &[String]) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// `python3 train.py` in `work`, with `PATH` and `env` (and as long to run as `timeout_s`).
+    fn train_spec(work: &Path, env: &[(&str, String)], timeout_s: u64) -> CommandSpec {
+        let mut vars = vec![(
+            "PATH".to_string(),
+            std::env::var("PATH").unwrap_or_default(),
+        )];
+        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        CommandSpec {
+            command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
+            cwd: work.to_path_buf(),
+            env: vars,
+            timeout: std::time::Duration::from_secs(timeout_s),
+            grace: std::time::Duration::from_secs(1),
+            stack_dump: None,
+        }
+    }
+
+    /// Runs a spec the pool prepared (the warm client) as the prober would, to its end: whether it
+    /// exited 0.
+    fn run_client(spec: &CommandSpec) -> bool {
+        let CommandLine::Argv(argv) = &spec.command else {
+            panic!("the warm client runs as argv");
+        };
+        std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(&spec.cwd)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .status()
+            .expect("client")
+            .success()
+    }
+
     #[test]
     fn a_server_serves_every_run_of_its_worker_whatever_port_or_probe_the_run_is_given() {
         let python = Path::new("/usr/bin/python3");
@@ -528,17 +560,7 @@ mod tests {
         .expect("write");
         std::fs::write(work.join("train.py"), "import slowmod\n").expect("write");
         let pool = WarmPool::new(&dir.path().join("warm"), None, None).expect("pool");
-        let spec = || CommandSpec {
-            command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
-            cwd: work.clone(),
-            env: vec![
-                ("PYTHONPATH".into(), site.display().to_string()),
-                ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-            ],
-            timeout: std::time::Duration::from_secs(10),
-            grace: std::time::Duration::from_secs(1),
-            stack_dump: None,
-        };
+        let spec = || train_spec(&work, &[("PYTHONPATH", site.display().to_string())], 10);
         let (stop, at) = (AtomicBool::new(false), (1, Serves::Repro));
         std::thread::scope(|s| {
             let first = s.spawn(|| pool.prepare(at, &mut spec(), &stop).is_some());
@@ -579,14 +601,7 @@ mod tests {
         let stop = AtomicBool::new(false);
         let at = (1, Serves::Repro);
         let run = || {
-            let mut spec = CommandSpec {
-                command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
-                cwd: work.clone(),
-                env: vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())],
-                timeout: std::time::Duration::from_secs(30),
-                grace: std::time::Duration::from_secs(1),
-                stack_dump: None,
-            };
+            let mut spec = train_spec(&work, &[], 30);
             let warm = pool.prepare(at, &mut spec, &stop).expect("served");
             let CommandLine::Argv(argv) = &spec.command else {
                 panic!("the warm client runs as argv");
@@ -594,18 +609,7 @@ mod tests {
             let socket = PathBuf::from(&argv[5]);
             (socket, spec, warm)
         };
-        let exec = |spec: &CommandSpec| {
-            let CommandLine::Argv(argv) = &spec.command else {
-                unreachable!()
-            };
-            let status = std::process::Command::new(&argv[0])
-                .args(&argv[1..])
-                .current_dir(&spec.cwd)
-                .envs(spec.env.iter().map(|(k, v)| (k, v)))
-                .status()
-                .expect("client");
-            assert!(status.success());
-        };
+        let exec = |spec: &CommandSpec| assert!(run_client(spec));
         let (socket, spec, warm) = run();
         // What a server is left with once something removed its socket: it runs, and nobody reaches it.
         std::fs::remove_file(&socket).expect("socket");
@@ -650,17 +654,7 @@ mod tests {
         let memory = dir.path().join("state-warm");
         let stop = AtomicBool::new(false);
         let at = (1, Serves::Repro);
-        let spec = || CommandSpec {
-            command: CommandLine::Argv(vec!["python3".into(), "train.py".into()]),
-            cwd: work.clone(),
-            env: vec![
-                ("PYTHONPATH".into(), site.display().to_string()),
-                ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-            ],
-            timeout: std::time::Duration::from_secs(30),
-            grace: std::time::Duration::from_secs(1),
-            stack_dump: None,
-        };
+        let spec = || train_spec(&work, &[("PYTHONPATH", site.display().to_string())], 30);
         let preloaded = |run: &str| {
             let listed = dir.path().join(run).join(slot_file(at, "preload", ".json"));
             let text = std::fs::read_to_string(listed).expect("preload list");
@@ -670,16 +664,7 @@ mod tests {
             let pool = WarmPool::new(&dir.path().join("run1"), None, Some(&memory)).expect("pool");
             let mut spec = spec();
             let warm = pool.prepare(at, &mut spec, &stop).expect("served");
-            let CommandLine::Argv(argv) = &spec.command else {
-                panic!("the warm client runs as argv");
-            };
-            let status = std::process::Command::new(&argv[0])
-                .args(&argv[1..])
-                .current_dir(&spec.cwd)
-                .envs(spec.env.iter().map(|(k, v)| (k, v)))
-                .status()
-                .expect("client");
-            assert!(status.success());
+            assert!(run_client(&spec));
             assert_eq!(pool.finish(warm), Runner::Warm);
             assert!(!preloaded("run1").contains(&"hiddenlib".to_string()));
         }
