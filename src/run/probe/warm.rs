@@ -19,7 +19,7 @@ use crate::config::CommandLine;
 use crate::exec::process::CommandSpec;
 use crate::protocol::warm::{Ready, Starting, Wait, WarmError, WarmServer};
 
-use super::warm_memory::{memory_key, Taught, WarmMemory};
+use super::warm_memory::{memory_key, merge, Taught, WarmMemory};
 
 /// How a repro run ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,12 +102,6 @@ struct Slot {
     memory_key: Option<String>,
     /// What earlier runs of the command taught, preloaded by the first server ahead of the guess.
     recalled: Vec<String>,
-}
-
-/// Adds what a run taught to what is known, in order, each name once.
-fn merge(known: &mut Vec<String>, taught: Vec<String>) {
-    let seen: std::collections::HashSet<String> = known.iter().cloned().collect();
-    known.extend(taught.into_iter().filter(|n| !seen.contains(n)));
 }
 
 /// The module a server blames for starting CUDA, when it names one: instead of listening

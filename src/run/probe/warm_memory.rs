@@ -83,8 +83,8 @@ impl WarmMemory {
             self.recall(key)
         };
         let mut merged = kept.clone();
-        add_new(&mut merged.preload, &taught.preload);
-        add_new(&mut merged.never, &taught.never);
+        merge(&mut merged.preload, taught.preload.clone());
+        merge(&mut merged.never, taught.never.clone());
         if merged == kept || std::fs::create_dir_all(&self.dir).is_err() {
             return;
         }
@@ -99,10 +99,10 @@ impl WarmMemory {
     }
 }
 
-/// `known` with the names of `more` it lacks after it, in their order.
-fn add_new(known: &mut Vec<String>, more: &[String]) {
+/// Adds what a run taught to what is known, in order, each name once.
+pub fn merge(known: &mut Vec<String>, taught: Vec<String>) {
     let seen: std::collections::HashSet<String> = known.iter().cloned().collect();
-    known.extend(more.iter().filter(|n| !seen.contains(*n)).cloned());
+    known.extend(taught.into_iter().filter(|n| !seen.contains(n)));
 }
 
 #[cfg(test)]
