@@ -19,14 +19,19 @@
 # Each tool starts on an empty Triton cache of its own (TRITON_CACHE_DIR under OUT_DIR), so neither reuses
 # the other's compiled kernels; CACHE=shared leaves the machine's cache to both (git bisect run goes first).
 # AGAIN=1 runs `start` a second time on the same clone (below).
+# RANGE=releases asks each question between the releases a user upgrades across: the regression over
+# v0.7.0..v0.8.0 (79 commits; the kernels arrived in v0.8.0 with the bug), the fix over v0.8.0..v0.8.2 (93
+# commits; the fix is in v0.8.1).
 set -eu
 bin=$(realpath "$1"); src=$2; out=$(realpath -m "$3"); which=${4:-both}
 here=$(dirname "$(realpath "$0")")
 question=${QUESTION:-fix}
 if [ "$question" = regression ]; then
   old=${OLD:-1faa0131~1}; new=${NEW:-96ce8e85~1}; repro=moe_regress.py
+  if [ "${RANGE:-}" = releases ]; then old=${OLD:-v0.7.0}; new=${NEW:-v0.8.0}; fi
 else
   old=${OLD:-1faa0131}; new=${NEW:-e1eeb997}; repro=moe_repro.py
+  if [ "${RANGE:-}" = releases ]; then old=${OLD:-v0.8.0}; new=${NEW:-v0.8.2}; fi
 fi  # OLD, NEW: the same commits in a rewritten copy of the history
 mkdir -p "$out"
 cache() { if [ "${CACHE:-own}" != shared ]; then rm -rf "$out/triton-$1"; export TRITON_CACHE_DIR="$out/triton-$1"; fi; }
