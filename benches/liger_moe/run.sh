@@ -22,6 +22,10 @@
 # RANGE=releases asks each question between the releases a user upgrades across: the regression over
 # v0.7.0..v0.8.0 (79 commits; the kernels arrived in v0.8.0 with the bug), the fix over v0.8.0..v0.8.2 (93
 # commits; the fix is in v0.8.1).
+# REPRO=mixtral_train.py asks the regression with a user's training job instead of moe_regress.py: a small
+# Mixtral from transformers with apply_liger_kernel_to_mixtral(), which trains through Liger's per-expert loop
+# before the fused kernels and faults from the commit that routes the experts through them (#1179, which
+# added the kernels). Every step of either tool then pays the whole job, as a user's bisection does.
 set -eu
 bin=$(realpath "$1"); src=$2; out=$(realpath -m "$3"); which=${4:-both}
 here=$(dirname "$(realpath "$0")")
@@ -33,6 +37,7 @@ else
   old=${OLD:-1faa0131}; new=${NEW:-e1eeb997}; repro=moe_repro.py
   if [ "${RANGE:-}" = releases ]; then old=${OLD:-v0.8.0}; new=${NEW:-v0.8.2}; fi
 fi  # OLD, NEW: the same commits in a rewritten copy of the history
+repro=${REPRO:-$repro}
 mkdir -p "$out"
 cache() { if [ "${CACHE:-own}" != shared ]; then rm -rf "$out/triton-$1"; export TRITON_CACHE_DIR="$out/triton-$1"; fi; }
 repo=$out/liger
