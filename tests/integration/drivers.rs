@@ -62,6 +62,8 @@ struct Scripted {
     hang_below: Option<(usize, &'static AtomicBool)>,
     /// The worker each probe's context named.
     workers: Vec<Option<usize>>,
+    /// Probes of `hang_below` that the driver's stop ended.
+    hangs_stopped: usize,
 }
 
 impl Probe for Scripted {
@@ -85,6 +87,7 @@ impl Probe for Scripted {
                 assert!(!left.is_zero(), "probe of {i} (< {below}) never stopped");
                 std::thread::park_timeout(left);
             }
+            self.hangs_stopped += 1;
             let mut record = ProbeRecord {
                 commit: commit.to_string(),
                 role: ctx.role,
@@ -227,6 +230,7 @@ fn run_search_with(
         asked: vec![],
         hang_below: None,
         workers: vec![],
+        hangs_stopped: 0,
     };
     let outcome = search(&input, &mut prober, &mut Events::default(), cancel);
     Run {
@@ -1471,6 +1475,7 @@ fn scripted(
         asked: vec![],
         hang_below,
         workers: vec![],
+        hangs_stopped: 0,
     }
 }
 
@@ -1879,13 +1884,15 @@ impl Probe for OnSharedGpu {
 
 /// A stand-in for the driver's memory readings of a whole GPU: every probe uses the same memory at the
 /// same time, so the reading is the baseline and one probe's use times the probes started since the
-/// gauge started; it counts how often it was started.
+/// gauge started (no more than the workers); it counts how often it was started.
 #[derive(Debug)]
 struct FixedGauge {
     /// One probe alone.
     reading: Option<MemoryReading>,
     started: AtomicUsize,
     watched: &'static (Mutex<usize>, Condvar),
+    /// Workers there are: no more probes than they run at once.
+    workers: usize,
 }
 
 impl MemoryGauge for FixedGauge {
@@ -1895,7 +1902,8 @@ impl MemoryGauge for FixedGauge {
         *self.watched.0.lock().unwrap() = 0;
     }
     fn stop(&self) -> Option<MemoryReading> {
-        let probes = (*self.watched.0.lock().unwrap()).max(1) as u64;
+        // A worker whose probe ended may start another while the watched one runs: it replaces one.
+        let probes = (*self.watched.0.lock().unwrap()).clamp(1, self.workers) as u64;
         // A GPU holds no more than it has.
         self.reading.map(|r| MemoryReading {
             peak_mib: (r.before_mib + (r.peak_mib - r.before_mib) * probes).min(r.total_mib),
@@ -1949,6 +1957,7 @@ fn on_one_gpu_with(
     let stops = stop_flags(workers);
     let gauge: &'static FixedGauge = Box::leak(Box::new(FixedGauge {
         watched,
+        workers,
         reading: Some(MemoryReading {
             before_mib: 400,
             peak_mib,
@@ -2029,8 +2038,8 @@ fn workers_on_one_gpu_probe_at_once_as_far_as_the_measured_memory_allows() {
 
 #[test]
 fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
-    // A 120 GiB probe (a stand-in GPU where three fit): the first round's three at once, then one at a
-    // time, said.
+    // A 120 GiB probe (a stand-in GPU where three fit): the first round's three at once (a clean one's
+    // worker taking the next pick while the bad end runs), then one at a time, said.
     let run = on_one_gpu(120_000, None);
     assert_eq!(run.end, SearchEnd::Found(oid(11)));
     let at_once = probes_at_once(&run.events);
@@ -2038,8 +2047,9 @@ fn a_probe_too_large_to_share_its_gpu_keeps_one_probe_at_a_time() {
     assert_eq!(at_once[0].0, 1);
     assert!(at_once[0].1.contains("peaked at 116.8 GiB"), "{at_once:?}");
     assert_eq!(run.at_once, 1);
-    let (first_round, after) = run.crowded.split_at(3);
-    assert!(first_round.iter().all(|&(_, c)| c), "{:?}", run.crowded);
+    let before_measured = run.crowded.iter().take_while(|&&(_, c)| c).count();
+    assert!(before_measured >= 3, "{:?}", run.crowded);
+    let after = &run.crowded[before_measured..];
     assert!(
         !after.is_empty() && after.iter().all(|&(_, c)| !c),
         "{:?}",
@@ -2303,6 +2313,126 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
     let _ = probes;
 }
 
+/// A worker whose probe of the bad end waits (bounded) until some worker has started a probe handed out
+/// after the first round: a driver that gives no worker anything new before the bad end is settled
+/// never lets it end before the bound, and the test says so.
+struct BadEndWaitsForTheNextPick {
+    inner: Scripted,
+    workers: usize,
+    /// Whether a probe after the first round started, and a wake-up for the bad end.
+    next: &'static (Mutex<bool>, Condvar),
+    /// Whether the bad end saw one start before it ended.
+    met: &'static Mutex<Option<bool>>,
+}
+
+impl Probe for BadEndWaitsForTheNextPick {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let (lock, cv) = self.next;
+        if ctx.step > self.workers {
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        if ctx.role == ProbeRole::BadEndpoint && ctx.repeat.is_none() {
+            // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
+            let (started, _) = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |s| !*s)
+                .unwrap();
+            *self.met.lock().unwrap() = Some(*started);
+        }
+        self.inner.probe(commit, ctx, target, reporter)
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+}
+
+/// Three workers over 16 commits whose bad end waits for a pick after the first round; `shows` says
+/// what each commit does.
+fn bad_end_waiting_for_the_next_pick(
+    shows: fn(usize) -> Signature,
+) -> (cudabisect::run::search::SearchOutcome, Option<bool>) {
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let next: &'static (Mutex<bool>, Condvar) =
+        Box::leak(Box::new((Mutex::new(false), Condvar::new())));
+    let met: &'static Mutex<Option<bool>> = Box::leak(Box::new(Mutex::new(None)));
+    let stops = stop_flags(3);
+    let mut probers: Vec<BadEndWaitsForTheNextPick> = (0..3)
+        .map(|_| {
+            let mut inner = scripted(cancel, None);
+            inner.shows = Box::new(shows);
+            BadEndWaitsForTheNextPick {
+                inner,
+                workers: 3,
+                next,
+                met,
+            }
+        })
+        .collect();
+    let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    let met = *met.lock().unwrap();
+    (outcome, met)
+}
+
+#[test]
+fn a_clean_probe_of_the_first_round_frees_its_worker_for_the_next_pick_while_the_bad_end_runs() {
+    let (outcome, met) =
+        bad_end_waiting_for_the_next_pick(|i| if i >= 11 { fault("gather") } else { clean() });
+    assert_eq!(
+        met,
+        Some(true),
+        "no probe started before the bad end was settled"
+    );
+    assert_eq!(outcome.end, SearchEnd::Found(oid(11)));
+    // Records still come in the serial order: the bad end first, and every commit judged once.
+    assert_eq!(outcome.probes[0].role, ProbeRole::BadEndpoint);
+    let mut judged: Vec<&str> = outcome
+        .probes
+        .iter()
+        .filter(|r| r.role == ProbeRole::Search)
+        .map(|r| r.commit.as_str())
+        .collect();
+    let all = judged.len();
+    judged.sort();
+    judged.dedup();
+    assert_eq!(judged.len(), all, "{:?}", outcome.probes);
+}
+
+#[test]
+fn a_range_its_bad_end_refuses_judges_none_of_the_probes_that_ran_beside_it() {
+    // Every commit runs clean: the round's clean probes freed their workers while the bad end ran, and
+    // the bad end then refused the range.
+    let (outcome, met) = bad_end_waiting_for_the_next_pick(|_| clean());
+    assert_eq!(met, Some(true));
+    assert!(
+        matches!(
+            &outcome.end,
+            SearchEnd::EndpointsInvalid(EndpointProblem::BadDoesNotReproduce { .. })
+        ),
+        "{:?}",
+        outcome.end
+    );
+    assert!(
+        outcome
+            .probes
+            .iter()
+            .all(|p| p.role == ProbeRole::BadEndpoint),
+        "{:?}",
+        outcome.probes
+    );
+}
+
 #[test]
 fn a_crowded_probe_the_search_stopped_itself_keeps_the_gpu_shared() {
     // The first round's probe below the midpoint runs until the answers above it make it moot; the
@@ -2524,14 +2654,18 @@ fn search_with(
             asked: vec![],
             hang_below: hang.then_some((8, stop)),
             workers: vec![],
+            hangs_stopped: 0,
         })
         .collect();
     let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
-    let hung_stopped = probers
-        .iter()
-        .zip(&stops)
-        .filter(|(p, _)| p.asked.iter().any(|&(i, _)| (1..8).contains(&i)))
-        .all(|(_, stop)| stop.load(Ordering::SeqCst));
+    // Every probe of a commit below 8 ended by a stop (the worker may have taken another probe since).
+    let hung_stopped = probers.iter().all(|p| {
+        p.hangs_stopped
+            == p.asked
+                .iter()
+                .filter(|&&(i, _)| (1..8).contains(&i))
+                .count()
+    });
     (outcome.end, outcome.probes, hung_stopped)
 }
 
@@ -2634,12 +2768,15 @@ fn a_bad_end_crowded_out_of_memory_in_the_first_round_runs_again_alone_once_the_
     assert_eq!(run.end, SearchEnd::Found(oid(11)), "{:?}", run.probes);
     let all = &run.crowded;
     assert_eq!(all[0], (16, true), "{all:?}");
-    // Run again alone, after the round's other probes (the good end and the midpoint) were in.
+    // Run again alone, after the round's other probes (the good end, the midpoint, and what a clean
+    // one's worker took next) were in: every probe handed out before it ran crowded.
     let again = all[1..]
         .iter()
         .position(|&c| c == (16, false))
         .map(|p| p + 1);
-    assert_eq!(again, Some(3), "{all:?}");
+    let again = again.unwrap_or_else(|| panic!("{all:?}"));
+    assert!(again >= 3, "{all:?}");
+    assert!(all[..again].iter().all(|&(_, c)| c), "{all:?}");
     // The round was measured (2 GiB a probe, the GPU far from full): a probe crowded out in the first
     // round, sent before any limit was known, leaves the measured limit as it is.
     assert_eq!(probes_at_once(&run.events).last().unwrap().0, 3);

@@ -80,6 +80,9 @@ pub(super) struct Driver<'a, 'r> {
     /// Probes that landed while the bad end was still being settled: judged, in order, once it is
     /// (their workers get nothing new until then, so a sanitizer run of theirs finds their commit).
     held: VecDeque<Landed>,
+    /// Held probes (by number) whose clean run the strategy already took while the bad end was being
+    /// settled: judged and recorded with the others once it is, not marked twice.
+    marked_early: std::collections::HashSet<usize>,
 }
 
 impl<'a, 'r> Driver<'a, 'r> {
@@ -111,6 +114,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             unmeasured: Default::default(),
             awaiting: Vec::new(),
             held: VecDeque::new(),
+            marked_early: Default::default(),
         }
     }
 
@@ -606,7 +610,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 self.send_picks(pool, strategy, picks);
             }
         }
-        match self.wait_on(pool, 0)? {
+        match self.wait_opening(pool, strategy, checks)? {
             // Crowded out (its GPU fell back to one probe at a time): again, once the round is in.
             Landing::Stopped(_) if !self.cancelled() => {
                 self.hold_all(pool);
@@ -660,6 +664,75 @@ impl<'a, 'r> Driver<'a, 'r> {
                 other => return Ok(other),
             }
         }
+    }
+
+    /// What the end that opens the round (on the first worker) gives. The round's other probes are held
+    /// until it is settled, their workers kept for them (a sanitizer run of theirs finds their commit),
+    /// except what needs no target: a clean run is good whatever the target turns out to be (finding a
+    /// fix, the newer state), so the strategy takes it at once and its worker the next pick, while its
+    /// record waits with the held ones (a range the end refuses still judges none of the round); and a
+    /// probe that stopping made moot is abandoned. Without this the search would wait on the bad end's
+    /// cold run with the round's answers in hand. Not where the bad end runs several times: a flaky
+    /// fault's search takes the round's runs once they are all in.
+    fn wait_opening(
+        &mut self,
+        pool: &mut Pool,
+        strategy: &mut dyn Strategy,
+        checks: &Checks,
+    ) -> Result<Landing, SearchEnd> {
+        let early = self.input.flaky.endpoint_runs <= 1;
+        let mut kept = Vec::new();
+        let landing = loop {
+            let Some(landed) = pool.land(self.reporter) else {
+                if pool.all_idle() {
+                    break Err(SearchEnd::HostFailure("the probe worker is gone".into()));
+                }
+                continue;
+            };
+            if landed.worker == 0 {
+                match self.land(pool, landed) {
+                    Landing::Pending => continue,
+                    other => break Ok(other),
+                }
+            }
+            let search_probe =
+                early && !self.cancelled() && !checks.checking.contains_key(&landed.worker);
+            match &landed.done {
+                Done::Probed(o) if search_probe && o.interrupted => {
+                    let key = (
+                        landed.ctx.step,
+                        self.commits[landed.index].to_string(),
+                        landed.worker,
+                    );
+                    let landing = self.land(pool, landed);
+                    let _ = self.search_landed(pool, strategy, checks, landing, key, false);
+                }
+                Done::Probed(o) if search_probe && o.record.signature.class == FaultClass::None => {
+                    let j = judge(
+                        &o.record.signature,
+                        &o.output,
+                        self.terms(None),
+                        Kernel::NotAsked,
+                    );
+                    strategy.mark(landed.index, j.verdict);
+                    self.marked_early.insert(landed.ctx.step);
+                    self.held.push_back(landed);
+                    self.stop_unwanted(pool, strategy, checks, Some(0));
+                }
+                _ => {
+                    pool.claim(landed.worker);
+                    kept.push(landed.worker);
+                    self.held.push_back(landed);
+                    continue;
+                }
+            }
+            // An answer waits for the end being settled: the loop asks the strategy again then.
+            let _ = self.send_proposals(pool, strategy);
+        };
+        for w in kept {
+            pool.release(w);
+        }
+        landing
     }
 
     /// Waits for every probe in flight, holding what each gives: the bad end runs again alone.
@@ -905,18 +978,33 @@ impl<'a, 'r> Driver<'a, 'r> {
                 if let Some(msg) = host_failure(&record).filter(|_| strategy.host_failure_ends()) {
                     return Some(SearchEnd::HostFailure(msg));
                 }
-                strategy.mark(i, record.verdict);
-                for (w, i) in pool.busy() {
-                    if !strategy.wants(i)
-                        && !self.pending.contains_key(&w)
-                        && !checks.checking.contains_key(&w)
-                    {
-                        pool.stop(w);
-                    }
+                if !self.marked_early.remove(&step) {
+                    strategy.mark(i, record.verdict);
                 }
+                self.stop_unwanted(pool, strategy, checks, None);
             }
         }
         None
+    }
+
+    /// Stops the probes in flight that carry no news for `strategy`: not a check's, not one that goes on
+    /// to its sanitizer run, not `keep`'s (the end being settled, which is no pick of the strategy).
+    fn stop_unwanted(
+        &self,
+        pool: &Pool,
+        strategy: &dyn Strategy,
+        checks: &Checks,
+        keep: Option<usize>,
+    ) {
+        for (w, i) in pool.busy() {
+            if Some(w) != keep
+                && !strategy.wants(i)
+                && !self.pending.contains_key(&w)
+                && !checks.checking.contains_key(&w)
+            {
+                pool.stop(w);
+            }
+        }
     }
 
     /// What follows a strategy's answer: the next strategy, or the search's answer.
