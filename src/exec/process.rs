@@ -22,6 +22,28 @@ const POLL: Duration = Duration::from_millis(20);
 /// How long to wait for the output pipe after killing escaped descendants.
 const ESCAPE_GRACE: Duration = Duration::from_secs(2);
 
+/// How long a spawn is tried again while its program is "text file busy".
+const BUSY_FOR: Duration = Duration::from_secs(2);
+
+/// Spawns with `spawn`, again while the program is "text file busy" (`ETXTBSY`, for up to [`BUSY_FOR`]).
+/// Workers check out commits in this process while others start their commands: a child forked while
+/// another thread writes a script of a checkout holds that write descriptor until it execs, and the exec
+/// of that script in the meantime fails. The script is whole a moment later; that failure says nothing of
+/// the commit, and taken as the host's failure it would end the search.
+pub fn spawn_unless_busy<T>(mut spawn: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let until = Instant::now() + BUSY_FOR;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < until => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            done => return done,
+        }
+    }
+}
+
 static SUBREAPER: Once = Once::new();
 
 /// Makes this process the subreaper of everything it starts (Linux), so a descendant that leaves the
@@ -460,10 +482,13 @@ pub fn run(spec: &CommandSpec, cancel: &AtomicBool) -> Result<RunOutput, Process
         c.process_group(0);
         Ok(())
     });
-    let handle = Arc::new(expr.reader().map_err(|source| ProcessError::Spawn {
-        program: program.clone(),
-        source,
-    })?);
+    let handle =
+        Arc::new(
+            spawn_unless_busy(|| expr.reader()).map_err(|source| ProcessError::Spawn {
+                program: program.clone(),
+                source,
+            })?,
+        );
     let pgid = handle.pids().first().map(|&p| p as i32);
 
     // The capture is shared with the reader thread, so what was read is kept even when a descendant that
@@ -715,6 +740,58 @@ mod tests {
         assert!(
             out.output.contains("bytes of output omitted")
                 && out.output.trim_end().ends_with("LAST")
+        );
+    }
+
+    #[test]
+    fn a_spawn_of_a_busy_program_is_tried_again_and_any_other_error_is_not() {
+        let busy = || std::io::Error::from_raw_os_error(libc::ETXTBSY);
+        let mut tries = 0;
+        let out = spawn_unless_busy(|| {
+            tries += 1;
+            if tries < 3 {
+                Err(busy())
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(out.unwrap(), 3);
+        let mut tries = 0;
+        let out: std::io::Result<()> = spawn_unless_busy(|| {
+            tries += 1;
+            Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+        });
+        assert!(out.is_err());
+        assert_eq!(tries, 1);
+    }
+
+    #[test]
+    fn a_script_held_open_for_writing_stays_a_spawn_error_once_the_retries_are_spent() {
+        // A real ETXTBSY: the script is still open for writing as it is run. Held to the end, the run is
+        // refused after the bounded retries, with the OS's reason.
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("busy.sh");
+        let mut f = std::fs::File::create(&script).unwrap();
+        std::io::Write::write_all(&mut f, b"#!/bin/sh\necho hi\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let spec = CommandSpec {
+            command: CommandLine::Argv(vec![script.display().to_string()]),
+            cwd: dir.path().to_path_buf(),
+            env: vec![],
+            timeout: Duration::from_secs(5),
+            grace: Duration::from_secs(1),
+            stack_dump: None,
+        };
+        let err = run(&spec, &AtomicBool::new(false)).unwrap_err();
+        assert!(
+            matches!(&err, ProcessError::Spawn { source, .. } if source.raw_os_error() == Some(libc::ETXTBSY)),
+            "{err}"
+        );
+        drop(f);
+        assert_eq!(
+            run(&spec, &AtomicBool::new(false)).unwrap().exit,
+            Exit::Code(0)
         );
     }
 

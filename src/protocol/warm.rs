@@ -130,7 +130,8 @@ impl WarmServer {
         if program.components().count() > 1 && program.is_relative() {
             program = cwd.join(program);
         }
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
             .arg("serve")
             .arg("--socket")
@@ -142,8 +143,8 @@ impl WarmServer {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
-            .process_group(0)
-            .spawn()?;
+            .process_group(0);
+        let mut child = crate::exec::process::spawn_unless_busy(|| command.spawn())?;
         // The first line is read on a thread of its own, so the wait can end: ending the server (its
         // drop) closes the pipe, and the thread's read returns.
         let (tx, rx) = std::sync::mpsc::channel();

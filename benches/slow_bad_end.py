@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""The first round when the bad end is the slowest probe: `cudabisect start --jobs K` (each build given)
+beside `git bisect run`, on a generated linear history whose repro takes GOOD seconds where it runs clean
+and BAD seconds where it faults (on a GPU the bad end is often the slowest probe of the first round: it
+compiles the kernels the older commits do not have). Before the bad end is settled the search holds what
+the other probes give; a build that lets a clean probe's worker take the next cut at once starts its
+second round GOOD seconds in, not BAD. Prints, for each run, the search's wall time (from the run's start
+to its last probe before the end, read from the JSON Lines as they arrive), probes and the answer.
+
+Usage: python3 benches/slow_bad_end.py CUDABISECT[,CUDABISECT...] [COMMITS] [GOOD] [BAD] [K]
+       (defaults: 80 commits, the fault from commit 62, 2.0 s, 3.0 s, 8 workers)
+
+Runs on any machine: the repro is a shell script that sleeps (a stand-in for a run of fixed length).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bisect_vs_git as g  # noqa: E402  (the history generator)
+
+
+def search_time(binary, repo, root, k):
+    """Runs `start` once; returns (search wall time, probes, first bad commit)."""
+    started = time.time()
+    last = started
+    answer = None
+    probes = 0
+    with subprocess.Popen(
+        [binary, "start", f"{root}..main", "-C", repo, "--jobs", str(k), "--fresh", "--no-shrink",
+         "--message-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as p:
+        for line in p.stdout:
+            event = json.loads(line)
+            if event["type"] == "probe_finished":
+                last = time.time()
+                probes += 1
+            elif event["type"] == "finished":
+                answer = (event["data"]["report"].get("first_bad") or {}).get("commit")
+    return last - started, probes, answer
+
+
+def git_time(repo, root):
+    """`git bisect run ./repro.sh` (after ./build.sh) on the same history; returns (wall, steps, answer)."""
+    step = os.path.join(repo, ".git", "step.sh")
+    with open(step, "w") as f:
+        f.write("#!/bin/sh\n./build.sh && ./repro.sh >/dev/null; rc=$?; [ $rc -eq 0 ] && exit 0; exit 1\n")
+    os.chmod(step, 0o755)
+    started = time.time()
+    subprocess.run(["git", "-C", repo, "bisect", "start", "main", root], check=True, capture_output=True)
+    out = subprocess.run(["git", "-C", repo, "bisect", "run", step], capture_output=True, text=True).stdout
+    wall = time.time() - started
+    subprocess.run(["git", "-C", repo, "bisect", "reset"], check=True, capture_output=True)
+    answer = next((w.split()[0] for w in out.splitlines() if "is the first bad commit" in w), None)
+    return wall, out.count("\nrunning") + out.startswith("running"), answer
+
+
+def main():
+    binaries = [os.path.abspath(b) for b in sys.argv[1].split(",")]
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 80
+    good = float(sys.argv[3]) if len(sys.argv) > 3 else 2.0
+    bad = float(sys.argv[4]) if len(sys.argv) > 4 else 3.0
+    k = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+    culprit = n * 62 // 80
+    g.REPRO = g.REPRO.replace("sleep 0.02\n", f"if [ \"$(cat build.out)\" = bad ]; then sleep {bad}; else sleep {good}; fi\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = os.path.join(tmp, "repo")
+        g.fast_import(repo, g.linear(n, culprit))
+        root = subprocess.run(["git", "-C", repo, "rev-list", "--max-parents=0", "main"],
+                              capture_output=True, text=True).stdout.split()[0]
+        print(f"{n} commits, the fault from commit {culprit}; clean runs {good} s, faulting runs {bad} s")
+        print("| tool | search | probes | answer |")
+        print("|---|---|---|---|")
+        wall, steps, answer = git_time(repo, root)
+        print(f"| git bisect run | {wall:.1f} s | {steps} | {answer[:12] if answer else None} |", flush=True)
+        for b in binaries:
+            wall, probes, answer = search_time(b, repo, root, k)
+            print(f"| {b} --jobs {k} | {wall:.1f} s | {probes} | {answer[:12] if answer else None} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
