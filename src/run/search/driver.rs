@@ -726,7 +726,8 @@ impl<'a, 'r> Driver<'a, 'r> {
                     continue;
                 }
             }
-            // An answer waits for the end being settled: the loop asks the strategy again then.
+            // No check is left to send (they go out before any pick). An answer waits for the end
+            // being settled: the loop asks the strategy again then.
             let _ = self.send_proposals(pool, strategy);
         };
         for w in kept {
