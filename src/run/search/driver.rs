@@ -704,6 +704,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                         self.commits[landed.index].to_string(),
                         landed.worker,
                     );
+                    // Abandoned: a stopped probe ends nothing.
                     let landing = self.land(pool, landed);
                     let _ = self.search_landed(pool, strategy, checks, landing, key, false);
                 }
