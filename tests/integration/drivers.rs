@@ -2746,6 +2746,93 @@ fn the_first_round_beside_the_bad_end_gives_the_serial_answer_in_every_history()
     }
 }
 
+/// A worker whose probe of the bad end lands after the rest of the first round: it waits (bounded) until
+/// a probe handed out after the round has started, or every other probe of the round has returned.
+struct BadEndLast {
+    inner: Scripted,
+    workers: usize,
+    /// Whether a later probe started, how many of the round's other probes returned; a wake-up.
+    round: &'static (Mutex<(bool, usize)>, Condvar),
+}
+
+impl Probe for BadEndLast {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        let (lock, cv) = self.round;
+        if ctx.step > self.workers {
+            lock.lock().unwrap().0 = true;
+            cv.notify_all();
+        }
+        if ctx.role == ProbeRole::BadEndpoint && ctx.repeat.is_none() {
+            let others = self.workers - 1;
+            let _ = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |r| {
+                    !r.0 && r.1 < others
+                })
+                .unwrap();
+        }
+        let out = self.inner.probe(commit, ctx, target, reporter);
+        if ctx.step <= self.workers && ctx.role != ProbeRole::BadEndpoint {
+            lock.lock().unwrap().1 += 1;
+            cv.notify_all();
+        }
+        out
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+}
+
+#[test]
+fn a_bad_end_that_lands_after_its_round_gives_the_serial_answer_in_every_history() {
+    for (name, (shows, kernels)) in histories() {
+        let (serial, _, _) = search_with((shows, kernels), 1, false);
+        let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        let round: &'static (Mutex<(bool, usize)>, Condvar) =
+            Box::leak(Box::new((Mutex::new((false, 0)), Condvar::new())));
+        let stops = stop_flags(4);
+        let mut probers: Vec<BadEndLast> = (0..4)
+            .map(|_| {
+                let mut inner = scripted(cancel, None);
+                inner.shows = Box::new(shows);
+                inner.kernels =
+                    kernels.map(|k| Box::new(k) as Box<dyn Fn(usize) -> Option<String> + Send>);
+                BadEndLast {
+                    inner,
+                    workers: 4,
+                    round,
+                }
+            })
+            .collect();
+        let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+        assert_eq!(outcome.end, serial, "{name}: {:?}", outcome.probes);
+        assert_eq!(outcome.probes[0].role, ProbeRole::BadEndpoint, "{name}");
+        if matches!(&serial, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit"))
+            || matches!(serial, SearchEnd::EndpointInfra(_))
+        {
+            assert!(
+                outcome
+                    .probes
+                    .iter()
+                    .all(|p| p.role == ProbeRole::BadEndpoint),
+                "{name}: {:?}",
+                outcome.probes
+            );
+        }
+    }
+}
+
 #[test]
 fn a_range_refused_by_its_bad_end_stops_the_first_round_and_judges_none_of_it() {
     let history: History = (|_| clean(), None);
