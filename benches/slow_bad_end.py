@@ -12,6 +12,7 @@ Usage: python3 benches/slow_bad_end.py CUDABISECT[,CUDABISECT...] [COMMITS] [GOO
 
 Runs on any machine: the repro is a shell script that sleeps (a stand-in for a run of fixed length).
 """
+
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bisect_vs_git as g  # noqa: E402  (the history generator)
+import bisect_vs_git as g  # the history generator
 
 
 def search_time(binary, repo, root, k):
@@ -30,9 +31,22 @@ def search_time(binary, repo, root, k):
     answer = None
     probes = 0
     with subprocess.Popen(
-        [binary, "start", f"{root}..main", "-C", repo, "--jobs", str(k), "--fresh", "--no-shrink",
-         "--message-format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            binary,
+            "start",
+            f"{root}..main",
+            "-C",
+            repo,
+            "--jobs",
+            str(k),
+            "--fresh",
+            "--no-shrink",
+            "--message-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     ) as p:
         for line in p.stdout:
             event = json.loads(line)
@@ -66,12 +80,14 @@ def main():
     bad = float(sys.argv[4]) if len(sys.argv) > 4 else 3.0
     k = int(sys.argv[5]) if len(sys.argv) > 5 else 8
     culprit = n * 62 // 80
-    g.REPRO = g.REPRO.replace("sleep 0.02\n", f"if [ \"$(cat build.out)\" = bad ]; then sleep {bad}; else sleep {good}; fi\n")
+    timed = f'if [ "$(cat build.out)" = bad ]; then sleep {bad}; else sleep {good}; fi\n'
+    g.REPRO = g.REPRO.replace("sleep 0.02\n", timed)
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "repo")
         g.fast_import(repo, g.linear(n, culprit))
-        root = subprocess.run(["git", "-C", repo, "rev-list", "--max-parents=0", "main"],
-                              capture_output=True, text=True).stdout.split()[0]
+        root = subprocess.run(
+            ["git", "-C", repo, "rev-list", "--max-parents=0", "main"], capture_output=True, text=True
+        ).stdout.split()[0]
         print(f"{n} commits, the fault from commit {culprit}; clean runs {good} s, faulting runs {bad} s")
         print("| tool | search | probes | answer |")
         print("|---|---|---|---|")
