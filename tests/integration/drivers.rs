@@ -2314,18 +2314,21 @@ fn a_good_end_that_fails_in_the_first_round_refuses_the_range_and_names_no_commi
 }
 
 /// A worker whose probe of the bad end waits (bounded) until some worker has started a probe handed out
-/// after the first round: a driver that gives no worker anything new before the bad end is settled
-/// never lets it end before the bound, and the test says so.
-struct BadEndWaitsForTheNextPick {
+/// after the first round (or, with `or_round_in`, until every other probe of the round has returned): a
+/// driver that gives no worker anything new before the bad end is settled never lets it end before the
+/// bound, and the test says so.
+struct BadEndWaits {
     inner: Scripted,
     workers: usize,
-    /// Whether a probe after the first round started, and a wake-up for the bad end.
-    next: &'static (Mutex<bool>, Condvar),
-    /// Whether the bad end saw one start before it ended.
+    or_round_in: bool,
+    /// Whether a probe after the first round started, how many of the round's other probes returned; a
+    /// wake-up for the bad end.
+    round: &'static (Mutex<(bool, usize)>, Condvar),
+    /// Whether the bad end saw a later probe start before it ended.
     met: &'static Mutex<Option<bool>>,
 }
 
-impl Probe for BadEndWaitsForTheNextPick {
+impl Probe for BadEndWaits {
     fn probe(
         &mut self,
         commit: Oid,
@@ -2333,19 +2336,32 @@ impl Probe for BadEndWaitsForTheNextPick {
         target: Option<&Signature>,
         reporter: &mut dyn Reporter,
     ) -> ProbeOutcome {
-        let (lock, cv) = self.next;
+        let (lock, cv) = self.round;
         if ctx.step > self.workers {
-            *lock.lock().unwrap() = true;
+            lock.lock().unwrap().0 = true;
             cv.notify_all();
         }
+        let first_round = ctx.step <= self.workers;
         if ctx.role == ProbeRole::BadEndpoint && ctx.repeat.is_none() {
+            let others = if self.or_round_in {
+                self.workers - 1
+            } else {
+                usize::MAX
+            };
             // Noted, not asserted: a panic on a worker's thread would leave the driver waiting for it.
-            let (started, _) = cv
-                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |s| !*s)
+            let (round, _) = cv
+                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |r| {
+                    !r.0 && r.1 < others
+                })
                 .unwrap();
-            *self.met.lock().unwrap() = Some(*started);
+            *self.met.lock().unwrap() = Some(round.0);
         }
-        self.inner.probe(commit, ctx, target, reporter)
+        let out = self.inner.probe(commit, ctx, target, reporter);
+        if first_round && ctx.role != ProbeRole::BadEndpoint {
+            lock.lock().unwrap().1 += 1;
+            cv.notify_all();
+        }
+        out
     }
 
     fn sanitize(
@@ -2358,24 +2374,29 @@ impl Probe for BadEndWaitsForTheNextPick {
     }
 }
 
-/// Three workers over 16 commits whose bad end waits for a pick after the first round; `shows` says
-/// what each commit does.
-fn bad_end_waiting_for_the_next_pick(
-    shows: fn(usize) -> Signature,
+/// `workers` workers over 16 commits of `history` whose bad end waits as [`BadEndWaits`] says; the
+/// outcome, and whether the bad end saw a later probe start.
+fn bad_end_waiting(
+    (shows, kernels): History,
+    workers: usize,
+    or_round_in: bool,
 ) -> (cudabisect::run::search::SearchOutcome, Option<bool>) {
     let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let next: &'static (Mutex<bool>, Condvar) =
-        Box::leak(Box::new((Mutex::new(false), Condvar::new())));
+    let round: &'static (Mutex<(bool, usize)>, Condvar) =
+        Box::leak(Box::new((Mutex::new((false, 0)), Condvar::new())));
     let met: &'static Mutex<Option<bool>> = Box::leak(Box::new(Mutex::new(None)));
-    let stops = stop_flags(3);
-    let mut probers: Vec<BadEndWaitsForTheNextPick> = (0..3)
+    let stops = stop_flags(workers);
+    let mut probers: Vec<BadEndWaits> = (0..workers)
         .map(|_| {
             let mut inner = scripted(cancel, None);
             inner.shows = Box::new(shows);
-            BadEndWaitsForTheNextPick {
+            inner.kernels =
+                kernels.map(|k| Box::new(k) as Box<dyn Fn(usize) -> Option<String> + Send>);
+            BadEndWaits {
                 inner,
-                workers: 3,
-                next,
+                workers,
+                or_round_in,
+                round,
                 met,
             }
         })
@@ -2387,8 +2408,11 @@ fn bad_end_waiting_for_the_next_pick(
 
 #[test]
 fn a_clean_probe_of_the_first_round_frees_its_worker_for_the_next_pick_while_the_bad_end_runs() {
-    let (outcome, met) =
-        bad_end_waiting_for_the_next_pick(|i| if i >= 11 { fault("gather") } else { clean() });
+    let (outcome, met) = bad_end_waiting(
+        (|i| if i >= 11 { fault("gather") } else { clean() }, None),
+        3,
+        false,
+    );
     assert_eq!(
         met,
         Some(true),
@@ -2413,7 +2437,7 @@ fn a_clean_probe_of_the_first_round_frees_its_worker_for_the_next_pick_while_the
 fn a_range_its_bad_end_refuses_judges_none_of_the_probes_that_ran_beside_it() {
     // Every commit runs clean: the round's clean probes freed their workers while the bad end ran, and
     // the bad end then refused the range.
-    let (outcome, met) = bad_end_waiting_for_the_next_pick(|_| clean());
+    let (outcome, met) = bad_end_waiting((|_| clean(), None), 3, false);
     assert_eq!(met, Some(true));
     assert!(
         matches!(
@@ -2746,76 +2770,11 @@ fn the_first_round_beside_the_bad_end_gives_the_serial_answer_in_every_history()
     }
 }
 
-/// A worker whose probe of the bad end lands after the rest of the first round: it waits (bounded) until
-/// a probe handed out after the round has started, or every other probe of the round has returned.
-struct BadEndLast {
-    inner: Scripted,
-    workers: usize,
-    /// Whether a later probe started, how many of the round's other probes returned; a wake-up.
-    round: &'static (Mutex<(bool, usize)>, Condvar),
-}
-
-impl Probe for BadEndLast {
-    fn probe(
-        &mut self,
-        commit: Oid,
-        ctx: &ProbeContext,
-        target: Option<&Signature>,
-        reporter: &mut dyn Reporter,
-    ) -> ProbeOutcome {
-        let (lock, cv) = self.round;
-        if ctx.step > self.workers {
-            lock.lock().unwrap().0 = true;
-            cv.notify_all();
-        }
-        if ctx.role == ProbeRole::BadEndpoint && ctx.repeat.is_none() {
-            let others = self.workers - 1;
-            let _ = cv
-                .wait_timeout_while(lock.lock().unwrap(), Duration::from_secs(10), |r| {
-                    !r.0 && r.1 < others
-                })
-                .unwrap();
-        }
-        let out = self.inner.probe(commit, ctx, target, reporter);
-        if ctx.step <= self.workers && ctx.role != ProbeRole::BadEndpoint {
-            lock.lock().unwrap().1 += 1;
-            cv.notify_all();
-        }
-        out
-    }
-
-    fn sanitize(
-        &mut self,
-        commit: Oid,
-        ctx: &ProbeContext,
-        reporter: &mut dyn Reporter,
-    ) -> Option<Sanitized> {
-        self.inner.sanitize(commit, ctx, reporter)
-    }
-}
-
 #[test]
 fn a_bad_end_that_lands_after_its_round_gives_the_serial_answer_in_every_history() {
-    for (name, (shows, kernels)) in histories() {
-        let (serial, _, _) = search_with((shows, kernels), 1, false);
-        let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-        let round: &'static (Mutex<(bool, usize)>, Condvar) =
-            Box::leak(Box::new((Mutex::new((false, 0)), Condvar::new())));
-        let stops = stop_flags(4);
-        let mut probers: Vec<BadEndLast> = (0..4)
-            .map(|_| {
-                let mut inner = scripted(cancel, None);
-                inner.shows = Box::new(shows);
-                inner.kernels =
-                    kernels.map(|k| Box::new(k) as Box<dyn Fn(usize) -> Option<String> + Send>);
-                BadEndLast {
-                    inner,
-                    workers: 4,
-                    round,
-                }
-            })
-            .collect();
-        let (outcome, _) = search_16(&mut probers, &stops, cancel, Sharing::NONE);
+    for (name, history) in histories() {
+        let (serial, _, _) = search_with(history, 1, false);
+        let (outcome, _) = bad_end_waiting(history, 4, true);
         assert_eq!(outcome.end, serial, "{name}: {:?}", outcome.probes);
         assert_eq!(outcome.probes[0].role, ProbeRole::BadEndpoint, "{name}");
         if matches!(&serial, SearchEnd::EndpointsInvalid(m) if m.to_string().contains("bad commit"))

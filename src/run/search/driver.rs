@@ -559,7 +559,7 @@ impl<'a, 'r> Driver<'a, 'r> {
         task: Task,
     ) -> Result<Landing, SearchEnd> {
         self.send_first(pool, index, ctx, task)?;
-        self.wait_on(pool, 0)
+        self.wait_on(pool, None)
     }
 
     /// Hands one job to the first worker (the gauge watching a probe when it is the one to measure).
@@ -610,7 +610,7 @@ impl<'a, 'r> Driver<'a, 'r> {
                 self.send_picks(pool, strategy, picks);
             }
         }
-        match self.wait_opening(pool, strategy, checks)? {
+        match self.wait_on(pool, Some((strategy, checks)))? {
             // Crowded out (its GPU fell back to one probe at a time): again, once the round is in.
             Landing::Stopped(_) if !self.cancelled() => {
                 self.hold_all(pool);
@@ -645,40 +645,19 @@ impl<'a, 'r> Driver<'a, 'r> {
         }
     }
 
-    /// What worker `w`'s job gives, once it is done; other workers' probes that land meanwhile are
-    /// held.
-    fn wait_on(&mut self, pool: &mut Pool, w: usize) -> Result<Landing, SearchEnd> {
-        loop {
-            let Some(landed) = pool.land(self.reporter) else {
-                if pool.all_idle() {
-                    return Err(SearchEnd::HostFailure("the probe worker is gone".into()));
-                }
-                continue;
-            };
-            if landed.worker != w {
-                self.held.push_back(landed);
-                continue;
-            }
-            match self.land(pool, landed) {
-                Landing::Pending => {}
-                other => return Ok(other),
-            }
-        }
-    }
-
-    /// What the end that opens the round (on the first worker) gives. The round's other probes are held
-    /// until it is settled, their workers kept for them (a sanitizer run of theirs finds their commit),
-    /// except what needs no target: a clean run is good whatever the target turns out to be (finding a
-    /// fix, the newer state), so the strategy takes it at once and its worker the next pick, while its
-    /// record waits with the held ones (a range the end refuses still judges none of the round); and a
-    /// probe that stopping made moot is abandoned. Without this the search would wait on the bad end's
-    /// cold run with the round's answers in hand. Not where the bad end runs several times: a flaky
-    /// fault's search takes the round's runs once they are all in.
-    fn wait_opening(
+    /// What the first worker's job gives, once it is done. Other workers' probes that land meanwhile are
+    /// held, their workers kept for them (a sanitizer run of theirs finds their commit), except, while
+    /// that job is the end that opens the round (`opening`: the round's strategy and checks), what needs
+    /// no target: a clean run is good whatever the target turns out to be (finding a fix, the newer
+    /// state), so the strategy takes it at once and its worker the next pick, while its record waits with
+    /// the held ones (a range the end refuses still judges none of the round); and a probe that stopping
+    /// made moot is abandoned. Without this the search would wait on the bad end's cold run with the
+    /// round's answers in hand. Not where the bad end runs several times: a flaky fault's search takes the
+    /// round's runs once they are all in.
+    fn wait_on(
         &mut self,
         pool: &mut Pool,
-        strategy: &mut dyn Strategy,
-        checks: &Checks,
+        mut opening: Option<(&mut dyn Strategy, &Checks)>,
     ) -> Result<Landing, SearchEnd> {
         let early = self.input.flaky.endpoint_runs <= 1;
         let mut kept = Vec::new();
@@ -695,46 +674,65 @@ impl<'a, 'r> Driver<'a, 'r> {
                     other => break Ok(other),
                 }
             }
-            let search_probe =
-                early && !self.cancelled() && !checks.checking.contains_key(&landed.worker);
-            match &landed.done {
-                Done::Probed(o) if search_probe && o.interrupted => {
-                    let key = (
-                        landed.ctx.step,
-                        self.commits[landed.index].to_string(),
-                        landed.worker,
-                    );
-                    // Abandoned: a stopped probe ends nothing.
-                    let landing = self.land(pool, landed);
-                    let _ = self.search_landed(pool, strategy, checks, landing, key, false);
+            let left = match opening.as_mut() {
+                Some((strategy, checks)) if early && !self.cancelled() => {
+                    self.take_early(pool, &mut **strategy, checks, landed)
                 }
-                Done::Probed(o) if search_probe && o.record.signature.class == FaultClass::None => {
-                    let j = judge(
-                        &o.record.signature,
-                        &o.output,
-                        self.terms(None),
-                        Kernel::NotAsked,
-                    );
-                    strategy.mark(landed.index, j.verdict);
-                    self.marked_early.insert(landed.ctx.step);
-                    self.held.push_back(landed);
-                    self.stop_unwanted(pool, strategy, checks, Some(0));
-                }
-                _ => {
-                    pool.claim(landed.worker);
-                    kept.push(landed.worker);
-                    self.held.push_back(landed);
-                    continue;
-                }
+                _ => Some(landed),
+            };
+            if let Some(landed) = left {
+                pool.claim(landed.worker);
+                kept.push(landed.worker);
+                self.held.push_back(landed);
             }
-            // No check is left to send (they go out before any pick). An answer waits for the end
-            // being settled: the loop asks the strategy again then.
-            let _ = self.send_proposals(pool, strategy);
         };
         for w in kept {
             pool.release(w);
         }
         landing
+    }
+
+    /// Takes a probe of the opening round that needs no target (see [`Self::wait_on`]) and hands the
+    /// idle workers the strategy's next picks; any other landing is given back, to be held.
+    fn take_early(
+        &mut self,
+        pool: &mut Pool,
+        strategy: &mut dyn Strategy,
+        checks: &Checks,
+        landed: Landed,
+    ) -> Option<Landed> {
+        if checks.checking.contains_key(&landed.worker) {
+            return Some(landed);
+        }
+        match &landed.done {
+            Done::Probed(o) if o.interrupted => {
+                let key = (
+                    landed.ctx.step,
+                    self.commits[landed.index].to_string(),
+                    landed.worker,
+                );
+                // Abandoned: a stopped probe ends nothing.
+                let landing = self.land(pool, landed);
+                let _ = self.search_landed(pool, strategy, checks, landing, key, false);
+            }
+            Done::Probed(o) if o.record.signature.class == FaultClass::None => {
+                let j = judge(
+                    &o.record.signature,
+                    &o.output,
+                    self.terms(None),
+                    Kernel::NotAsked,
+                );
+                strategy.mark(landed.index, j.verdict);
+                self.marked_early.insert(landed.ctx.step);
+                self.held.push_back(landed);
+                self.stop_unwanted(pool, strategy, checks, Some(0));
+            }
+            _ => return Some(landed),
+        }
+        // No check is left to send (they go out before any pick). An answer waits for the end being
+        // settled: the loop asks the strategy again then.
+        let _ = self.send_proposals(pool, strategy);
+        None
     }
 
     /// Waits for every probe in flight, holding what each gives: the bad end runs again alone.
