@@ -2,23 +2,26 @@
 //! run once more with no probe of the search beside them (the commit and its parent side by side on two
 //! workers where the GPU holds two, else one after the other). A repro that only works one at a time (it
 //! writes a path every worker shares) disagrees with itself here, and the search is done again serially
-//! instead of naming a commit the workers' interference chose.
+//! instead of naming a commit the workers' interference chose. The runs themselves go through the
+//! search's one loop ([`run_again`]): this module says what to run and what the answer makes of it.
 
 use git2::Oid;
 
 use crate::bisect::Verdict;
-use crate::classify::{MatchPolicy, Signature};
-use crate::report::event::{Event, Reporter, SendingReporter};
-use crate::report::record::{short_sha, ProbeRecord, ProbeRole};
+use crate::classify::Signature;
+use crate::report::event::{Event, Reporter};
+use crate::report::record::{short_sha, ProbeRecord};
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use super::journal::{Journal, JournaledProbe};
 use super::plan::{Plan, StartOptions};
-use super::probe::prober::{Probe, ProbeContext, ProbeOutcome, WorktreeProber};
-use super::search::judge::{judge, swapped, Kernel, Terms};
-use super::search::{search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker};
+use super::probe::prober::{Probe, WorktreeProber};
+use super::search::judge::swapped;
+use super::search::{
+    run_again, search_with_workers, SearchEnd, SearchInput, SearchOutcome, Worker,
+};
 
 /// What the serial runs said.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,107 +45,64 @@ pub struct Expect<'a> {
     pub what: &'a str,
 }
 
-/// Runs each commit of `runs` once, fresh (never from the journal), judged against `target`: as many at
-/// once as there are `probers` (the first commit on the first), in order, and stops after the first group
-/// with a commit that does not do what it must. The records are appended to `probes` in the order of
-/// `runs`, numbered from `step`; with `swap` (finding a fix) they are recorded in the search's swapped
-/// terms.
-pub fn cross_check(
-    probers: &mut [&mut dyn Probe],
-    runs: &[Expect],
-    (target, policy): (&Signature, &MatchPolicy),
-    (step, swap): (usize, bool),
-    probes: &mut Vec<ProbeRecord>,
-    reporter: &mut dyn Reporter,
-) -> CrossCheck {
-    let width = probers.len().max(1);
-    for (group, wave) in runs.chunks(width).enumerate() {
-        let first = step + group * width;
-        let outs = run_side_by_side(probers, wave, (first, target), reporter);
-        if outs.iter().any(|o| o.interrupted) {
-            return CrossCheck::Interrupted;
-        }
-        let mut disagreed = None;
-        for (k, (run, out)) in wave.iter().zip(outs).enumerate() {
-            // Judged in the search's terms (swapped when finding a fix), and compared in the fault's.
-            let terms = Terms {
-                target: Some(target),
-                policy,
-                swapped: swap,
-            };
-            let j = judge(&out.record.signature, &out.output, terms, Kernel::Unknown);
-            let got = if swap { swapped(j.verdict) } else { j.verdict };
-            let summary = out.record.signature.short();
-            let mut record = out.record;
-            record.verdict = j.verdict;
-            record.matched_target = j.matched_target;
-            record.reason = j.reason;
-            reporter.event(&Event::ProbeFinished {
-                step: first + k,
-                record: Box::new(record.clone()),
-            });
-            probes.push(record);
-            if got != run.verdict && disagreed.is_none() {
-                disagreed = Some(format!(
-                    "{} {} run again {} ({summary})",
-                    run.what,
-                    short_sha(&run.oid.to_string()),
-                    match got {
-                        Verdict::Bad => "shows the fault",
-                        Verdict::Good => "runs clean",
-                        Verdict::Skip => "fails another way",
-                    }
-                ));
-            }
-        }
-        if let Some(why) = disagreed {
-            return CrossCheck::Disagrees(why);
-        }
-    }
-    CrossCheck::Agrees
+/// What the cross-check said, its records (in the order of the runs) and the last step number it used.
+pub struct Checked {
+    /// What it said.
+    pub said: CrossCheck,
+    /// The records of its runs.
+    pub probes: Vec<ProbeRecord>,
+    /// The last step number it used.
+    pub steps: usize,
 }
 
-/// One group of the cross-check's runs, each on its own prober at the same time (numbered from `first`),
-/// their events passed on as they come; the outcomes in the order of `wave`.
-fn run_side_by_side(
-    probers: &mut [&mut dyn Probe],
-    wave: &[Expect],
-    (first, target): (usize, &Signature),
+/// Runs each commit of `runs` once more, fresh (never from the journal), through the search's one loop
+/// ([`run_again`]): judged against `target` in `input`'s terms (swapped, finding a fix) by its own output,
+/// as many at once as there are `workers` (the first commit on the first), in order, and stops after the
+/// first group with a commit that does not do what it must. Numbered on from `input.steps_before`.
+pub fn cross_check(
+    workers: &mut [Worker],
+    runs: &[Expect],
+    target: &Signature,
+    input: &SearchInput,
     reporter: &mut dyn Reporter,
-) -> Vec<ProbeOutcome> {
-    let ctx = |k: usize| ProbeContext {
-        step: first + k,
-        role: ProbeRole::Verify,
-        remaining: 1,
-        estimated_steps: 1,
-        worker: None,
-        repeat: None,
-        crowded: false,
-    };
-    if let ([run], [prober, ..]) = (wave, &mut *probers) {
-        return vec![prober.probe(run.oid, &ctx(0), Some(target), reporter)];
-    }
-    std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel::<Event>();
-        let running: Vec<_> = probers
-            .iter_mut()
-            .zip(wave)
-            .enumerate()
-            .map(|(k, (prober, run))| {
-                let mut events = SendingReporter(tx.clone());
-                let ctx = ctx(k);
-                s.spawn(move || prober.probe(run.oid, &ctx, Some(target), &mut events))
-            })
-            .collect();
-        drop(tx);
-        for event in rx {
-            reporter.event(&event);
+    cancel: &AtomicBool,
+) -> Checked {
+    let swap = input.finding_fix;
+    // In the search's terms: what the search took the commit for.
+    let in_search_terms = |v: Verdict| if swap { swapped(v) } else { v };
+    let expected: Vec<(Oid, Verdict)> = runs
+        .iter()
+        .map(|r| (r.oid, in_search_terms(r.verdict)))
+        .collect();
+    let ran = run_again(input, target, &expected, workers, reporter, cancel);
+    let said = match ran.said {
+        Ok(None) => CrossCheck::Agrees,
+        Ok(Some(place)) => {
+            let run = &runs[place];
+            let commit = run.oid.to_string();
+            let record = ran.probes.iter().rev().find(|p| p.commit == commit);
+            // Compared in the fault's terms.
+            let got = record.map_or(Verdict::Skip, |r| in_search_terms(r.verdict));
+            let summary = record.map(|r| r.signature.short()).unwrap_or_default();
+            CrossCheck::Disagrees(format!(
+                "{} {} run again {} ({summary})",
+                run.what,
+                short_sha(&commit),
+                match got {
+                    Verdict::Bad => "shows the fault",
+                    Verdict::Good => "runs clean",
+                    Verdict::Skip => "fails another way",
+                }
+            ))
         }
-        running
-            .into_iter()
-            .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
+        Err(SearchEnd::Interrupted) => CrossCheck::Interrupted,
+        Err(end) => CrossCheck::Disagrees(format!("its runs again could not be made: {end:?}")),
+    };
+    Checked {
+        said,
+        probes: ran.probes,
+        steps: ran.steps,
+    }
 }
 
 /// What the cross-check runs: the answer (called `first`), then its parents (its first alone along
@@ -186,7 +146,7 @@ fn expectations<'a>(
     clippy::too_many_arguments,
     reason = "the parts of one call, named where it is made"
 )]
-pub fn cross_checked(
+pub fn cross_checked<'w>(
     outcome: SearchOutcome,
     opts: &StartOptions,
     plan: &Plan,
@@ -194,7 +154,7 @@ pub fn cross_checked(
     journal_path: &Path,
     fingerprint: &str,
     log_dir: &Path,
-    (prober, beside): (&mut WorktreeProber, Option<&mut WorktreeProber>),
+    (prober, beside): (&mut WorktreeProber<'w>, Option<&mut WorktreeProber<'w>>),
     (reporter, disagreed): (&mut dyn Reporter, &dyn Fn()),
     cancel: &AtomicBool,
 ) -> SearchOutcome {
@@ -204,23 +164,29 @@ pub fn cross_checked(
         return outcome;
     };
     let culprit = *culprit;
-    let mut probes = outcome.probes.clone();
-    let step = outcome.steps + 1;
     let first = format!("the first {} commit", opts.terms.new);
     let runs = expectations(plan, opts, culprit, &first);
-    let mut probers: Vec<&mut dyn Probe> = std::iter::once(&mut *prober as &mut dyn Probe)
-        .chain(beside.map(|p| p as &mut dyn Probe))
+    let mut workers: Vec<Worker> = std::iter::once(&mut *prober)
+        .chain(beside)
+        .map(|p| {
+            let stop = p.cancel;
+            Worker {
+                probe: p as &mut dyn Probe,
+                stop,
+            }
+        })
         .collect();
-    let check = cross_check(
-        &mut probers,
-        &runs,
-        (&target, input.policy),
-        (step, opts.find_fix),
-        &mut probes,
-        reporter,
-    );
-    // Numbered as far as every run it could make (one that disagreed ends it early).
-    let steps = outcome.steps + runs.len();
+    let again = SearchInput {
+        steps_before: outcome.steps,
+        ..input.clone()
+    };
+    let checked = cross_check(&mut workers, &runs, &target, &again, reporter, cancel);
+    drop(workers);
+    let mut probes = outcome.probes.clone();
+    probes.extend(checked.probes);
+    // Numbered as far as every run it could make (one that disagreed ends it early), and any it sent
+    // again.
+    let (check, steps) = (checked.said, checked.steps.max(outcome.steps + runs.len()));
     match check {
         CrossCheck::Agrees => SearchOutcome {
             probes,

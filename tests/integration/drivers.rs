@@ -3115,7 +3115,7 @@ impl Probe for Meeting {
 /// The cross-check of an answer at commit 11 (its parent 10 clean) on `probers`, numbered from `step`:
 /// what it said, its records and its events.
 fn cross_check_of_11(
-    probers: &mut [&mut dyn Probe],
+    probers: Vec<&mut dyn Probe>,
     step: usize,
 ) -> (
     cudabisect::run::cross_check::CrossCheck,
@@ -3123,7 +3123,29 @@ fn cross_check_of_11(
     Vec<Event>,
 ) {
     use cudabisect::run::cross_check::{cross_check, Expect};
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let stops = stop_flags(probers.len());
+    let mut workers: Vec<Worker> = probers
+        .into_iter()
+        .zip(stops)
+        .map(|(probe, stop)| Worker { probe, stop })
+        .collect();
     let policy = MatchPolicy::parse("class+kernel").unwrap();
+    let range = linear(12);
+    let goods = vec![("v1".to_string(), oid(0))];
+    let input = SearchInput {
+        range: &range,
+        bad: ("main", oid(12)),
+        goods: &goods,
+        merge_bases: &[],
+        policy: &policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        finding_fix: false,
+        steps_before: step - 1,
+        checkout: None,
+        sharing: Sharing::NONE,
+    };
     let runs = [
         Expect {
             oid: oid(11),
@@ -3136,16 +3158,16 @@ fn cross_check_of_11(
             what: "its parent",
         },
     ];
-    let (mut probes, mut events) = (Vec::new(), Events::default());
-    let said = cross_check(
-        probers,
+    let mut events = Events::default();
+    let checked = cross_check(
+        &mut workers,
         &runs,
-        (&fault("gather"), &policy),
-        (step, false),
-        &mut probes,
+        &fault("gather"),
+        &input,
         &mut events,
+        cancel,
     );
-    (said, probes, events.0)
+    (checked.said, checked.probes, events.0)
 }
 
 #[test]
@@ -3164,7 +3186,7 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
         if two {
             probers.push(&mut second);
         }
-        let (said, probes, events) = cross_check_of_11(&mut probers, 7);
+        let (said, probes, events) = cross_check_of_11(probers, 7);
         let most = in_flight.0.lock().unwrap().1;
         (said, probes, events, most)
     };
@@ -3183,13 +3205,15 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
             (10, ProbeRole::Verify, Verdict::Good)
         ]
     );
-    let finished: Vec<usize> = events
+    // Said as they land.
+    let mut finished: Vec<usize> = events
         .iter()
         .filter_map(|e| match e {
             Event::ProbeFinished { step, .. } => Some(*step),
             _ => None,
         })
         .collect();
+    finished.sort();
     assert_eq!(finished, [7, 8]);
     // One worker: one run after the other, the same records.
     let (said, alone, _, most) = check(1, false);
@@ -3200,6 +3224,74 @@ fn the_cross_check_runs_the_first_bad_commit_and_its_parent_side_by_side_on_two_
             .collect::<Vec<_>>()
     };
     assert_eq!(verdicts(&alone), verdicts(&probes));
+}
+
+/// A prober on GPU 0, which another worker shares: commit 10 runs out of memory when it runs beside
+/// another probe there. Each run's commit and whether it ran crowded are noted.
+struct TightGpu {
+    inner: Scripted,
+    runs: &'static Mutex<Vec<(usize, bool)>>,
+}
+
+impl Probe for TightGpu {
+    fn probe(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        target: Option<&Signature>,
+        reporter: &mut dyn Reporter,
+    ) -> ProbeOutcome {
+        self.runs.lock().unwrap().push((index(commit), ctx.crowded));
+        let mut out = self.inner.probe(commit, ctx, target, reporter);
+        if ctx.crowded && index(commit) == 10 {
+            out.record.signature = Signature::new(
+                FaultClass::OutOfMemory,
+                "torch.OutOfMemoryError: CUDA out of memory",
+            );
+        }
+        out
+    }
+
+    fn sanitize(
+        &mut self,
+        commit: Oid,
+        ctx: &ProbeContext,
+        reporter: &mut dyn Reporter,
+    ) -> Option<Sanitized> {
+        self.inner.sanitize(commit, ctx, reporter)
+    }
+
+    fn shared_gpu(&self) -> Option<String> {
+        Some("0".into())
+    }
+}
+
+#[test]
+fn a_cross_check_run_crowded_out_beside_the_other_runs_again_alone_instead_of_disagreeing() {
+    use cudabisect::run::cross_check::CrossCheck;
+    let cancel: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let runs: &'static _ = Box::leak(Box::new(Mutex::new(Vec::new())));
+    let mut workers: Vec<TightGpu> = (0..2)
+        .map(|_| TightGpu {
+            inner: scripted(cancel, None),
+            runs,
+        })
+        .collect();
+    let probers: Vec<&mut dyn Probe> = workers.iter_mut().map(|w| w as &mut dyn Probe).collect();
+    let (said, probes, events) = cross_check_of_11(probers, 5);
+    assert_eq!(said, CrossCheck::Agrees);
+    let mut ran = runs.lock().unwrap().clone();
+    ran[..2].sort();
+    // Side by side first; the parent, out of memory there, again alone.
+    assert_eq!(ran, [(10, true), (11, true), (10, false)]);
+    let recorded: Vec<_> = probes
+        .iter()
+        .map(|p| (index(Oid::from_str(&p.commit).unwrap()), p.verdict))
+        .collect();
+    assert_eq!(recorded, [(11, Verdict::Bad), (10, Verdict::Good)]);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::ProbesAtOnce { probes: 1, .. })));
 }
 
 #[test]
@@ -3213,9 +3305,8 @@ fn a_parent_that_faults_beside_the_first_bad_commit_is_a_disagreement_named_afte
             ..scripted(cancel, None)
         })
         .collect();
-    let mut probers: Vec<&mut dyn Probe> =
-        workers.iter_mut().map(|w| w as &mut dyn Probe).collect();
-    let (said, probes, _) = cross_check_of_11(&mut probers, 3);
+    let probers: Vec<&mut dyn Probe> = workers.iter_mut().map(|w| w as &mut dyn Probe).collect();
+    let (said, probes, _) = cross_check_of_11(probers, 3);
     let CrossCheck::Disagrees(why) = said else {
         panic!("{said:?}")
     };

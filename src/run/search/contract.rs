@@ -192,3 +192,15 @@ pub struct SearchOutcome {
     /// fewer workers). The stages after the search overlap only where two fit.
     pub at_once: usize,
 }
+
+/// What the runs of an answer made again (its cross-check) gave.
+#[derive(Clone, Debug)]
+pub struct RanAgain {
+    /// `Ok`: the first run, by its place among them, that did not give its verdict, if one did not;
+    /// `Err`: how they were cut short (Ctrl-C, no worker).
+    pub said: Result<Option<usize>, SearchEnd>,
+    /// Their records, in the order of the runs (a run sent again after it was stopped counts once).
+    pub probes: Vec<ProbeRecord>,
+    /// The last step number they used.
+    pub steps: usize,
+}

@@ -83,6 +83,9 @@ pub(super) struct Driver<'a, 'r> {
     /// Held probes (by number) whose clean run the strategy already took while the bad end was being
     /// settled: judged and recorded with the others once it is, not marked twice.
     marked_early: std::collections::HashSet<usize>,
+    /// Whether a probe that fails like the target but cannot be told apart by its output goes on to a
+    /// sanitizer run (the runs of an answer made again are judged by their own output).
+    pub(super) sanitizes: bool,
 }
 
 impl<'a, 'r> Driver<'a, 'r> {
@@ -115,6 +118,7 @@ impl<'a, 'r> Driver<'a, 'r> {
             awaiting: Vec::new(),
             held: VecDeque::new(),
             marked_early: Default::default(),
+            sanitizes: true,
         }
     }
 
@@ -361,7 +365,11 @@ impl<'a, 'r> Driver<'a, 'r> {
             &outcome.record.signature,
             &outcome.output,
             self.terms(target.as_ref()),
-            Kernel::NotAsked,
+            if self.sanitizes {
+                Kernel::NotAsked
+            } else {
+                Kernel::Unknown
+            },
         );
         if !j.ask_sanitizer {
             return self.judged(index, &ctx, *outcome, j, None);
@@ -1059,7 +1067,9 @@ impl<'a, 'r> Driver<'a, 'r> {
                     }
                 }
             }
-            other @ Answer::Plain(SearchResult::Ambiguous(_)) => Next::End(other),
+            other @ (Answer::Plain(SearchResult::Ambiguous(_)) | Answer::RanAgain(_)) => {
+                Next::End(other)
+            }
         })
     }
 }
@@ -1203,7 +1213,7 @@ impl Driver<'_, '_> {
                 SearchEnd::Ambiguous(most_likely)
             }
             Answer::ParentFaults(i) => SearchEnd::Found(oid(i)),
-            Answer::Verified(_) => SearchEnd::Interrupted,
+            Answer::Verified(_) | Answer::RanAgain(_) => SearchEnd::Interrupted,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::bisect::{Bisector, Verdict};
 use crate::report::event::{Event, Reporter};
 use crate::report::record::ProbeRole;
 
-pub use contract::{EndpointProblem, SearchEnd, SearchInput, SearchOutcome, Sharing};
+pub use contract::{EndpointProblem, RanAgain, SearchEnd, SearchInput, SearchOutcome, Sharing};
 use driver::Driver;
 pub use pool::Worker;
 use settled::{SettledStacks, REMEMBERED};
@@ -65,6 +65,55 @@ pub fn search_with_workers(
             None => pool.size(),
         };
         outcome
+    })
+}
+
+/// Runs each commit of `runs` once more, fresh, on `workers` side by side in groups as wide as they are
+/// (the first commit on the first worker), through the one loop: each judged against `target` in the
+/// search's terms by its own output (no sanitizer run), and expected to give its verdict (in those terms
+/// too). Ends after the first group in which one did not. Numbered on from `input.steps_before`.
+pub fn run_again(
+    input: &SearchInput,
+    target: &crate::classify::Signature,
+    runs: &[(Oid, Verdict)],
+    workers: &mut [Worker],
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> RanAgain {
+    if workers.is_empty() {
+        return RanAgain {
+            said: Err(SearchEnd::HostFailure("no probe worker".into())),
+            probes: Vec::new(),
+            steps: input.steps_before,
+        };
+    }
+    pool::with_pool(workers, cancel, |pool| {
+        // The caller gave as many workers as the GPU holds runs at once.
+        pool.set_limit(pool.size());
+        pool.set_measured();
+        let off = SettledStacks::off();
+        // Its pool is not the search's: a worker number would name another of the search's workers.
+        let mut d = Driver::new(input, reporter, &off, cancel, 1);
+        d.target = Some(target.clone());
+        d.sanitizes = false;
+        let picks: Vec<(usize, Verdict)> =
+            runs.iter().map(|&(oid, v)| (d.index_of(oid), v)).collect();
+        let strategy = strategy::RunAgain::new(picks);
+        let said = match d.drive(pool, Box::new(strategy), driver::Checks::default()) {
+            Ok(strategy::Answer::RanAgain(disagreed)) => Ok(disagreed),
+            Ok(_) => Err(SearchEnd::HostFailure(
+                "the runs again ended with another strategy's answer".into(),
+            )),
+            Err(end) => Err(end),
+        };
+        let place = |commit: &str| runs.iter().position(|(oid, _)| oid.to_string() == commit);
+        let mut probes = std::mem::take(&mut d.probes);
+        probes.sort_by_key(|p| place(&p.commit));
+        RanAgain {
+            said,
+            probes,
+            steps: d.steps,
+        }
     })
 }
 

@@ -30,6 +30,9 @@ pub(super) enum Answer {
     ParentFaults(usize),
     /// A flaky culprit's and its parent's rates.
     Verified(Verification),
+    /// The runs of an answer made again: the first (by its place among them) that did not give its
+    /// verdict, if one did not.
+    RanAgain(Option<usize>),
 }
 
 /// One way of choosing what to probe next.
@@ -274,6 +277,76 @@ impl Strategy for Verify {
     }
 }
 
+/// The cross-check of a parallel answer: each commit of `runs` run once more, expected to give its verdict
+/// (in the search's terms), in groups as wide as the idle workers, in order (the first commit on the first
+/// worker), no group sent before the last is in. It ends after the first group in which a commit did not
+/// give its verdict. A run stopped without one (crowded out on its GPU) is sent again.
+pub(super) struct RunAgain {
+    /// Each run's commit and the verdict it must give.
+    runs: Vec<(usize, Verdict)>,
+    /// Runs not sent yet, by place, the next first.
+    unsent: std::collections::VecDeque<usize>,
+    /// Runs in flight, by place.
+    in_flight: Vec<usize>,
+    /// The first run, by place, that did not give its verdict.
+    disagreed: Option<usize>,
+}
+
+impl RunAgain {
+    pub(super) fn new(runs: Vec<(usize, Verdict)>) -> Self {
+        Self {
+            unsent: (0..runs.len()).collect(),
+            runs,
+            in_flight: Vec::new(),
+            disagreed: None,
+        }
+    }
+
+    /// The place of commit `i`'s run in flight, taken off the flight.
+    fn landed(&mut self, i: usize) -> Option<usize> {
+        let at = self.in_flight.iter().position(|&p| self.runs[p].0 == i)?;
+        Some(self.in_flight.remove(at))
+    }
+}
+
+impl Strategy for RunAgain {
+    fn propose(&mut self, idle: usize) -> Proposal {
+        if !self.in_flight.is_empty() {
+            return Proposal::Wait;
+        }
+        if self.disagreed.is_some() || self.unsent.is_empty() {
+            return Proposal::Done(Answer::RanAgain(self.disagreed));
+        }
+        let group: Vec<usize> = (0..idle).map_while(|_| self.unsent.pop_front()).collect();
+        if group.is_empty() {
+            return Proposal::Wait;
+        }
+        self.in_flight = group;
+        Proposal::Run(self.in_flight.iter().map(|&p| self.runs[p].0).collect())
+    }
+    fn mark(&mut self, i: usize, verdict: Verdict) {
+        if let Some(p) = self.landed(i) {
+            if verdict != self.runs[p].1 {
+                self.disagreed = Some(self.disagreed.map_or(p, |d| d.min(p)));
+            }
+        }
+    }
+    fn abandon(&mut self, i: usize) {
+        if let Some(p) = self.landed(i) {
+            self.unsent.push_front(p);
+        }
+    }
+    fn role(&self) -> ProbeRole {
+        ProbeRole::Verify
+    }
+    fn host_failure_ends(&self) -> bool {
+        false
+    }
+    fn progress(&self) -> (usize, usize) {
+        (1, 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +392,87 @@ mod tests {
             }
         }
         assert_eq!(runs, 4 * VERIFY_RUNS as usize);
+    }
+
+    /// Drives `r` with `idle` workers, each commit giving what `gives` says (`None`: stopped); the groups
+    /// it sent and its answer.
+    fn groups_of(
+        mut r: RunAgain,
+        idle: usize,
+        mut gives: impl FnMut(usize) -> Option<Verdict>,
+    ) -> (Vec<Vec<usize>>, Option<usize>) {
+        let mut groups = Vec::new();
+        loop {
+            match r.propose(idle) {
+                Proposal::Run(group) => {
+                    for &i in &group {
+                        match gives(i) {
+                            Some(v) => r.mark(i, v),
+                            None => r.abandon(i),
+                        }
+                    }
+                    groups.push(group);
+                }
+                Proposal::Wait => panic!("nothing is in flight between groups"),
+                Proposal::Done(Answer::RanAgain(d)) => return (groups, d),
+                Proposal::Done(_) => panic!("runs again answer with what disagreed"),
+            }
+        }
+    }
+
+    #[test]
+    fn runs_again_go_in_groups_as_wide_as_the_workers_and_end_after_a_group_that_disagrees() {
+        let runs = || {
+            RunAgain::new(vec![
+                (9, Verdict::Bad),
+                (8, Verdict::Good),
+                (4, Verdict::Good),
+            ])
+        };
+        let right = |i: usize| Some(if i == 9 { Verdict::Bad } else { Verdict::Good });
+        assert_eq!(
+            groups_of(runs(), 2, right),
+            (vec![vec![9, 8], vec![4]], None)
+        );
+        assert_eq!(
+            groups_of(runs(), 1, right),
+            (vec![vec![9], vec![8], vec![4]], None)
+        );
+        // The parent faults: the group it was in is the last, and it is named.
+        let parent_faults = |_: usize| Some(Verdict::Bad);
+        assert_eq!(
+            groups_of(runs(), 2, parent_faults),
+            (vec![vec![9, 8]], Some(1))
+        );
+        // Both of a group disagree: the first of them is named.
+        let all_clean = |_: usize| Some(Verdict::Good);
+        assert_eq!(
+            groups_of(runs(), 3, all_clean),
+            (vec![vec![9, 8, 4]], Some(0))
+        );
+        // A skip is no verdict it must give.
+        let skips = |i: usize| {
+            Some(if i == 4 {
+                Verdict::Skip
+            } else {
+                right(i).unwrap()
+            })
+        };
+        assert_eq!(groups_of(runs(), 3, skips).1, Some(2));
+    }
+
+    #[test]
+    fn a_run_again_stopped_without_a_verdict_is_sent_again_in_the_next_group() {
+        let mut stopped = false;
+        let once = |i: usize| {
+            if i == 8 && !stopped {
+                stopped = true;
+                return None;
+            }
+            Some(if i == 9 { Verdict::Bad } else { Verdict::Good })
+        };
+        let r = RunAgain::new(vec![(9, Verdict::Bad), (8, Verdict::Good)]);
+        assert_eq!(groups_of(r, 2, once), (vec![vec![9, 8], vec![8]], None));
     }
 
     #[test]
