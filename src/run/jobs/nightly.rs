@@ -23,8 +23,8 @@ use crate::run::ci::nightly_outputs;
 use crate::run::journal::{self, journal_path, Journal, JournaledProbe};
 use crate::run::lock::lock_state_dir;
 use crate::run::plan::{RunError, StartOptions};
-use crate::run::probe::prober::{Probe, ProbeContext};
 use crate::run::search::judge::is_host_problem;
+use crate::run::search::{probe_alone, SearchInput, Sharing, Worker};
 use crate::run::workspace::{Opening, Workspace};
 use std::sync::Arc;
 
@@ -609,15 +609,6 @@ fn probe_head(
     ws.prune_runs();
     let worktree = ws.worktree("worktree")?;
     let mut prober = ws.prober(&worktree, config, cancel);
-    let ctx = ProbeContext {
-        step: 1,
-        role: ProbeRole::Head,
-        remaining: 1,
-        estimated_steps: 1,
-        worker: None,
-        repeat: None,
-        crowded: false,
-    };
     // Through the journal: a night killed after this probe does not redo it, and the bisection that
     // follows reuses it as its bad endpoint (same commit, no target, same fingerprint).
     let journal = std::sync::Mutex::new(night_journal(journal_file, fingerprint, reporter));
@@ -628,7 +619,25 @@ fn probe_head(
         cancel,
         log_dir: None,
     };
-    let out = journaled.probe(head, &ctx, None, reporter);
+    // The head is judged on its own (no target yet): what it shows is tonight's fault.
+    let input = SearchInput {
+        range: &[],
+        bad: ("HEAD", head),
+        goods: &[],
+        merge_bases: &[],
+        policy: &config.match_policy,
+        goods_may_show_other_bugs: false,
+        flaky: config.flaky,
+        finding_fix: false,
+        sharing: Sharing::NONE,
+        steps_before: 0,
+        checkout: None,
+    };
+    let worker = Worker {
+        probe: &mut journaled,
+        stop: cancel,
+    };
+    let probed = probe_alone(&input, (head, ProbeRole::Head), worker, reporter, cancel);
     for message in std::mem::take(&mut journaled.warnings) {
         reporter.event(&Event::Warning { message });
     }
@@ -636,30 +645,11 @@ fn probe_head(
     drop(prober);
     let executor = ws.executor.clone();
     ws.close(reporter);
-    if out.interrupted || cancel.load(std::sync::atomic::Ordering::SeqCst) {
-        // A stopped head says nothing: nothing is decided and the state is left as it was.
-        return Err(RunError::Interrupted);
-    }
-    // The head is judged on its own (no target yet): what it shows is tonight's fault.
-    let terms = crate::run::search::judge::Terms {
-        target: None,
-        policy: &config.match_policy,
-        swapped: false,
+    // A stopped head says nothing: nothing is decided and the state is left as it was.
+    let record = match probed {
+        Ok(record) if !cancel.load(std::sync::atomic::Ordering::SeqCst) => record,
+        _ => return Err(RunError::Interrupted),
     };
-    let j = crate::run::search::judge::judge(
-        &out.record.signature,
-        &out.output,
-        terms,
-        crate::run::search::judge::Kernel::Unknown,
-    );
-    let mut record = out.record;
-    record.verdict = j.verdict;
-    record.reason = j.reason;
-    // The head's probe ends like any other: JSON consumers see its record, people its line.
-    reporter.event(&Event::ProbeFinished {
-        step: 1,
-        record: Box::new(record.clone()),
-    });
     Ok((record, executor))
 }
 

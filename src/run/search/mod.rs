@@ -117,6 +117,27 @@ pub fn run_again(
     })
 }
 
+/// Probes `oid` once on `worker` through the search's driver, judged on its own (no target: what it shows
+/// is a fault to search for; no sanitizer run), its record said as every probe's is: the nightly job's
+/// look at its branch head. `Err` when Ctrl-C stopped it.
+pub fn probe_alone(
+    input: &SearchInput,
+    (oid, role): (Oid, ProbeRole),
+    worker: Worker,
+    reporter: &mut dyn Reporter,
+    cancel: &AtomicBool,
+) -> Result<crate::report::record::ProbeRecord, SearchEnd> {
+    pool::with_pool(&mut [worker], cancel, |pool| {
+        // One worker: nothing to measure on its GPU.
+        pool.set_measured();
+        let off = SettledStacks::off();
+        let mut d = Driver::new(input, reporter, &off, cancel, 1);
+        d.sanitizes = false;
+        d.progress = (1, 1);
+        d.probe_alone(pool, oid, role, false)
+    })
+}
+
 /// One search with `settled` as its memory of sanitizer answers.
 fn search_once(
     input: &SearchInput,
