@@ -8,7 +8,8 @@ runs `cudabisect start` with `--jobs 1` and with `--jobs K` (K drawn from 3, 4, 
 checks that both give the same answer (the first bad commit, or the same kind of end), and that where the
 history is plain the answer is the planted culprit.
 
-Usage: python3 benches/serial_vs_parallel.py CUDABISECT [ROUNDS] [SEED]   (defaults: 40 rounds, seed 1)
+Usage: python3 benches/serial_vs_parallel.py CUDABISECT [ROUNDS] [SEED] [--find-fix]
+       (defaults: 40 rounds, seed 1; with --find-fix the older commits fault and the planted commit fixes it)
 
 Prints one line per round and a total; exits 1 when any round disagreed. Runs on any machine (the repro is a
 shell script that sleeps and prints recorded fault messages); about 10 s a round on 2 cores.
@@ -50,23 +51,25 @@ CONFIG = (
 )
 
 
-def history(rng, n):
-    """A list of (mode, builds, delay) per commit and the planted culprit; `plain` when nothing else is in it."""
+def history(rng, n, fix):
+    """A list of (mode, builds, delay) per commit and the planted culprit (with `fix`, the commit that fixes
+    the fault the older ones show); `plain` when nothing else is in it."""
     culprit = rng.randint(1, n - 1)
     plain = rng.random() < 0.25
     base = rng.choice([0.1, 0.2, 0.3])
     slow_bad = rng.random() < 0.6
     commits = []
     for i in range(n):
-        mode = "target" if i >= culprit else "clean"
+        faults = i < culprit if fix else i >= culprit
+        mode = "target" if faults else "clean"
         builds = True
         if not plain and 0 < i < n - 1:
             r = rng.random()
             if r < 0.08:
                 builds = False
-            elif r < 0.13 and i < culprit:
+            elif r < 0.13 and not faults:
                 mode = "other"
-            elif r < 0.16 and i < culprit:
+            elif r < 0.16 and not faults:
                 mode = "misaligned"
             elif r < 0.18:
                 mode = "segv"
@@ -114,11 +117,12 @@ def write_repo(path, commits):
     ).stdout.split()
 
 
-def start(binary, repo, root, jobs):
-    """One `start`; returns (exit code, result kind, first bad commit or None, probes)."""
+def start(binary, repo, root, jobs, fix):
+    """One `start`; returns (exit code, result kind, first bad (or fixed) commit or None, probes)."""
     out = subprocess.run(
         [binary, "start", f"{root}..main", "-C", repo, "--jobs", str(jobs), "--fresh", "--no-shrink"]
-        + ["--message-format", "json"],
+        + ["--message-format", "json"]
+        + (["--find-fix"] if fix else []),
         capture_output=True,
         text=True,
     )
@@ -143,16 +147,17 @@ def main():
     binary = os.path.abspath(sys.argv[1])
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 40
     rng = random.Random(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    fix = "--find-fix" in sys.argv[4:]
     wrong = 0
     for r in range(rounds):
         n = rng.choice([12, 24, 48, 80])
-        commits, culprit, plain = history(rng, n)
+        commits, culprit, plain = history(rng, n, fix)
         jobs = rng.choice([3, 4, 8])
         with tempfile.TemporaryDirectory() as tmp:
             repo = os.path.join(tmp, "repo")
             oids = write_repo(repo, commits)
-            serial = start(binary, repo, oids[0], 1)
-            parallel = start(binary, repo, oids[0], jobs)
+            serial = start(binary, repo, oids[0], 1, fix)
+            parallel = start(binary, repo, oids[0], jobs, fix)
         same = serial[:3] == parallel[:3]
         right = not plain or serial[2] == oids[culprit]
         verdict = "ok" if same and right else "WRONG"
