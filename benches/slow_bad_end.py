@@ -8,13 +8,20 @@ second round GOOD seconds in, not BAD. Prints, for each run, the search's wall t
 to its last probe before the end, read from the JSON Lines as they arrive), probes and the answer.
 
 Usage: python3 benches/slow_bad_end.py CUDABISECT[,CUDABISECT...] [COMMITS] [GOOD] [BAD] [K]
+                                      [COLD_GOOD COLD_BAD GIT_STEP]
        (defaults: 80 commits, the fault from commit 62, 2.0 s, 3.0 s, 8 workers)
+
+With the last three, a run replays a GPU run's timings: a worker's first run (its warm interpreter's import
+and Triton's first compile, crowded by the round beside it) takes COLD_GOOD or COLD_BAD seconds and its
+later ones GOOD or BAD; every step of `git bisect run` (a fresh process alone) GIT_STEP seconds. Measured
+on the H200 with Liger-Kernel's Mixtral regression (BENCHMARKS.md): 2.7 2.2 8 19.0 21.5 15.4.
 
 Runs on any machine: the repro is a shell script that sleeps (a stand-in for a run of fixed length).
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +88,16 @@ def main():
     k = int(sys.argv[5]) if len(sys.argv) > 5 else 8
     culprit = n * 62 // 80
     timed = f'if [ "$(cat build.out)" = bad ]; then sleep {bad}; else sleep {good}; fi\n'
+    if len(sys.argv) > 8:
+        cold_good, cold_bad, git_step = (float(a) for a in sys.argv[6:9])
+        # A worker's first run is cold (a marker in its own TMPDIR); git's steps run with no worker.
+        timed = (
+            f'if [ "$(cat build.out)" = bad ]; then cold={cold_bad}; warm={bad}; '
+            f"else cold={cold_good}; warm={good}; fi\n"
+            f'if [ -z "$CUDABISECT_WORKER" ]; then sleep {git_step}\n'
+            'elif [ -e "$TMPDIR/bench-warm" ]; then sleep $warm\n'
+            'else touch "$TMPDIR/bench-warm"; sleep $cold; fi\n'
+        )
     g.REPRO = g.REPRO.replace("sleep 0.02\n", timed)
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "repo")
@@ -94,6 +111,8 @@ def main():
         wall, steps, answer = git_time(repo, root)
         print(f"| git bisect run | {wall:.1f} s | {steps} | {answer[:12] if answer else None} |", flush=True)
         for b in binaries:
+            # Every worker starts cold, as on a fresh machine.
+            shutil.rmtree(os.path.join(repo, ".git", "cudabisect", "workers"), ignore_errors=True)
             wall, probes, answer = search_time(b, repo, root, k)
             print(f"| {b} --jobs {k} | {wall:.1f} s | {probes} | {answer[:12] if answer else None} |", flush=True)
 
