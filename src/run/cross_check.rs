@@ -67,12 +67,11 @@ pub fn cross_check(
     reporter: &mut dyn Reporter,
     cancel: &AtomicBool,
 ) -> Checked {
-    let swap = input.finding_fix;
-    // In the search's terms: what the search took the commit for.
-    let in_search_terms = |v: Verdict| if swap { swapped(v) } else { v };
+    // Between the fault's terms and the search's (swapped, finding a fix), either way.
+    let other_terms = |v: Verdict| if input.finding_fix { swapped(v) } else { v };
     let expected: Vec<(Oid, Verdict)> = runs
         .iter()
-        .map(|r| (r.oid, in_search_terms(r.verdict)))
+        .map(|r| (r.oid, other_terms(r.verdict)))
         .collect();
     let ran = run_again(input, target, &expected, workers, reporter, cancel);
     let said = match ran.said {
@@ -82,7 +81,7 @@ pub fn cross_check(
             let commit = run.oid.to_string();
             let record = ran.probes.iter().rev().find(|p| p.commit == commit);
             // Compared in the fault's terms.
-            let got = record.map_or(Verdict::Skip, |r| in_search_terms(r.verdict));
+            let got = record.map_or(Verdict::Skip, |r| other_terms(r.verdict));
             let summary = record.map(|r| r.signature.short()).unwrap_or_default();
             CrossCheck::Disagrees(format!(
                 "{} {} run again {} ({summary})",
@@ -96,7 +95,10 @@ pub fn cross_check(
             ))
         }
         Err(SearchEnd::Interrupted) => CrossCheck::Interrupted,
-        Err(end) => CrossCheck::Disagrees(format!("its runs again could not be made: {end:?}")),
+        Err(SearchEnd::HostFailure(why)) => {
+            CrossCheck::Disagrees(format!("its runs again could not be made: {why}"))
+        }
+        Err(_) => CrossCheck::Disagrees("its runs again could not be made".into()),
     };
     Checked {
         said,
