@@ -196,6 +196,28 @@ fn run_search(
     run_search_with(n, merge_bases, shows, None, interrupt_at)
 }
 
+/// The input of a plain search over `range` (its bad end the range's last commit), from good end 0,
+/// with none of the options; callers change what they need.
+fn plain_input<'a>(
+    range: &'a [RangeCommit],
+    goods: &'a [(String, Oid)],
+    policy: &'a MatchPolicy,
+) -> SearchInput<'a> {
+    SearchInput {
+        range,
+        bad: ("main", oid(range.len())),
+        goods,
+        merge_bases: &[],
+        policy,
+        goods_may_show_other_bugs: false,
+        flaky: Default::default(),
+        finding_fix: false,
+        steps_before: 0,
+        checkout: None,
+        sharing: Sharing::NONE,
+    }
+}
+
 fn run_search_with(
     n: usize,
     merge_bases: &[usize],
@@ -209,17 +231,8 @@ fn run_search_with(
     let bases: Vec<Oid> = merge_bases.iter().map(|&i| oid(i)).collect();
     let policy = MatchPolicy::parse("class+kernel").unwrap();
     let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(n)),
-        goods: &goods,
         merge_bases: &bases,
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        finding_fix: false,
-        steps_before: 0,
-        checkout: None,
-        sharing: Sharing::NONE,
+        ..plain_input(&range, &goods, &policy)
     };
     let mut prober = Scripted {
         shows: Box::new(shows),
@@ -1600,17 +1613,9 @@ fn fix_input<'a>(
     policy: &'a MatchPolicy,
 ) -> SearchInput<'a> {
     SearchInput {
-        range,
         bad: ("new", oid(16)),
-        goods,
-        merge_bases: &[],
-        policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
         finding_fix: true,
-        steps_before: 0,
-        checkout: None,
-        sharing: Sharing::NONE,
+        ..plain_input(range, goods, policy)
     }
 }
 
@@ -1778,17 +1783,8 @@ fn search_16<P: Probe>(
     let goods = vec![("v1".to_string(), oid(0))];
     let policy = MatchPolicy::parse("class+kernel").unwrap();
     let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(16)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        finding_fix: false,
-        steps_before: 0,
-        checkout: None,
         sharing,
+        ..plain_input(&range, &goods, &policy)
     };
     let mut events = Events::default();
     let mut workers: Vec<Worker> = probers
@@ -3134,17 +3130,8 @@ fn cross_check_of_11(
     let range = linear(12);
     let goods = vec![("v1".to_string(), oid(0))];
     let input = SearchInput {
-        range: &range,
-        bad: ("main", oid(12)),
-        goods: &goods,
-        merge_bases: &[],
-        policy: &policy,
-        goods_may_show_other_bugs: false,
-        flaky: Default::default(),
-        finding_fix: false,
         steps_before: step - 1,
-        checkout: None,
-        sharing: Sharing::NONE,
+        ..plain_input(&range, &goods, &policy)
     };
     let runs = [
         Expect {
