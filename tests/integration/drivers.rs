@@ -196,8 +196,8 @@ fn run_search(
     run_search_with(n, merge_bases, shows, None, interrupt_at)
 }
 
-/// The input of a plain search over `range` (its bad end the range's last commit), from good end 0,
-/// with none of the options; callers change what they need.
+/// The input of a plain search over `range` from `goods` (its bad end the range's last commit), with
+/// none of the options; callers change what they need.
 fn plain_input<'a>(
     range: &'a [RangeCommit],
     goods: &'a [(String, Oid)],
